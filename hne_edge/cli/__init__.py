@@ -1,0 +1,60 @@
+"""The ``hne-edge`` command line: a thin shell over library functions.
+
+Each command lives in its own module and is imported only when it runs,
+so ``hne-edge --help`` is instant and ``hne-edge run`` needs no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import HNEError
+
+# command name -> (module, function, one-line help). Help lives here so that
+# listing commands imports nothing.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "info": ("hne_edge.cli.info", "info", "Print a zoo model's tree, per-node costs and anytime cost curve."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_, _, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (HNEError, ValueError, FileNotFoundError, FileExistsError, KeyError) as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            click.echo(f"Error: {message}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hne-edge")
+@click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """hne-edge: train, export and run distilled Hierarchical Neural Ensembles for anytime inference."""
+    ctx.obj = {"debug": debug}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

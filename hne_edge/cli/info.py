@@ -1,0 +1,53 @@
+"""``hne-edge info MODEL``: the tree, per-node costs and the anytime cost curve."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("info")
+@click.argument("model_name", metavar="MODEL")
+@click.option("--num-classes", type=int, default=None, help="Classifier outputs (default: the model's).")
+@click.option(
+    "--tree",
+    "tree",
+    default="hne",
+    show_default=True,
+    help="hne | independent | multi_branch | comma-separated branching factors (e.g. 1,2,2,2,2).",
+)
+@click.option("--input-size", type=int, default=None, help="Square input side (default: the model's).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def info(model_name: str, num_classes: int | None, tree: str, input_size: int | None, as_json: bool) -> None:
+    """Print MODEL's tree, per-node MACs/params and the anytime cost curve."""
+    from ..models import create_model, tree_cost
+    from ..models.cost import format_cost
+
+    overrides = {"tree": parse_tree_option(tree)}
+    if input_size is not None:
+        overrides["input_size"] = input_size
+    model = create_model(model_name, num_classes=num_classes, **overrides).eval()
+    cost = tree_cost(model)
+    if as_json:
+        data = cost.to_dict()
+        data["tree"] = {
+            "branching": list(model.tree.branching),
+            "leaf_order": list(model.tree.leaf_order),
+            "nodes": [
+                {"id": n.id, "parent": n.parent, "children": list(n.children), "depth": n.depth}
+                for n in model.tree.nodes
+            ],
+        }
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(model.tree.describe())
+    click.echo()
+    click.echo(format_cost(cost, model.tree))
+
+
+def parse_tree_option(value: str):
+    """``hne`` / ``independent`` / ``multi_branch`` or ``1,2,2,2,2``."""
+    if value.replace(",", "").replace(" ", "").isdigit():
+        return tuple(int(v) for v in value.split(","))
+    return value

@@ -1,0 +1,230 @@
+"""Branch-parallel layers: one module evaluates ``branches`` copies of a layer at once.
+
+Every layer keeps its branches side by side along the channel axis
+(``[branch 0 channels | branch 1 channels | ...]``) and uses grouped
+convolutions so branches never mix. That layout is what makes the fused HNE
+a single ordinary network and what lets :func:`slice_branch` cut one branch
+out as a standalone module with the same numerics.
+
+Only ``nn.Conv2d`` and ``nn.BatchNorm2d`` hold weights here; linear layers
+are 1x1 grouped convolutions on pooled features. Keep it that way: the
+slicer, the MAC counter and the ONNX exporters rely on it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+from torch import nn
+
+__all__ = [
+    "ConvBNAct",
+    "Bottleneck",
+    "InvertedResidual",
+    "ClassifierHead",
+    "replicate_branches",
+    "slice_branch",
+]
+
+ActLayer = Callable[[], nn.Module] | None
+
+
+class ConvBNAct(nn.Sequential):
+    """Conv -> BatchNorm -> activation, for ``branches`` parallel branches.
+
+    Args:
+        in_channels: input channels of one branch.
+        out_channels: output channels of one branch.
+        kernel_size: square kernel size; padding keeps "same" size at stride 1.
+        stride: convolution stride.
+        groups: groups within one branch (``in_channels`` for depthwise).
+        branches: number of parallel branches.
+        act_layer: activation constructor, or None for a linear output.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int = 1,
+        stride: int = 1,
+        groups: int = 1,
+        branches: int = 1,
+        act_layer: ActLayer = nn.ReLU,
+    ) -> None:
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"channels must be divisible by groups; received in_channels={in_channels}, "
+                f"out_channels={out_channels}, groups={groups}"
+            )
+        layers: list[nn.Module] = [
+            nn.Conv2d(
+                in_channels * branches,
+                out_channels * branches,
+                kernel_size,
+                stride,
+                padding=kernel_size // 2,
+                groups=groups * branches,
+                bias=False,
+            ),
+            nn.BatchNorm2d(out_channels * branches),
+        ]
+        if act_layer is not None:
+            layers.append(act_layer())
+        super().__init__(*layers)
+
+
+class Bottleneck(nn.Module):
+    """ResNet bottleneck with a depthwise-separable 3x3: 1x1 reduce -> depthwise 3x3 -> 1x1 expand.
+
+    The depthwise 3x3 and the 1x1 expand together form the separable 3x3
+    convolution. The shortcut is the identity, or a strided 1x1 projection
+    when the shape changes.
+    """
+
+    def __init__(
+        self, in_channels: int, out_channels: int, stride: int = 1, branches: int = 1, reduction: int = 4
+    ) -> None:
+        super().__init__()
+        if out_channels % reduction:
+            raise ValueError(
+                f"bottleneck out_channels must be divisible by reduction; received out_channels={out_channels}, "
+                f"reduction={reduction}"
+            )
+        mid = out_channels // reduction
+        self.reduce = ConvBNAct(in_channels, mid, 1, branches=branches)
+        self.depthwise = ConvBNAct(mid, mid, 3, stride, groups=mid, branches=branches)
+        self.expand = ConvBNAct(mid, out_channels, 1, branches=branches, act_layer=None)
+        self.shortcut = (
+            nn.Identity()
+            if stride == 1 and in_channels == out_channels
+            else ConvBNAct(in_channels, out_channels, 1, stride, branches=branches, act_layer=None)
+        )
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.expand(self.depthwise(self.reduce(x))) + self.shortcut(x))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2 block: 1x1 expand (ReLU6) -> depthwise 3x3 (ReLU6) -> 1x1 linear projection."""
+
+    def __init__(
+        self, in_channels: int, out_channels: int, stride: int, expand_ratio: int, branches: int = 1
+    ) -> None:
+        super().__init__()
+        hidden = in_channels * expand_ratio
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(ConvBNAct(in_channels, hidden, 1, branches=branches, act_layer=nn.ReLU6))
+        layers += [
+            ConvBNAct(hidden, hidden, 3, stride, groups=hidden, branches=branches, act_layer=nn.ReLU6),
+            ConvBNAct(hidden, out_channels, 1, branches=branches, act_layer=None),
+        ]
+        self.conv = nn.Sequential(*layers)
+        self.use_residual = stride == 1 and in_channels == out_channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_residual else self.conv(x)
+
+
+class ClassifierHead(nn.Module):
+    """Global average pool, optional hidden layers, linear classifier; per branch.
+
+    Returns ``(batch, branches, num_classes)``.
+
+    Args:
+        in_channels: features of one branch.
+        num_classes: classifier outputs.
+        branches: number of parallel branches.
+        hidden: widths of hidden fully-connected layers (each followed by ``act_layer``).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        branches: int = 1,
+        hidden: tuple[int, ...] = (),
+        act_layer: Callable[[], nn.Module] = nn.ReLU6,
+    ) -> None:
+        super().__init__()
+        self.branches = branches
+        self.num_classes = num_classes
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        layers: list[nn.Module] = []
+        width = in_channels
+        for h in hidden:
+            layers += [nn.Conv2d(width * branches, h * branches, 1, groups=branches), act_layer()]
+            width = h
+        layers.append(nn.Conv2d(width * branches, num_classes * branches, 1, groups=branches))
+        self.fc = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc(self.pool(x))  # (B, branches * classes, 1, 1)
+        return x.flatten(1).unflatten(1, (self.branches, self.num_classes))  # (B, branches, classes)
+
+
+def replicate_branches(x: torch.Tensor, branches: int, factor: int) -> torch.Tensor:
+    """Split point: copy each of ``branches`` channel groups ``factor`` times, children adjacent.
+
+    ``(B, branches*C, H, W) -> (B, branches*factor*C, H, W)`` with the copies of
+    branch ``p`` at positions ``p*factor .. p*factor+factor-1``, matching the
+    tree's child numbering.
+    """
+    if factor == 1:
+        return x
+    b, c, h, w = x.shape
+    per = c // branches
+    return x.view(b, branches, 1, per, h, w).expand(b, branches, factor, per, h, w).reshape(b, -1, h, w)
+
+
+def slice_branch(module: nn.Module, index: int, branches: int) -> nn.Module:
+    """A standalone copy of branch ``index`` of a branch-parallel module.
+
+    Weights, biases and BatchNorm statistics are sliced (and copied) from the
+    fused parameters, so the result depends on nothing but itself.
+    """
+    if not 0 <= index < branches:
+        raise IndexError(f"branch index must be in 0..{branches - 1}; received {index}")
+    if branches == 1:
+        return copy.deepcopy(module)
+
+    def rows(t: torch.Tensor | None, total: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        per = total // branches
+        return t.detach()[index * per : (index + 1) * per].clone()
+
+    out = copy.deepcopy(module)
+    for sub in out.modules():
+        if isinstance(sub, nn.Conv2d):
+            if sub.groups % branches or sub.out_channels % branches or sub.in_channels % branches:
+                raise ValueError(
+                    f"cannot slice {sub} into {branches} branches: channels and groups must be multiples of it"
+                )
+            sub.weight = nn.Parameter(rows(sub.weight, sub.out_channels))
+            if sub.bias is not None:
+                sub.bias = nn.Parameter(rows(sub.bias, sub.out_channels))
+            sub.in_channels //= branches
+            sub.out_channels //= branches
+            sub.groups //= branches
+        elif isinstance(sub, nn.BatchNorm2d):
+            total = sub.num_features
+            if sub.affine:
+                sub.weight = nn.Parameter(rows(sub.weight, total))
+                sub.bias = nn.Parameter(rows(sub.bias, total))
+            if sub.track_running_stats:
+                sub.running_mean = rows(sub.running_mean, total)
+                sub.running_var = rows(sub.running_var, total)
+            sub.num_features = total // branches
+        elif len(list(sub.parameters(recurse=False))) or any(
+            b is not None for b in sub.buffers(recurse=False)
+        ):
+            if not isinstance(sub, (nn.Conv2d, nn.BatchNorm2d)):
+                raise TypeError(f"slice_branch does not know how to slice {type(sub).__name__}")
+        if hasattr(sub, "branches"):
+            sub.branches = 1
+    return out

@@ -1,0 +1,253 @@
+"""The tree spec: the single source of truth for the shape of an HNE.
+
+An HNE has B+1 blocks. Block ``d`` is evaluated by ``branching[0] * ... *
+branching[d]`` parallel nodes; each node of block ``d-1`` feeds
+``branching[d]`` children of block ``d``. The image is the (virtual) parent
+of the block-0 nodes, so ``branching[0] > 1`` gives a forest: the
+independent-ensemble baseline.
+
+    hne          = TreeSpec((1, 2, 2, 2, 2))   # shared root, binary splits, 16 leaves
+    independent  = TreeSpec((16, 1, 1, 1, 1)) # 16 separate networks
+    multi_branch = TreeSpec((1, 1, 1, 16, 1)) # shared backbone, 16 heads
+
+Node ids are ``"b{depth}.{index}"``; node ``(d, i)`` has parent
+``(d-1, i // branching[d])``. Visiting children in index order makes the
+depth-first leaf order equal to the index order of the last block, so the
+first leaf is always ``b{B}.0`` and the sub-ensemble of size ``n`` is the
+first ``n`` leaves.
+
+This module is pure Python (no torch, no numpy): the models, the trainer,
+the exporters and the edge runtime all read the same spec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+__all__ = ["Node", "Segment", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One block instance of the tree: the weights of one branch of block ``depth``."""
+
+    id: str
+    depth: int
+    index: int
+    parent: str | None  # None: the node reads the image
+    children: tuple[str, ...]
+    leaves: tuple[int, ...]  # positions (in depth-first order) of the leaves below this node
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The nodes that leaf ``leaf`` needs beyond what the previous leaves computed.
+
+    Evaluating leaves depth-first, leaf ``i`` reuses the activations of the
+    nodes it shares with leaf ``i-1`` and computes ``nodes`` (a chain, root
+    side first). ``input`` is the cached activation the chain starts from
+    (``None``: the image). ``exports`` are the chain's inner nodes whose
+    activations later leaves will read, so they must be kept.
+    """
+
+    leaf: int
+    nodes: tuple[str, ...]
+    input: str | None
+    exports: tuple[str, ...]
+
+
+def node_id(depth: int, index: int) -> str:
+    return f"b{depth}.{index}"
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Branching factor per block; everything else is derived.
+
+    Args:
+        branching: ``branching[d]`` is how many children each node of block
+            ``d-1`` has in block ``d`` (for ``d = 0``: how many networks read
+            the image). The paper's HNE is ``(1, 2, 2, 2, 2)``.
+    """
+
+    branching: tuple[int, ...]
+    _nodes: dict[str, Node] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        branching = tuple(self.branching) if not isinstance(self.branching, tuple) else self.branching
+        if len(branching) == 0:
+            raise ValueError("TreeSpec.branching must have one factor per block (at least one block); received ()")
+        bad = [(d, f) for d, f in enumerate(branching) if not isinstance(f, int) or isinstance(f, bool) or f < 1]
+        if bad:
+            raise ValueError(
+                f"TreeSpec.branching must hold positive integers, one per block; received {branching!r} "
+                f"(invalid at block(s) {', '.join(f'{d}: {f!r}' for d, f in bad)})"
+            )
+        object.__setattr__(self, "branching", branching)
+        object.__setattr__(self, "_nodes", self._build_nodes())
+
+    # -- sizes -------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        """B + 1."""
+        return len(self.branching)
+
+    @property
+    def last_block(self) -> int:
+        """B: the depth of the leaves."""
+        return len(self.branching) - 1
+
+    def width(self, depth: int) -> int:
+        """Number of nodes (parallel branches) in block ``depth``."""
+        return math.prod(self.branching[: depth + 1])
+
+    @property
+    def num_leaves(self) -> int:
+        """N: the number of networks in the ensemble."""
+        return self.width(self.last_block)
+
+    # -- nodes -------------------------------------------------------------
+    def _build_nodes(self) -> dict[str, Node]:
+        nodes: dict[str, Node] = {}
+        last = len(self.branching) - 1
+        for depth in range(len(self.branching)):
+            below = math.prod(self.branching[depth + 1 :])  # leaves under each node of this block
+            for index in range(math.prod(self.branching[: depth + 1])):
+                parent = None if depth == 0 else node_id(depth - 1, index // self.branching[depth])
+                children = (
+                    ()
+                    if depth == last
+                    else tuple(
+                        node_id(depth + 1, index * self.branching[depth + 1] + k)
+                        for k in range(self.branching[depth + 1])
+                    )
+                )
+                nodes[node_id(depth, index)] = Node(
+                    id=node_id(depth, index),
+                    depth=depth,
+                    index=index,
+                    parent=parent,
+                    children=children,
+                    leaves=tuple(range(index * below, (index + 1) * below)),
+                )
+        return nodes
+
+    @property
+    def nodes(self) -> list[Node]:
+        """All nodes, block by block (breadth-first)."""
+        return list(self._nodes.values())
+
+    def node(self, node_id_: str) -> Node:
+        try:
+            return self._nodes[node_id_]
+        except KeyError:
+            raise KeyError(f"unknown node id {node_id_!r}; this tree has ids b0.0 .. {self.leaf_order[-1]}") from None
+
+    @cached_property
+    def leaf_order(self) -> tuple[str, ...]:
+        """Leaf ids in depth-first order: the order anytime inference evaluates them."""
+        return tuple(node_id(self.last_block, i) for i in range(self.num_leaves))
+
+    def path(self, leaf: int) -> tuple[str, ...]:
+        """Node ids from the first block to leaf number ``leaf`` (depth-first position)."""
+        if not 0 <= leaf < self.num_leaves:
+            raise IndexError(f"leaf must be in 0..{self.num_leaves - 1}; received {leaf}")
+        ids = [self.leaf_order[leaf]]
+        while (parent := self._nodes[ids[-1]].parent) is not None:
+            ids.append(parent)
+        return tuple(reversed(ids))
+
+    def prefix_nodes(self, n: int) -> tuple[str, ...]:
+        """Every node the first ``n`` leaves need, each once, in evaluation order."""
+        self._check_n(n)
+        seen: list[str] = []
+        for segment in self.segments[:n]:
+            seen.extend(segment.nodes)
+        return tuple(seen)
+
+    @cached_property
+    def segments(self) -> tuple[Segment, ...]:
+        """The per-leaf chains of depth-first evaluation (see :class:`Segment`)."""
+        segments = []
+        previous: tuple[str, ...] = ()
+        for leaf in range(self.num_leaves):
+            path = self.path(leaf)
+            shared = 0
+            while shared < len(previous) and previous[shared] == path[shared]:
+                shared += 1
+            chain = path[shared:]
+            exports = tuple(
+                nid for nid in chain[:-1] if self._nodes[nid].leaves[-1] > leaf
+            )  # inner nodes with leaves still to come
+            segments.append(
+                Segment(leaf=leaf, nodes=chain, input=path[shared - 1] if shared else None, exports=exports)
+            )
+            previous = path
+        return tuple(segments)
+
+    # -- sub-ensembles -----------------------------------------------------
+    @cached_property
+    def ensemble_sizes(self) -> tuple[int, ...]:
+        """The nested sub-ensembles that are whole subtrees: the paper's y^b sizes.
+
+        For the binary HNE these are 1, 2, 4, ..., N (n = 2^b). Any prefix size
+        n in 1..N is a valid anytime stop; these are the ones the structured
+        and hierarchical-distillation losses supervise.
+        """
+        sizes = {math.prod(self.branching[d + 1 :]) for d in range(self.num_blocks)}
+        sizes.add(self.num_leaves)
+        return tuple(sorted(sizes))
+
+    def _check_n(self, n: int) -> None:
+        if not 1 <= n <= self.num_leaves:
+            raise ValueError(f"ensemble size n must be in 1..{self.num_leaves}; received {n}")
+
+    # -- serialisation -----------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"branching": list(self.branching)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TreeSpec":
+        if not isinstance(data, dict) or set(data) != {"branching"}:
+            raise ValueError(f"a tree spec is {{'branching': [...]}}; received {data!r}")
+        return cls(tuple(data["branching"]))
+
+    def describe(self) -> str:
+        """An ASCII drawing of the tree, one node a line, depth-first."""
+        lines = []
+
+        def walk(nid: str, prefix: str, last: bool) -> None:
+            node = self._nodes[nid]
+            tag = f"  leaf {node.leaves[0]}" if node.is_leaf else f"  leaves {node.leaves[0]}-{node.leaves[-1]}"
+            lines.append(f"{prefix}{'└─ ' if last else '├─ '}{nid}{tag}")
+            for k, child in enumerate(node.children):
+                walk(child, prefix + ("   " if last else "│  "), k == len(node.children) - 1)
+
+        roots = [n.id for n in self.nodes if n.depth == 0]
+        lines.append("image")
+        for k, root in enumerate(roots):
+            walk(root, "", k == len(roots) - 1)
+        return "\n".join(lines)
+
+
+def hne_tree(levels: int = 4) -> TreeSpec:
+    """The paper's binary HNE: a shared root and ``levels`` binary splits (N = 2^levels)."""
+    return TreeSpec((1,) + (2,) * levels)
+
+
+def independent_tree(num_blocks: int = 5, num_leaves: int = 16) -> TreeSpec:
+    """Baseline: ``num_leaves`` separate networks (every path splits at block 0)."""
+    return TreeSpec((num_leaves,) + (1,) * (num_blocks - 1))
+
+
+def multi_branch_tree(num_blocks: int = 5, split_block: int = 3, num_leaves: int = 16) -> TreeSpec:
+    """Baseline: a shared backbone for blocks ``0..split_block-1``, then ``num_leaves`` branches."""
+    if not 0 < split_block < num_blocks:
+        raise ValueError(f"split_block must be in 1..{num_blocks - 1}; received {split_block}")
+    return TreeSpec(tuple(num_leaves if d == split_block else 1 for d in range(num_blocks)))

@@ -1,0 +1,120 @@
+"""The fused HNE and its per-node views: shapes, leaf order, and exact equivalence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hne_edge
+from hne_edge.models import config_from_dict, model_config
+from hne_edge.models.layers import replicate_branches
+from conftest import randomize_
+
+ZOO = hne_edge.list_models()
+
+
+def test_registry():
+    assert ZOO == ["hne_mobilenetv2", "hne_resnet", "hne_resnet_small", "hne_tiny"]
+    assert hne_edge.list_models("hne_resnet*") == ["hne_resnet", "hne_resnet_small"]
+    with pytest.raises(ValueError, match="unknown model 'resnet50'; available: hne_mobilenetv2"):
+        hne_edge.create_model("resnet50")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['depth'\]"):
+        hne_edge.create_model("hne_tiny", depth=3)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize("tree", ["hne", "independent", "multi_branch"])
+def test_per_node_chain_matches_fused(name, tree):
+    """Chaining node modules along each path reproduces the fused logits of that leaf (<= 1e-5)."""
+    if name == "hne_mobilenetv2" and tree != "hne":
+        pytest.skip("the baselines are checked on the CIFAR models; MobileNet's HNE tree is checked below")
+    model = randomize_(hne_edge.create_model(name, tree=tree))
+    cfg = model.config
+    x = torch.randn(2, *cfg.input_shape, generator=torch.Generator().manual_seed(1))
+    fused = model(x)
+    assert fused.shape == (2, model.num_leaves, cfg.num_classes)
+    assert fused.abs().max() > 0.5, "logits must be non-trivial for the tolerance to mean something"
+    nodes = model.node_modules()
+    acts: dict[str, torch.Tensor] = {}
+    for node in model.tree.nodes:  # breadth-first: every parent before its children
+        inp = x if node.parent is None else acts[node.parent]
+        acts[node.id] = nodes[node.id](inp)
+    for leaf, leaf_id in enumerate(model.tree.leaf_order):
+        diff = (acts[leaf_id] - fused[:, leaf]).abs().max().item()
+        assert diff <= 1e-5, f"{name}/{tree}: leaf {leaf} differs by {diff:.2e}"
+    # the leaves are different networks (distinct weights), not copies
+    assert (fused[:, 0] - fused[:, -1]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_node_module_holds_only_its_weights():
+    model = hne_edge.create_model("hne_resnet_small")
+    fused_params = sum(p.numel() for p in model.parameters())
+    node_params = sum(sum(p.numel() for p in m.parameters()) for m in model.node_modules().values())
+    assert node_params == fused_params
+    # sliced copies: changing the node module does not touch the fused model
+    leaf = model.node_module("b4.3")
+    before = model.head.fc[0].weight.clone()
+    next(leaf.head.parameters()).data.add_(1.0)
+    assert torch.equal(model.head.fc[0].weight, before)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["hne_tiny", "hne_resnet_small"])
+def test_path_and_segment_modules(name):
+    model = randomize_(hne_edge.create_model(name))
+    x = torch.randn(3, *model.config.input_shape)
+    fused = model(x)
+    assert torch.allclose(model.path_module(5)(x), fused[:, 5], atol=1e-5)
+    # run the depth-first traversal through segment modules with a cache
+    cache: dict[str, torch.Tensor] = {}
+    for seg in model.tree.segments:
+        outs = model.segment_module(seg)(x if seg.input is None else cache[seg.input])
+        assert len(outs) == len(seg.exports) + 1
+        cache.update(zip(seg.exports, outs[:-1]))
+        assert torch.allclose(outs[-1], fused[:, seg.leaf], atol=1e-5)
+
+
+def test_replicate_branches_layout():
+    x = torch.arange(2 * 2 * 3).float().view(1, 4, 3, 1)  # 2 branches of 2 channels
+    y = replicate_branches(x, branches=2, factor=2)
+    # children of branch p sit at 2p, 2p+1
+    assert torch.equal(y[0, :, 0, 0], torch.tensor([0, 3, 0, 3, 6, 9, 6, 9]).float())
+
+
+def test_forward_train_mode_and_grad():
+    model = hne_edge.create_model("hne_tiny").train()
+    out = model(torch.randn(4, 3, 16, 16))
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_config_round_trip_and_validation():
+    for name in ZOO:
+        cfg = model_config(name)
+        again = config_from_dict(cfg.to_dict())
+        assert again == cfg
+    with pytest.raises(ValueError, match=r"the tree has 3 blocks \(branching \(1, 2, 2\)\).*5 rows"):
+        hne_edge.create_model("hne_resnet", tree=(1, 2, 2))
+    with pytest.raises(ValueError, match="divisible by reduction=2; received 33"):
+        hne_edge.create_model("hne_tiny", blocks=((33, 1, 1),) * 5)
+    with pytest.raises(ValueError, match="num_classes must be at least 2; received 1"):
+        hne_edge.create_model("hne_tiny", num_classes=1)
+    with pytest.raises(ValueError, match="arch"):
+        config_from_dict({"arch": "vgg"})
+
+
+def test_custom_input_channels_and_size():
+    model = hne_edge.create_model("hne_tiny", in_chans=1, input_size=8, num_classes=10)
+    assert model(torch.randn(2, 1, 8, 8)).shape == (2, 16, 10)
+
+
+def test_mobilenet_spatial_sizes():
+    """The documented choice: block outputs 56, 28, 14, 7, 7 at 224."""
+    from hne_edge.models import tree_cost
+
+    cost = tree_cost(hne_edge.create_model("hne_mobilenetv2"))
+    sizes = [cost.nodes[f"b{d}.0"].output_shape for d in range(4)]
+    assert [s[1] for s in sizes] == [56, 28, 14, 7]
+    assert cost.nodes["b4.0"].output_shape == (1000,)
