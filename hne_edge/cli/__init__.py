@@ -17,7 +17,16 @@ from ..errors import HNEError
 # command name -> (module, function, one-line help). Help lives here so that
 # listing commands imports nothing.
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": ("hne_edge.cli.train", "train", "Train an HNE (independent / structured / distill / hierarchical loss)."),
+    "eval": ("hne_edge.cli.train", "eval_", "Evaluate a checkpoint for every ensemble size; write metrics.json and plots."),
     "info": ("hne_edge.cli.info", "info", "Print a zoo model's tree, per-node costs and anytime cost curve."),
+    "export": ("hne_edge.cli.export", "export", "Export a checkpoint to a verified bundle (ONNX or TensorRT)."),
+    "verify": ("hne_edge.cli.export", "verify", "Check a bundle's files and numerics; print a per-file table."),
+    "inspect": ("hne_edge.cli.export", "inspect", "Print a bundle's manifest as a tree with sizes and MACs."),
+    "profile": ("hne_edge.cli.runtime", "profile", "Measure each model file of a bundle on this device; save the cost model."),
+    "bench": ("hne_edge.cli.runtime", "bench", "Latency of every anytime level; JSON + PNG curve."),
+    "run": ("hne_edge.cli.runtime", "run", "Run anytime inference on images or .npy/.npz under a per-frame budget."),
+    "demo": ("hne_edge.cli.demo", "demo", "Train, evaluate, export, verify, profile and run a small HNE end to end."),
 }
 
 

@@ -1,0 +1,130 @@
+"""Checkpoints: one dict, written atomically, loaded with ``weights_only=True``.
+
+Layout (all values are tensors or plain Python containers, so the safe
+unpickler accepts them)::
+
+    {
+      "format": "hne-edge-checkpoint", "version": 1,
+      "model": state_dict, "model_config": HNEConfig.to_dict(), "tree": TreeSpec.to_dict(),
+      "class_names": [...], "normalization": {"mean": [...], "std": [...]},
+      "optimizer": ..., "scheduler": ..., "epoch": int, "config": train config dict,
+      "extra": {...}   # anything else a trainer wants back on resume (RNG states, history)
+    }
+
+The exporters read ``model``, ``model_config``, ``class_names`` and
+``normalization``; the trainer reads the rest on ``--resume``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..models import HNE, build_model
+
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "model_from_checkpoint"]
+
+CHECKPOINT_FORMAT = "hne-edge-checkpoint"
+CHECKPOINT_VERSION = 1
+_REQUIRED = ("format", "version", "model", "model_config", "tree", "class_names", "normalization")
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: HNE,
+    class_names: list[str] | None = None,
+    normalization: dict[str, list[float]] | None = None,
+    optimizer: dict | None = None,
+    scheduler: dict | None = None,
+    epoch: int | None = None,
+    config: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """Write a checkpoint atomically: a temporary file in the same folder, fsync, then rename.
+
+    A crash at any point leaves either the previous checkpoint or the new one, never a truncated file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # unwrap DistributedDataParallel
+    num_classes = model.config.num_classes
+    class_names = list(class_names) if class_names is not None else [str(i) for i in range(num_classes)]
+    if len(class_names) != num_classes:
+        raise ValueError(f"class_names has {len(class_names)} entries; the model has {num_classes} classes")
+    if normalization is None:
+        normalization = {"mean": [0.0] * model.config.in_chans, "std": [1.0] * model.config.in_chans}
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "model": model.state_dict(),
+        "model_config": model.config.to_dict(),
+        "tree": model.tree.to_dict(),
+        "class_names": class_names,
+        "normalization": {"mean": [float(v) for v in normalization["mean"]], "std": [float(v) for v in normalization["std"]]},
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "epoch": epoch,
+        "config": config,
+        "extra": extra or {},
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load and validate a checkpoint written by :func:`save_checkpoint`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: not a PyTorch archive (corrupt, truncated or another kind of file); "
+            "expected a file written by hne-edge train"
+        )
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # damaged archive, pickle with classes the safe loader refuses, ...
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {type(exc).__name__} while loading with weights_only=True "
+            "(corrupt file, or not written by hne-edge train)"
+        ) from exc
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        found = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(
+            f"{path} is not an hne-edge checkpoint: expected a dict with format={CHECKPOINT_FORMAT!r}; found {found}"
+        )
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint version {state.get('version')!r} is not supported (expected {CHECKPOINT_VERSION})"
+        )
+    missing = [k for k in _REQUIRED if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: checkpoint is missing keys {missing}")
+    return state
+
+
+def model_from_checkpoint(checkpoint: str | os.PathLike | dict[str, Any]) -> tuple[HNE, dict[str, Any]]:
+    """Rebuild the model (eval mode) from a checkpoint path or loaded dict; returns ``(model, checkpoint)``."""
+    state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
+    try:
+        model = build_model(state["model_config"])
+        model.load_state_dict(state["model"])
+    except (ValueError, RuntimeError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint weights do not fit its model config: {exc}") from exc
+    return model.eval(), state
