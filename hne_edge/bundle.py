@@ -1,0 +1,492 @@
+"""The bundle: the on-disk contract between the exporters and every device runtime.
+
+A bundle is a directory::
+
+    bundle/
+      manifest.json                 # this module's schema, version SCHEMA_VERSION
+      onnx/fp32/nodes/b0.0.onnx     # one file per tree node  (plan "nodes")
+      onnx/fp32/segments/leaf00.onnx# one file per leaf chain (plan "segments")
+      tensorrt/...                  # engines, when built on the target
+      torch/model.pt                # optional: the fused state_dict, for the PyTorch backend
+      profiles/*.json               # cost models written by the runtime (not listed in the manifest)
+
+The manifest is the only thing the runtime reads to know what to run. Reading
+it validates everything: the schema version, the exact key set of every
+object (missing and unknown keys are errors), that every file path stays
+inside the bundle (no ``..``, no absolute path, no symlink that leads out),
+that each file exists with the recorded sha256, and that the tree and the
+files agree (every node or leaf covered exactly once per plan).
+
+This module is pure Python (json, hashlib, pathlib): the edge runtime
+imports it without torch.
+
+Tensor naming inside model files: the image is ``image``; the activation of
+node ``b2.1`` is ``act_b2.1``; a leaf's logits are ``logits``. Every tensor
+entry also names its ``node`` so nothing depends on parsing names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import BundleError
+from .tree import TreeSpec
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MANIFEST_NAME",
+    "TensorSpec",
+    "InputSpec",
+    "ModelFile",
+    "Manifest",
+    "read_manifest",
+    "write_manifest",
+    "sha256_file",
+    "activation_name",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+FORMATS = ("onnx", "tensorrt", "torch")
+PLANS = ("nodes", "segments", "weights")  # "weights": one torch file holding the fused state_dict
+PRECISIONS = ("fp32", "fp16")
+DTYPES = ("float32", "float16")
+
+
+def activation_name(node_id: str | None) -> str:
+    """Tensor name of a node's activation (``None``: the image)."""
+    return "image" if node_id is None else f"act_{node_id}"
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- strict dict reading ---------------------------------------------------------------------------
+
+
+def _take(data: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> dict:
+    """Check ``data`` is a dict with exactly the required keys (plus optional ones)."""
+    if not isinstance(data, dict):
+        raise BundleError(f"manifest: {where} must be an object; received {type(data).__name__}")
+    missing = sorted(required - set(data))
+    if missing:
+        raise BundleError(f"manifest: {where} is missing key(s) {missing}")
+    extra = sorted(set(data) - required - optional)
+    if extra:
+        raise BundleError(f"manifest: {where} has unknown key(s) {extra}; expected only {sorted(required | optional)}")
+    return data
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise BundleError(f"manifest: {where} must be {expected}; received {value!r}")
+    return value
+
+
+def _choice(value: Any, choices: tuple[str, ...], where: str) -> str:
+    if value not in choices:
+        raise BundleError(f"manifest: {where} must be one of {list(choices)}; received {value!r}")
+    return value
+
+
+def _shape(value: Any, where: str) -> tuple[int | str, ...]:
+    _typed(value, list, where)
+    for dim in value:
+        if not (isinstance(dim, str) or (isinstance(dim, int) and not isinstance(dim, bool) and dim > 0)):
+            raise BundleError(f"manifest: {where} dims must be positive ints or symbolic names; received {value!r}")
+    return tuple(value)
+
+
+# -- schema ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a model file."""
+
+    name: str
+    node: str | None  # the tree node whose activation/logits this is; None: the image
+    dtype: str
+    shape: tuple[int | str, ...]  # symbolic batch dim first, e.g. ("batch", 64, 32, 32)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "node": self.node, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "TensorSpec":
+        d = _take(data, where, {"name", "node", "dtype", "shape"})
+        return cls(
+            name=_typed(d["name"], str, f"{where}.name"),
+            node=_typed(d["node"], (str, type(None)), f"{where}.node"),
+            dtype=_choice(d["dtype"], DTYPES, f"{where}.dtype"),
+            shape=_shape(d["shape"], f"{where}.shape"),
+        )
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the bundle expects from the application: a normalised NCHW float tensor."""
+
+    name: str
+    shape: tuple[int | str, ...]  # ("batch", C, H, W)
+    dtype: str
+    layout: str
+    mean: tuple[float, ...]  # per channel, on [0, 1] pixel values: x = (pixel/255 - mean) / std
+    std: tuple[float, ...]
+    batch: tuple[int, int, int]  # (min, opt, max) batch sizes the model files were built/verified for
+
+    @property
+    def channels(self) -> int:
+        return int(self.shape[1])
+
+    @property
+    def spatial(self) -> tuple[int, int]:
+        return int(self.shape[2]), int(self.shape[3])
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "layout": self.layout,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "batch": list(self.batch),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "InputSpec":
+        d = _take(data, "input", {"name", "shape", "dtype", "layout", "mean", "std", "batch"})
+        shape = _shape(d["shape"], "input.shape")
+        if len(shape) != 4 or not all(isinstance(v, int) for v in shape[1:]):
+            raise BundleError(f"manifest: input.shape must be [batch, C, H, W] with fixed C, H, W; received {list(shape)}")
+        _choice(d["layout"], ("NCHW",), "input.layout")
+        mean = tuple(_typed(v, (int, float), "input.mean[]") for v in _typed(d["mean"], list, "input.mean"))
+        std = tuple(_typed(v, (int, float), "input.std[]") for v in _typed(d["std"], list, "input.std"))
+        if len(mean) != shape[1] or len(std) != shape[1] or any(s <= 0 for s in std):
+            raise BundleError(
+                f"manifest: input.mean/std need {shape[1]} values (std > 0); received mean={list(mean)} std={list(std)}"
+            )
+        batch = tuple(_typed(v, int, "input.batch[]") for v in _typed(d["batch"], list, "input.batch"))
+        if len(batch) != 3 or not 1 <= batch[0] <= batch[1] <= batch[2]:
+            raise BundleError(f"manifest: input.batch must be [min, opt, max] with 1 <= min <= opt <= max; received {list(batch)}")
+        return cls(
+            name=_typed(d["name"], str, "input.name"),
+            shape=shape,
+            dtype=_choice(d["dtype"], DTYPES, "input.dtype"),
+            layout=d["layout"],
+            mean=mean,
+            std=std,
+            batch=batch,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One model file of the bundle: a node (plan "nodes") or a leaf's chain (plan "segments")."""
+
+    path: str  # relative to the bundle directory, POSIX separators
+    format: str  # onnx | tensorrt | torch
+    plan: str  # nodes | segments (onnx, tensorrt) | weights (torch)
+    precision: str  # fp32 | fp16
+    sha256: str
+    bytes: int
+    nodes: tuple[str, ...]  # tree nodes computed by this file, root side first
+    leaf: int | None  # depth-first position of the leaf whose logits it outputs; None for inner nodes
+    macs: int  # per sample
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    opset: int | None = None  # ONNX opset (onnx files, and the ONNX an engine was built from)
+    source: str | None = None  # engines: path of the ONNX file they were built from
+    build: dict | None = None  # engines: tensorrt_version, gpu, compute_capability, flags, batch profile
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "plan": self.plan,
+            "precision": self.precision,
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "nodes": list(self.nodes),
+            "leaf": self.leaf,
+            "macs": self.macs,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "opset": self.opset,
+            "source": self.source,
+            "build": self.build,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "ModelFile":
+        d = _take(
+            data,
+            where,
+            {"path", "format", "plan", "precision", "sha256", "bytes", "nodes", "leaf", "macs", "inputs", "outputs"},
+            {"opset", "source", "build"},
+        )
+        sha = _typed(d["sha256"], str, f"{where}.sha256")
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise BundleError(f"manifest: {where}.sha256 must be 64 lowercase hex digits; received {sha!r}")
+        nodes = tuple(_typed(v, str, f"{where}.nodes[]") for v in _typed(d["nodes"], list, f"{where}.nodes"))
+        if not nodes:
+            raise BundleError(f"manifest: {where}.nodes must list at least one node")
+        return cls(
+            path=_typed(d["path"], str, f"{where}.path"),
+            format=_choice(d["format"], FORMATS, f"{where}.format"),
+            plan=_choice(d["plan"], PLANS, f"{where}.plan"),
+            precision=_choice(d["precision"], PRECISIONS, f"{where}.precision"),
+            sha256=sha,
+            bytes=_typed(d["bytes"], int, f"{where}.bytes"),
+            nodes=nodes,
+            leaf=_typed(d["leaf"], (int, type(None)), f"{where}.leaf"),
+            macs=_typed(d["macs"], int, f"{where}.macs"),
+            inputs=tuple(
+                TensorSpec.from_dict(t, f"{where}.inputs[{i}]")
+                for i, t in enumerate(_typed(d["inputs"], list, f"{where}.inputs"))
+            ),
+            outputs=tuple(
+                TensorSpec.from_dict(t, f"{where}.outputs[{i}]")
+                for i, t in enumerate(_typed(d["outputs"], list, f"{where}.outputs"))
+            ),
+            opset=_typed(d.get("opset"), (int, type(None)), f"{where}.opset"),
+            source=_typed(d.get("source"), (str, type(None)), f"{where}.source"),
+            build=_typed(d.get("build"), (dict, type(None)), f"{where}.build"),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a runtime needs to know about a bundle."""
+
+    model_name: str
+    model_config: dict  # HNEConfig.to_dict(): lets tools with torch rebuild the architecture
+    class_names: tuple[str, ...]
+    input: InputSpec
+    tree: TreeSpec
+    node_macs: dict[str, int]  # per node, per sample
+    files: tuple[ModelFile, ...]
+    provenance: dict
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def variants(self) -> list[tuple[str, str, str]]:
+        """The (format, plan, precision) combinations present, in a stable order."""
+        seen = {(f.format, f.plan, f.precision) for f in self.files}
+        return sorted(seen, key=lambda v: (FORMATS.index(v[0]), PLANS.index(v[1]), PRECISIONS.index(v[2])))
+
+    def files_for(self, plan: str, precision: str = "fp32", format: str = "onnx") -> list[ModelFile]:
+        """The model files of one plan, in execution order (nodes: breadth-first; segments: by leaf)."""
+        chosen = [f for f in self.files if (f.format, f.plan, f.precision) == (format, plan, precision)]
+        if not chosen:
+            raise BundleError(
+                f"bundle has no {format}/{plan}/{precision} model files; it has "
+                f"{', '.join('/'.join(v) for v in self.variants()) or 'none'}"
+            )
+        if plan == "nodes":
+            order = {n.id: i for i, n in enumerate(self.tree.nodes)}
+            return sorted(chosen, key=lambda f: order[f.nodes[0]])
+        if plan == "weights":
+            return chosen
+        return sorted(chosen, key=lambda f: f.leaf)
+
+    def prefix_macs(self) -> list[int]:
+        """MACs of the first n leaves (shared nodes once), n = 1..N."""
+        out, total = [], 0
+        for seg in self.tree.segments:
+            total += sum(self.node_macs[n] for n in seg.nodes)
+            out.append(total)
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": self.schema_version,
+            "model": {"name": self.model_name, "config": self.model_config, "class_names": list(self.class_names)},
+            "input": self.input.to_dict(),
+            "tree": {
+                "branching": list(self.tree.branching),
+                "leaf_order": list(self.tree.leaf_order),
+                "nodes": [
+                    {
+                        "id": n.id,
+                        "parent": n.parent,
+                        "children": list(n.children),
+                        "depth": n.depth,
+                        "macs": self.node_macs[n.id],
+                    }
+                    for n in self.tree.nodes
+                ],
+            },
+            "files": [f.to_dict() for f in self.files],
+            "provenance": self.provenance,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Manifest":
+        d = _take(data, "manifest", {"schema_version", "model", "input", "tree", "files", "provenance"})
+        version = d["schema_version"]
+        if version != SCHEMA_VERSION:
+            raise BundleError(
+                f"manifest: schema_version {version!r} is not supported by this hne-edge (reads {SCHEMA_VERSION}); "
+                "re-export the bundle or upgrade hne-edge"
+            )
+        model = _take(d["model"], "model", {"name", "config", "class_names"})
+        class_names = tuple(_typed(c, str, "model.class_names[]") for c in _typed(model["class_names"], list, "model.class_names"))
+        input_spec = InputSpec.from_dict(d["input"])
+        tree_d = _take(d["tree"], "tree", {"branching", "leaf_order", "nodes"})
+        try:
+            tree = TreeSpec(tuple(_typed(tree_d["branching"], list, "tree.branching")))
+        except ValueError as exc:
+            raise BundleError(f"manifest: tree.branching: {exc}") from None
+        if list(tree_d["leaf_order"]) != list(tree.leaf_order):
+            raise BundleError(
+                f"manifest: tree.leaf_order {tree_d['leaf_order']!r} does not match the depth-first order of "
+                f"branching {list(tree.branching)}: expected {list(tree.leaf_order)}"
+            )
+        node_macs: dict[str, int] = {}
+        nodes_list = _typed(tree_d["nodes"], list, "tree.nodes")
+        for i, nd in enumerate(nodes_list):
+            nd = _take(nd, f"tree.nodes[{i}]", {"id", "parent", "children", "depth", "macs"})
+            nid = _typed(nd["id"], str, f"tree.nodes[{i}].id")
+            try:
+                ref = tree.node(nid)
+            except KeyError:
+                raise BundleError(f"manifest: tree.nodes[{i}].id {nid!r} is not a node of branching {list(tree.branching)}") from None
+            if nd["parent"] != ref.parent or list(nd["children"]) != list(ref.children) or nd["depth"] != ref.depth:
+                raise BundleError(f"manifest: tree.nodes[{i}] ({nid}) parent/children/depth disagree with the branching")
+            node_macs[nid] = _typed(nd["macs"], int, f"tree.nodes[{i}].macs")
+        if set(node_macs) != {n.id for n in tree.nodes} or len(nodes_list) != len(tree.nodes):
+            raise BundleError(f"manifest: tree.nodes must list each of the {len(tree.nodes)} nodes exactly once")
+        if len(class_names) < 2:
+            raise BundleError(f"manifest: model.class_names needs at least 2 classes; received {list(class_names)}")
+        files = tuple(ModelFile.from_dict(f, f"files[{i}]") for i, f in enumerate(_typed(d["files"], list, "files")))
+        manifest = cls(
+            model_name=_typed(model["name"], str, "model.name"),
+            model_config=_typed(model["config"], dict, "model.config"),
+            class_names=class_names,
+            input=input_spec,
+            tree=tree,
+            node_macs=node_macs,
+            files=files,
+            provenance=_typed(d["provenance"], dict, "provenance"),
+            schema_version=version,
+        )
+        manifest._check_coverage()
+        return manifest
+
+    def _check_coverage(self) -> None:
+        """Each plan must cover the tree exactly as the tree spec says."""
+        if not self.files:
+            raise BundleError("manifest: files is empty; a bundle needs at least one plan")
+        paths = [f.path for f in self.files]
+        if len(set(paths)) != len(paths):
+            raise BundleError("manifest: files lists the same path more than once")
+        for fmt, plan, precision in self.variants():
+            group = [f for f in self.files if (f.format, f.plan, f.precision) == (fmt, plan, precision)]
+            label = f"{fmt}/{plan}/{precision}"
+            if (fmt == "torch") != (plan == "weights"):
+                raise BundleError(f"manifest: {label}: plan 'weights' is for format 'torch' only, and torch files use it")
+            if plan == "weights":
+                if len(group) != 1 or sorted(group[0].nodes) != sorted(n.id for n in self.tree.nodes):
+                    raise BundleError(f"manifest: {label} must be one file covering every tree node")
+                continue
+            if plan == "nodes":
+                got = sorted(n for f in group for n in f.nodes)
+                if any(len(f.nodes) != 1 for f in group) or got != sorted(n.id for n in self.tree.nodes):
+                    raise BundleError(f"manifest: {label} must have exactly one file per tree node")
+            else:
+                by_leaf = {f.leaf: f for f in group}
+                if sorted(by_leaf) != list(range(self.tree.num_leaves)) or len(group) != self.tree.num_leaves:
+                    raise BundleError(f"manifest: {label} must have exactly one file per leaf 0..{self.tree.num_leaves - 1}")
+                for seg in self.tree.segments:
+                    f = by_leaf[seg.leaf]
+                    if tuple(f.nodes) != seg.nodes:
+                        raise BundleError(
+                            f"manifest: {f.path} computes {list(f.nodes)}; the tree's segment for leaf {seg.leaf} "
+                            f"is {list(seg.nodes)}"
+                        )
+                    wanted = [activation_name(n) for n in seg.exports] + ["logits"]
+                    if [o.name for o in f.outputs] != wanted:
+                        raise BundleError(f"manifest: {f.path} outputs {[o.name for o in f.outputs]}; expected {wanted}")
+            for f in group:
+                expected_in = self.tree.node(f.nodes[0]).parent
+                if len(f.inputs) != 1 or f.inputs[0].node != expected_in:
+                    raise BundleError(
+                        f"manifest: {f.path} must read exactly one input, {activation_name(expected_in)}; "
+                        f"received {[t.name for t in f.inputs]}"
+                    )
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+def resolve_in_bundle(bundle_dir: Path, relpath: str, where: str) -> Path:
+    """The absolute path of ``relpath``, refusing anything that leaves the bundle directory."""
+    if not relpath or relpath.startswith(("/", "\\")) or (len(relpath) > 1 and relpath[1] == ":"):
+        raise BundleError(f"manifest: {where} path {relpath!r} must be relative to the bundle directory")
+    parts = relpath.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise BundleError(f"manifest: {where} path {relpath!r} contains '..'; files must stay inside the bundle")
+    root = bundle_dir.resolve()
+    target = (root / relpath).resolve()  # follows symlinks
+    if root not in target.parents:
+        raise BundleError(f"manifest: {where} path {relpath!r} resolves to {target}, outside the bundle {root}")
+    return target
+
+
+def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> Manifest:
+    """Read and validate ``bundle_dir/manifest.json``; with ``verify_files`` also check every file's sha256."""
+    bundle_dir = Path(bundle_dir)
+    path = bundle_dir / MANIFEST_NAME
+    if not bundle_dir.is_dir():
+        raise BundleError(f"bundle directory not found: {bundle_dir}")
+    if not path.is_file():
+        raise BundleError(f"{bundle_dir} is not a bundle: {MANIFEST_NAME} is missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path}: not valid JSON ({exc})") from None
+    manifest = Manifest.from_dict(data)
+    for i, f in enumerate(manifest.files):
+        target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
+        if f.source is not None:
+            resolve_in_bundle(bundle_dir, f.source, f"files[{i}].source")
+        if not target.is_file():
+            raise BundleError(f"bundle file missing: {f.path} (files[{i}]) is listed in the manifest but not on disk")
+        if verify_files:
+            actual = sha256_file(target)
+            if actual != f.sha256:
+                raise BundleError(
+                    f"bundle file {f.path} (files[{i}].sha256) does not match the manifest: "
+                    f"expected {f.sha256}, found {actual}; the file was modified or corrupted"
+                )
+    return manifest
+
+
+def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> Path:
+    """Write ``manifest.json`` (after checking it reads back)."""
+    data = manifest.to_dict()
+    Manifest.from_dict(json.loads(json.dumps(data)))  # never write what we could not read
+    path = Path(bundle_dir) / MANIFEST_NAME
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def bundle_path(bundle_dir: str | os.PathLike, model_file: ModelFile) -> Path:
+    """Absolute path of a model file (validated)."""
+    return resolve_in_bundle(Path(bundle_dir), model_file.path, model_file.path)
