@@ -1,0 +1,43 @@
+"""The edge runtime: anytime inference over an exported bundle (numpy + a backend; no torch needed).
+
+    from hne_edge.runtime import AnytimeRunner, Agreement
+
+    with AnytimeRunner("bundle/") as runner:
+        x = runner.preprocess(images)                 # uint8 NHWC -> normalised NCHW float32
+        r = runner.run(x, budget_ms=5.0)              # as many leaves as fit in 5 ms
+        r.predictions, r.probs, r.leaves, r.uncertainty.vote_entropy
+
+        s = runner.start(x); s.step(); s.result()     # interrupt ...
+        s.refine(budget_ms=2.0)                       # ... and resume from the cached activations
+
+TensorRT / torch backends are imported only when chosen.
+"""
+
+from __future__ import annotations
+
+from .backends import BACKENDS, Backend, Runner, Unit, create_backend
+from .cost_model import CostModel, Profile
+from .inputs import check_input, preprocess
+from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax
+from .scheduler import AnytimeRunner, AnytimeSession, ConcurrentUseError, RunnerClosedError
+
+__all__ = [
+    "AnytimeRunner",
+    "AnytimeSession",
+    "AnytimeResult",
+    "Uncertainty",
+    "Agreement",
+    "StopRule",
+    "ConcurrentUseError",
+    "RunnerClosedError",
+    "CostModel",
+    "Profile",
+    "Backend",
+    "Runner",
+    "Unit",
+    "BACKENDS",
+    "create_backend",
+    "check_input",
+    "preprocess",
+    "softmax",
+]

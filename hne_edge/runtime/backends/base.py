@@ -1,0 +1,245 @@
+"""The backend interface: what the anytime scheduler needs from a device runtime.
+
+Two small classes, in the manner of Polygraphy's runners:
+
+* :class:`Backend` - one per :class:`~hne_edge.runtime.AnytimeRunner`. It
+  knows which bundle files it reads (``format``), turns the bundle's plan
+  into execution :class:`Unit` s, creates one :class:`Runner` per unit, and
+  moves tensors between host numpy and its own *handles*
+  (``from_host`` / ``to_host``). It also owns the clock the scheduler reads
+  and a ``synchronize()`` hook for asynchronous devices.
+* :class:`Runner` - one per model file (or module): ``activate()`` allocates
+  (session, engine context, buffers), ``run(inputs)`` validates then calls
+  ``run_impl``, ``release()`` frees. Usable as a context manager.
+
+Handles are opaque to the scheduler: a CPU backend uses numpy arrays, a GPU
+backend may use device buffers (``OrtValue``, torch CUDA tensors, TensorRT
+bindings) so activations never leave the device. Only a leaf's logits come
+back to host, through ``Backend.to_host``, which must block until the data
+is ready (the scheduler's per-leaf timing relies on that).
+
+Validation happens once: ``Runner.run`` checks the inputs against the
+unit's metadata (for host arrays), but the scheduler calls ``run_impl``
+directly - it checked the image at the boundary, and every other input is a
+handle that a runner of the same backend produced.
+
+To add a backend (ONNX Runtime CUDA, TensorRT, torch CUDA): subclass
+:class:`Backend` (set ``name``, ``format``, ``devices``; implement
+``create_runner``; override ``from_host`` / ``to_host`` / ``synchronize``
+when handles live on the device) and :class:`Runner` (``activate_impl``,
+``run_impl``, ``release_impl``), then register it in
+``hne_edge.runtime.backends.BACKENDS``. The scheduler needs no change.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from ...bundle import Manifest, ModelFile, TensorSpec, activation_name, bundle_path
+from ...errors import BackendUnavailable, BundleError, InputError
+
+__all__ = ["Handle", "Unit", "Runner", "Backend", "units_from_files", "units_from_tree"]
+
+Handle = Any  # a backend's tensor: numpy array (CPU backends), OrtValue, torch tensor, device pointer...
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One execution unit: something that computes a chain of tree nodes in one call.
+
+    For ONNX / TensorRT this is a model file of the bundle; the torch backend
+    builds units from the tree (one per segment or per node) over one weights file.
+    """
+
+    name: str  # bundle path of the file, or e.g. "torch/model.pt#segment3"
+    nodes: tuple[str, ...]  # tree nodes computed, root side first
+    leaf: int | None  # depth-first leaf position whose logits it outputs (None: inner node)
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    macs: int  # per sample
+    path: Path | None = None  # absolute path of the file it loads
+    file: ModelFile | None = None
+
+
+def units_from_files(manifest: Manifest, bundle_dir: Path, plan: str, precision: str, format: str) -> list[Unit]:
+    """One unit per model file of ``format/plan/precision`` (the manifest's validated files)."""
+    return [
+        Unit(
+            name=f.path,
+            nodes=f.nodes,
+            leaf=f.leaf,
+            inputs=f.inputs,
+            outputs=f.outputs,
+            macs=f.macs,
+            path=bundle_path(bundle_dir, f),
+            file=f,
+        )
+        for f in manifest.files_for(plan, precision, format)
+    ]
+
+
+def units_from_tree(manifest: Manifest, plan: str, precision: str, name: str, path: Path | None) -> list[Unit]:
+    """Units synthesized from the tree (for backends that run modules, not files).
+
+    Activation shapes are unknown without the model (``shape=()``, not checked).
+    """
+    dtype = "float16" if precision == "fp16" else "float32"
+    tree = manifest.tree
+
+    def spec(node: str | None, logits: bool = False) -> TensorSpec:
+        if node is None:
+            return TensorSpec(manifest.input.name, None, manifest.input.dtype, manifest.input.shape)
+        return TensorSpec("logits" if logits else activation_name(node), node, dtype, ())
+
+    if plan == "segments":
+        chains = [(seg.nodes, seg.input, seg.exports, seg.leaf, f"segment{seg.leaf}") for seg in tree.segments]
+    elif plan == "nodes":
+        chains = []
+        for node in tree.nodes:
+            leaf = node.leaves[0] if node.is_leaf else None
+            exports = () if node.is_leaf else (node.id,)
+            chains.append(((node.id,), node.parent, exports, leaf, node.id))
+    else:
+        raise BundleError(f"plan must be 'segments' or 'nodes' for this backend; received {plan!r}")
+    units = []
+    for nodes, src, exports, leaf, label in chains:
+        outputs = tuple(spec(e) for e in exports)
+        if leaf is not None:
+            outputs += (spec(nodes[-1], logits=True),)
+        units.append(
+            Unit(
+                name=f"{name}#{label}",
+                nodes=tuple(nodes),
+                leaf=leaf,
+                inputs=(spec(src),),
+                outputs=outputs,
+                macs=sum(manifest.node_macs[n] for n in nodes),
+                path=path,
+            )
+        )
+    return units
+
+
+class Runner(ABC):
+    """Runs one :class:`Unit`. Lifecycle: ``activate()`` -> ``run()``* -> ``release()``."""
+
+    def __init__(self, unit: Unit) -> None:
+        self.unit = unit
+        self.is_active = False
+
+    @property
+    def name(self) -> str:
+        return self.unit.name
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.unit.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.unit.outputs)
+
+    # -- lifecycle ---------------------------------------------------------
+    def activate(self) -> "Runner":
+        if not self.is_active:
+            self.activate_impl()
+            self.is_active = True
+        return self
+
+    def release(self) -> None:
+        if self.is_active:
+            self.is_active = False
+            self.release_impl()
+
+    def __enter__(self) -> "Runner":
+        return self.activate()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # -- inference ---------------------------------------------------------
+    def run(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
+        """Validated inference: ``inputs`` in ``unit.inputs`` order; outputs in ``unit.outputs`` order."""
+        if not self.is_active:
+            raise RuntimeError(f"runner {self.name}: not active; call activate() or use it as a context manager")
+        if len(inputs) != len(self.unit.inputs):
+            raise InputError(
+                f"runner {self.name}: received {len(inputs)} input(s); expected {len(self.unit.inputs)} "
+                f"({', '.join(self.input_names)})"
+            )
+        for value, meta in zip(inputs, self.unit.inputs):
+            if isinstance(value, np.ndarray):
+                if value.dtype != np.dtype(meta.dtype):
+                    raise InputError(
+                        f"runner {self.name}: input tensor {meta.name} | received dtype {value.dtype}; expected {meta.dtype}"
+                    )
+                fixed = [(i, d) for i, d in enumerate(meta.shape) if isinstance(d, int)]
+                if meta.shape and (value.ndim != len(meta.shape) or any(value.shape[i] != d for i, d in fixed)):
+                    raise InputError(
+                        f"runner {self.name}: input tensor {meta.name} | received shape {tuple(value.shape)}; "
+                        f"expected {tuple(meta.shape)}"
+                    )
+        return self.run_impl(inputs)
+
+    @abstractmethod
+    def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
+        """Unchecked inference (the scheduler's hot path). Outputs in ``unit.outputs`` order."""
+
+    def activate_impl(self) -> None:  # pragma: no cover - trivial default
+        pass
+
+    def release_impl(self) -> None:  # pragma: no cover - trivial default
+        pass
+
+
+class Backend(ABC):
+    """A device runtime: creates runners for a bundle's units and moves tensors to/from the host."""
+
+    name: ClassVar[str]  # "onnxruntime", "torch", "tensorrt", ...
+    format: ClassVar[str]  # which bundle files it reads: "onnx" | "torch" | "tensorrt"
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+
+    #: The scheduler's time source, in seconds. Budgets, deadlines and the cost
+    #: model all use it. Real backends use host wall-clock time (the leaf's
+    #: logits are on the host when ``to_host`` returns); tests inject a virtual clock.
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
+
+    def __init__(self, device: str = "cpu") -> None:
+        if device not in self.devices:
+            raise BackendUnavailable(
+                f"backend {self.name!r}: received device {device!r}; expected one of {list(self.devices)} "
+                "(GPU devices come with the GPU backends)"
+            )
+        self.device = device
+
+    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
+        """The execution units of ``plan`` (default: the bundle's files of this backend's format)."""
+        return units_from_files(manifest, bundle_dir, plan, precision, self.format)
+
+    @abstractmethod
+    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
+        """A (not yet active) runner for ``unit``."""
+
+    def from_host(self, array: np.ndarray) -> Handle:
+        """Upload a validated host array (the image); CPU backends pass it through."""
+        return array
+
+    def to_host(self, handle: Handle) -> np.ndarray:
+        """A host numpy array of ``handle``; must block until the values are ready."""
+        return handle
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (profiling calls it before reading the clock)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Versions and settings, recorded in saved profiles."""
+        return {"backend": self.name, "device": self.device}
+
+    def close(self) -> None:
+        """Free backend-wide resources (after every runner was released)."""

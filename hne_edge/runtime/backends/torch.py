@@ -1,0 +1,114 @@
+"""PyTorch backend: runs the bundle's fused weights (``torch/model.pt``) as per-segment or per-node modules.
+
+The model is rebuilt from the manifest's ``model.config`` and the state dict
+is loaded with ``weights_only=True``; units are ``model.segment_module(i)``
+(plan "segments") or ``model.node_module(id)`` (plan "nodes"). Handles are
+torch tensors; ``from_host`` wraps the numpy image without a copy and
+``to_host`` returns the logits as numpy. CPU in this release; a CUDA variant
+overrides ``from_host`` / ``to_host`` / ``synchronize``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...bundle import Manifest, bundle_path
+from ...errors import BackendUnavailable, BundleError
+from .base import Backend, Handle, Runner, Unit, units_from_tree
+
+__all__ = ["TorchBackend", "TorchRunner"]
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as exc:
+        raise BackendUnavailable(f"backend 'torch' needs PyTorch ({exc}); pip install 'hne-edge[train]'") from None
+    return torch
+
+
+class TorchRunner(Runner):
+    def __init__(self, unit: Unit, backend: "TorchBackend", kind: str, key: Any) -> None:
+        super().__init__(unit)
+        self._backend = backend
+        self._kind = kind
+        self._key = key
+        self.module = None
+
+    def activate_impl(self) -> None:
+        model = self._backend.model
+        self.module = (model.segment_module(self._key) if self._kind == "segment" else model.node_module(self._key)).eval()
+        self._torch = self._backend.torch
+        self._tuple = self._kind == "segment"
+
+    def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
+        with self._torch.inference_mode():
+            out = self.module(inputs[0])
+        return out if self._tuple else (out,)
+
+    def release_impl(self) -> None:
+        self.module = None
+
+
+class TorchBackend(Backend):
+    """Args:
+    device: "cpu".
+    threads: torch intra-op threads (``torch.set_num_threads``; process-wide), None: leave as is.
+    """
+
+    name = "torch"
+    format = "torch"
+    devices = ("cpu",)
+
+    def __init__(self, device: str = "cpu", threads: int | None = None) -> None:
+        super().__init__(device)
+        self.torch = _import_torch()
+        if threads is not None:
+            self.torch.set_num_threads(int(threads))
+        self.threads = threads
+        self.model = None
+        self._weights: Path | None = None
+
+    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
+        (weights,) = manifest.files_for("weights", precision, "torch")
+        self._weights = bundle_path(bundle_dir, weights)
+        return units_from_tree(manifest, plan, precision, weights.path, self._weights)
+
+    def _load(self, manifest: Manifest) -> None:
+        from ...models import build_model
+
+        torch = self.torch
+        try:
+            state = torch.load(self._weights, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise BundleError(f"{self._weights}: not a loadable torch state_dict ({exc})") from None
+        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+            state = state["model"]  # tolerate a checkpoint-shaped file
+        model = build_model(manifest.model_config)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise BundleError(f"{self._weights}: weights do not match model.config: {exc}") from None
+        self.model = model.eval()
+
+    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
+        if self.model is None:
+            self._load(manifest)
+        if unit.name.rsplit("#", 1)[-1].startswith("segment"):
+            return TorchRunner(unit, self, "segment", unit.leaf)
+        return TorchRunner(unit, self, "node", unit.nodes[0])
+
+    def from_host(self, array: np.ndarray) -> Handle:
+        return self.torch.from_numpy(array)
+
+    def to_host(self, handle: Handle) -> np.ndarray:
+        return handle.numpy()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "device": self.device, "torch": self.torch.__version__, "threads": self.threads}
+
+    def close(self) -> None:
+        self.model = None

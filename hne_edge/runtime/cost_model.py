@@ -1,0 +1,346 @@
+"""The cost model: how long each anytime leaf takes on this device, measured and learned online.
+
+**Profiles.** ``AnytimeRunner.profile()`` times every leaf step (and every
+unit) after warm-up and saves a :class:`Profile` next to the bundle, as
+``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json`` keyed by
+batch size. If the bundle directory is read-only it goes to the user cache
+(``$HNE_EDGE_CACHE`` or ``$XDG_CACHE_HOME/hne-edge`` or ``~/.cache/hne-edge``,
+under ``profiles/<manifest sha256[:16]>/``) with a warning. A new runner
+loads the first profile that matches the manifest's sha256, backend, device,
+plan and precision (bundle first, then cache).
+
+**Prediction.** Leaf ``i`` is predicted to cost ``base[i] * scale`` where
+
+* ``base[i]`` is the leaf's median (from the profile, then an EWMA of
+  observed times, alpha 0.05, so it follows slow drift), and
+* ``scale`` is the ``quantile`` (default 0.95) of the last ``window`` (128)
+  observed ``time / base`` ratios, pooled over all leaves.
+
+Why a pooled ratio quantile: on a shared CPU the noise is mostly common to
+all leaves (other processes, frequency changes), so pooling gives 16x the
+samples of a per-leaf quantile and reacts within a few frames; a quantile
+(not the mean) is what bounds deadline misses. The scheduler starts a leaf
+only if ``now + prediction <= deadline``; a miss needs the leaf to run past
+its p95 *and* the slack left to be smaller than that excess. With budgets
+spread over the anytime range the slack is on average half a leaf, so p95
+gives well under the 1% miss target while giving up at most ~5% of the
+leaves an oracle would fit (measured in benchmarks/bench_runtime.py).
+
+**Without a profile** no frame is spent measuring: the first leaf is always
+evaluated (``min_leaves >= 1``), so its time calibrates seconds-per-MAC and
+unseen leaves are predicted from the manifest's MACs; each leaf's own time
+replaces that estimate once observed. Until 8 observations exist the scale
+is at least ``cold_margin`` (1.5). Before any observation the prediction is
+infinite: a budgeted first frame evaluates only the forced leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Profile",
+    "CostModel",
+    "profile_filename",
+    "user_cache_dir",
+    "save_profile",
+    "find_profile",
+    "summarize",
+]
+
+PROFILE_FORMAT = "hne-edge-profile"
+PROFILE_VERSION = 1
+
+
+def summarize(samples_s: Sequence[float]) -> dict[str, float]:
+    """median / p90 / p95 / mean in milliseconds of samples given in seconds."""
+    a = np.asarray(samples_s, dtype=np.float64) * 1e3
+    return {
+        "median_ms": float(np.median(a)),
+        "p90_ms": float(np.quantile(a, 0.90)),
+        "p95_ms": float(np.quantile(a, 0.95)),
+        "mean_ms": float(a.mean()),
+    }
+
+
+def profile_filename(device: str, backend: str, plan: str, precision: str) -> str:
+    return f"{device}-{backend}-{plan}-{precision}.json"
+
+
+def user_cache_dir() -> Path:
+    if os.environ.get("HNE_EDGE_CACHE"):
+        return Path(os.environ["HNE_EDGE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hne-edge"
+
+
+@dataclass
+class Profile:
+    """Measured leaf (and unit) latencies of one bundle variant on one device, per batch size.
+
+    ``batches[b]["leaves"][i]`` holds ``median_ms``, ``p90_ms``, ``p95_ms``,
+    ``mean_ms`` and ``samples_ms`` for leaf step ``i`` (everything the
+    scheduler does to add leaf ``i``); ``batches[b]["units"]`` the same per
+    model file; ``batches[b]["levels"][n-1]`` the latency of the first ``n``
+    leaves (median / p95 over repetitions).
+    """
+
+    model_name: str
+    manifest_sha256: str
+    backend: str
+    device: str
+    plan: str
+    precision: str
+    batches: dict[int, dict[str, Any]]
+    backend_info: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+
+    @property
+    def filename(self) -> str:
+        return profile_filename(self.device, self.backend, self.plan, self.precision)
+
+    def leaf_medians_s(self, batch: int) -> list[float]:
+        return [leaf["median_ms"] / 1e3 for leaf in self.batches[batch]["leaves"]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PROFILE_FORMAT,
+            "version": PROFILE_VERSION,
+            "model_name": self.model_name,
+            "manifest_sha256": self.manifest_sha256,
+            "backend": self.backend,
+            "device": self.device,
+            "plan": self.plan,
+            "precision": self.precision,
+            "backend_info": self.backend_info,
+            "host": self.host,
+            "created": self.created,
+            "batch_sizes": {str(b): v for b, v in sorted(self.batches.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+        if not isinstance(d, dict) or d.get("format") != PROFILE_FORMAT or d.get("version") != PROFILE_VERSION:
+            raise ValueError(f"not a {PROFILE_FORMAT} v{PROFILE_VERSION} file")
+        return cls(
+            model_name=d["model_name"],
+            manifest_sha256=d["manifest_sha256"],
+            backend=d["backend"],
+            device=d["device"],
+            plan=d["plan"],
+            precision=d["precision"],
+            batches={int(b): v for b, v in d["batch_sizes"].items()},
+            backend_info=d.get("backend_info", {}),
+            host=d.get("host", {}),
+            created=d.get("created", ""),
+        )
+
+    def matches(self, manifest_sha256: str, backend: str, device: str, plan: str, precision: str) -> bool:
+        return (self.manifest_sha256, self.backend, self.device, self.plan, self.precision) == (
+            manifest_sha256,
+            backend,
+            device,
+            plan,
+            precision,
+        )
+
+
+def host_info() -> dict[str, Any]:
+    return {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def cache_profile_path(profile: Profile) -> Path:
+    return user_cache_dir() / "profiles" / profile.manifest_sha256[:16] / profile.filename
+
+
+def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path, bool]:
+    """Write next to the bundle, else to the user cache. Returns (path, fell_back_to_cache)."""
+    if not profile.created:
+        profile.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    target = Path(bundle_dir) / "profiles" / profile.filename
+    try:
+        _write_json_atomic(target, profile.to_dict())
+        return target, False
+    except OSError as exc:
+        fallback = cache_profile_path(profile)
+        _write_json_atomic(fallback, profile.to_dict())
+        warnings.warn(
+            f"bundle directory {bundle_dir} is not writable ({exc.strerror or exc}); saved the profile to {fallback}",
+            stacklevel=2,
+        )
+        return fallback, True
+
+
+def find_profile(
+    bundle_dir: str | os.PathLike, manifest_sha256: str, backend: str, device: str, plan: str, precision: str
+) -> tuple[Profile | None, Path | None, str]:
+    """The matching saved profile (bundle dir first, then the user cache), its path, and why (not) found."""
+    name = profile_filename(device, backend, plan, precision)
+    candidates = [Path(bundle_dir) / "profiles" / name, user_cache_dir() / "profiles" / manifest_sha256[:16] / name]
+    reasons = []
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            profile = Profile.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            reasons.append(f"{path}: unreadable ({exc})")
+            continue
+        if not profile.matches(manifest_sha256, backend, device, plan, precision):
+            reasons.append(f"{path}: made for another bundle version or variant")
+            continue
+        return profile, path, f"loaded {path}"
+    return None, None, "; ".join(reasons) or f"no saved profile {name}"
+
+
+class _BatchModel:
+    """Predictions and online updates for one batch size. Hot path: ``observe`` and ``pred``."""
+
+    def __init__(self, macs: Sequence[int], base: list[float] | None, seed_ratios: Sequence[float], cm: "CostModel") -> None:
+        n = len(macs)
+        self.macs = [float(m) for m in macs]
+        self.known = [base is not None] * n
+        self.base = list(base) if base is not None else [0.0] * n
+        self.q = cm.quantile
+        self.alpha = cm.alpha
+        self.refresh_every = cm.refresh_every
+        self.min_samples = cm.min_samples
+        self.cold_margin = cm.cold_margin
+        self.ring = np.ones(cm.window, dtype=np.float64)
+        self.count = 0
+        for r in list(seed_ratios)[-cm.window :]:
+            self.ring[self.count % cm.window] = r
+            self.count += 1
+        self.pred: list[float] = [math.inf] * n
+        self.scale = 1.0
+        self._refresh()
+
+    def observe(self, leaf: int, seconds: float) -> None:
+        base = self.base[leaf]
+        if self.known[leaf]:
+            ratio = seconds / base
+            self.base[leaf] = base + self.alpha * (seconds - base)
+        else:
+            self.known[leaf] = True
+            self.base[leaf] = seconds
+            ratio = 1.0
+        self.ring[self.count % len(self.ring)] = ratio
+        self.count += 1
+        if self.count <= 16 or self.count % self.refresh_every == 0:
+            self._refresh()
+        else:
+            self.pred[leaf] = self.base[leaf] * self.scale
+
+    def _refresh(self) -> None:
+        k = min(self.count, len(self.ring))
+        scale = float(np.quantile(self.ring[:k], self.q)) if k else 1.0
+        if self.count < self.min_samples:
+            scale = max(scale, self.cold_margin)
+        self.scale = scale
+        seen_t = sum(b for b, k_ in zip(self.base, self.known) if k_)
+        seen_m = sum(m for m, k_ in zip(self.macs, self.known) if k_)
+        per_mac = seen_t / seen_m if seen_m > 0 else math.inf
+        pred = self.pred
+        for i, (b, m, k_) in enumerate(zip(self.base, self.macs, self.known)):
+            pred[i] = b * scale if k_ else (m * per_mac * scale if math.isfinite(per_mac) else math.inf)
+
+
+class CostModel:
+    """Per-leaf cost predictions (seconds) for each batch size, from a profile and online observations.
+
+    Args:
+        leaf_macs: MACs each leaf step adds (per sample), from the manifest.
+        profile: a matching saved :class:`Profile`, or None.
+        quantile: ratio quantile used for predictions (see the module docstring).
+        window: how many recent observations the quantile looks at.
+    """
+
+    def __init__(
+        self,
+        leaf_macs: Sequence[int],
+        profile: Profile | None = None,
+        quantile: float = 0.95,
+        window: int = 128,
+        alpha: float = 0.05,
+        refresh_every: int = 8,
+        min_samples: int = 8,
+        cold_margin: float = 1.5,
+    ) -> None:
+        if not 0.5 <= quantile <= 1.0:
+            raise ValueError(f"quantile must be in [0.5, 1]; received {quantile!r}")
+        self.leaf_macs = list(leaf_macs)
+        self.profile = profile
+        self.quantile = quantile
+        self.window = window
+        self.alpha = alpha
+        self.refresh_every = refresh_every
+        self.min_samples = min_samples
+        self.cold_margin = cold_margin
+        self._models: dict[int, _BatchModel] = {}
+
+    def for_batch(self, batch: int) -> _BatchModel:
+        model = self._models.get(batch)
+        if model is None:
+            model = self._models[batch] = self._new_model(batch)
+        return model
+
+    def predict(self, batch: int) -> list[float]:
+        """Current predicted seconds per leaf (a copy)."""
+        return list(self.for_batch(batch).pred)
+
+    def _new_model(self, batch: int) -> _BatchModel:
+        profile = self.profile
+        if profile is None or not profile.batches:
+            return _BatchModel(self.leaf_macs, None, (), self)
+        sizes = sorted(profile.batches)
+        lower = [b for b in sizes if b <= batch]
+        upper = [b for b in sizes if b >= batch]
+        if lower and upper:
+            b0, b1 = lower[-1], upper[0]
+            m0, m1 = profile.leaf_medians_s(b0), profile.leaf_medians_s(b1)
+            w = 0.0 if b1 == b0 else (batch - b0) / (b1 - b0)
+            base = [a + w * (c - a) for a, c in zip(m0, m1)]
+            nearest = b0 if w < 0.5 else b1
+        elif upper:  # smaller than anything profiled: the smallest profile (fixed costs dominate)
+            nearest = upper[0]
+            base = profile.leaf_medians_s(nearest)
+        else:  # larger: scale the largest linearly with batch (conservative on CPUs)
+            nearest = lower[-1]
+            base = [m * batch / nearest for m in profile.leaf_medians_s(nearest)]
+        if len(base) != len(self.leaf_macs):
+            return _BatchModel(self.leaf_macs, None, (), self)
+        seeds = []
+        leaves = profile.batches[nearest]["leaves"]
+        reps = min(len(leaf.get("samples_ms", ())) for leaf in leaves)
+        for r in range(reps):  # interleave leaves so the window's tail keeps every leaf
+            for leaf in leaves:
+                seeds.append(leaf["samples_ms"][r] / leaf["median_ms"])
+        return _BatchModel(self.leaf_macs, base, seeds, self)

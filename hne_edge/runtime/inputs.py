@@ -1,0 +1,103 @@
+"""The runtime's one input check, at the boundary, and image preprocessing (numpy only).
+
+Everything past :func:`check_input` trusts its input: the scheduler's loop
+never validates again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..bundle import InputSpec
+from ..errors import InputError
+
+__all__ = ["check_input", "preprocess"]
+
+
+def _expected_shape(spec: InputSpec) -> str:
+    c, (h, w) = spec.channels, spec.spatial
+    return f"(batch, {c}, {h}, {w}) with batch in {spec.batch[0]}..{spec.batch[2]}"
+
+
+def check_input(x: Any, spec: InputSpec) -> np.ndarray:
+    """Validate a normalised NCHW batch against the bundle's input spec; return it C-contiguous.
+
+    Checks, in order: type, dtype, rank, channels, spatial size, batch range, finite values.
+    Raises :class:`~hne_edge.errors.InputError` ("received X; expected Y").
+    """
+    if not isinstance(x, np.ndarray):
+        kind = f"{type(x).__module__}.{type(x).__qualname__}"
+        hint = " (use .cpu().numpy())" if kind.startswith("torch.") else ""
+        raise InputError(f"input {spec.name}: received {kind}; expected a numpy.ndarray{hint}")
+    if x.dtype != np.dtype(spec.dtype):
+        hint = " (uint8 images: use runner.preprocess(images))" if x.dtype == np.uint8 else f" (x.astype(np.{spec.dtype}))"
+        raise InputError(f"input {spec.name}: received dtype {x.dtype}; expected {spec.dtype}{hint}")
+    if x.ndim != 4:
+        hint = "; add a batch axis with x[None]" if x.ndim == 3 else ""
+        raise InputError(
+            f"input {spec.name}: received shape {tuple(x.shape)} (rank {x.ndim}); expected rank 4, "
+            f"{_expected_shape(spec)}{hint}"
+        )
+    if x.shape[1] != spec.channels:
+        hint = " (NHWC? use runner.preprocess for images)" if x.shape[3] == spec.channels else ""
+        raise InputError(
+            f"input {spec.name}: received {x.shape[1]} channels (shape {tuple(x.shape)}); expected {spec.channels}, "
+            f"{_expected_shape(spec)}{hint}"
+        )
+    if tuple(x.shape[2:]) != spec.spatial:
+        raise InputError(
+            f"input {spec.name}: received spatial size {x.shape[2]}x{x.shape[3]}; expected "
+            f"{spec.spatial[0]}x{spec.spatial[1]} (resize the images to the bundle's input size)"
+        )
+    lo, _, hi = spec.batch
+    if not lo <= x.shape[0] <= hi:
+        raise InputError(
+            f"input {spec.name}: received batch size {x.shape[0]}; expected {lo}..{hi} "
+            "(the batch range the bundle was exported and verified for; split the batch)"
+        )
+    if not np.isfinite(x).all():
+        bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
+        raise InputError(f"input {spec.name}: received {bad} non-finite value(s) (NaN/Inf); expected finite values")
+    return np.ascontiguousarray(x)
+
+
+def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np.ndarray:
+    """uint8 images -> the bundle's normalised NCHW float input.
+
+    Accepts one image ``(H, W, C)`` or ``(H, W)`` (grayscale bundles), a batch
+    ``(N, H, W, C)``, or a list of images. Pixels are scaled to [0, 1] and
+    normalised with the manifest's mean/std. No resizing: the spatial size must match.
+    """
+    if isinstance(images, (list, tuple)):
+        if not images:
+            raise InputError("preprocess: received an empty list; expected at least one image")
+        images = np.stack([np.asarray(im) for im in images])
+    elif not isinstance(images, np.ndarray):
+        raise InputError(f"preprocess: received {type(images).__name__}; expected a uint8 numpy array or a list of them")
+    c, (h, w) = spec.channels, spec.spatial
+    if images.dtype != np.uint8:
+        raise InputError(
+            f"preprocess: received dtype {images.dtype}; expected uint8 pixels (HWC or NHWC). "
+            "Already-normalised float NCHW arrays go to run() directly"
+        )
+    if images.ndim == 2 and c == 1:
+        images = images[None, :, :, None]
+    elif images.ndim == 3 and images.shape[-1] == c:
+        images = images[None]
+    elif images.ndim == 3 and c == 1:
+        images = images[..., None]  # (N, H, W) grayscale batch
+    if images.ndim != 4 or images.shape[-1] != c:
+        raise InputError(
+            f"preprocess: received shape {tuple(images.shape)}; expected (H, W, {c}) or (N, H, W, {c}) uint8 images"
+        )
+    if tuple(images.shape[1:3]) != (h, w):
+        raise InputError(
+            f"preprocess: received images of {images.shape[1]}x{images.shape[2]}; expected {h}x{w} (resize first)"
+        )
+    dtype = np.dtype(spec.dtype)
+    mean = np.asarray(spec.mean, dtype=np.float32).reshape(1, c, 1, 1)
+    inv_std = (1.0 / np.asarray(spec.std, dtype=np.float32)).reshape(1, c, 1, 1)
+    x = images.transpose(0, 3, 1, 2).astype(np.float32) * np.float32(1 / 255)
+    return np.ascontiguousarray(((x - mean) * inv_std).astype(dtype, copy=False))

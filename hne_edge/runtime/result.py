@@ -1,0 +1,190 @@
+"""What anytime inference returns, and the confidence rules that stop it early (numpy only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+__all__ = ["AnytimeResult", "Uncertainty", "StopRule", "Agreement", "softmax"]
+
+
+def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    z = logits - logits.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _vote_counts(leaf_logits: np.ndarray, num_classes: int) -> np.ndarray:
+    """(batch, classes) number of leaves voting for each class."""
+    votes = leaf_logits.argmax(-1)  # (n, B)
+    counts = np.zeros((leaf_logits.shape[1], num_classes), dtype=np.int64)
+    for row in votes:
+        counts[np.arange(len(row)), row] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """Disagreement of the evaluated leaves, per sample (arrays of shape (batch,)).
+
+    ``logit_std``: std over leaves of the logits, averaged over classes (0 with one leaf).
+    ``vote_entropy``: entropy (nats) of the leaves' top-1 votes (0: unanimous).
+    ``agreement``: fraction of leaves voting for the ensemble's prediction.
+    ``entropy``: predictive entropy (nats) of the ensemble's mean-logit softmax.
+    """
+
+    logit_std: np.ndarray
+    vote_entropy: np.ndarray
+    agreement: np.ndarray
+    entropy: np.ndarray
+
+
+@dataclass(eq=False)
+class AnytimeResult:
+    """The ensemble of the first ``leaves`` leaves for one batch.
+
+    ``logits`` is the mean of the evaluated leaves' logits (the HNE's
+    ensemble prediction, as the paper averages logits); ``probs`` its softmax.
+    ``elapsed_ms`` is the wall time of the call that produced it (for
+    sessions: of all calls so far). ``met_budget`` is True when the call had
+    no budget or finished by its deadline; ``overran_min_leaves`` is True
+    when the forced ``min_leaves`` alone went past the deadline (that miss is
+    not the scheduler's choice). ``stopped_by``: "complete", "max_leaves",
+    "budget", "stop_when", "cancelled" or "step".
+    """
+
+    leaf_logits: np.ndarray  # (leaves, batch, classes), float32
+    elapsed_ms: float
+    met_budget: bool = True
+    overran_min_leaves: bool = False
+    budget_ms: float | None = None
+    stopped_by: str = "complete"
+    class_names: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def leaves(self) -> int:
+        return int(self.leaf_logits.shape[0])
+
+    @cached_property
+    def logits(self) -> np.ndarray:
+        """(batch, classes): mean of the evaluated leaves' logits."""
+        return self.leaf_logits.mean(axis=0)
+
+    @cached_property
+    def probs(self) -> np.ndarray:
+        return softmax(self.logits)
+
+    @property
+    def predictions(self) -> np.ndarray:
+        """(batch,) predicted class indices."""
+        return self.logits.argmax(-1)
+
+    @property
+    def confidence(self) -> np.ndarray:
+        """(batch,) probability of the predicted class."""
+        return self.probs.max(-1)
+
+    def labels(self) -> list[str]:
+        """Predicted class names (indices as strings if the bundle has no names)."""
+        names = self.class_names
+        return [names[i] if i < len(names) else str(i) for i in self.predictions.tolist()]
+
+    @cached_property
+    def uncertainty(self) -> Uncertainty:
+        ll = self.leaf_logits
+        n, batch, classes = ll.shape
+        std = ll.std(axis=0).mean(-1) if n > 1 else np.zeros(batch, dtype=np.float32)
+        counts = _vote_counts(ll, classes)
+        p = counts / n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vote_entropy = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
+        agreement = counts[np.arange(batch), self.predictions] / n
+        probs = self.probs
+        entropy = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(-1)
+        return Uncertainty(std.astype(np.float32), vote_entropy, agreement, entropy)
+
+    def to_dict(self, per_sample: bool = True) -> dict:
+        out = {
+            "leaves": self.leaves,
+            "elapsed_ms": self.elapsed_ms,
+            "budget_ms": self.budget_ms,
+            "met_budget": self.met_budget,
+            "overran_min_leaves": self.overran_min_leaves,
+            "stopped_by": self.stopped_by,
+        }
+        if per_sample:
+            u = self.uncertainty
+            out["samples"] = [
+                {
+                    "class": int(c),
+                    "label": label,
+                    "prob": float(pr),
+                    "logit_std": float(s),
+                    "vote_entropy": float(v),
+                    "agreement": float(a),
+                }
+                for c, label, pr, s, v, a in zip(
+                    self.predictions, self.labels(), self.confidence, u.logit_std, u.vote_entropy, u.agreement
+                )
+            ]
+        return out
+
+
+class StopRule:
+    """Decides, between leaves, that the evaluated leaves are good enough.
+
+    Called with ``leaf_logits`` of shape (leaves so far, batch, classes);
+    return True to stop. Subclasses set ``min_leaves``.
+    """
+
+    min_leaves: int = 1
+
+    def __call__(self, leaf_logits: np.ndarray) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Agreement(StopRule):
+    """Stop when, for every sample of the batch, the evaluated leaves agree.
+
+    Args:
+        min_leaves: never stop before this many leaves (>= 2 for a disagreement to mean anything).
+        vote: fraction of leaves whose top-1 equals the ensemble's top-1 (1.0: unanimous).
+        margin: if set, also require the ensemble's top-1 minus top-2 probability >= margin.
+        max_std: if set, also require the class-averaged logit std over leaves <= max_std.
+    """
+
+    min_leaves: int = 2
+    vote: float = 1.0
+    margin: float | None = None
+    max_std: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.min_leaves, int) or self.min_leaves < 1:
+            raise ValueError(f"Agreement.min_leaves must be an int >= 1; received {self.min_leaves!r}")
+        if not 0.0 < self.vote <= 1.0:
+            raise ValueError(f"Agreement.vote must be in (0, 1]; received {self.vote!r}")
+        if self.margin is not None and not 0.0 <= self.margin <= 1.0:
+            raise ValueError(f"Agreement.margin must be in [0, 1] or None; received {self.margin!r}")
+        if self.max_std is not None and self.max_std < 0:
+            raise ValueError(f"Agreement.max_std must be >= 0 or None; received {self.max_std!r}")
+
+    def __call__(self, leaf_logits: np.ndarray) -> bool:
+        n = leaf_logits.shape[0]
+        if n < self.min_leaves:
+            return False
+        mean = leaf_logits.mean(axis=0)  # (B, C)
+        top = mean.argmax(-1)  # (B,)
+        agree = (leaf_logits.argmax(-1) == top).mean(axis=0)  # (B,)
+        if (agree < self.vote - 1e-9).any():
+            return False
+        if self.margin is not None:
+            p = softmax(mean)
+            two = np.partition(p, -2, axis=-1)[:, -2:]
+            if ((two[:, 1] - two[:, 0]) < self.margin).any():
+                return False
+        if self.max_std is not None and n > 1 and (leaf_logits.std(axis=0).mean(-1) > self.max_std).any():
+            return False
+        return True
