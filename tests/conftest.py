@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -60,3 +61,39 @@ def shared_cifar10() -> Path:
     if not path.exists():
         pytest.skip(f"real data not present: {path} (the ../shared folder is absent on this machine)")
     return path
+
+
+class TinyBundle(NamedTuple):
+    """An exported hne_tiny bundle shared by the whole session (treat it as read-only)."""
+
+    bundle_dir: Path  # ONNX fp32, plans nodes + segments, batch (1, 1, 8), torch/model.pt
+    model: Any  # the randomized fused hne_tiny model it was exported from (eval mode)
+    checkpoint_path: Path  # a checkpoint of that model (class names "c0".."c9", non-trivial normalization)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory) -> TinyBundle:
+    """Export a randomized hne_tiny once per session: plan both, fp32, batch 1:1:8, with torch weights."""
+    import torch
+
+    from hne_edge.exporters import export_onnx
+    from hne_edge.models import create_model
+    from hne_edge.train.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = randomize_(create_model("hne_tiny"))
+    root = tmp_path_factory.mktemp("tiny_bundle")
+    class_names = [f"c{i}" for i in range(model.config.num_classes)]
+    normalization = {"mean": [0.49, 0.48, 0.45], "std": [0.25, 0.24, 0.26]}
+    checkpoint = save_checkpoint(root / "tiny.pt", model=model, class_names=class_names, normalization=normalization)
+    bundle = export_onnx(
+        model,
+        root / "bundle",
+        class_names=class_names,
+        normalization=normalization,
+        precisions=("fp32",),
+        plan="both",
+        batch=(1, 1, 8),
+        torch_weights=True,
+    )
+    return TinyBundle(bundle_dir=bundle, model=model, checkpoint_path=checkpoint)

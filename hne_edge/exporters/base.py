@@ -1,0 +1,164 @@
+"""What every exporter shares (torch-free): option parsing, typed errors, tolerances, provenance,
+and the atomic output directory.
+
+A bundle is built in a temporary sibling of the output directory and renamed
+into place only when it is complete and verified, so a crash or a failed
+check never leaves a half bundle where a runtime would find it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ..bundle import PRECISIONS
+from ..errors import ExportError
+
+__all__ = [
+    "ShapeError",
+    "ToleranceError",
+    "OutputMismatchError",
+    "Tolerance",
+    "TOLERANCES",
+    "DEFAULT_OPSET",
+    "PLAN_CHOICES",
+    "parse_precisions",
+    "parse_batch",
+    "parse_plan",
+    "check_opset",
+    "provenance",
+    "atomic_output_dir",
+]
+
+# TensorRT 10's ONNX parser supports opsets up to 20+; 17 is also what TensorRT 8.6 and ONNX Runtime
+# >= 1.14 read, and the TorchScript exporter emits it natively (no version conversion).
+DEFAULT_OPSET = 17
+MIN_OPSET, MAX_OPSET = 13, 20
+PLAN_CHOICES = ("nodes", "segments", "both")
+DTYPE_OF = {"fp32": "float32", "fp16": "float16"}
+
+
+class ShapeError(ExportError):
+    """An exported file's inputs/outputs do not have the names, dtypes or shapes expected."""
+
+
+class ToleranceError(ExportError):
+    """An exported file's outputs differ from the reference by more than the bound."""
+
+
+class OutputMismatchError(ExportError):
+    """Two plans (or a file and the manifest) disagree on what they compute."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``max |y - ref| <= atol + rtol * max |ref|`` (one number per output tensor).
+
+    fp32 files must match PyTorch to ``atol = 1e-4``. fp16 files compute in
+    half precision (10-bit mantissa, relative step ~1e-3) through up to ~20
+    layers, so their bound is relative to the output's scale: measured on
+    randomized hne_tiny / hne_resnet_small the worst case is ~3e-3 of
+    ``max |ref|``; the bound leaves about 5x margin.
+    """
+
+    atol: float
+    rtol: float = 0.0
+
+    def bound(self, ref_scale: float) -> float:
+        return self.atol + self.rtol * ref_scale
+
+
+TOLERANCES = {"fp32": Tolerance(atol=1e-4), "fp16": Tolerance(atol=1e-2, rtol=1.5e-2)}
+
+
+def parse_precisions(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``"fp32"``, ``"fp32,fp16"`` or a sequence of those -> ordered unique tuple."""
+    items = value.split(",") if isinstance(value, str) else [p for v in value for p in str(v).split(",")]
+    items = [p.strip().lower() for p in items if p.strip()]
+    bad = [p for p in items if p not in PRECISIONS]
+    if bad or not items:
+        raise ValueError(f"precision must be one or more of {list(PRECISIONS)}; received {value!r}")
+    return tuple(p for p in PRECISIONS if p in items)
+
+
+def parse_batch(value: str | tuple[int, int, int] | list[int]) -> tuple[int, int, int]:
+    """``"MIN:OPT:MAX"`` (or ``"N"`` = ``N:N:N``) or a 3-tuple -> validated (min, opt, max)."""
+    try:
+        parts = [int(v) for v in value.split(":")] if isinstance(value, str) else [int(v) for v in value]
+    except (TypeError, ValueError):
+        parts = []
+    if len(parts) == 1:
+        parts = parts * 3
+    if len(parts) != 3 or not 1 <= parts[0] <= parts[1] <= parts[2]:
+        raise ValueError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX; received {value!r}")
+    return parts[0], parts[1], parts[2]
+
+
+def parse_plan(value: str) -> tuple[str, ...]:
+    if value not in PLAN_CHOICES:
+        raise ValueError(f"plan must be one of {list(PLAN_CHOICES)}; received {value!r}")
+    return ("nodes", "segments") if value == "both" else (value,)
+
+
+def check_opset(opset: int) -> int:
+    if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(f"opset must be an integer in {MIN_OPSET}..{MAX_OPSET}; received {opset!r}")
+    return opset
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:  # not installed
+        return None
+
+
+def provenance(**extra) -> dict:
+    """Who made the bundle, with what, when."""
+    from .. import __version__
+
+    data = {
+        "hne_edge": __version__,
+        "torch": _version("torch"),
+        "onnx": _version("onnx"),
+        "onnxruntime": _version("onnxruntime"),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    data.update({k: v for k, v in extra.items() if v is not None})
+    return data
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out_dir: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary directory; on success it replaces ``out_dir``, on failure it is removed.
+
+    ``out_dir`` is refused up front when it exists and ``force`` is false, so
+    nothing is computed for an export that could not be written.
+    """
+    out = Path(out_dir).absolute()
+    if out.exists() and not force:
+        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"output path {out} exists and is not a directory; refusing to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():  # force: move the old bundle aside first so the swap is two renames
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / "bundle")
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

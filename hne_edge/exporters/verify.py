@@ -1,0 +1,335 @@
+"""Bundle verification with ONNX Runtime (CPU): per file, per anytime prefix, per plan.
+
+Without a reference model (``hne-edge verify BUNDLE``): the manifest is
+read strictly (schema, paths, sha256, tree coverage), every ONNX file loads
+in ONNX Runtime with the inputs/outputs the manifest states, and the
+anytime outputs of the "nodes" and "segments" plans agree (and fp16 agrees
+with fp32 when both are present).
+
+With the PyTorch model (``--checkpoint``, and always at export): every
+file's outputs, fed the reference input activation, are compared with the
+PyTorch node/segment outputs, and the end-to-end anytime output for every
+n = 1..N, chaining only ONNX files depth-first with a cache, is compared
+with the fused model's mean of its first n leaves. The reference is the
+unfolded fused model in fp32, independent of what was exported.
+
+This module imports torch only when a model is given.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..bundle import Manifest, ModelFile, bundle_path, read_manifest
+from .base import DTYPE_OF, TOLERANCES, ShapeError, ToleranceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..models import HNE
+
+__all__ = [
+    "Check",
+    "VerifyReport",
+    "ort_session",
+    "compare_outputs",
+    "check_session_io",
+    "run_anytime",
+    "verify_bundle",
+]
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
+
+
+# -- loaders / runners ------------------------------------------------------------------------------
+
+
+def ort_session(path: str | os.PathLike, threads: int | None = None):
+    """An ONNX Runtime CPU session for one file (the loader)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency of the exporters
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable("verification needs onnxruntime: pip install 'hne-edge[onnx]'") from exc
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def check_session_io(session, model_file: ModelFile) -> None:
+    """The file's graph inputs/outputs must be what the manifest says (names, dtypes, shapes)."""
+    for kind, metas, specs in (
+        ("input", session.get_inputs(), model_file.inputs),
+        ("output", session.get_outputs(), model_file.outputs),
+    ):
+        got = [m.name for m in metas]
+        want = [s.name for s in specs]
+        if got != want:
+            raise ShapeError(f"{model_file.path}: {kind}s {got}; the manifest expects {want}")
+        for meta, s in zip(metas, specs):
+            dtype = _ORT_TYPES.get(meta.type, meta.type)
+            if dtype != s.dtype:
+                raise ShapeError(f"{model_file.path}: {kind} {s.name} | received dtype {dtype}; expected {s.dtype}")
+            fixed_got = [d if isinstance(d, int) else None for d in meta.shape]
+            fixed_want = [d if isinstance(d, int) else None for d in s.shape]
+            if fixed_got != fixed_want:
+                raise ShapeError(
+                    f"{model_file.path}: {kind} {s.name} | received shape {list(meta.shape)}; expected {list(s.shape)}"
+                )
+
+
+def run_anytime(
+    manifest: Manifest,
+    sessions: dict[str, object],
+    plan: str,
+    precision: str,
+    image: np.ndarray,
+) -> list[np.ndarray]:
+    """Per-leaf logits (float32, depth-first order) chaining only the bundle's files, with an activation cache."""
+    files = manifest.files_for(plan, precision, "onnx")
+    dtype = DTYPE_OF[precision]
+    cache: dict[str | None, np.ndarray] = {None: image.astype(dtype)}
+    logits: list[np.ndarray] = []
+    by_node = {f.nodes[0]: f for f in files} if plan == "nodes" else None
+    by_leaf = {f.leaf: f for f in files} if plan == "segments" else None
+    for seg in manifest.tree.segments:
+        if plan == "nodes":
+            x = cache[seg.input]
+            for nid in seg.nodes:
+                f = by_node[nid]
+                (x,) = sessions[f.path].run(None, {f.inputs[0].name: x})
+                cache[nid] = x
+            logits.append(x.astype(np.float32))
+        else:
+            f = by_leaf[seg.leaf]
+            outs = sessions[f.path].run(None, {f.inputs[0].name: cache[seg.input]})
+            for spec, value in zip(f.outputs[:-1], outs[:-1]):
+                cache[spec.node] = value
+            logits.append(outs[-1].astype(np.float32))
+    return logits
+
+
+def anytime_means(per_leaf: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Index n-1: the mean logits of the first n leaves."""
+    out, total = [], np.zeros_like(per_leaf[0], dtype=np.float64)
+    for n, y in enumerate(per_leaf, start=1):
+        total = total + y
+        out.append((total / n).astype(np.float32))
+    return out
+
+
+# -- comparisons ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    """One line of the verification table."""
+
+    file: str
+    check: str
+    max_abs_diff: float
+    bound: float
+    ok: bool
+    detail: str = ""
+
+    def raise_if_failed(self) -> None:
+        if not self.ok:
+            raise ToleranceError(self.message())
+
+    def message(self) -> str:
+        return (
+            f"{self.file} ({self.check}): max abs difference {self.max_abs_diff:.3g} exceeds the bound "
+            f"{self.bound:.3g}{'; ' + self.detail if self.detail else ''}"
+        )
+
+
+def compare_outputs(file: str, check: str, got: np.ndarray, ref: np.ndarray, precision: str) -> Check:
+    """``max |got - ref|`` against the precision's bound (shape mismatch is a :class:`ShapeError`)."""
+    got = np.asarray(got, dtype=np.float32)
+    ref = np.asarray(ref, dtype=np.float32)
+    if got.shape != ref.shape:
+        raise ShapeError(f"{file} ({check}): received output shape {list(got.shape)}; expected {list(ref.shape)}")
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    bound = TOLERANCES[precision].bound(scale)
+    if not np.all(np.isfinite(got)):
+        return Check(file, check, float("inf"), bound, False, "non-finite values in the output")
+    diff = np.abs(got - ref)
+    worst = float(diff.max()) if diff.size else 0.0
+    detail = ""
+    if worst > bound:
+        where = np.unravel_index(int(diff.argmax()), diff.shape)
+        detail = f"at index {list(map(int, where))}: received {got[where]:.6g}, expected {ref[where]:.6g}"
+    return Check(file, check, worst, bound, worst <= bound, detail)
+
+
+def _merge(checks: list[Check]) -> Check:
+    """The worst (relative to its bound) of several comparisons of one file."""
+    return max(checks, key=lambda c: (not c.ok, c.max_abs_diff / c.bound if c.bound else c.max_abs_diff))
+
+
+@dataclass
+class VerifyReport:
+    """Result of :func:`verify_bundle`: one :class:`Check` per file/prefix/plan comparison."""
+
+    bundle: Path
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def raise_for_failures(self) -> None:
+        bad = self.failures
+        if bad:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise ToleranceError(f"bundle verification failed: {bad[0].message()}{more}")
+
+    def format_table(self) -> str:
+        width = max([len(c.file) for c in self.checks] + [4])
+        cw = max([len(c.check) for c in self.checks] + [5])
+        lines = [f"{'file':<{width}}  {'check':<{cw}}  {'max abs diff':>12}  {'bound':>9}  ok"]
+        for c in self.checks:
+            lines.append(
+                f"{c.file:<{width}}  {c.check:<{cw}}  {c.max_abs_diff:>12.3e}  {c.bound:>9.2e}  {'yes' if c.ok else 'NO'}"
+            )
+        lines += [f"note: {n}" for n in self.notes]
+        passed = sum(c.ok for c in self.checks)
+        lines.append(f"{passed}/{len(self.checks)} checks passed: {'OK' if self.ok else 'FAILED'}")
+        return "\n".join(lines)
+
+
+# -- the verification -------------------------------------------------------------------------------
+
+
+def verify_bundle(
+    bundle_dir: str | os.PathLike,
+    *,
+    model: "HNE | None" = None,
+    batch_sizes: Sequence[int] | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+) -> VerifyReport:
+    """Verify a bundle (see module docstring). Raises BundleError/ShapeError for structural problems;
+    numerical results are in the returned report (``report.raise_for_failures()`` to make them errors)."""
+    bundle_dir = Path(bundle_dir)
+    manifest = read_manifest(bundle_dir, verify_files=True)
+    report = VerifyReport(bundle_dir)
+    if batch_sizes is None:
+        lo, _, hi = manifest.input.batch
+        batch_sizes = sorted({lo, max(lo, min(hi, 4))})
+    onnx_files = [f for f in manifest.files if f.format == "onnx"]
+    sessions = {}
+    for f in onnx_files:
+        sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads)
+        check_session_io(sessions[f.path], f)
+    engines = [f for f in manifest.files if f.format == "tensorrt"]
+    if engines:
+        report.notes.append(
+            f"{len(engines)} TensorRT engine(s) checked for path and sha256 only; run them with the runtime on the target"
+        )
+
+    rng = np.random.default_rng(seed)
+    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
+    report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
+    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx"]
+    chains = {(p, q, b): run_anytime(manifest, sessions, p, q, images[b]) for p, q in variants for b in batch_sizes}
+
+    if model is not None:
+        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report)
+
+    # plan agreement (no torch needed): "segments" must compute what "nodes" computes
+    for precision in ("fp32", "fp16"):
+        if ("nodes", precision) in variants and ("segments", precision) in variants:
+            checks = [
+                compare_outputs(f"onnx/{precision}", "", s, n, precision)
+                for b in batch_sizes
+                for s, n in zip(
+                    anytime_means(chains[("segments", precision, b)]), anytime_means(chains[("nodes", precision, b)])
+                )
+            ]
+            worst = _merge(checks)
+            worst.file, worst.check = f"onnx/{precision}/segments", f"anytime == nodes plan, n=1..{manifest.tree.num_leaves}"
+            report.checks.append(worst)
+    for plan in ("nodes", "segments"):
+        if (plan, "fp32") in variants and (plan, "fp16") in variants:
+            checks = [
+                compare_outputs("", "", h, s, "fp16")
+                for b in batch_sizes
+                for h, s in zip(anytime_means(chains[(plan, "fp16", b)]), anytime_means(chains[(plan, "fp32", b)]))
+            ]
+            worst = _merge(checks)
+            worst.file, worst.check = f"onnx/fp16/{plan}", f"anytime == fp32 {plan}, n=1..{manifest.tree.num_leaves}"
+            report.checks.append(worst)
+    if not report.checks:
+        report.notes.append("no ONNX plan pair to compare and no reference model: only structure and sha256 were checked")
+    return report
+
+
+def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report) -> None:
+    import torch
+
+    model = model.eval()
+    tree = manifest.tree
+    if model.config.to_dict() != manifest.model_config:
+        from .base import OutputMismatchError
+
+        raise OutputMismatchError(
+            f"the reference model ({model.config.name}) is not the architecture of the bundle "
+            f"({manifest.model_name}): model configs differ"
+        )
+    refs: dict[int, dict[str | None, np.ndarray]] = {}
+    fused_means: dict[int, list[np.ndarray]] = {}
+    with torch.no_grad():
+        nodes = {n.id: model.node_module(n.id).eval() for n in tree.nodes}
+        for b, image in images.items():
+            acts: dict[str | None, torch.Tensor] = {None: torch.from_numpy(image)}
+            for node in tree.nodes:  # breadth-first: parents first
+                acts[node.id] = nodes[node.id](acts[node.parent])
+            refs[b] = {k: v.numpy() for k, v in acts.items()}
+            fused = model(torch.from_numpy(image)).numpy()  # (B, N, classes): the independent reference
+            fused_means[b] = anytime_means([fused[:, i] for i in range(tree.num_leaves)])
+
+    for f in manifest.files:
+        if f.format != "onnx":
+            continue
+        checks = []
+        for b in images:
+            feed = refs[b][f.inputs[0].node].astype(DTYPE_OF[f.precision])
+            outs = sessions[f.path].run(None, {f.inputs[0].name: feed})
+            for spec, got in zip(f.outputs, outs):
+                checks.append(compare_outputs(f.path, spec.name, got, refs[b][spec.node], f.precision))
+        worst = _merge(checks)
+        worst.check = f"vs torch ({worst.check})"
+        report.checks.append(worst)
+
+    for fmt, plan, precision in manifest.variants():
+        if fmt != "onnx":
+            continue
+        checks = [
+            compare_outputs(f"onnx/{precision}/{plan}", f"n={n}", got, want, precision)
+            for b in images
+            for n, (got, want) in enumerate(zip(anytime_means(chains[(plan, precision, b)]), fused_means[b]), start=1)
+        ]
+        worst = _merge(checks)
+        worst.file, worst.check = f"onnx/{precision}/{plan}", f"anytime vs fused, n=1..{tree.num_leaves} (worst {worst.check})"
+        report.checks.append(worst)
+
+    for f in manifest.files:
+        if f.format == "torch":
+            state = torch.load(bundle_path(bundle_dir, f), map_location="cpu", weights_only=True)
+            ref = model.state_dict()
+            if set(state) != set(ref):
+                raise ShapeError(f"{f.path}: state_dict keys differ from the model's: {sorted(set(state) ^ set(ref))[:5]}")
+            diff = max(float((state[k].float() - ref[k].float()).abs().max()) if ref[k].numel() else 0.0 for k in ref)
+            report.checks.append(Check(f.path, "state_dict == model", diff, 0.0, diff == 0.0))
