@@ -1,0 +1,169 @@
+"""``hne-edge train`` and ``hne-edge eval``: thin shells over :func:`hne_edge.train.fit` and
+:func:`hne_edge.train.evaluation.evaluate_checkpoint`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+DATA_CHOICES = ("digits", "cifar10", "cifar100", "npz", "imagefolder")
+LOSS_CHOICES = ("independent", "structured", "distill", "hierarchical")
+# the preset a bare `--data X` starts from
+_DEFAULT_PRESET = {"digits": "digits", "cifar10": "cifar", "cifar100": "cifar", "npz": "cifar", "imagefolder": "imagenet"}
+
+
+def _tree(value: str | None):
+    if value is None or value in ("hne", "independent", "multi_branch"):
+        return value
+    try:
+        return [int(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"received {value!r}; expected hne, independent, multi_branch or branching factors like 1,2,2,2,2") from None
+
+
+@click.command("train")
+@click.option("--data", type=click.Choice(DATA_CHOICES), default=None, help="Dataset (default: digits, bundled with scikit-learn).")
+@click.option("--data-dir", default=None, help="CIFAR root, ImageFolder root, or .npz file (x: N,H,W,C uint8; y: N).")
+@click.option("--download", is_flag=True, default=None, help="Download CIFAR-10/100 into --data-dir.")
+@click.option("--model", default=None, help="Zoo model (hne-edge info lists them).")
+@click.option("--tree", default=None, help="hne | independent | multi_branch | branching factors, e.g. 1,2,2,2,2.")
+@click.option("--loss", type=click.Choice(LOSS_CHOICES), default=None, help="Training objective (default hierarchical: L^I + L^HD).")
+@click.option("--alpha", type=float, default=None, help="Weight of the distillation term (default 0.5).")
+@click.option("--temperature", type=float, default=None, help="Soft-label temperature T (default 2; term scaled by T^2).")
+@click.option("--epochs", type=int, default=None)
+@click.option("--batch-size", type=int, default=None, help="Global batch size (split across processes).")
+@click.option("--lr", type=float, default=None, help="Peak learning rate (SGD, cosine schedule).")
+@click.option("--weight-decay", type=float, default=None)
+@click.option("--accum-steps", type=int, default=None, help="Micro-batches per step (gradient accumulation).")
+@click.option("--seed", type=int, default=None)
+@click.option("--val-split", type=float, default=None, help="Fraction of training images held out (seeded) for validation.")
+@click.option("--limit", type=int, default=None, help="Use only this many training images (quick runs).")
+@click.option("--out", default=None, help="Output folder (checkpoint.pt, train_log.json, config.yaml).")
+@click.option("--resume", is_flag=True, help="Continue the run in --out exactly where it stopped.")
+@click.option("--config", "config_path", default=None, help="YAML config (may name a preset); flags override it.")
+@click.option("--preset", type=click.Choice(["digits", "cifar", "imagenet"]), default=None, help="Paper recipe to start from.")
+@click.option("--device", default=None, help="auto | cpu | cuda[:i].")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (0: torch's default).")
+@click.option("--quiet", is_flag=True, default=None, help="No progress bar or per-epoch lines.")
+@click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
+def train(data, data_dir, download, model, tree, loss, alpha, temperature, epochs, batch_size, lr, weight_decay, accum_steps,
+          seed, val_split, limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
+    """Train an HNE; with no options, hne_tiny on the bundled digits (~20 s on a CPU).
+
+    With only --data, the run starts from the matching paper preset (cifar10/cifar100/npz: cifar,
+    imagefolder: imagenet). --resume without --config/--preset continues the stored config.
+    """
+    from ..train.config import TrainConfig, merge, preset_dict
+    from ..train.checkpoint import load_checkpoint
+
+    if config_path and preset:
+        raise ValueError("--config and --preset contradict each other: give one (a YAML config may say `preset: NAME`)")
+    overrides: dict = {}
+
+    def put(section: str | None, key: str, value) -> None:
+        if value is not None:
+            (overrides.setdefault(section, {}) if section else overrides)[key] = value
+
+    for key, value in (("name", data), ("data_dir", data_dir), ("download", download), ("val_split", val_split), ("limit", limit)):
+        put("data", key, value)
+    put("model", "name", model)
+    if tree is not None:
+        overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = _tree(tree)
+    for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature)):
+        put("loss", key, value)
+    for key, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr), ("weight_decay", weight_decay), ("accum_steps", accum_steps)):
+        put("optim", key, value)
+    for key, value in (("seed", seed), ("out", out), ("device", device), ("threads", threads), ("quiet", quiet)):
+        put(None, key, value)
+
+    if config_path:
+        config = TrainConfig.from_file(config_path, overrides)
+    elif preset:
+        config = TrainConfig.from_preset(preset, overrides)
+    elif resume:
+        if out is None:
+            raise ValueError("--resume needs --out (the folder of the run to continue)")
+        stored = load_checkpoint(Path(out) / "checkpoint.pt").get("config")
+        if not stored:
+            raise ValueError(f"{out}/checkpoint.pt records no training config; pass --config or --preset")
+        config = TrainConfig.from_dict(merge(stored, overrides))
+    else:
+        base = preset_dict(_DEFAULT_PRESET[data or "digits"])
+        if data and data != base["data"]["name"]:
+            base["data"] = {k: v for k, v in base["data"].items() if k in ("val_split", "num_workers")}
+        config = TrainConfig.from_dict(merge(base, overrides))
+
+    if nproc_per_node < 1:
+        raise ValueError(f"--nproc-per-node: received {nproc_per_node}; expected >= 1")
+    if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        return _spawn_torchrun(nproc_per_node, config, resume)
+
+    from ..train.engine import fit
+
+    result = fit(config, resume=resume)
+    if int(os.environ.get("RANK", "0")) == 0:
+        final = result.final
+        acc = (f"val acc n=1 {final['val_acc_first']:.4f}, n={len(final['val_acc_n'])} {final['val_acc']:.4f}; "
+               if "val_acc" in final else "")
+        click.echo(f"{acc}checkpoint {result.checkpoint}; log {result.log}")
+
+
+def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
+    """Re-run this command under ``python -m torch.distributed.run`` with ``nproc`` processes."""
+    import subprocess
+
+    ckpt = Path(config.out) / "checkpoint.pt"
+    if ckpt.exists() and not resume:  # fail here, once, rather than in every rank
+        raise FileExistsError(f"{ckpt} exists; pass --resume to continue it or choose another --out")
+    argv = sys.argv[1:]
+    clean: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--nproc-per-node":
+            skip = True
+            continue
+        if arg.startswith("--nproc-per-node="):
+            continue
+        clean.append(arg)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "hne_edge", *clean]
+    code = subprocess.call(cmd)
+    if code:
+        sys.exit(code)
+
+
+@click.command("eval")
+@click.argument("checkpoint", type=click.Path(dir_okay=False))
+@click.option("--out", default=None, help="Folder for metrics.json and the PNGs (default: the checkpoint's folder).")
+@click.option("--split", type=click.Choice(["val", "test"]), default="val", show_default=True,
+              help="val: the run's seeded hold-out; test: the official test set (cifar10/100, imagefolder val/).")
+@click.option("--data-dir", default=None, help="Where the run's data lives now, if it moved.")
+@click.option("--batch-size", type=int, default=256, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("--quiet", is_flag=True, help="Print only the output path.")
+def eval_(checkpoint, out, split, data_dir, batch_size, device, no_plots, quiet):
+    """Accuracy, NLL, ECE, logit diversity and MACs for every ensemble size n = 1..N."""
+    from ..train.evaluation import evaluate_checkpoint
+
+    if batch_size < 1:
+        raise ValueError(f"--batch-size: received {batch_size}; expected >= 1")
+    metrics = evaluate_checkpoint(
+        checkpoint, out, split=split, data={"data_dir": data_dir} if data_dir else None, batch_size=batch_size,
+        device=device, plots=not no_plots, progress=not quiet and sys.stderr.isatty(),
+    )
+    out_dir = Path(out) if out else Path(checkpoint).parent
+    if not quiet:
+        click.echo(f"{metrics['model']} ({metrics['loss']} loss) on {metrics['data']} {split}: {metrics['num_images']} images")
+        click.echo(f"{'n':>3} {'MMACs':>9} {'acc %':>7} {'NLL':>7} {'ECE':>7} {'logit std':>9}")
+        for row in metrics["anytime"]:
+            click.echo(f"{row['n']:>3} {row['macs'] / 1e6:>9.3f} {100 * row['accuracy']:>7.2f} {row['nll']:>7.4f} "
+                       f"{row['ece']:>7.4f} {row['diversity']:>9.4f}")
+        leaves = " ".join(f"{100 * r['accuracy']:.1f}" for r in metrics["leaves"])
+        click.echo(f"per-leaf acc %: {leaves}")
+    click.echo(f"wrote {out_dir / 'metrics.json'}")

@@ -1,0 +1,406 @@
+"""The training loop: plain functions ``train_one_epoch``, ``evaluate`` and ``fit``.
+
+``fit(config)`` trains the fused model (one grouped network for the whole
+tree: the fastest path, see ``benchmarks/results/train_step.md``) and
+writes into ``config.out``:
+
+* ``checkpoint.pt``: the last epoch (model, optimizer, scheduler, epoch, config, tree,
+  class names, normalisation, RNG states, history); written atomically after every epoch.
+  There is no separate "best" checkpoint: the paper reports the final model, and
+  selecting on the validation split would bias the numbers reported on it.
+* ``train_log.json``: per-epoch metrics and every step's loss.
+* ``config.yaml``: the resolved config.
+
+Resuming (``fit(config, resume=True)``) restores everything the next epoch
+depends on (weights, optimizer momentum, scheduler, RNG states; shuffling and
+augmentation are seeded by (seed, epoch) alone), so on CPU an interrupted and
+resumed run ends with the same weights, bit for bit, as an uninterrupted one.
+
+Distributed: under ``torchrun`` (``WORLD_SIZE`` > 1) the model is wrapped in
+DistributedDataParallel (gloo on CPU, NCCL on CUDA). Every process draws the
+same global batch of ``optim.batch_size`` and trains on its slice, so the
+update equals one process with ``accum_steps = world_size`` micro-batches.
+BatchNorm statistics stay per process (as in the paper's recipes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from ..models import HNE, create_model
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ModelSpec, TrainConfig
+from .data import DataBundle, load_data
+from .losses import ensemble_logits, hne_loss
+
+__all__ = ["FitResult", "train_one_epoch", "evaluate", "fit", "build_model_for_data", "capture_rng_state", "restore_rng_state"]
+
+CHECKPOINT_NAME = "checkpoint.pt"
+LOG_NAME = "train_log.json"
+# Fields that may differ between an interrupted run and its resumption without changing the result.
+_RESUME_FREE = {"quiet", "threads", "out", "device", "eval_every"}
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` produced."""
+
+    out_dir: Path
+    checkpoint: Path
+    log: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict[str, Any]:
+        return self.history[-1] if self.history else {}
+
+
+# -- pieces ---------------------------------------------------------------
+def build_model_for_data(spec: ModelSpec, bundle: DataBundle) -> HNE:
+    """The zoo model with ``num_classes``, ``in_chans`` and ``input_size`` taken from the data.
+
+    An explicit override that contradicts the data is an error naming both.
+    """
+    overrides = dict(spec.overrides)
+    from_data = {"num_classes": len(bundle.class_names), "in_chans": bundle.in_chans, "input_size": bundle.input_size}
+    for key, value in from_data.items():
+        if key in overrides and overrides[key] != value:
+            raise ValueError(
+                f"model.overrides.{key}={overrides[key]!r} contradicts the data ({key}={value}); "
+                f"remove the override or use matching data"
+            )
+        overrides[key] = value
+    return create_model(spec.name, **overrides)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """torch, python and numpy RNG states as tensors / plain lists (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class _Schedule:
+    """LR multiplier per iteration: 1. cosine from 1 to 0; 2. step x0.1 at 50%/75%; 3. constant.
+
+    A class (not a lambda) so the scheduler's state_dict records it as plain data.
+    """
+
+    def __init__(self, kind: str, total_steps: int) -> None:
+        self.kind, self.total_steps = kind, max(1, total_steps)
+
+    def __call__(self, step: int) -> float:
+        t = min(step, self.total_steps) / self.total_steps
+        if self.kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * t))
+        if self.kind == "step":
+            return 0.1 ** ((t >= 0.5) + (t >= 0.75))
+        return 1.0
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: received {name!r}; no CUDA device is available (use cpu or auto)")
+    return torch.device(name)
+
+
+def _distributed() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun's environment; (0, 1, 0) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _all_mean(values: list[float], world_size: int) -> list[float]:
+    if world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return (t / world_size).tolist()
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    from tqdm import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total, disable=not enabled, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
+
+
+# -- the loop ----------------------------------------------------------------
+def train_one_epoch(
+    model: nn.Module,
+    loader,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    *,
+    tree,
+    loss_kind: str,
+    alpha: float = 0.5,
+    temperature: float = 2.0,
+    device: torch.device = torch.device("cpu"),
+    accum_steps: int = 1,
+    scaler: torch.amp.GradScaler | None = None,
+    channels_last: bool = False,
+    world_size: int = 1,
+    progress: bool = False,
+    desc: str = "train",
+) -> dict[str, Any]:
+    """One pass over ``loader``; the scheduler steps every iteration.
+
+    Returns mean loss, full-ensemble accuracy on the (augmented) training
+    batches, throughput and every step's loss (averaged across processes).
+    """
+    model.train()
+    step_losses: list[float] = []
+    correct = seen = 0
+    start = time.perf_counter()
+    amp = scaler is not None
+    with _progress(len(loader), progress, desc) as bar:
+        for images, labels in loader:
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for k, (x, y) in enumerate(zip(images.chunk(accum_steps), labels.chunk(accum_steps))):
+                # DDP: all-reduce gradients only on the last micro-batch
+                sync = k == accum_steps - 1 or not hasattr(model, "no_sync")
+                ctx = model.no_sync() if not sync else _null()
+                with ctx, torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+                    logits = model(x)  # (b, N, classes)
+                    loss = hne_loss(loss_kind, logits.float(), y, tree, alpha, temperature) / accum_steps
+                    if amp:
+                        scaler.scale(loss).backward()
+                    else:
+                        loss.backward()
+                loss_sum += loss.item()
+                correct += (ensemble_logits(logits.detach(), logits.shape[1]).argmax(-1) == y).sum().item()
+            seen += images.shape[0]
+            if amp:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            step_losses.append(loss_sum)
+            bar.update(1)
+            if bar.n % 10 == 0 or bar.n == len(loader):
+                bar.set_postfix(loss=f"{loss_sum:.3f}", acc=f"{correct / seen:.3f}", img_s=f"{seen * world_size / (time.perf_counter() - start):.0f}")
+    seconds = time.perf_counter() - start
+    step_losses = _all_mean(step_losses, world_size) if step_losses else step_losses
+    correct_all, seen_all = _all_mean([float(correct), float(seen)], world_size) if world_size > 1 else (correct, seen)
+    return {
+        "loss": float(np.mean(step_losses)) if step_losses else float("nan"),
+        "acc": correct_all / max(seen_all, 1),
+        "images_per_s": seen * world_size / seconds if seconds > 0 else float("nan"),
+        "seconds": seconds,
+        "step_losses": step_losses,
+    }
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+@torch.no_grad()
+def predict(model: nn.Module, loader, device: torch.device = torch.device("cpu"), channels_last: bool = False,
+            progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """All leaf logits ``(M, N, classes)`` (float32, CPU) and labels ``(M,)`` of ``loader``."""
+    model.eval()
+    outs, labels = [], []
+    with _progress(len(loader), progress, "eval") as bar:
+        for x, y in loader:
+            x = x.to(device)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            outs.append(model(x).float().cpu())
+            labels.append(y)
+            bar.update(1)
+    return torch.cat(outs), torch.cat(labels)
+
+
+def evaluate(model: nn.Module, loader, device: torch.device = torch.device("cpu"), channels_last: bool = False,
+             progress: bool = False) -> dict[str, Any]:
+    """Accuracy of every anytime ensemble n = 1..N, and the full ensemble's NLL."""
+    logits, labels = predict(model, loader, device, channels_last, progress)
+    n_leaves = logits.shape[1]
+    acc_n = [(ensemble_logits(logits, n).argmax(-1) == labels).float().mean().item() for n in range(1, n_leaves + 1)]
+    nll = torch.nn.functional.cross_entropy(ensemble_logits(logits, n_leaves), labels).item()
+    return {"acc": acc_n[-1], "acc_first": acc_n[0], "acc_n": acc_n, "nll": nll}
+
+
+def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        name = f"{prefix}{key}"
+        if name in _RESUME_FREE:
+            continue
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict) and key != "overrides":
+            diffs += _config_diff(va, vb, f"{name}.")
+        elif va != vb:
+            diffs.append(f"{name} (checkpoint {va!r}, now {vb!r})")
+    return diffs
+
+
+def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> FitResult:
+    """Train ``config``; return where the checkpoint and log are.
+
+    Args:
+        config: the run.
+        resume: continue from ``config.out/checkpoint.pt`` (its config must match, apart from
+            quiet/threads/device/eval_every).
+        stop_after: stop after this many epochs of *this call* (a deliberate interruption:
+            time-sliced jobs, and the resume test).
+    """
+    rank, world_size, local_rank = _distributed()
+    out = Path(config.out)
+    ckpt_path = out / CHECKPOINT_NAME
+    # 1. refuse before anything is written
+    if not resume and ckpt_path.exists():
+        raise FileExistsError(f"{ckpt_path} exists; pass --resume to continue it or choose another --out")
+    state = None
+    if resume:
+        state = load_checkpoint(ckpt_path)
+        diffs = _config_diff(state.get("config") or {}, config.to_dict())
+        if diffs:
+            raise ValueError(f"--resume with a different config: {'; '.join(diffs)}")
+        for key in ("optimizer", "scheduler", "epoch", "extra"):
+            if state.get(key) is None:
+                raise CheckpointError(f"{ckpt_path}: no {key} state to resume from (an exported or weights-only checkpoint)")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = _device(config.device)
+    if world_size > 1:
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    cuda = device.type == "cuda"
+    channels_last = config.channels_last and cuda
+    # 2. data and model (errors here also leave nothing behind)
+    bundle = load_data(config.data, seed=config.seed)
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    model = build_model_for_data(config.model, bundle).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    tree = model.tree
+    train_loader = bundle.train_loader(
+        config.optim.batch_size, seed=config.seed, augment=config.data.augment, rank=rank, world_size=world_size,
+        num_workers=config.data.num_workers,
+    )
+    if len(train_loader) == 0:
+        raise ValueError(
+            f"optim.batch_size={config.optim.batch_size} is larger than the {len(bundle.train)} training images; "
+            "lower --batch-size or raise --limit"
+        )
+    val_loader = bundle.eval_loader(bundle.val, 256, config.data.num_workers) if bundle.val is not None else None
+    ddp_model: nn.Module = model
+    if world_size > 1:
+        ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    opt = config.optim
+    optimizer = torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov,
+                                weight_decay=opt.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _Schedule(opt.schedule, opt.epochs * len(train_loader)))
+    scaler = torch.amp.GradScaler("cuda") if (config.amp and cuda) else None
+    history: list[dict[str, Any]] = []
+    step_losses: list[float] = []
+    start_epoch = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_epoch = int(state["epoch"])
+        extra = state["extra"]
+        history, step_losses = list(extra.get("history", [])), list(extra.get("step_losses", []))
+        if scaler is not None and extra.get("scaler"):
+            scaler.load_state_dict(extra["scaler"])
+        if "rng" in extra:
+            restore_rng_state(extra["rng"])
+    main_process = rank == 0
+    progress = main_process and not config.quiet and sys.stderr.isatty()
+    if main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(config.to_yaml())
+    log_path = out / LOG_NAME
+    epochs_run = 0
+    for epoch in range(start_epoch, opt.epochs):
+        if stop_after is not None and epochs_run >= stop_after:
+            break
+        train_loader.set_epoch(epoch)
+        stats = train_one_epoch(
+            ddp_model, train_loader, optimizer, scheduler, tree=tree, loss_kind=config.loss.kind,
+            alpha=config.loss.alpha, temperature=config.loss.temperature, device=device, accum_steps=opt.accum_steps,
+            scaler=scaler, channels_last=channels_last, world_size=world_size, progress=progress,
+            desc=f"epoch {epoch + 1}/{opt.epochs}",
+        )
+        step_losses += stats.pop("step_losses")
+        record = {"epoch": epoch + 1, "lr": optimizer.param_groups[0]["lr"],
+                  **{f"train_{k}": v for k, v in stats.items()}}
+        last = epoch + 1 == opt.epochs
+        if val_loader is not None and ((epoch + 1) % config.eval_every == 0 or last):
+            metrics = evaluate(model, val_loader, device, channels_last)
+            record.update({f"val_{k}": v for k, v in metrics.items()})
+        history.append(record)
+        epochs_run += 1
+        if main_process:
+            extra = {"history": history, "step_losses": step_losses, "rng": capture_rng_state(),
+                     "scaler": scaler.state_dict() if scaler is not None else None, "world_size": world_size}
+            save_checkpoint(
+                ckpt_path, model=model, class_names=bundle.class_names, normalization=bundle.normalization,
+                optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), epoch=epoch + 1,
+                config=config.to_dict(), extra=extra,
+            )
+            _write_json(log_path, {"config": config.to_dict(), "world_size": world_size, "epochs": history,
+                                   "step_losses": step_losses})
+            if not config.quiet:
+                val = f"  val acc n=1 {record['val_acc_first']:.4f}  n={tree.num_leaves} {record['val_acc']:.4f}" if "val_acc" in record else ""
+                print(f"epoch {epoch + 1}/{opt.epochs}  loss {record['train_loss']:.4f}  train acc {record['train_acc']:.4f}"
+                      f"{val}  {record['train_images_per_s']:.0f} img/s", file=sys.stderr, flush=True)
+    if world_size > 1:
+        torch.distributed.barrier()
+    return FitResult(out_dir=out, checkpoint=ckpt_path, log=log_path, history=history)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)

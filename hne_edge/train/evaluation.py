@@ -1,0 +1,229 @@
+"""Anytime evaluation: accuracy, NLL, calibration and diversity for every ensemble size.
+
+The anytime model after ``n`` leaves predicts with the mean of the first
+``n`` leaves' logits (depth-first order, :func:`~hne_edge.train.losses.ensemble_logits`).
+For each ``n = 1..N`` we report
+
+* ``accuracy``: top-1 of the sub-ensemble;
+* ``nll``: mean negative log-likelihood of the true class under softmax(sub-ensemble logits);
+* ``ece``: expected calibration error, 15 equal-width confidence bins (Guo et al., 2017);
+* ``diversity``: the paper's measure, the standard deviation of the ``n`` members'
+  logits (population std over members), averaged over classes and samples (0 for n = 1);
+* ``macs``: multiply-accumulates of the first ``n`` leaves, shared nodes once (``tree_cost``);
+
+and the accuracy of each individual leaf. :func:`evaluate_checkpoint`
+writes ``metrics.json`` and three PNGs in the style of the paper's figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import CheckpointError
+from .losses import ensemble_logits
+
+__all__ = [
+    "accuracy",
+    "negative_log_likelihood",
+    "expected_calibration_error",
+    "logit_diversity",
+    "anytime_metrics",
+    "evaluate_checkpoint",
+    "plot_metrics",
+]
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 accuracy of ``(M, classes)`` logits."""
+    return (logits.argmax(-1) == labels).double().mean().item()
+
+
+def negative_log_likelihood(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean ``-log softmax(logits)[label]``."""
+    return F.cross_entropy(logits.double(), labels).item()
+
+
+def expected_calibration_error(logits: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+    """ECE: sum over confidence bins ``(k/n_bins, (k+1)/n_bins]`` of ``|bin| / M * |accuracy - mean confidence|``."""
+    probs = F.softmax(logits.double(), dim=-1)
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == labels).double()
+    # bin k holds confidences in (k/n, (k+1)/n]; ceil(c*n)-1 puts c exactly on an edge in the lower bin
+    bins = (torch.ceil(confidence * n_bins).long() - 1).clamp(0, n_bins - 1)
+    ece = torch.zeros((), dtype=torch.float64)
+    for k in range(n_bins):
+        mask = bins == k
+        if mask.any():
+            ece += mask.double().mean() * (correct[mask].mean() - confidence[mask].mean()).abs()
+    return ece.item()
+
+
+def logit_diversity(member_logits: torch.Tensor) -> float:
+    """Std of the members' logits ``(M, n, classes)`` across members, averaged over classes and samples."""
+    return member_logits.double().std(dim=1, correction=0).mean().item()
+
+
+def anytime_metrics(logits: torch.Tensor, labels: torch.Tensor, macs: list[int] | tuple[int, ...] | None = None,
+                    n_bins: int = 15) -> dict[str, Any]:
+    """Per-n and per-leaf metrics of leaf logits ``(M, N, classes)``; ``macs[n-1]`` is the cost of n leaves."""
+    if logits.dim() != 3 or labels.shape != (logits.shape[0],):
+        raise ValueError(f"logits must be (M, N, classes) and labels (M,); received {tuple(logits.shape)} and {tuple(labels.shape)}")
+    n_leaves = logits.shape[1]
+    anytime = []
+    for n in range(1, n_leaves + 1):
+        ens = ensemble_logits(logits, n)
+        row = {
+            "n": n,
+            "accuracy": accuracy(ens, labels),
+            "nll": negative_log_likelihood(ens, labels),
+            "ece": expected_calibration_error(ens, labels, n_bins),
+            "diversity": logit_diversity(logits[:, :n]),
+        }
+        if macs is not None:
+            row["macs"] = int(macs[n - 1])
+        anytime.append(row)
+    leaves = [{"leaf": i, "accuracy": accuracy(logits[:, i], labels)} for i in range(n_leaves)]
+    return {"num_images": int(logits.shape[0]), "num_leaves": n_leaves, "ece_bins": n_bins, "anytime": anytime, "leaves": leaves}
+
+
+def evaluate_checkpoint(
+    path: str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    split: str = "val",
+    data: dict[str, Any] | None = None,
+    batch_size: int = 256,
+    device: str = "auto",
+    plots: bool = True,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Evaluate a training checkpoint on its validation split (or the test set) for every n.
+
+    Args:
+        path: a checkpoint written by ``hne-edge train``.
+        out_dir: where ``metrics.json`` and the PNGs go (default: the checkpoint's folder).
+        split: ``val`` (the run's seeded hold-out, rebuilt from its config) or ``test``
+            (cifar10/100 official test set, imagefolder ``val/``).
+        data: overrides of the run's data config (e.g. ``{"data_dir": ...}`` when the data moved).
+        batch_size: evaluation batch size.
+        device: auto, cpu or cuda.
+        plots: write the PNGs.
+        progress: show a progress bar.
+
+    Returns the metrics dict that is written to ``metrics.json``.
+    """
+    from ..models import tree_cost  # noqa: PLC0415
+    from .checkpoint import model_from_checkpoint  # noqa: PLC0415
+    from .config import DataConfig, TrainConfig, merge  # noqa: PLC0415
+    from .data import BatchLoader, load_data  # noqa: PLC0415
+    from .engine import _device, predict  # noqa: PLC0415
+
+    if split not in ("val", "test"):
+        raise ValueError(f"split: received {split!r}; expected val or test")
+    path = Path(path)
+    model, state = model_from_checkpoint(path)
+    stored = state.get("config")
+    if not stored and not data:
+        raise CheckpointError(f"{path} records no training config; pass the data to evaluate on (--data/--data-dir)")
+    seed = int(stored.get("seed", 0)) if stored else 0
+    data_cfg = DataConfig(**merge((stored or {}).get("data", {}), data or {}))
+    if stored:
+        TrainConfig.from_dict({**stored, "data": data_cfg.__dict__})  # validate the stored config as a whole
+    bundle = load_data(data_cfg, seed=seed, split="test" if split == "test" else "train")
+    if bundle.val is None:
+        raise ValueError(f"the run held out no validation images (data.val_split={data_cfg.val_split}); use split='test' or set val_split")
+    if len(bundle.class_names) != model.config.num_classes or bundle.in_chans != model.config.in_chans:
+        raise ValueError(
+            f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels) does not match the "
+            f"checkpoint's model ({model.config.num_classes} classes, {model.config.in_chans} channels)"
+        )
+    dev = _device(device)
+    model = model.to(dev)
+    if bundle.folder:
+        loader = bundle.eval_loader(bundle.val, batch_size, data_cfg.num_workers)
+    else:  # the checkpoint's normalisation is the one the weights were trained with
+        norm = state["normalization"]
+        loader = BatchLoader(bundle.val, batch_size, mean=norm["mean"], std=norm["std"])
+    logits, labels = predict(model, loader, dev, progress=progress)
+    cost = tree_cost(model.cpu())
+    metrics = anytime_metrics(logits, labels, cost.prefix_macs)
+    for row, leaf_id, path_macs in zip(metrics["leaves"], model.tree.leaf_order, cost.path_macs):
+        row["id"], row["path_macs"] = leaf_id, int(path_macs)
+    metrics = {
+        "checkpoint": str(path),
+        "model": model.config.name,
+        "branching": list(model.tree.branching),
+        "loss": (stored or {}).get("loss", {}).get("kind"),
+        "data": data_cfg.name,
+        "split": split,
+        "epoch": state.get("epoch"),
+        "mac_convention": "1 multiply-add = 1 MAC (FLOPs in the anytime-inference literature)",
+        "diversity_definition": "std of the n members' logits across members (population), mean over classes and samples",
+        **metrics,
+    }
+    out = Path(out_dir) if out_dir is not None else path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".metrics.json.tmp"
+    tmp.write_text(json.dumps(metrics, indent=1))
+    os.replace(tmp, out / "metrics.json")
+    if plots:
+        metrics["plots"] = [str(p) for p in plot_metrics(metrics, out)]
+    return metrics
+
+
+def plot_metrics(metrics: dict[str, Any] | list[dict[str, Any]], out_dir: str | os.PathLike,
+                 labels: list[str] | None = None) -> list[Path]:
+    """Paper-style PNGs: accuracy vs MACs, logit std vs MACs, per-leaf accuracy bars.
+
+    ``metrics`` may be a list (one per run, e.g. one per loss) to draw the runs side by side.
+    """
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    runs = metrics if isinstance(metrics, list) else [metrics]
+    labels = labels or [r.get("loss") or r.get("model", "model") for r in runs]
+    out = Path(out_dir)
+    written = []
+
+    def curve(key: str, ylabel: str, name: str, scale: float = 1.0) -> None:
+        fig, ax = plt.subplots(figsize=(5, 3.6), dpi=120)
+        for run, label in zip(runs, labels):
+            rows = run["anytime"]
+            x = [r.get("macs", r["n"]) / 1e6 for r in rows]
+            ax.plot(x, [r[key] * scale for r in rows], marker="o", ms=3, label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name)
+        plt.close(fig)
+        written.append(out / name)
+
+    curve("accuracy", "accuracy (%)", "accuracy_vs_macs.png", 100.0)
+    curve("diversity", "logit std across members", "diversity_vs_macs.png")
+    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=120)
+    width = 0.8 / len(runs)
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        leaves = run["leaves"]
+        ax.bar([r["leaf"] + (k - (len(runs) - 1) / 2) * width for r in leaves], [100 * r["accuracy"] for r in leaves],
+               width=width, label=label)
+    ax.set_xlabel("leaf (depth-first order)")
+    ax.set_ylabel("accuracy (%)")
+    lo = min(100 * r["accuracy"] for run in runs for r in run["leaves"])
+    ax.set_ylim(max(0.0, lo - 10), None)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "leaf_accuracy.png")
+    plt.close(fig)
+    written.append(out / "leaf_accuracy.png")
+    return written
