@@ -1,0 +1,151 @@
+"""A fake bundle and a numpy backend with a virtual clock, for deterministic runtime tests.
+
+The fake backend computes a real (tiny) tree network in numpy, so the
+scheduler's caching is checked numerically against each path computed
+independently; its runners advance a virtual clock by a known cost per
+node, so budget and deadline behaviour is exact (no sleeping, no flakiness).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from hne_edge.bundle import InputSpec, Manifest, ModelFile, TensorSpec, activation_name, write_manifest
+from hne_edge.runtime.backends.base import Backend, Runner
+from hne_edge.tree import TreeSpec
+
+C, H, W, D = 3, 4, 4, 6
+
+
+def make_fake_bundle(root: Path, branching=(1, 2, 2), classes: int = 4, batch=(1, 1, 8), plans=("segments", "nodes")) -> Path:
+    """A valid bundle whose "onnx" files are placeholders (only the fake backend can run it)."""
+    tree = TreeSpec(tuple(branching))
+    root.mkdir(parents=True, exist_ok=True)
+    node_macs = {n.id: 100 * (n.depth + 1) for n in tree.nodes}
+
+    def spec(node, logits=False):
+        if node is None:
+            return TensorSpec("image", None, "float32", ("batch", C, H, W))
+        return TensorSpec("logits" if logits else activation_name(node), node, "float32", ("batch", classes if logits else D))
+
+    files = []
+
+    def add(rel, nodes, leaf, src, outs):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"fake {rel}".encode())
+        files.append(
+            ModelFile(
+                path=rel, format="onnx", plan=rel.split("/")[2], precision="fp32",
+                sha256=hashlib.sha256(path.read_bytes()).hexdigest(), bytes=path.stat().st_size,
+                nodes=tuple(nodes), leaf=leaf, macs=sum(node_macs[n] for n in nodes),
+                inputs=(spec(src),), outputs=tuple(outs),
+            )
+        )
+
+    if "segments" in plans:
+        for seg in tree.segments:
+            outs = [spec(e) for e in seg.exports] + [spec(seg.nodes[-1], logits=True)]
+            add(f"onnx/fp32/segments/leaf{seg.leaf:02d}.onnx", seg.nodes, seg.leaf, seg.input, outs)
+    if "nodes" in plans:
+        for n in tree.nodes:
+            add(f"onnx/fp32/nodes/{n.id}.onnx", (n.id,), n.leaves[0] if n.is_leaf else None, n.parent,
+                [spec(n.id, logits=n.is_leaf)])
+    manifest = Manifest(
+        model_name="fake", model_config={}, class_names=tuple(f"c{i}" for i in range(classes)),
+        input=InputSpec("image", ("batch", C, H, W), "float32", "NCHW", (0.5,) * C, (0.25,) * C, tuple(batch)),
+        tree=tree, node_macs=node_macs, files=tuple(files), provenance={"fake": True},
+    )
+    write_manifest(root, manifest)
+    return root
+
+
+def node_weights(node_id: str, din: int, classes: int, leaf: bool):
+    seed = int(hashlib.md5(node_id.encode()).hexdigest()[:8], 16)
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((din, D)) / np.sqrt(din)).astype(np.float32)
+    head = (rng.standard_normal((D, classes)) * 2).astype(np.float32) if leaf else None
+    return w, head
+
+
+def node_forward(tree: TreeSpec, node_id: str, x: np.ndarray, classes: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(activation, logits or None) of one node from its parent's activation (or the image)."""
+    node = tree.node(node_id)
+    flat = x.reshape(len(x), -1)
+    w, head = node_weights(node_id, flat.shape[1], classes, node.is_leaf)
+    act = np.tanh(flat @ w)
+    return act, (act @ head if head is not None else None)
+
+
+def reference_leaf_logits(tree: TreeSpec, x: np.ndarray, classes: int) -> np.ndarray:
+    """(N, B, classes): every path computed independently, no caching."""
+    out = []
+    for leaf in range(tree.num_leaves):
+        h = x
+        for nid in tree.path(leaf):
+            h, logits = node_forward(tree, nid, h, classes)
+        out.append(logits)
+    return np.stack(out)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeRunner(Runner):
+    def __init__(self, unit, backend: "FakeBackend") -> None:
+        super().__init__(unit)
+        self.backend = backend
+
+    def activate_impl(self) -> None:
+        self.backend.active += 1
+
+    def release_impl(self) -> None:
+        self.backend.active -= 1
+
+    def run_impl(self, inputs):
+        b = self.backend
+        if b.gate is not None:
+            b.entered.set()
+            b.gate.wait(10)
+        h, acts, logits = inputs[0], {}, None
+        for nid in self.unit.nodes:
+            h, logits = node_forward(b.tree, nid, h, b.classes)
+            acts[nid] = h
+            b.calls.append(nid)
+            b.clock.t += b.cost(nid, len(inputs[0]))
+        return tuple(logits if t.name == "logits" else acts[t.node] for t in self.unit.outputs)
+
+
+class FakeBackend(Backend):
+    """numpy backend reading the fake bundle's "onnx" entries; ``cost(node, batch)`` seconds of virtual time."""
+
+    name = "fake"
+    format = "onnx"
+    devices = ("cpu",)
+
+    def __init__(self, tree: TreeSpec, classes: int, cost: Callable[[str, int], float] | None = None) -> None:
+        super().__init__("cpu")
+        self.tree, self.classes = tree, classes
+        self.cost = cost or (lambda node, batch: 0.001)
+        self.clock = FakeClock()
+        self.calls: list[str] = []
+        self.active = 0
+        self.closed = False
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def create_runner(self, unit, manifest, bundle_dir):
+        return FakeRunner(unit, self)
+
+    def close(self) -> None:
+        self.closed = True

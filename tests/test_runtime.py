@@ -1,0 +1,469 @@
+"""Scheduler, sessions, budgets, cancel/concurrency and input checks - on a fake numpy backend with a virtual clock."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from hne_edge.errors import BackendUnavailable, InputError
+from hne_edge.runtime import (
+    Agreement,
+    AnytimeRunner,
+    ConcurrentUseError,
+    CostModel,
+    RunnerClosedError,
+    create_backend,
+)
+from hne_edge.runtime import cost_model as cm
+from hne_edge.tree import TreeSpec
+from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle, reference_leaf_logits
+
+CLASSES = 4
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return make_fake_bundle(tmp_path_factory.mktemp("fake") / "b", branching=(1, 2, 2), classes=CLASSES)
+
+
+@pytest.fixture(scope="module")
+def big_bundle(tmp_path_factory):
+    return make_fake_bundle(tmp_path_factory.mktemp("fake16") / "b", branching=(1, 2, 2, 2, 2), classes=CLASSES)
+
+
+def fake_runner(bundle, plan="segments", cost=None, **kw):
+    from hne_edge.bundle import read_manifest
+
+    m = read_manifest(bundle)
+    backend = FakeBackend(m.tree, m.num_classes, cost)
+    return AnytimeRunner(bundle, backend=backend, plan=plan, load_profile=False, **kw), backend
+
+
+def images(batch=2, seed=0):
+    return np.random.default_rng(seed).standard_normal((batch, C, H, W)).astype(np.float32)
+
+
+# -- numerics and caching -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+@pytest.mark.parametrize("branching", [(1, 2, 2), (1, 2, 2, 2, 2), (3, 1, 2), (1, 1, 4)])
+def test_every_prefix_equals_independent_paths(tmp_path, plan, branching):
+    b = make_fake_bundle(tmp_path / "b", branching=branching, classes=CLASSES)
+    runner, _ = fake_runner(b, plan)
+    x = images(3)
+    ref = reference_leaf_logits(TreeSpec(branching), x, CLASSES)
+    for n in range(1, runner.num_leaves + 1):
+        r = runner.run(x, max_leaves=n)
+        assert r.leaves == n
+        np.testing.assert_allclose(r.leaf_logits, ref[:n], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(r.logits, ref[:n].mean(0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(r.probs.sum(-1), 1.0, rtol=1e-5)
+        assert r.predictions.shape == (3,)
+    assert r.stopped_by == "complete" and r.met_budget
+
+
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+def test_each_node_computed_once_and_cache_bounded_by_depth(big_bundle, plan):
+    runner, backend = fake_runner(big_bundle, plan)
+    tree = runner.tree
+    session = runner.start(images(1))
+    assert session.cached_nodes == ()
+    for leaf in range(tree.num_leaves):
+        assert session.step() is True
+        cached = session.cached_nodes
+        # only nodes of the current path whose subtree still has leaves to evaluate
+        assert set(cached) <= set(tree.path(leaf))
+        assert all(tree.node(n).leaves[-1] > leaf for n in cached)
+        assert len(cached) <= tree.last_block
+    assert session.step() is False and session.done
+    assert sorted(backend.calls) == sorted(n.id for n in tree.nodes)  # every node exactly once
+    assert backend.calls == list(tree.prefix_nodes(tree.num_leaves))  # in depth-first order
+
+
+def test_session_result_before_any_leaf_is_a_clear_error(bundle):
+    runner, _ = fake_runner(bundle)
+    session = runner.start(images())
+    with pytest.raises(RuntimeError, match="no leaf evaluated yet"):
+        session.result()
+
+
+def test_interrupt_and_resume_matches_uninterrupted(big_bundle):
+    runner, backend = fake_runner(big_bundle)
+    x = images(2)
+    ref = reference_leaf_logits(runner.tree, x, CLASSES)
+    session = runner.start(x)
+    session.step()
+    session.step()
+    r2 = session.result()
+    assert r2.leaves == 2 and r2.stopped_by == "step"
+    np.testing.assert_allclose(r2.logits, ref[:2].mean(0), rtol=1e-5, atol=1e-6)
+    r5 = session.refine(max_leaves=5)
+    assert r5.leaves == 5 and r5.stopped_by == "max_leaves"
+    np.testing.assert_allclose(r5.logits, ref[:5].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r2.logits, ref[:2].mean(0), rtol=1e-5, atol=1e-6)  # earlier result unchanged
+    r16 = session.refine()
+    assert r16.leaves == 16 and r16.stopped_by == "complete"
+    np.testing.assert_allclose(r16.logits, ref.mean(0), rtol=1e-5, atol=1e-6)
+    assert len(backend.calls) == len(runner.tree.nodes)  # resuming recomputed nothing
+    assert session.step() is False
+    assert session.refine().leaves == 16
+
+
+def test_refine_under_budget_continues_from_cache(bundle):
+    runner, backend = fake_runner(bundle, cost=lambda node, batch: 0.001)  # 1 ms per node
+    for _ in range(10):  # learn the costs (deterministic: scale 1.0)
+        runner.run(images(1))
+    session = runner.start(images(1))
+    session.step()  # leaf 0: 3 nodes
+    # leaves 1, 2, 3 cost 1, 2, 1 ms
+    r = session.refine(budget_ms=2.5)
+    assert r.leaves == 2 and r.stopped_by == "budget" and r.met_budget
+    r = session.refine(budget_ms=3.0)
+    assert r.leaves == 4 and r.stopped_by == "complete" and r.met_budget
+
+
+# -- budgets and deadlines (virtual clock: exact) -------------------------------------------------------
+
+
+def warm(runner, n=10):
+    for _ in range(n):
+        runner.run(images(1))
+
+
+def test_budget_starts_a_leaf_only_if_its_predicted_cost_fits(bundle):
+    runner, backend = fake_runner(bundle, cost=lambda node, batch: 0.001)
+    # leaf costs: 3, 1, 2, 1 ms (tree (1,2,2), 1 ms per node)
+    # no profile: the forced first leaf calibrates ms/MAC, the rest is predicted from MACs (x1.5 while cold)
+    first = runner.run(images(1), budget_ms=4.4)
+    assert first.leaves == 1 and first.stopped_by == "budget"
+    assert runner.run(images(1), budget_ms=100).leaves == 4
+    warm(runner)
+    np.testing.assert_allclose(runner.predicted_ms(1), [3, 1, 2, 1], rtol=1e-9)
+    for budget, leaves in [(2.0, 1), (3.01, 1), (4.01, 2), (5.99, 2), (6.01, 3), (6.5, 3), (7.01, 4), (100, 4)]:
+        r = runner.run(images(1), budget_ms=budget)
+        assert r.leaves == leaves, (budget, r.leaves)
+        assert r.met_budget == (budget > 3) and r.overran_min_leaves == (budget < 3)
+        assert r.elapsed_ms == pytest.approx(sum([3, 1, 2, 1][:leaves]))
+        assert r.budget_ms == pytest.approx(budget)
+
+
+def test_deadline_is_absolute_clock_time_and_earlier_of_both_wins(bundle):
+    runner, backend = fake_runner(bundle, cost=lambda node, batch: 0.001)
+    warm(runner)
+    r = runner.run(images(1), deadline=backend.clock.t + 0.0045)
+    assert r.leaves == 2 and r.met_budget
+    r = runner.run(images(1), deadline=backend.clock.t + 0.0045, budget_ms=100)
+    assert r.leaves == 2
+    r = runner.run(images(1), deadline=backend.clock.t + 1.0, budget_ms=3.5)
+    assert r.leaves == 1
+
+
+def test_forced_min_leaves_overrun_is_reported(bundle):
+    runner, _ = fake_runner(bundle, cost=lambda node, batch: 0.001)
+    warm(runner)
+    r = runner.run(images(1), budget_ms=1.0, min_leaves=2)
+    assert r.leaves == 2 and not r.met_budget and r.overran_min_leaves
+    r = runner.run(images(1), budget_ms=1.0)
+    assert r.leaves == 1 and not r.met_budget and r.overran_min_leaves
+
+
+def test_unexpectedly_slow_leaf_is_a_miss_not_an_overrun_and_is_learned(bundle):
+    slow = {"on": False}
+    runner, _ = fake_runner(bundle, cost=lambda node, batch: 0.004 if slow["on"] and node == "b2.1" else 0.001)
+    warm(runner)
+    slow["on"] = True
+    r = runner.run(images(1), budget_ms=4.5)  # leaf 1 predicted 1 ms, takes 4
+    assert r.leaves == 2 and not r.met_budget and not r.overran_min_leaves
+    before = runner.predicted_ms(1)[1]
+    warm(runner, 20)
+    assert runner.predicted_ms(1)[1] > before  # online update
+
+
+def test_deadline_simulation_meets_targets(big_bundle):
+    """1000 frames, per-node costs with log-normal noise, budgets uniform in [first leaf, full tree]."""
+    rng = np.random.default_rng(0)
+    nodes = [n.id for n in TreeSpec((1, 2, 2, 2, 2)).nodes]
+    base = {n: 0.001 * (1 + 0.5 * TreeSpec((1, 2, 2, 2, 2)).node(n).depth) for n in nodes}
+    frame = {"costs": None}
+    runner, backend = fake_runner(big_bundle, cost=lambda node, batch: frame["costs"][node])
+    tree = runner.tree
+    full = sum(base.values())
+    first = sum(base[n] for n in tree.segments[0].nodes)
+    misses = leaves = oracle = 0
+    for k in range(1100):
+        noise = rng.lognormal(0.0, 0.1, size=len(nodes)) * (1.5 if rng.random() < 0.02 else 1.0)
+        frame["costs"] = {n: base[n] * z for n, z in zip(nodes, noise)}
+        budget = rng.uniform(first, full) * 1e3
+        r = runner.run(images(1), budget_ms=budget)
+        if k < 100:  # warm-up frames learn the costs
+            continue
+        misses += (not r.met_budget) and not r.overran_min_leaves
+        true = np.cumsum([sum(frame["costs"][n] for n in seg.nodes) for seg in tree.segments]) * 1e3
+        oracle += max(1, int((true <= budget).sum()))
+        leaves += r.leaves
+    assert misses <= 10, misses
+    assert leaves >= 0.9 * oracle, (leaves, oracle)
+
+
+def test_budget_argument_errors(bundle):
+    runner, _ = fake_runner(bundle)
+    for kwargs, match in [
+        ({"budget_ms": -1}, "budget_ms: received -1; expected a positive"),
+        ({"budget_ms": float("nan")}, "budget_ms: received nan"),
+        ({"deadline": "soon"}, "deadline: received 'soon'; expected an absolute time.perf_counter"),
+        ({"max_leaves": 0}, r"max_leaves: received 0; expected an int in 1..4"),
+        ({"max_leaves": 5}, r"max_leaves: received 5"),
+        ({"min_leaves": 0}, r"min_leaves: received 0; expected >= 1"),
+        ({"min_leaves": 3, "max_leaves": 2}, "expected min_leaves <= max_leaves"),
+    ]:
+        with pytest.raises(InputError, match=match):
+            runner.run(images(), **kwargs)
+
+
+# -- confidence stop ------------------------------------------------------------------------------------
+
+
+def test_stop_when_is_called_between_leaves(big_bundle):
+    runner, _ = fake_runner(big_bundle)
+    seen = []
+    r = runner.run(images(2), stop_when=lambda ll: seen.append(ll.shape[0]) or ll.shape[0] >= 3)
+    assert r.leaves == 3 and r.stopped_by == "stop_when" and seen == [1, 2, 3]
+    r = runner.run(images(2), stop_when=lambda ll: True, min_leaves=4)
+    assert r.leaves == 4  # min_leaves wins
+
+
+def test_agreement_rule():
+    agree = np.array([[[3.0, 0, 0]], [[2.0, 1, 0]]], dtype=np.float32)  # (2 leaves, 1 sample, 3 classes)
+    split = np.array([[[3.0, 0, 0]], [[0.0, 3, 0]]], dtype=np.float32)
+    assert Agreement(min_leaves=2)(agree)
+    assert not Agreement(min_leaves=2)(agree[:1])  # too few leaves
+    assert not Agreement(min_leaves=2)(split)
+    assert Agreement(min_leaves=2, vote=0.5)(split)
+    assert not Agreement(min_leaves=2, margin=0.9)(agree)  # top1 - top2 ~ 0.6
+    assert Agreement(min_leaves=2, margin=0.5)(agree)
+    assert not Agreement(min_leaves=2, max_std=0.1)(agree)
+    assert Agreement(min_leaves=2, max_std=1.0)(agree)
+    batch = np.concatenate([agree, split], axis=1)  # every sample must agree
+    assert not Agreement(min_leaves=2)(batch)
+    with pytest.raises(ValueError, match="vote must be in"):
+        Agreement(vote=0)
+
+
+def test_agreement_in_runner_saves_leaves(big_bundle):
+    runner, _ = fake_runner(big_bundle)
+    x = images(1)
+    full = runner.run(x)
+    r = runner.run(x, stop_when=Agreement(min_leaves=2, vote=0.5))
+    assert 2 <= r.leaves <= 16
+    assert r.stopped_by in ("stop_when", "complete")
+    assert full.leaves == 16
+
+
+def test_uncertainty_fields(big_bundle):
+    runner, _ = fake_runner(big_bundle)
+    r1 = runner.run(images(3), max_leaves=1)
+    assert (r1.uncertainty.logit_std == 0).all() and (r1.uncertainty.vote_entropy == 0).all()
+    r = runner.run(images(3))
+    u = r.uncertainty
+    assert u.logit_std.shape == (3,) and (u.logit_std > 0).all()
+    assert ((u.vote_entropy >= 0) & (u.vote_entropy <= np.log(CLASSES) + 1e-6)).all()
+    assert ((u.agreement > 0) & (u.agreement <= 1)).all()
+    d = r.to_dict()
+    assert len(d["samples"]) == 3 and d["samples"][0]["label"].startswith("c")
+    json.dumps(d)
+
+
+# -- cancel, concurrency, lifecycle ---------------------------------------------------------------------
+
+
+def test_cancel_from_another_thread_stops_at_the_next_leaf_boundary(big_bundle):
+    runner, backend = fake_runner(big_bundle)
+    session = runner.start(images(1))
+    backend.gate = threading.Event()
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault("r", session.refine()))
+    worker.start()
+    assert backend.entered.wait(10)  # the worker is inside leaf 0
+    session.cancel()
+    backend.gate.set()
+    worker.join(10)
+    r = box["r"]
+    assert r.leaves == 1 and r.stopped_by == "cancelled"
+    assert session.cancelled and session.done and session.step() is False
+    assert session.result().leaves == 1  # kept what was done
+
+
+def test_concurrent_use_is_refused_with_a_clear_error(bundle):
+    runner, backend = fake_runner(bundle)
+    backend.gate = threading.Event()
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault("r", runner.run(images(1))), name="worker-A")
+    worker.start()
+    assert backend.entered.wait(10)
+    with pytest.raises(ConcurrentUseError, match=r"busy: received a call from thread 'MainThread' while thread 'worker-A'"):
+        runner.run(images(1))
+    with pytest.raises(ConcurrentUseError, match="one runner per thread"):
+        runner.start(images(1))
+    backend.gate.set()
+    worker.join(10)
+    assert box["r"].leaves == 4  # the first call was not disturbed
+    backend.gate = None
+    assert runner.run(images(1)).leaves == 4  # usable again
+
+
+def test_close_releases_everything_and_use_after_close_is_an_error(bundle):
+    runner, backend = fake_runner(bundle)
+    session = runner.start(images(1))
+    session.step()
+    assert backend.active == runner.num_leaves
+    with runner:
+        pass
+    assert backend.active == 0 and backend.closed and runner.closed
+    runner.close()  # idempotent
+    with pytest.raises(RunnerClosedError, match="closed"):
+        runner.run(images(1))
+    with pytest.raises(RunnerClosedError, match="closed"):
+        session.step()
+    assert session.result().leaves == 1
+    assert "closed" in repr(runner)
+
+
+def test_unknown_backend_and_device_and_plan(bundle):
+    with pytest.raises(BackendUnavailable, match=r"received backend 'tpu'; expected one of"):
+        AnytimeRunner(bundle, backend="tpu")
+    with pytest.raises(BackendUnavailable, match=r"received device 'cuda'; expected one of \['cpu'\]"):
+        create_backend("onnxruntime", device="cuda")
+    with pytest.raises(InputError, match=r"plan: received 'weights'; expected one of"):
+        AnytimeRunner(bundle, plan="weights")
+
+
+# -- the input boundary ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "x, match",
+    [
+        ([[0.0]], r"received builtins.list; expected a numpy.ndarray"),
+        (np.zeros((1, C, H, W), np.float64), r"received dtype float64; expected float32"),
+        (np.zeros((1, C, H, W), np.uint8), r"received dtype uint8; expected float32 \(uint8 images: use runner.preprocess"),
+        (np.zeros((C, H, W), np.float32), r"received shape \(3, 4, 4\) \(rank 3\); expected rank 4.*x\[None\]"),
+        (np.zeros((1, 1, H, W), np.float32), r"received 1 channels .* expected 3"),
+        (np.zeros((1, H, W, C), np.float32), r"received 4 channels .*NHWC\?"),
+        (np.zeros((1, C, 5, W), np.float32), r"received spatial size 5x4; expected 4x4"),
+        (np.zeros((9, C, H, W), np.float32), r"received batch size 9; expected 1..8"),
+        (np.full((1, C, H, W), np.nan, np.float32), r"received 48 non-finite value\(s\)"),
+    ],
+)
+def test_input_checked_once_at_the_boundary(bundle, x, match):
+    runner, backend = fake_runner(bundle)
+    with pytest.raises(InputError, match=match):
+        runner.run(x)
+    with pytest.raises(InputError, match=match):
+        runner.start(x)
+    assert backend.calls == []
+
+
+def test_preprocess(bundle):
+    runner, _ = fake_runner(bundle)
+    img = np.random.default_rng(0).integers(0, 256, (H, W, C), dtype=np.uint8)
+    x = runner.preprocess(img)
+    assert x.shape == (1, C, H, W) and x.dtype == np.float32 and x.flags.c_contiguous
+    np.testing.assert_allclose(x[0], (img.transpose(2, 0, 1) / 255.0 - 0.5) / 0.25, rtol=1e-6, atol=1e-6)
+    assert runner.preprocess(np.stack([img, img])).shape == (2, C, H, W)
+    assert runner.preprocess([img, img, img]).shape == (3, C, H, W)
+    assert runner.run(x).leaves == 4
+    with pytest.raises(InputError, match=r"received dtype float32; expected uint8"):
+        runner.preprocess(img.astype(np.float32))
+    with pytest.raises(InputError, match=r"received images of 5x4; expected 4x4"):
+        runner.preprocess(np.zeros((5, W, C), np.uint8))
+    with pytest.raises(InputError, match=r"received shape \(4, 4, 2\); expected \(H, W, 3\)"):
+        runner.preprocess(np.zeros((H, W, 2), np.uint8))
+
+
+def test_runner_validates_inputs_polygraphy_style(bundle):
+    runner, _ = fake_runner(bundle)
+    unit_runner = runner._runners[0]
+    with pytest.raises(InputError, match="received 2 input"):
+        unit_runner.run([images(1), images(1)])
+    with pytest.raises(InputError, match=r"input tensor image \| received dtype float64; expected float32"):
+        unit_runner.run([images(1).astype(np.float64)])
+    with pytest.raises(InputError, match=r"received shape \(1, 3, 4\); expected"):
+        unit_runner.run([images(1)[..., 0]])
+    assert len(unit_runner.run([images(1)])) == 3  # act_b0.0, act_b1.0, logits
+    unit_runner.release()
+    with pytest.raises(RuntimeError, match="not active"):
+        unit_runner.run([images(1)])
+
+
+# -- cost model -------------------------------------------------------------------------------------------
+
+
+def test_profile_saved_next_to_bundle_and_reloaded(tmp_path):
+    b = make_fake_bundle(tmp_path / "b", classes=CLASSES)
+    runner, backend = fake_runner(b, cost=lambda node, batch: 0.001 * batch)
+    prof = runner.profile(batch_sizes=(1, 4), warmup=2, repeats=5)
+    path = b / "profiles" / "cpu-fake-segments-fp32.json"
+    assert runner.profile_path == path and path.is_file()
+    data = json.loads(path.read_text())
+    assert set(data["batch_sizes"]) == {"1", "4"}
+    leaves1 = data["batch_sizes"]["1"]["leaves"]
+    assert [round(leaf["median_ms"], 6) for leaf in leaves1] == [3, 1, 2, 1]
+    assert data["batch_sizes"]["4"]["levels"][-1]["median_ms"] == pytest.approx(28)
+    assert len(data["batch_sizes"]["1"]["units"]) == 4
+    assert prof.leaf_medians_s(4) == pytest.approx([0.012, 0.004, 0.008, 0.004])
+    # a new runner loads it and predicts from it before any frame
+    runner2, _ = fake_runner(b, cost=lambda node, batch: 0.001)
+    runner2 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES), load_profile=True)
+    assert runner2.profile_status.startswith("loaded")
+    np.testing.assert_allclose(runner2.predicted_ms(1), [3, 1, 2, 1])
+    np.testing.assert_allclose(runner2.predicted_ms(2), [6, 2, 4, 2])  # interpolated between 1 and 4
+    np.testing.assert_allclose(runner2.predicted_ms(8), [24, 8, 16, 8])  # extrapolated linearly
+    # another variant does not match
+    runner3 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES), plan="nodes")
+    assert runner3.profile_data is None
+
+
+def test_profile_falls_back_to_user_cache_when_bundle_is_read_only(tmp_path, monkeypatch):
+    b = make_fake_bundle(tmp_path / "b", classes=CLASSES)
+    monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))
+    real = cm._write_json_atomic
+
+    def refuse_bundle(path, data):
+        if str(path).startswith(str(b)):
+            raise PermissionError(13, "Permission denied")
+        real(path, data)
+
+    monkeypatch.setattr(cm, "_write_json_atomic", refuse_bundle)
+    runner, _ = fake_runner(b)
+    with pytest.warns(UserWarning, match="is not writable.*saved the profile to"):
+        runner.profile(warmup=0, repeats=3)
+    assert str(runner.profile_path).startswith(str(tmp_path / "cache"))
+    assert "not writable" in runner.profile_status
+    runner2 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES))
+    assert runner2.profile_path == runner.profile_path
+
+
+def test_without_profile_predicts_from_macs_after_the_forced_first_leaf():
+    model = CostModel([300, 100, 200, 100])
+    bm = model.for_batch(1)
+    assert all(np.isinf(bm.pred))  # nothing known: only forced leaves
+    bm.observe(0, 0.003)
+    np.testing.assert_allclose(bm.pred, np.array([3, 1, 2, 1]) * 1e-3 * 1.5)  # MACs, cold margin
+    for _ in range(10):
+        for i, t in enumerate([0.003, 0.001, 0.002, 0.001]):
+            bm.observe(i, t)
+    np.testing.assert_allclose(bm.pred, [0.003, 0.001, 0.002, 0.001], rtol=1e-6)
+
+
+def test_cost_model_quantile_tracks_noise():
+    rng = np.random.default_rng(0)
+    model = CostModel([1], quantile=0.95)
+    bm = model.for_batch(1)
+    for _ in range(500):
+        bm.observe(0, 0.001 * rng.lognormal(0, 0.2))
+    # p95 of lognormal(0, 0.2) is exp(0.329) = 1.39 x the median
+    assert 1.2e-3 < bm.pred[0] < 1.6e-3
