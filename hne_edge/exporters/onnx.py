@@ -21,7 +21,7 @@ import copy
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import InputSpec, Manifest, ModelFile, TensorSpec, activation_name, read_manifest, sha256_file, write_manifest
 from ..errors import ExportError
@@ -264,6 +264,7 @@ def export_onnx(
     exporter: str = "torchscript",
     extra_provenance: dict | None = None,
     verify_batch_sizes: Sequence[int] | None = None,
+    post_export: Callable[[Path], None] | None = None,
 ) -> Path:
     """Export a trained fused HNE to a verified ONNX bundle at ``out_dir``; returns its path.
 
@@ -281,6 +282,8 @@ def export_onnx(
         exporter: ``"torchscript"`` (default, see module docstring) or ``"dynamo"``.
         extra_provenance: merged into the manifest's provenance (e.g. the source checkpoint).
         verify_batch_sizes: batch sizes the verification runs at (default: min and up to 4).
+        post_export: called with the temporary bundle directory after verification, before it is
+            published (the TensorRT path builds its engines there, so they are atomic too).
 
     Raises:
         ExportError: ``out_dir`` exists without ``force``; a file fails its checks
@@ -406,6 +409,8 @@ def export_onnx(
 
             report = verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes)
             report.raise_for_failures()
+        if post_export is not None:
+            post_export(tmp)
     return Path(out_dir)
 
 

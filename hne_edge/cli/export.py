@@ -1,0 +1,212 @@
+"""``hne-edge export`` / ``verify`` / ``inspect``: thin shells over :mod:`hne_edge.exporters`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+def _precisions(values: tuple[str, ...]) -> tuple[str, ...]:
+    from ..exporters.base import parse_precisions
+
+    return parse_precisions(list(values) or ["fp32"])
+
+
+@click.command("export")
+@click.argument("source", type=click.Path(exists=True, path_type=Path), metavar="CHECKPOINT")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Bundle directory to write (required for a checkpoint; refused if it exists without --force).")
+@click.option("--format", "fmt", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True,
+              help="onnx: the portable bundle. tensorrt: ONNX plus engines built on this GPU.")
+@click.option("--precision", "precision", multiple=True, metavar="fp32|fp16",
+              help="Repeat or comma-separate for several (e.g. --precision fp32,fp16). Default fp32.")
+@click.option("--batch", default="1:1:16", show_default=True, metavar="MIN:OPT:MAX",
+              help="Batch range the bundle is built and verified for (engines: the optimization profile).")
+@click.option("--opset", type=int, default=None, help="ONNX opset (default 17, parsed by TensorRT 8.6+ and 10).")
+@click.option("--plan", type=click.Choice(["nodes", "segments", "both"]), default="both", show_default=True,
+              help="nodes: one file per tree node; segments: one file per leaf (the fast path).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--no-verify", is_flag=True, help="Skip the comparison with PyTorch (not recommended).")
+@click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
+@click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
+              help="torch.onnx exporter path.")
+@click.option("--workspace-mb", type=int, default=None, help="TensorRT builder workspace limit.")
+@click.option("--hardware-compat", type=click.Choice(["none", "same_compute_capability", "ampere_plus"]),
+              default="none", show_default=True, help="TensorRT hardware compatibility level.")
+@click.option("--version-compatible", is_flag=True, help="TensorRT VERSION_COMPATIBLE engines.")
+def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify, no_torch_weights, exporter,
+           workspace_mb, hardware_compat, version_compatible) -> None:  # fmt: skip
+    """Export CHECKPOINT to a verified bundle at --out.
+
+    With --format tensorrt, CHECKPOINT may also be an existing bundle
+    directory: engines are then built from its ONNX files and added to it
+    (the usual flow on a Jetson, which needs no PyTorch).
+    """
+    from ..exporters.base import DEFAULT_OPSET, parse_batch
+
+    precisions = _precisions(precision)
+    batch_range = parse_batch(batch)
+    trt_options = dict(workspace_mb=workspace_mb, hardware_compatibility=hardware_compat,
+                       version_compatible=version_compatible)  # fmt: skip
+    if fmt == "tensorrt":
+        from ..exporters.tensorrt import build_engines, device_info, load_tensorrt
+
+        load_tensorrt()  # fail before any work: clear message + install hint, exit 2
+        device_info()
+    if source.is_dir():
+        if fmt != "tensorrt":
+            raise click.UsageError(f"{source} is a directory; export needs a checkpoint file (a bundle is only "
+                                   "accepted with --format tensorrt, to add engines to it)")  # fmt: skip
+        plans = None if plan == "both" else (plan,)
+        entries = build_engines(source, precisions=precisions, plans=plans, batch=batch_range, **trt_options)
+        click.echo(f"built {len(entries)} TensorRT engine(s) into {source}")
+        return
+    if out_dir is None:
+        raise click.UsageError("--out DIR is required when exporting a checkpoint")
+
+    from ..exporters import export_onnx
+    from ..exporters.base import _version
+    from ..bundle import sha256_file
+    from ..train.checkpoint import model_from_checkpoint
+
+    model, state = model_from_checkpoint(source)
+    post = None
+    if fmt == "tensorrt":
+        plans = None if plan == "both" else (plan,)
+
+        def post(tmp: Path) -> None:
+            build_engines(tmp, precisions=precisions, plans=plans, batch=batch_range, **trt_options)
+
+    path = export_onnx(
+        model,
+        out_dir,
+        class_names=state["class_names"],
+        normalization=state["normalization"],
+        precisions=precisions,
+        plan=plan,
+        batch=batch_range,
+        opset=opset or DEFAULT_OPSET,
+        force=force,
+        verify=not no_verify,
+        torch_weights=not no_torch_weights,
+        exporter=exporter,
+        extra_provenance={"checkpoint": str(source), "checkpoint_sha256": sha256_file(source),
+                          "tensorrt": _version("tensorrt") if fmt == "tensorrt" else None},  # fmt: skip
+        post_export=post,
+    )
+    from ..bundle import read_manifest
+
+    manifest = read_manifest(path)
+    total = sum(f.bytes for f in manifest.files)
+    click.echo(
+        f"exported {len(manifest.files)} file(s), {total / 1e6:.2f} MB, "
+        f"{', '.join('/'.join(v) for v in manifest.variants())}"
+        f"{'' if no_verify else ' (verified against PyTorch)'} -> {path}"
+    )
+
+
+@click.command("verify")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Compare every file and anytime prefix with this checkpoint's PyTorch model.")
+@click.option("--batch-sizes", default=None, metavar="N[,N...]", help="Batch sizes to run (default: min and up to 4).")
+def verify(bundle: Path, checkpoint: Path | None, batch_sizes: str | None) -> None:
+    """Check BUNDLE: manifest, sha256, ONNX Runtime loads, plans agree (and vs PyTorch with --checkpoint)."""
+    from ..exporters.verify import verify_bundle
+
+    model = None
+    if checkpoint is not None:
+        from ..train.checkpoint import model_from_checkpoint
+
+        model, _ = model_from_checkpoint(checkpoint)
+    sizes = None
+    if batch_sizes:
+        try:
+            sizes = sorted({int(v) for v in batch_sizes.split(",")})
+        except ValueError:
+            raise click.BadParameter(f"received {batch_sizes!r}; expected comma-separated integers", param_hint="--batch-sizes")
+    report = verify_bundle(bundle, model=model, batch_sizes=sizes)
+    click.echo(report.format_table())
+    report.raise_for_failures()
+
+
+@click.command("inspect")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest JSON instead.")
+@click.option("--no-verify-files", is_flag=True, help="Skip the sha256 check of every file (faster).")
+def inspect(bundle: Path, as_json: bool, no_verify_files: bool) -> None:
+    """Print BUNDLE's manifest as a readable tree, with file sizes and MACs."""
+    from ..bundle import read_manifest
+
+    manifest = read_manifest(bundle, verify_files=not no_verify_files)
+    if as_json:
+        click.echo(json.dumps(manifest.to_dict(), indent=2))
+        return
+    click.echo(format_manifest(manifest, bundle))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _macs(m: int) -> str:
+    return f"{m / 1e6:,.2f}M MACs"
+
+
+def format_manifest(manifest, bundle: Path) -> str:
+    """Human-readable view of a manifest: header, provenance, then each variant as a tree or list."""
+    tree, inp = manifest.tree, manifest.input
+    prov = manifest.provenance
+    lines = [
+        f"bundle {bundle}",
+        f"  model {manifest.model_name}: {tree.num_leaves} leaves, branching {list(tree.branching)}, "
+        f"{manifest.num_classes} classes",
+        f"  input {inp.name} [{', '.join(map(str, inp.shape))}] {inp.dtype} {inp.layout}, "
+        f"batch {':'.join(map(str, inp.batch))}, mean {list(inp.mean)} std {list(inp.std)}",
+        f"  MACs per sample: one leaf {_macs(manifest.prefix_macs()[0])}, all leaves {_macs(manifest.prefix_macs()[-1])}",
+        "  provenance: " + ", ".join(f"{k} {v}" for k, v in prov.items()),
+    ]
+    for fmt, plan, precision in manifest.variants():
+        files = manifest.files_for(plan, precision, fmt)
+        total = sum(f.bytes for f in files)
+        lines += ["", f"{fmt}/{plan}/{precision}: {len(files)} file(s), {_size(total)}"]
+        if files[0].build:
+            b = files[0].build
+            lines.append(
+                f"  built with TensorRT {b.get('tensorrt_version')} on {b.get('gpu')} (sm {b.get('compute_capability')}), "
+                f"flags {b.get('flags')}, batch profile {b.get('batch_profile')}"
+            )
+        if plan == "weights":
+            f = files[0]
+            lines.append(f"  {f.path}  {_size(f.bytes)}  all {len(f.nodes)} nodes")
+        elif plan == "nodes":
+            by_node = {f.nodes[0]: f for f in files}
+
+            def walk(nid: str, prefix: str, last: bool) -> None:
+                f = by_node[nid]
+                node = tree.node(nid)
+                out = "logits" if node.is_leaf else f.outputs[0].name
+                lines.append(
+                    f"  {prefix}{'└─ ' if last else '├─ '}{nid:<6} {f.path}  {_size(f.bytes)}  {_macs(f.macs)}  -> {out}"
+                )
+                for k, child in enumerate(node.children):
+                    walk(child, prefix + ("   " if last else "│  "), k == len(node.children) - 1)
+
+            roots = [n.id for n in tree.nodes if n.depth == 0]
+            lines.append("  image")
+            for k, root in enumerate(roots):
+                walk(root, "", k == len(roots) - 1)
+        else:
+            for f in files:
+                outs = ", ".join(o.name for o in f.outputs)
+                lines.append(
+                    f"  leaf {f.leaf:>2}  {f.path}  {_size(f.bytes)}  {_macs(f.macs)}  "
+                    f"{f.inputs[0].name} -> {' > '.join(f.nodes)} -> [{outs}]"
+                )
+    return "\n".join(lines)
