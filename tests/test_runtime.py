@@ -39,6 +39,7 @@ def fake_runner(bundle, plan="segments", cost=None, **kw):
 
     m = read_manifest(bundle)
     backend = FakeBackend(m.tree, m.num_classes, cost)
+    kw.setdefault("warmup", 0)
     return AnytimeRunner(bundle, backend=backend, plan=plan, load_profile=False, **kw), backend
 
 
@@ -417,13 +418,13 @@ def test_profile_saved_next_to_bundle_and_reloaded(tmp_path):
     assert prof.leaf_medians_s(4) == pytest.approx([0.012, 0.004, 0.008, 0.004])
     # a new runner loads it and predicts from it before any frame
     runner2, _ = fake_runner(b, cost=lambda node, batch: 0.001)
-    runner2 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES), load_profile=True)
+    runner2 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES), load_profile=True, warmup=0)
     assert runner2.profile_status.startswith("loaded")
     np.testing.assert_allclose(runner2.predicted_ms(1), [3, 1, 2, 1])
     np.testing.assert_allclose(runner2.predicted_ms(2), [6, 2, 4, 2])  # interpolated between 1 and 4
     np.testing.assert_allclose(runner2.predicted_ms(8), [24, 8, 16, 8])  # extrapolated linearly
     # another variant does not match
-    runner3 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES), plan="nodes")
+    runner3 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES), plan="nodes", warmup=0)
     assert runner3.profile_data is None
 
 
@@ -443,7 +444,7 @@ def test_profile_falls_back_to_user_cache_when_bundle_is_read_only(tmp_path, mon
         runner.profile(warmup=0, repeats=3)
     assert str(runner.profile_path).startswith(str(tmp_path / "cache"))
     assert "not writable" in runner.profile_status
-    runner2 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES))
+    runner2 = AnytimeRunner(b, backend=FakeBackend(runner.tree, CLASSES), warmup=0)
     assert runner2.profile_path == runner.profile_path
 
 
@@ -467,3 +468,9 @@ def test_cost_model_quantile_tracks_noise():
         bm.observe(0, 0.001 * rng.lognormal(0, 0.2))
     # p95 of lognormal(0, 0.2) is exp(0.329) = 1.39 x the median
     assert 1.2e-3 < bm.pred[0] < 1.6e-3
+
+
+def test_warmup_runs_the_tree_without_feeding_the_cost_model(bundle):
+    runner, backend = fake_runner(bundle, warmup=2)
+    assert len(backend.calls) == 2 * len(runner.tree.nodes)
+    assert all(np.isinf(runner.predicted_ms(1)))

@@ -99,10 +99,10 @@ class AnytimeResult:
         counts = _vote_counts(ll, classes)
         p = counts / n
         with np.errstate(divide="ignore", invalid="ignore"):
-            vote_entropy = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
+            vote_entropy = -np.where(p > 0, p * np.log(p), 0.0).sum(-1) + 0.0  # no -0.0
         agreement = counts[np.arange(batch), self.predictions] / n
         probs = self.probs
-        entropy = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(-1)
+        entropy = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(-1) + 0.0
         return Uncertainty(std.astype(np.float32), vote_entropy, agreement, entropy)
 
     def to_dict(self, per_sample: bool = True) -> dict:

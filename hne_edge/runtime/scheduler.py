@@ -246,6 +246,8 @@ class AnytimeRunner:
         load_profile: load a matching saved cost profile (see :mod:`.cost_model`).
         quantile: the cost model's prediction quantile.
         verify: check every bundle file's sha256 when loading.
+        warmup: full passes over the tree at the bundle's optimal batch size on construction, so
+            the first real frame does not pay for lazy allocations (not recorded by the cost model).
         **backend_options: passed to the backend (e.g. ``spinning`` for onnxruntime).
 
     Thread safety: a runner serves one call at a time. A call while another
@@ -267,6 +269,7 @@ class AnytimeRunner:
         load_profile: bool = True,
         quantile: float = 0.95,
         verify: bool = True,
+        warmup: int = 1,
         **backend_options: Any,
     ) -> None:
         self._closed = True  # until fully built
@@ -312,6 +315,11 @@ class AnytimeRunner:
         self.quantile = quantile
         self.cost = CostModel(self.leaf_macs, self.profile_data, quantile=quantile)
         self._closed = False
+        if warmup:
+            spec = self.input_spec
+            x = np.zeros((spec.batch[1], spec.channels, *spec.spatial), dtype=spec.dtype)
+            for _ in range(warmup):
+                self._profile_once(AnytimeSession(self, self._from_host(x), len(x)), None)
 
     # -- construction ----------------------------------------------------------
     def _compile(self, units: Sequence[Any]) -> None:

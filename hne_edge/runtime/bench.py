@@ -1,0 +1,58 @@
+"""Measurements over the anytime levels n = 1..N (used by ``hne-edge bench``; numpy only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cost_model import summarize
+from .scheduler import AnytimeRunner
+
+__all__ = ["level_latencies", "level_accuracy", "load_arrays"]
+
+
+def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0) -> list[dict]:
+    """Wall time of ``runner.run(x, max_leaves=n)`` for every n (median / p90 / p95, ms).
+
+    Levels are interleaved within each repetition so load changes hit every level alike.
+    """
+    spec = runner.input_spec
+    x = np.random.default_rng(seed).standard_normal((batch, spec.channels, *spec.spatial)).astype(spec.dtype)
+    clock = runner._clock
+    n_levels = runner.num_leaves
+    times: list[list[float]] = [[] for _ in range(n_levels)]
+    for rep in range(warmup + repeats):
+        for n in range(1, n_levels + 1):
+            t0 = clock()
+            runner.run(x, max_leaves=n)
+            t = clock() - t0
+            if rep >= warmup:
+                times[n - 1].append(t)
+    macs = runner.manifest.prefix_macs()
+    return [{"n": n + 1, "macs": macs[n], **summarize(times[n])} for n in range(n_levels)]
+
+
+def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None) -> list[float]:
+    """Top-1 accuracy of the first-n-leaves ensemble for every n, over (x, y)."""
+    batch_size = batch_size or runner.input_spec.batch[2]
+    correct = np.zeros(runner.num_leaves, dtype=np.int64)
+    for start in range(0, len(x), batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        ll = runner.run(xb).leaf_logits  # (N, B, C)
+        means = np.cumsum(ll, axis=0) / np.arange(1, runner.num_leaves + 1)[:, None, None]
+        correct += (means.argmax(-1) == yb[None]).sum(axis=1)
+    return (correct / len(x)).tolist()
+
+
+def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``)."""
+    data: Any = np.load(path, allow_pickle=False)
+    if isinstance(data, np.ndarray):
+        return data, None
+    with data:
+        if "x" not in data.files:
+            from ..errors import InputError
+
+            raise InputError(f"{path}: received arrays {data.files}; expected 'x' (and optionally 'y')")
+        return data["x"], (data["y"] if "y" in data.files else None)

@@ -1,0 +1,95 @@
+"""The runtime on a real exported bundle (hne_tiny): ONNX Runtime and torch backends vs the fused PyTorch model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from hne_edge.runtime import AnytimeRunner
+
+BLOCK_TORCH = textwrap.dedent(
+    """
+    import sys
+    class _BlockTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError("torch is blocked in this test")
+            return None
+    sys.meta_path.insert(0, _BlockTorch())
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_bundle):
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        ref = tiny_bundle.model.eval()(torch.from_numpy(x)).numpy()  # (B, N, classes)
+    return x, ref
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+def test_every_prefix_equals_fused_pytorch_mean(tiny_bundle, reference, backend, plan):
+    x, ref = reference
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, plan=plan, load_profile=False) as runner:
+        assert runner.class_names == tuple(f"c{i}" for i in range(10))
+        for n in range(1, runner.num_leaves + 1):
+            r = runner.run(x, max_leaves=n)
+            np.testing.assert_allclose(r.logits, ref[:, :n].mean(1), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(r.leaf_logits, ref.transpose(1, 0, 2), rtol=1e-4, atol=1e-4)
+        # the session path gives the same numbers, and its cache stays on one path
+        session = runner.start(x)
+        while session.step():
+            assert len(session.cached_nodes) <= runner.tree.last_block
+        np.testing.assert_allclose(session.result().logits, ref.mean(1), rtol=1e-4, atol=1e-4)
+
+
+def test_budgeted_run_and_profile_on_onnxruntime(tiny_bundle, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    with AnytimeRunner(bundle, threads=1) as runner:
+        prof = runner.profile(batch_sizes=(1, 2), warmup=1, repeats=3)
+        assert (bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json").is_file()
+        assert len(prof.batches[1]["leaves"]) == 16
+        x = runner.preprocess(np.zeros((16, 16, 3), np.uint8))
+        r = runner.run(x, budget_ms=10_000)
+        assert r.leaves == 16 and r.met_budget
+    with AnytimeRunner(bundle, threads=1) as runner:
+        assert runner.profile_status.startswith("loaded")
+
+
+def test_runtime_imports_and_runs_without_torch(tiny_bundle, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(BLOCK_TORCH)
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import numpy as np
+        from hne_edge.runtime import AnytimeRunner
+        from hne_edge.errors import BackendUnavailable
+        with AnytimeRunner({str(tiny_bundle.bundle_dir)!r}) as r:
+            out = r.run(np.zeros((1, 3, 16, 16), np.float32), max_leaves=3)
+        assert out.leaves == 3
+        try:
+            AnytimeRunner({str(tiny_bundle.bundle_dir)!r}, backend="torch")
+        except BackendUnavailable as e:
+            print("torch backend:", e)
+        assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules), "torch was imported"
+        print("ok")
+        """
+    )
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch backend: backend 'torch' needs PyTorch" in proc.stdout and proc.stdout.strip().endswith("ok")

@@ -1,0 +1,50 @@
+"""``hne-edge run | bench | profile`` in a subprocess, as users call them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def cli_bundle(tiny_bundle, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    shutil.copytree(tiny_bundle.bundle_dir, root / "b")
+    rng = np.random.default_rng(0)
+    np.savez(root / "data.npz", x=rng.integers(0, 256, (6, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 6))
+    np.save(root / "x.npy", rng.standard_normal((2, 3, 16, 16)).astype(np.float32))
+    return root
+
+
+def test_run_prints_predictions_and_json(cli_bundle):
+    proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "x.npy"), str(cli_bundle / "data.npz"), "--max-leaves", "4", check=True)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("x.npy[0]  c") and "leaves=4/16" in lines[0] and "vote_H=" in lines[0]
+    assert any(line.startswith("accuracy ") for line in lines)
+    proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "data.npz"), "--json", "--budget-ms", "1000", "--batch-size", "3", check=True)
+    records = json.loads(proc.stdout)
+    assert len(records) == 6 and {"label", "prob", "leaves", "logit_std", "vote_entropy", "met_budget", "correct"} <= set(records[0])
+
+
+def test_run_reports_input_errors_in_one_line(cli_bundle, tmp_path):
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 8, 8), np.float32))
+    proc = run_cli("run", str(cli_bundle / "b"), str(tmp_path / "bad.npy"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "Error: input image: received spatial size 8x8; expected 16x16 (resize the images to the bundle's input size)"
+
+
+def test_profile_and_bench(cli_bundle, tmp_path):
+    proc = run_cli("profile", str(cli_bundle / "b"), "--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1", "--threads", "1", check=True)
+    assert "batch=2" in proc.stdout and "saved" in proc.stdout
+    assert (cli_bundle / "b" / "profiles" / "cpu-onnxruntime-segments-fp32.json").is_file()
+    out = tmp_path / "bench"
+    proc = run_cli("bench", str(cli_bundle / "b"), "--repeats", "2", "--warmup", "1", "--data", str(cli_bundle / "data.npz"), "--out", str(out), "--threads", "1", check=True)
+    data = json.loads((out / "bench.json").read_text())
+    assert [lv["n"] for lv in data["levels"]] == list(range(1, 17))
+    assert {"median_ms", "p95_ms", "accuracy", "macs"} <= set(data["levels"][0])
+    assert (out / "bench.png").is_file() and "accuracy" in proc.stdout
