@@ -297,12 +297,12 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     state = None
     if resume:
         state = load_checkpoint(ckpt_path)
-        diffs = _config_diff(state.get("config") or {}, config.to_dict())
+        for key in ("optimizer", "scheduler", "epoch", "config"):
+            if not state.get(key):
+                raise CheckpointError(f"{ckpt_path}: no {key} state to resume from (a weights-only checkpoint, not a training run)")
+        diffs = _config_diff(state["config"], config.to_dict())
         if diffs:
             raise ValueError(f"--resume with a different config: {'; '.join(diffs)}")
-        for key in ("optimizer", "scheduler", "epoch", "extra"):
-            if state.get(key) is None:
-                raise CheckpointError(f"{ckpt_path}: no {key} state to resume from (an exported or weights-only checkpoint)")
     if config.threads:
         torch.set_num_threads(config.threads)
     device = _device(config.device)

@@ -1,0 +1,158 @@
+"""Data: seeded split, batched augmentation vs a per-sample reference, loaders, sources and their errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hne_edge.errors import InputError
+from hne_edge.train.config import DataConfig
+from hne_edge.train.data import ArrayDataset, Augment, BatchLoader, epoch_generator, load_data, split_indices
+
+
+def _images(n=10, c=3, s=6, seed=0) -> torch.Tensor:
+    return torch.randint(0, 256, (n, c, s, s), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+def test_split_is_seeded_disjoint_and_complete():
+    train, val = split_indices(100, 0.2, seed=3)
+    assert len(val) == 20 and len(train) == 80
+    assert set(train.tolist()).isdisjoint(val.tolist())
+    assert sorted(train.tolist() + val.tolist()) == list(range(100))
+    again = split_indices(100, 0.2, seed=3)
+    assert torch.equal(again[0], train) and torch.equal(again[1], val)
+    assert not torch.equal(split_indices(100, 0.2, seed=4)[1], val)
+    assert len(split_indices(100, 0.2, seed=3, limit=7)[0]) == 7
+
+
+def test_augment_matches_per_sample_pad_crop_flip():
+    images = _images()
+    aug = Augment(pad=2, flip=True)
+    out = aug(images, torch.Generator().manual_seed(5))
+    # replay the same draws and do it one image at a time
+    g = torch.Generator().manual_seed(5)
+    offsets = torch.randint(0, 5, (10, 2), generator=g)
+    flips = torch.rand(10, generator=g) < 0.5
+    for i in range(10):
+        padded = F.pad(images[i], (2, 2, 2, 2))
+        oy, ox = offsets[i].tolist()
+        crop = padded[:, oy : oy + 6, ox : ox + 6]
+        if flips[i]:
+            crop = crop.flip(-1)
+        assert torch.equal(out[i], crop), i
+    assert 0 < flips.sum() < 10  # both branches exercised
+
+
+def test_augment_slice_uses_whole_batch_draws():
+    images = _images()
+    full = Augment(pad=2)(images, torch.Generator().manual_seed(1))
+    part = Augment(pad=2)(images, torch.Generator().manual_seed(1), slice(5, 10))
+    assert torch.equal(part, full[5:])
+
+
+def test_no_flip_augment_never_mirrors():
+    images = _images(n=50, c=1, s=4)
+    out = Augment(pad=0, flip=False)(images, torch.Generator().manual_seed(0))
+    assert torch.equal(out, images)
+
+
+def test_loader_is_seeded_per_epoch_and_normalises():
+    ds = ArrayDataset(_images(n=20), torch.arange(20))
+    kw = dict(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), shuffle=True, seed=7)
+    a = BatchLoader(ds, 8, drop_last=True, **kw)
+    assert len(a) == 2
+    labels0 = [y for _, y in a]
+    assert [y.tolist() for _, y in a] == [y.tolist() for y in labels0]  # same epoch, same order
+    a.set_epoch(1)
+    assert [y.tolist() for _, y in a] != [y.tolist() for y in labels0]
+    plain = BatchLoader(ds, 20, mean=(0.5,) * 3, std=(0.25,) * 3)
+    x, y = next(iter(plain))
+    assert torch.allclose(x, (ds.images.float() / 255 - 0.5) / 0.25, atol=1e-5)
+    assert torch.equal(y, torch.arange(20))
+
+
+def test_ddp_slices_reassemble_the_global_batch():
+    ds = ArrayDataset(_images(n=24), torch.arange(24))
+    kw = dict(mean=(0.5,) * 3, std=(0.2,) * 3, shuffle=True, augment=Augment(pad=2), drop_last=True, seed=1)
+    whole = list(BatchLoader(ds, 12, **kw))
+    ranks = [list(BatchLoader(ds, 12, rank=r, world_size=2, **kw)) for r in range(2)]
+    for step, (x, y) in enumerate(whole):
+        assert torch.equal(torch.cat([ranks[0][step][0], ranks[1][step][0]]), x)
+        assert torch.equal(torch.cat([ranks[0][step][1], ranks[1][step][1]]), y)
+
+
+def test_epoch_generator_depends_only_on_seed_and_epoch():
+    a = torch.rand(3, generator=epoch_generator(1, 2))
+    torch.manual_seed(123)  # global RNG state must not matter
+    assert torch.equal(a, torch.rand(3, generator=epoch_generator(1, 2)))
+
+
+def test_digits_source():
+    from sklearn.datasets import load_digits
+
+    bundle = load_data(DataConfig(name="digits", val_split=0.1), seed=0)
+    assert (len(bundle.train), len(bundle.val)) == (1617, 180)
+    assert (bundle.in_chans, bundle.input_size) == (1, 8)
+    assert bundle.class_names == [str(i) for i in range(10)]
+    assert bundle.augment == Augment(pad=1, flip=False)
+    # normalisation from the training split, by numpy
+    train_idx, _ = split_indices(1797, 0.1, 0)
+    pixels = np.round(load_digits().images * 255 / 16)[train_idx.numpy()] / 255
+    assert bundle.mean[0] == pytest.approx(pixels.mean(), abs=1e-6)
+    assert bundle.std[0] == pytest.approx(pixels.std(), abs=1e-6)
+
+
+def test_npz_source_and_errors(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=rng.integers(0, 256, (40, 12, 12, 3), dtype=np.uint8), y=np.arange(40) % 4,
+             classes=np.array(["a", "b", "c", "d"]))
+    bundle = load_data(DataConfig(name="npz", data_dir=str(path), val_split=0.25, limit=10), seed=0)
+    assert (len(bundle.train), len(bundle.val)) == (10, 10)
+    assert bundle.class_names == ["a", "b", "c", "d"]
+    assert (bundle.in_chans, bundle.input_size) == (3, 12)
+    assert bundle.augment == Augment(pad=1, flip=True)
+
+    np.savez(tmp_path / "nox.npz", y=np.arange(3))
+    with pytest.raises(InputError, match=r"missing key\(s\) \['x'\]"):
+        load_data(DataConfig(name="npz", data_dir=str(tmp_path / "nox.npz")), seed=0)
+    np.savez(tmp_path / "float.npz", x=np.zeros((3, 4, 4, 3), np.float32), y=np.arange(3))
+    with pytest.raises(InputError, match="received float32"):
+        load_data(DataConfig(name="npz", data_dir=str(tmp_path / "float.npz")), seed=0)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="cannot read"):
+        load_data(DataConfig(name="npz", data_dir=str(tmp_path / "junk.npz")), seed=0)
+    with pytest.raises(FileNotFoundError):
+        load_data(DataConfig(name="npz", data_dir=str(tmp_path / "absent.npz")), seed=0)
+
+
+def test_cifar_without_data_names_download(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--download"):
+        load_data(DataConfig(name="cifar10", data_dir=str(tmp_path)), seed=0)
+
+
+def test_imagefolder_source(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i in range(5):
+            Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
+    bundle = load_data(DataConfig(name="imagefolder", data_dir=str(tmp_path), val_split=0.2), seed=0)
+    assert bundle.class_names == ["cat", "dog"] and (len(bundle.train), len(bundle.val)) == (8, 2)
+    x, y = next(iter(bundle.train_loader(4, seed=0)))
+    assert x.shape == (4, 3, 224, 224) and y.shape == (4,)
+    xv, _ = next(iter(bundle.eval_loader(bundle.val, 2)))
+    assert xv.shape == (2, 3, 224, 224)
+
+
+def test_shared_cifar10_npz(shared_cifar10):
+    bundle = load_data(DataConfig(name="npz", data_dir=str(shared_cifar10), val_split=0.1), seed=0)
+    assert (len(bundle.train), len(bundle.val)) == (45000, 5000)
+    assert bundle.class_names[:3] == ["airplane", "automobile", "bird"]
+    # the published CIFAR-10 statistics (README), from the 45k training part
+    assert bundle.mean == pytest.approx((0.4914, 0.4822, 0.4465), abs=2e-3)
+    assert bundle.std == pytest.approx((0.2470, 0.2435, 0.2616), abs=2e-3)

@@ -1,0 +1,96 @@
+"""Evaluation metrics against hand computations, and evaluate_checkpoint's outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from hne_edge.train.evaluation import (
+    accuracy,
+    anytime_metrics,
+    evaluate_checkpoint,
+    expected_calibration_error,
+    logit_diversity,
+    negative_log_likelihood,
+)
+
+# probabilities as logits: softmax(log p) = p
+PROBS = torch.tensor([[0.9, 0.05, 0.05], [0.9, 0.05, 0.05], [0.62, 0.28, 0.10], [0.52, 0.24, 0.24]], dtype=torch.float64)
+LABELS = torch.tensor([0, 1, 0, 2])
+
+
+def test_ece_toy_example():
+    # confidences 0.9 (right), 0.9 (wrong), 0.62 (right), 0.52 (wrong); 15 bins of width 1/15:
+    # 0.9 -> bin 13 (acc 0.5, conf 0.9), 0.62 -> bin 9 (acc 1), 0.52 -> bin 7 (acc 0)
+    expected = 2 / 4 * abs(0.5 - 0.9) + 1 / 4 * abs(1 - 0.62) + 1 / 4 * abs(0 - 0.52)
+    assert expected_calibration_error(PROBS.log(), LABELS) == pytest.approx(expected, abs=1e-12)
+    # one bin (n_bins=1): |overall accuracy - mean confidence|
+    assert expected_calibration_error(PROBS.log(), LABELS, n_bins=1) == pytest.approx(abs(0.5 - (0.9 + 0.9 + 0.62 + 0.52) / 4))
+
+
+def test_ece_is_zero_when_calibrated():
+    probs = torch.tensor([[0.5, 0.5 - 1e-9, 1e-9]] * 4, dtype=torch.float64)  # conf 0.5, half right
+    assert expected_calibration_error(probs.log(), torch.tensor([0, 0, 1, 1])) == pytest.approx(0.0, abs=1e-8)
+
+
+def test_nll_and_accuracy_by_hand():
+    expected = -(math.log(0.9) + math.log(0.05) + math.log(0.62) + math.log(0.24)) / 4
+    assert negative_log_likelihood(PROBS.log(), LABELS) == pytest.approx(expected, rel=1e-12)
+    assert accuracy(PROBS.log(), LABELS) == 0.5
+
+
+def test_diversity_by_hand():
+    z = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    total = 0.0
+    for m in range(3):
+        for c in range(5):
+            vals = [z[m, i, c].item() for i in range(4)]
+            mu = sum(vals) / 4
+            total += math.sqrt(sum((v - mu) ** 2 for v in vals) / 4)
+    assert logit_diversity(z) == pytest.approx(total / 15, rel=1e-12)
+    assert logit_diversity(z[:, :1]) == 0.0
+
+
+def test_anytime_metrics_per_n_and_per_leaf():
+    z = torch.randn(50, 4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y = torch.randint(0, 3, (50,), generator=torch.Generator().manual_seed(2))
+    m = anytime_metrics(z, y, macs=[10, 15, 22, 27])
+    assert [r["n"] for r in m["anytime"]] == [1, 2, 3, 4] and [r["macs"] for r in m["anytime"]] == [10, 15, 22, 27]
+    hand_acc2 = sum(int(((z[i, 0] + z[i, 1]) / 2).argmax() == y[i]) for i in range(50)) / 50
+    assert m["anytime"][1]["accuracy"] == pytest.approx(hand_acc2)
+    assert m["anytime"][0]["accuracy"] == m["leaves"][0]["accuracy"]
+    assert m["leaves"][3]["accuracy"] == pytest.approx(sum(int(z[i, 3].argmax() == y[i]) for i in range(50)) / 50)
+    assert m["anytime"][0]["diversity"] == 0.0 and m["anytime"][3]["diversity"] > 0
+
+
+def test_evaluate_checkpoint_writes_metrics_and_plots(tmp_path):
+    from hne_edge.models import create_model, tree_cost
+    from hne_edge.train.checkpoint import save_checkpoint
+    from hne_edge.train.config import TrainConfig
+    from hne_edge.train.data import load_data
+
+    config = TrainConfig.from_preset("digits", {"out": str(tmp_path)})
+    bundle = load_data(config.data, seed=0)
+    torch.manual_seed(0)
+    model = create_model("hne_tiny", in_chans=1, input_size=8)
+    path = save_checkpoint(tmp_path / "checkpoint.pt", model=model, class_names=bundle.class_names,
+                           normalization=bundle.normalization, epoch=0, config=config.to_dict())
+    metrics = evaluate_checkpoint(path, tmp_path / "eval")
+    on_disk = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert on_disk["num_images"] == 180 and on_disk["num_leaves"] == 16
+    assert [r["macs"] for r in on_disk["anytime"]] == list(tree_cost(model).prefix_macs)
+    assert [r["id"] for r in on_disk["leaves"]] == list(model.tree.leaf_order)
+    for name in ("accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png"):
+        assert (tmp_path / "eval" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the full-ensemble accuracy, recomputed independently from the model on the validation images
+    x = (bundle.val.images.float() / 255 - bundle.mean[0]) / bundle.std[0]
+    with torch.no_grad():
+        expected = (model.eval()(x).mean(1).argmax(-1) == bundle.val.labels).double().mean().item()
+    assert metrics["anytime"][-1]["accuracy"] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="expected val or test"):
+        evaluate_checkpoint(path, split="train")
+    with pytest.raises(ValueError, match="needs a dataset with a test set"):
+        evaluate_checkpoint(path, split="test")

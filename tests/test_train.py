@@ -1,0 +1,178 @@
+"""Trainer: config validation, fit on digits, exact resume, checkpoint errors, RNG state round trip."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from hne_edge.errors import CheckpointError
+from hne_edge.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from hne_edge.train.config import PRESETS, TrainConfig
+from hne_edge.train.engine import _Schedule, capture_rng_state, fit, restore_rng_state
+
+
+def _small(out, **optim) -> TrainConfig:
+    """A digits run of a few steps: 192 images, batch 32 (6 steps per epoch)."""
+    return TrainConfig.from_preset("digits", {
+        "out": str(out), "quiet": True, "threads": 1,
+        "data": {"limit": 192},
+        "optim": {"epochs": 2, "batch_size": 32, **optim},
+    })
+
+
+# -- config ------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_load(name):
+    config = TrainConfig.from_preset(name, {"data": {"data_dir": "somewhere"}} if name == "imagenet" else None)
+    assert config.optim.lr == 0.1 or name == "digits"
+    assert TrainConfig.from_dict(config.to_dict()) == config  # round trip
+
+
+def test_paper_recipes():
+    cifar, imagenet = TrainConfig.from_preset("cifar").optim, TrainConfig.from_preset("imagenet", {"data": {"data_dir": "x"}}).optim
+    assert (cifar.lr, cifar.momentum, cifar.nesterov, cifar.schedule, cifar.epochs, cifar.batch_size, cifar.weight_decay) == (
+        0.1, 0.9, False, "cosine", 200, 128, 5e-4)
+    assert (imagenet.epochs, imagenet.batch_size, imagenet.weight_decay) == (120, 256, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"optim": {"epochs": 0}}, r"optim.epochs: received 0; expected a positive integer"),
+        ({"loss": {"kind": "kd"}}, r"loss.kind: received 'kd'; expected one of independent"),
+        ({"loss": {"alpha": 1.5}}, r"loss.alpha: received 1.5"),
+        ({"data": {"name": "mnist"}}, r"data.name: received 'mnist'"),
+        ({"data": {"name": "npz"}}, r"needs data.data_dir"),
+        ({"data": {"download": True}}, r"download is only for cifar10/cifar100"),
+        ({"optim": {"nesterov": True, "momentum": 0.0}}, r"nesterov=True needs optim.momentum > 0"),
+        ({"optim": {"batch_size": 30, "accum_steps": 4}}, r"divisible by optim.accum_steps=4"),
+        ({"optim": {"lrr": 0.1}}, r"unknown option\(s\) \['lrr'\]"),
+        ({"model": {"name": "resnet50"}}, r"model.name: received 'resnet50'"),
+    ],
+)
+def test_config_errors_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.from_preset("digits", overrides)
+
+
+def test_yaml_config_with_preset(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: cifar\nloss: {kind: distill, alpha: 0.3}\noptim: {epochs: 5}\n")
+    config = TrainConfig.from_file(path, {"optim": {"lr": 0.05}})
+    assert (config.loss.kind, config.loss.alpha, config.optim.epochs, config.optim.lr) == ("distill", 0.3, 5, 0.05)
+    assert config.optim.weight_decay == 5e-4  # from the preset
+    path.write_text("optim: [1, 2\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        TrainConfig.from_file(path)
+
+
+def test_schedule_shapes():
+    cos = _Schedule("cosine", 100)
+    assert (cos(0), cos(50), cos(100)) == pytest.approx((1.0, 0.5, 0.0))
+    step = _Schedule("step", 100)
+    assert (step(49), step(50), step(75)) == pytest.approx((1.0, 0.1, 0.01))
+
+
+def test_data_contradicting_model_override_is_named(tmp_path):
+    config = TrainConfig.from_preset("digits", {"out": str(tmp_path / "x"), "model": {"overrides": {"in_chans": 3}}})
+    with pytest.raises(ValueError, match=r"model.overrides.in_chans=3 contradicts the data \(in_chans=1\)"):
+        fit(config)
+    assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+# -- fit and checkpoints ------------------------------------------------------
+def test_fit_writes_a_complete_checkpoint(tmp_path):
+    result = fit(_small(tmp_path / "run"))
+    state = load_checkpoint(result.checkpoint)
+    assert state["epoch"] == 2 and state["tree"] == {"branching": [1, 2, 2, 2, 2]}
+    assert state["class_names"] == [str(i) for i in range(10)]
+    assert state["config"]["loss"]["kind"] == "hierarchical"
+    assert {"history", "step_losses", "rng"} <= set(state["extra"])
+    assert len(state["extra"]["step_losses"]) == 12 and len(result.history) == 2
+    assert len(result.history[-1]["val_acc_n"]) == 16
+    model, _ = model_from_checkpoint(result.checkpoint)
+    assert (model.config.in_chans, model.config.input_size, model.config.num_classes) == (1, 8, 10)
+    assert (tmp_path / "run" / "train_log.json").is_file() and (tmp_path / "run" / "config.yaml").is_file()
+    with pytest.raises(FileExistsError, match="--resume"):
+        fit(_small(tmp_path / "run"))
+
+
+def test_resume_is_bit_exact(tmp_path):
+    """Interrupted after 1 of 3 epochs and resumed == uninterrupted, bit for bit (CPU, fixed seed)."""
+    straight = fit(_small(tmp_path / "a", epochs=3))
+    interrupted = _small(tmp_path / "b", epochs=3)
+    first = fit(interrupted, stop_after=1)
+    assert load_checkpoint(first.checkpoint)["epoch"] == 1
+    # scramble the global RNGs: a resume must restore them, not inherit them
+    torch.manual_seed(999), random.seed(999), np.random.seed(999)
+    fit(interrupted, resume=True)
+    a, b = load_checkpoint(straight.checkpoint), load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert a["epoch"] == b["epoch"] == 3
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(pa["momentum_buffer"], pb["momentum_buffer"])
+    assert a["extra"]["step_losses"] == b["extra"]["step_losses"]
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    fit(_small(tmp_path / "r", epochs=2), stop_after=1)
+    with pytest.raises(ValueError, match=r"optim.lr \(checkpoint 0.2, now 0.1\)"):
+        fit(_small(tmp_path / "r", epochs=2, lr=0.1), resume=True)
+    with pytest.raises(CheckpointError, match="not found"):
+        fit(_small(tmp_path / "missing"), resume=True)
+
+
+def test_rng_state_survives_weights_only_round_trip(tmp_path):
+    from hne_edge.models import create_model
+
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    np.random.standard_normal()  # leave a cached gaussian in numpy's state
+    state = capture_rng_state()
+    expected = (torch.rand(3), random.random(), np.random.standard_normal(4))
+    model = create_model("hne_tiny", tree=(1, 2, 1, 1, 1))
+    path = save_checkpoint(tmp_path / "c.pt", model=model, extra={"rng": state})
+    torch.manual_seed(5), random.seed(5), np.random.seed(5)
+    restore_rng_state(load_checkpoint(path)["extra"]["rng"])
+    got = (torch.rand(3), random.random(), np.random.standard_normal(4))
+    assert torch.equal(expected[0], got[0]) and expected[1] == got[1] and np.array_equal(expected[2], got[2])
+
+
+def test_corrupt_and_foreign_checkpoints_are_clear_errors(tmp_path):
+    from hne_edge.models import create_model
+
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(CheckpointError, match="not a PyTorch archive"):
+        load_checkpoint(junk)
+    good = save_checkpoint(tmp_path / "good.pt", model=create_model("hne_tiny", tree=(1, 2, 1, 1, 1)))
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointError):
+        load_checkpoint(truncated)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    with pytest.raises(CheckpointError, match="not an hne-edge checkpoint"):
+        load_checkpoint(foreign)
+    # weights-only checkpoints cannot be resumed
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(good.read_bytes())
+    with pytest.raises(CheckpointError, match="no optimizer state"):
+        fit(_small(run), resume=True)
+
+
+def test_accumulation_matches_full_batch_without_batchnorm_effects(tmp_path):
+    """accum_steps=k averages k micro-batch losses: with BN in eval mode it is the full-batch loss."""
+    from hne_edge.models import create_model
+    from hne_edge.train.losses import hne_loss
+
+    model = create_model("hne_tiny", in_chans=1, input_size=8, tree=(1, 2, 2, 1, 1)).eval()
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    full = hne_loss("hierarchical", model(x), y, model.tree)
+    halves = sum(hne_loss("hierarchical", model(xi), yi, model.tree) / 2 for xi, yi in zip(x.chunk(2), y.chunk(2)))
+    assert full.item() == pytest.approx(halves.item(), rel=1e-5)
