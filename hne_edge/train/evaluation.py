@@ -187,6 +187,7 @@ def plot_metrics(metrics: dict[str, Any] | list[dict[str, Any]], out_dir: str | 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.ticker  # noqa: PLC0415
 
     runs = metrics if isinstance(metrics, list) else [metrics]
     labels = labels or [r.get("loss") or r.get("model", "model") for r in runs]
@@ -200,6 +201,11 @@ def plot_metrics(metrics: dict[str, Any] | list[dict[str, Any]], out_dir: str | 
             x = [r.get("macs", r["n"]) / 1e6 for r in rows]
             ax.plot(x, [r[key] * scale for r in rows], marker="o", ms=3, label=label)
         ax.set_xscale("log")
+        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(fmt)
+        ax.xaxis.set_minor_formatter(fmt)
+        ax.tick_params(axis="x", which="minor", labelsize=7)
+        ax.set_title(f"{runs[0].get('model', '')} on {runs[0].get('data', '')} ({runs[0].get('split', '')})", fontsize=9)
         ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
