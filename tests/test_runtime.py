@@ -474,3 +474,9 @@ def test_warmup_runs_the_tree_without_feeding_the_cost_model(bundle):
     runner, backend = fake_runner(bundle, warmup=2)
     assert len(backend.calls) == 2 * len(runner.tree.nodes)
     assert all(np.isinf(runner.predicted_ms(1)))
+
+
+def test_result_reports_each_leaf_time(bundle):
+    runner, _ = fake_runner(bundle, cost=lambda node, batch: 0.001)
+    r = runner.run(images(1))
+    np.testing.assert_allclose(r.leaf_ms, [3, 1, 2, 1])

@@ -47,6 +47,7 @@ class AnytimeResult:
 
     ``logits`` is the mean of the evaluated leaves' logits (the HNE's
     ensemble prediction, as the paper averages logits); ``probs`` its softmax.
+    ``leaf_ms`` is the wall time of each leaf step (what the cost model learned from).
     ``elapsed_ms`` is the wall time of the call that produced it (for
     sessions: of all calls so far). ``met_budget`` is True when the call had
     no budget or finished by its deadline; ``overran_min_leaves`` is True
@@ -62,6 +63,7 @@ class AnytimeResult:
     budget_ms: float | None = None
     stopped_by: str = "complete"
     class_names: tuple[str, ...] = field(default=(), repr=False)
+    leaf_ms: list[float] = field(default_factory=list, repr=False)  # wall time of each leaf step
 
     @property
     def leaves(self) -> int:
@@ -70,7 +72,8 @@ class AnytimeResult:
     @cached_property
     def logits(self) -> np.ndarray:
         """(batch, classes): mean of the evaluated leaves' logits."""
-        return self.leaf_logits.mean(axis=0)
+        ll = self.leaf_logits
+        return ll[0].copy() if ll.shape[0] == 1 else ll.sum(axis=0) * np.float32(1.0 / ll.shape[0])
 
     @cached_property
     def probs(self) -> np.ndarray:

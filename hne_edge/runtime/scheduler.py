@@ -74,6 +74,7 @@ class AnytimeSession:
         self._cache: list[Any] | None = [None] * runner._n_slots
         self._cache[0] = handle
         self._leaf_logits = np.empty((runner.num_leaves, batch, runner.num_classes), dtype=np.float32)
+        self._leaf_s = [0.0] * runner.num_leaves  # wall time of each leaf step
         self._next = 0
         self._cancelled = False
         self._elapsed = 0.0
@@ -177,6 +178,7 @@ class AnytimeSession:
             budget_ms=budget,
             stopped_by=reason,
             class_names=self._runner.class_names,
+            leaf_ms=[t * 1e3 for t in self._leaf_s[:n]],
         )
 
     # -- the hot loop --------------------------------------------------------
@@ -197,6 +199,7 @@ class AnytimeSession:
         out = self._leaf_logits
         model = self._model
         pred, observe = model.pred, model.observe
+        leaf_s = self._leaf_s
         i = self._next
         now = clock()
         t_forced = now
@@ -220,6 +223,7 @@ class AnytimeSession:
             for d in drops[i]:
                 cache[d] = None
             t = clock()
+            leaf_s[i] = t - now
             observe(i, t - now)
             now = t
             i += 1
@@ -496,6 +500,7 @@ class AnytimeRunner:
             budget_ms=budget,
             stopped_by=reason,
             class_names=self.class_names,
+            leaf_ms=[t * 1e3 for t in session._leaf_s[: session._next]],
         )
 
     __call__ = run

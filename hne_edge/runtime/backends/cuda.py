@@ -1,0 +1,520 @@
+"""CUDA plumbing shared by the GPU backends (ONNX Runtime CUDA, TensorRT, PyTorch CUDA).
+
+Nothing here imports torch, cuda-python or TensorRT at module import time:
+the GPU libraries are imported when a GPU backend is constructed.
+
+* :func:`probe_cuda` / :func:`require_cuda` - is there a CUDA device, and if
+  not, a :class:`~hne_edge.errors.BackendUnavailable` that names what is
+  missing and what was expected.
+* :class:`CudaDevice` - the few device operations the backends need (one
+  stream, allocations, copies, CUDA events, graph capture), implemented on
+  **torch** when it is installed with CUDA (:class:`TorchCuda`) and on
+  **cuda-python** (``cuda.bindings.runtime``) otherwise (:class:`CudaPython`).
+* :class:`DeviceArray` - a raw device tensor (pointer, shape, dtype) used as
+  the TensorRT backend's handle.
+* :class:`SlotPool` - output buffers reused across frames, but never while
+  some session still holds them (see below).
+* :class:`GraphCache` - CUDA graphs keyed by input shape, re-captured when the
+  shape changes, bounded in number.
+* :class:`CudaTimingMixin` - ``synchronize()`` on the backend's stream and
+  ``timed_run()``: CUDA events around one unit (device time, never a host
+  timer around an asynchronous launch).
+
+**Buffer reuse and sessions.** A runner that writes into fixed buffers
+(TensorRT outputs, CUDA-graph static outputs) returns the same handle objects
+every frame. The scheduler caches handles in a session until no later leaf
+needs them, and an :class:`~hne_edge.runtime.AnytimeSession` may be paused
+while another frame runs on the same runner. So before overwriting a buffer
+the pool checks (with the CPython reference count) that nobody but the pool
+holds its handles; if a paused session still does, another slot is used
+(allocated once, then reused too). In the steady state (one frame at a time)
+every runner writes into its first slot, whose addresses never change, which
+is also what makes CUDA-graph replay possible.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from ...errors import BackendUnavailable
+
+__all__ = [
+    "CudaProbe",
+    "probe_cuda",
+    "require_cuda",
+    "CudaDevice",
+    "TorchCuda",
+    "CudaPython",
+    "open_device",
+    "DeviceArray",
+    "SlotPool",
+    "GraphCache",
+    "CudaTimingMixin",
+    "parse_device",
+]
+
+log = logging.getLogger("hne_edge.runtime.gpu")
+
+
+# -- detection ------------------------------------------------------------------------------------
+
+
+def parse_device(backend: str, device: str, devices: Sequence[str]) -> int:
+    """``"cuda"`` -> 0, ``"cuda:1"`` -> 1; anything else: BackendUnavailable naming what was expected."""
+    if device in devices:
+        return 0
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    raise BackendUnavailable(
+        f"backend {backend!r}: received device {device!r}; expected one of {list(devices)} or 'cuda:N'"
+    )
+
+
+@dataclass
+class CudaProbe:
+    """What this machine offers for CUDA (filled without failing; see :func:`probe_cuda`)."""
+
+    torch: str | None = None  # torch version, when importable
+    torch_cuda_build: str | None = None  # torch.version.cuda (None: CPU-only build)
+    cuda_python: bool = False
+    device_count: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def available(self) -> bool:
+        return self.device_count > 0
+
+    def explain(self) -> str:
+        parts = []
+        if self.torch is None:
+            parts.append("torch is not installed")
+        elif self.torch_cuda_build is None:
+            parts.append(f"torch {self.torch} is a CPU-only build")
+        else:
+            parts.append(f"torch {self.torch} (CUDA {self.torch_cuda_build}) sees {self.device_count} CUDA device(s)")
+        if not self.cuda_python:
+            parts.append("cuda-python is not installed")
+        parts.extend(self.notes)
+        return "; ".join(parts)
+
+
+def probe_cuda() -> CudaProbe:
+    """Look for CUDA devices through torch, then cuda-python (neither is required to be installed)."""
+    p = CudaProbe()
+    try:
+        import torch
+
+        p.torch = torch.__version__
+        p.torch_cuda_build = torch.version.cuda
+        if p.torch_cuda_build is not None:
+            p.device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        pass
+    try:
+        cudart = _import_cudart()
+        p.cuda_python = True
+        if not p.device_count:
+            err, n = cudart.cudaGetDeviceCount()
+            if int(err) == 0:
+                p.device_count = int(n)
+            else:
+                p.notes.append(f"cudaGetDeviceCount failed: {err}")
+    except ImportError:
+        pass
+    return p
+
+
+def require_cuda(backend: str, device_id: int, what: str = "") -> CudaProbe:
+    """The probe, or BackendUnavailable saying what is missing and what was expected."""
+    p = probe_cuda()
+    if p.device_count <= device_id:
+        expected = (
+            f"an NVIDIA GPU with a working driver (CUDA device {device_id}), seen through torch with CUDA "
+            "or cuda-python (pip install 'hne-edge[gpu]')"
+        )
+        raise BackendUnavailable(
+            f"backend {backend!r} on device 'cuda{'' if device_id == 0 else f':{device_id}'}': no CUDA device "
+            f"{device_id} found ({p.explain()}); expected {expected}{what}"
+        )
+    return p
+
+
+def _import_cudart():
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
+        from cuda import cudart  # older cuda-python
+    return cudart
+
+
+# -- device operations ----------------------------------------------------------------------------
+
+
+class CudaDevice:
+    """One device and one stream: allocations, copies, events, graphs (see the two implementations)."""
+
+    kind = "?"
+    device_id: int
+    stream_handle: int  # cudaStream_t as an int (what ORT, TensorRT and cuda-python take)
+
+    def malloc(self, nbytes: int) -> tuple[int, Any]:
+        """(device pointer, owner object keeping it alive)."""
+        raise NotImplementedError
+
+    def upload(self, dst: int, array: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def download(self, src: int, out: np.ndarray) -> None:
+        """Blocking copy device -> host (synchronizes the stream first)."""
+        raise NotImplementedError
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """Device -> device, asynchronous on the stream."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait for the stream."""
+        raise NotImplementedError
+
+    def device_synchronize(self) -> None:
+        """Wait for the whole device (after copies other libraries queued on their own streams)."""
+        raise NotImplementedError
+
+    def timer(self) -> "tuple[Callable[[], None], Callable[[], float]]":
+        """(start, stop): CUDA events recorded on the stream; stop() waits for the end event, returns seconds."""
+        raise NotImplementedError
+
+    def capture(self, launch: Callable[[], None]) -> Callable[[], None]:
+        """Capture ``launch`` (work queued on the stream) as a CUDA graph; returns its replay."""
+        raise NotImplementedError
+
+
+class TorchCuda(CudaDevice):
+    kind = "torch"
+
+    def __init__(self, device_id: int = 0) -> None:
+        import torch
+
+        self.torch = torch
+        self.device_id = device_id
+        self.device = torch.device("cuda", device_id)
+        self.stream = torch.cuda.Stream(device=self.device)  # a real (non-default) stream: ORT ignores stream 0
+        self.stream_handle = int(self.stream.cuda_stream)
+
+    def malloc(self, nbytes: int) -> tuple[int, Any]:
+        t = self.torch.empty(max(int(nbytes), 1), dtype=self.torch.uint8, device=self.device)
+        ptr = t.data_ptr()
+        _TORCH_ALLOCS[ptr] = t
+        return ptr, _Release(ptr, t)
+
+    def upload(self, dst: int, array: np.ndarray) -> None:
+        torch = self.torch
+        src = torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        with torch.cuda.stream(self.stream):  # ordered before the kernels that read it
+            _owned_tensor(dst, src.numel(), self).copy_(src)
+
+    def device_synchronize(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+
+    def download(self, src: int, out: np.ndarray) -> None:
+        self.stream.synchronize()
+        host = self.torch.from_numpy(out.reshape(-1).view(np.uint8))
+        host.copy_(_owned_tensor(src, host.numel(), self))
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        with self.torch.cuda.stream(self.stream):
+            _owned_tensor(dst, nbytes, self).copy_(_owned_tensor(src, nbytes, self), non_blocking=True)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def timer(self):
+        torch, stream = self.torch, self.stream
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def stop() -> float:
+            end.record(stream)
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+
+        return (lambda: start.record(stream)), stop
+
+    def capture(self, launch: Callable[[], None]) -> Callable[[], None]:
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        self.stream.synchronize()
+        with torch.cuda.graph(graph, stream=self.stream):
+            launch()
+        self.stream.synchronize()
+
+        def replay() -> None:
+            with torch.cuda.stream(self.stream):
+                graph.replay()
+
+        replay.graph = graph  # keep it alive with the replay
+        return replay
+
+
+# Allocations made by TorchCuda.malloc, by base pointer: torch cannot wrap a raw pointer, so copies
+# between raw pointers (TensorRT bindings) go through uint8 views of the owning tensor.
+_TORCH_ALLOCS: dict[int, Any] = {}
+
+
+def _owned_tensor(ptr: int, nbytes: int, dev: TorchCuda):
+    """A uint8 torch view of ``nbytes`` at ``ptr``, inside an allocation made by ``dev.malloc``."""
+    for base, t in _TORCH_ALLOCS.items():
+        if base <= ptr and ptr + nbytes <= base + t.numel():
+            return t[ptr - base : ptr - base + nbytes]
+    raise ValueError(f"device pointer {ptr:#x} (+{nbytes} bytes) is not inside an allocation made by this backend")
+
+
+class _Release:
+    """Owner of a TorchCuda allocation: dropping the last reference forgets it (torch frees it)."""
+
+    def __init__(self, ptr: int, tensor: Any) -> None:
+        self.ptr, self.tensor = ptr, tensor
+
+    def __del__(self) -> None:
+        _TORCH_ALLOCS.pop(self.ptr, None)
+
+
+
+def _check(result: Any, what: str) -> Any:
+    """cuda-python calls return (err, *values); raise on error, return the values."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {err}")
+    return values[0] if len(values) == 1 else (tuple(values) if values else None)
+
+
+class CudaPython(CudaDevice):
+    kind = "cuda-python"
+
+    def __init__(self, device_id: int = 0) -> None:
+        self.rt = rt = _import_cudart()
+        self.device_id = device_id
+        _check(rt.cudaSetDevice(device_id), "cudaSetDevice")
+        self.stream = _check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
+        self.stream_handle = int(self.stream)
+
+    def malloc(self, nbytes: int) -> tuple[int, Any]:
+        ptr = int(_check(self.rt.cudaMalloc(max(int(nbytes), 1)), "cudaMalloc"))
+        return ptr, _CudaFree(self.rt, ptr)
+
+    def upload(self, dst: int, array: np.ndarray) -> None:
+        a = np.ascontiguousarray(array)  # pageable: staged before the call returns, ordered on the stream
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        _check(self.rt.cudaMemcpyAsync(dst, a.ctypes.data, a.nbytes, kind, self.stream), "cudaMemcpyAsync H2D")
+
+    def device_synchronize(self) -> None:
+        _check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+    def download(self, src: int, out: np.ndarray) -> None:
+        self.synchronize()
+        _check(self.rt.cudaMemcpy(out.ctypes.data, src, out.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy D2H")
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        _check(self.rt.cudaMemcpyAsync(dst, src, nbytes, kind, self.stream), "cudaMemcpyAsync D2D")
+
+    def synchronize(self) -> None:
+        _check(self.rt.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+
+    def timer(self):
+        rt, stream = self.rt, self.stream
+        start = _check(rt.cudaEventCreate(), "cudaEventCreate")
+        end = _check(rt.cudaEventCreate(), "cudaEventCreate")
+
+        def stop() -> float:
+            _check(rt.cudaEventRecord(end, stream), "cudaEventRecord")
+            _check(rt.cudaEventSynchronize(end), "cudaEventSynchronize")
+            ms = _check(rt.cudaEventElapsedTime(start, end), "cudaEventElapsedTime")
+            rt.cudaEventDestroy(start)
+            rt.cudaEventDestroy(end)
+            return float(ms) / 1e3
+
+        return (lambda: _check(rt.cudaEventRecord(start, stream), "cudaEventRecord")), stop
+
+    def capture(self, launch: Callable[[], None]) -> Callable[[], None]:
+        rt, stream = self.rt, self.stream
+        self.synchronize()
+        _check(rt.cudaStreamBeginCapture(stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
+        try:
+            launch()
+        finally:
+            graph = _check(rt.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
+        exe = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+
+        def replay() -> None:
+            _check(rt.cudaGraphLaunch(exe, stream), "cudaGraphLaunch")
+
+        replay.graph = (graph, exe)
+        return replay
+
+
+class _CudaFree:
+    def __init__(self, rt: Any, ptr: int) -> None:
+        self.rt, self.ptr = rt, ptr
+
+    def __del__(self) -> None:
+        try:
+            self.rt.cudaFree(self.ptr)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+def open_device(device_id: int, prefer: str = "auto") -> CudaDevice:
+    """torch when it is installed with CUDA (``prefer="auto"`` or ``"torch"``), else cuda-python."""
+    if prefer not in ("auto", "torch", "cuda-python"):
+        raise ValueError(f"memory: received {prefer!r}; expected 'auto', 'torch' or 'cuda-python'")
+    errors = []
+    if prefer in ("auto", "torch"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return TorchCuda(device_id)
+            errors.append(f"torch {torch.__version__} has no CUDA device")
+        except ImportError as exc:
+            errors.append(f"torch: {exc}")
+    if prefer in ("auto", "cuda-python"):
+        try:
+            return CudaPython(device_id)
+        except ImportError as exc:
+            errors.append(f"cuda-python: {exc}")
+    raise BackendUnavailable(
+        "device memory and streams need torch with CUDA or cuda-python (pip install 'hne-edge[gpu]'); "
+        + "; ".join(errors)
+    )
+
+
+# -- handles --------------------------------------------------------------------------------------
+
+
+class DeviceArray:
+    """A device tensor: ``ptr`` to ``shape`` elements of ``dtype`` (C order), kept alive by ``owner``."""
+
+    __slots__ = ("ptr", "shape", "dtype", "owner", "__weakref__")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: Any, owner: Any = None) -> None:
+        self.ptr, self.shape, self.dtype, self.owner = int(ptr), tuple(int(d) for d in shape), np.dtype(dtype), owner
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(ptr={self.ptr:#x}, shape={self.shape}, dtype={self.dtype})"
+
+
+# -- buffer reuse ---------------------------------------------------------------------------------
+
+
+def _refcounts(handles: tuple[Any, ...]) -> list[int]:
+    # Always measured through this one code path, so interpreter details (borrowed references,
+    # loop variables) cancel out between the baseline and later checks.
+    return [sys.getrefcount(h) for h in handles]
+
+
+@dataclass
+class Slot:
+    handles: tuple[Any, ...]  # what the runner returns (the pool holds them here, once)
+    state: Any = None  # whatever the runner keeps with them (addresses, inputs of a captured graph, ...)
+    baseline: list[int] = field(default_factory=list)  # reference counts when only the pool held them
+
+    def in_use(self) -> bool:
+        """True while something outside the pool (a session's cache) still holds one of the handles."""
+        return any(now > base for now, base in zip(_refcounts(self.handles), self.baseline))
+
+
+class SlotPool:
+    """Buffers per key (e.g. batch size), reused once nobody outside the pool holds them.
+
+    ``acquire(key, make)`` returns ``(index, slot)``: the first slot of ``key``
+    whose handles are referenced only by the pool, or a new one from
+    ``make()``. Slot 0 is the steady-state slot (fixed addresses).
+    """
+
+    def __init__(self, max_slots: int = 8) -> None:
+        self.slots: dict[Hashable, list[Slot]] = {}
+        self.max_slots = max_slots
+
+    def acquire(self, key: Hashable, make: Callable[[], Slot]) -> tuple[int, Slot]:
+        slots = self.slots.setdefault(key, [])
+        for i, slot in enumerate(slots):
+            if not slot.in_use():
+                return i, slot
+        if len(slots) >= self.max_slots:
+            raise RuntimeError(
+                f"{len(slots)} paused sessions hold this runner's buffers for {key!r}; expected at most "
+                f"{self.max_slots} (close sessions you no longer need with session.close())"
+            )
+        slot = make()
+        slots.append(slot)
+        slot.baseline = _refcounts(slot.handles)
+        return len(slots) - 1, slot
+
+    def clear(self) -> None:
+        self.slots.clear()
+
+
+# -- CUDA graphs ----------------------------------------------------------------------------------
+
+
+class GraphCache:
+    """Captured graphs per key (input shape / batch size); a new key captures, an old key replays.
+
+    Bounded: beyond ``max_graphs`` keys the least recently used graph is
+    dropped (re-captured if its shape comes back). ``capture(key)`` returns a
+    replay callable; tests pass fakes.
+    """
+
+    def __init__(self, capture: Callable[[Hashable], Callable[[], Any]], max_graphs: int = 4) -> None:
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs: received {max_graphs}; expected >= 1")
+        self._capture = capture
+        self.max_graphs = max_graphs
+        self.graphs: dict[Hashable, Callable[[], Any]] = {}
+        self.captures = 0
+
+    def get(self, key: Hashable) -> Callable[[], Any]:
+        replay = self.graphs.pop(key, None)
+        if replay is None:
+            replay = self._capture(key)
+            self.captures += 1
+            while len(self.graphs) >= self.max_graphs:
+                self.graphs.pop(next(iter(self.graphs)))
+        self.graphs[key] = replay  # most recently used last
+        return replay
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+
+# -- backend mixin --------------------------------------------------------------------------------
+
+
+class CudaTimingMixin:
+    """Stream synchronization and CUDA-event unit timing for a backend with ``self.cuda: CudaDevice``."""
+
+    cuda: CudaDevice
+
+    def synchronize(self) -> None:
+        self.cuda.synchronize()
+
+    def timed_run(self, run_impl: Callable[[Sequence[Any]], tuple], inputs: Sequence[Any]) -> tuple[tuple, float]:
+        """Run one unit between two CUDA events on the backend's stream; (outputs, device seconds).
+
+        The host waits for the end event only, so the time is what the GPU
+        spent from the start event to the end of the unit's work (queueing
+        delay before the first kernel included, host timers not involved).
+        """
+        start, stop = self.cuda.timer()
+        start()
+        outs = run_impl(inputs)
+        return outs, stop()

@@ -1,0 +1,318 @@
+"""ONNX Runtime on CUDA: ``AnytimeRunner(bundle, backend="onnxruntime", device="cuda")``.
+
+* One ``InferenceSession`` per model file, all on **one CUDA stream** (the
+  ``user_compute_stream`` provider option; the stream comes from torch or
+  cuda-python, see :mod:`.cuda`), so the files of one leaf run back to back
+  in stream order.
+* **IOBinding with device OrtValues**: the image is uploaded once
+  (``from_host``), every activation stays on the GPU as an ``OrtValue`` that
+  the scheduler caches, and only a leaf's logits come back (``to_host``
+  synchronizes the stream, then copies).
+* No synchronization between the units of a leaf: runs use the run option
+  ``disable_synchronize_execution_providers=1``.
+* ``cudnn_conv_algo_search`` defaults to ``EXHAUSTIVE`` (best kernels; the
+  search happens on the first run of each shape, i.e. during warm-up).
+* ``cuda_graph=True``: ``enable_cuda_graph`` per session, one graph per batch
+  size (run option ``gpu_graph_id``), inputs and outputs bound to fixed
+  device OrtValues (a graph replays fixed addresses): the input is copied
+  into the bound OrtValue, the outputs are the bound OrtValues of the
+  pool's first slot (:class:`~.cuda.SlotPool`); when a paused session still
+  holds them, that run goes without the graph (``gpu_graph_id=-1``) into
+  ORT-allocated outputs. Every node must run on the CUDA EP for graphs.
+* ``fallback_to_cpu=True``: when CUDA is not usable, log the reason (warning)
+  and run the CPU execution provider instead (``device`` becomes "cpu", so
+  profiles are keyed correctly). Off by default: asking for CUDA and getting
+  the CPU silently would break every latency budget.
+
+Not run on real hardware in the session that wrote it (no GPU was available):
+the CPU-side logic is tested; tests/test_gpu_backends.py holds the GPU tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...bundle import Manifest
+from ...errors import BackendUnavailable, BundleError
+from .base import Handle, Runner, Unit
+from .cuda import CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, parse_device, require_cuda
+from .onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, _import_ort
+
+__all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
+
+log = logging.getLogger("hne_edge.runtime.gpu")
+CUDA_EP = "CUDAExecutionProvider"
+CONV_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
+
+
+class OnnxRuntimeCudaRunner(Runner):
+    def __init__(self, unit: Unit, backend: "OnnxRuntimeCudaBackend") -> None:
+        super().__init__(unit)
+        self._backend = backend
+        self.session = None
+
+    def activate_impl(self) -> None:
+        b = self._backend
+        ort = b.ort
+        try:
+            self.session = ort.InferenceSession(str(self.unit.path), sess_options=b.session_options(), providers=b.providers)
+        except Exception as exc:
+            raise BundleError(f"{self.name}: onnxruntime could not load the model on CUDA: {exc}") from None
+        got = self.session.get_providers()
+        if not got or got[0] != CUDA_EP:
+            raise BackendUnavailable(
+                f"{self.name}: onnxruntime created the session with providers {got}; expected {CUDA_EP} first "
+                "(CUDA or cuDNN libraries could not be loaded; see the onnxruntime log)"
+            )
+        names_in = [i.name for i in self.session.get_inputs()]
+        names_out = [o.name for o in self.session.get_outputs()]
+        if names_in != list(self.input_names) or sorted(names_out) != sorted(self.output_names):
+            raise BundleError(
+                f"{self.name}: the ONNX graph has inputs {names_in} and outputs {names_out}; "
+                f"the manifest says {list(self.input_names)} -> {list(self.output_names)}"
+            )
+        self._in_name = self.input_names[0]
+        self._out_names = list(self.output_names)
+        self._out_dtypes = [np.dtype(t.dtype) for t in self.unit.outputs]
+        self._io = self.session.io_binding()
+        self._run = self.session.run_with_iobinding
+        self._pool = SlotPool()
+        self._graphs = GraphCache(self._capture, max_graphs=b.max_graphs) if b.cuda_graph else None
+        self._graph_ids: dict[int, int] = {}
+
+    # -- eager path: ORT allocates the outputs on the device --------------------------------------
+    def _run_eager(self, x: Handle, run_options) -> tuple[Handle, ...]:
+        io, dev = self._io, self._backend.device_id
+        io.bind_ortvalue_input(self._in_name, x)
+        for name in self._out_names:
+            io.bind_output(name, "cuda", dev)
+        self._run(io, run_options)
+        return tuple(io.get_outputs())
+
+    def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
+        if self._graphs is None:
+            return self._run_eager(inputs[0], self._backend.run_options)
+        return self._run_graph(inputs[0])
+
+    # -- CUDA graph path: fixed input/output OrtValues per batch size -------------------------------
+    def _make_slot(self, x: Handle) -> Slot:
+        ort, dev = self._backend.ort, self._backend.device_id
+        batch = x.shape()[0]
+        x_in = ort.OrtValue.ortvalue_from_shape_and_type(x.shape(), _np_type(x), "cuda", dev)
+        # run once eagerly to learn the output shapes, then allocate fixed outputs of those shapes
+        shapes = [o.shape() for o in self._run_eager(x, self._backend.run_options_no_graph)]
+        outs = tuple(
+            ort.OrtValue.ortvalue_from_shape_and_type(s, dt, "cuda", dev) for s, dt in zip(shapes, self._out_dtypes)
+        )
+        return Slot(outs, state={"input": x_in, "batch": batch})
+
+    def _capture(self, key: Any):
+        batch, slot = key
+        graph_id = self._graph_ids.setdefault(batch, len(self._graph_ids) + 1)  # 0 is reserved by ORT
+        ro = self._backend.ort.RunOptions()
+        for k, v in self._backend.run_config.items():
+            ro.add_run_config_entry(k, v)
+        ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+        io = self.session.io_binding()
+        io.bind_ortvalue_input(self._in_name, slot.state["input"])
+        for name, value in zip(self._out_names, slot.handles):
+            io.bind_ortvalue_output(name, value)
+
+        def replay() -> None:  # the first call captures (ORT warms up and captures inside run)
+            self._run(io, ro)
+
+        return replay
+
+    def _run_graph(self, x: Handle) -> tuple[Handle, ...]:
+        batch = x.shape()[0]
+        index, slot = self._pool.acquire(batch, lambda: self._make_slot(x))
+        if index != 0:  # a paused session holds slot 0's outputs: run this frame without the graph
+            return self._run_eager(x, self._backend.run_options_no_graph)
+        x_in = slot.state["input"]
+        self._backend.copy_ortvalue(x_in, x)
+        self._graphs.get((batch, _SlotKey(slot)))()
+        return slot.handles
+
+    def release_impl(self) -> None:
+        if getattr(self, "_graphs", None) is not None:
+            self._graphs.clear()
+        self._pool = None
+        self._io = None
+        self.session = None
+
+
+class _SlotKey:
+    """Hashable by identity wrapper of a slot (the graph cache keys on (batch, slot))."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+
+    def __hash__(self) -> int:
+        return id(self.slot)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SlotKey) and other.slot is self.slot
+
+    # GraphCache passes the key through; the capture reads the slot
+    @property
+    def state(self):
+        return self.slot.state
+
+    @property
+    def handles(self):
+        return self.slot.handles
+
+
+def _np_type(value: Any):
+    return {"tensor(float)": np.float32, "tensor(float16)": np.float16}[value.data_type()]
+
+
+class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
+    """ONNX Runtime with the CUDA execution provider.
+
+    Args:
+        device: "cuda" or "cuda:N".
+        cudnn_conv_algo_search: "EXHAUSTIVE" (default), "HEURISTIC" or "DEFAULT".
+        cuda_graph: capture one CUDA graph per model file and batch size (fixed shapes only).
+        max_graphs: graphs kept per model file (batch sizes); the least recently used is dropped.
+        fallback_to_cpu: use the CPU execution provider, with a logged warning, when CUDA is unusable.
+        memory: "auto" | "torch" | "cuda-python": who creates the shared stream.
+        threads, spinning: CPU provider options (used only after a fallback).
+        provider_options: extra CUDA provider options (strings), e.g. {"arena_extend_strategy": "kSameAsRequested"}.
+    """
+
+    name = "onnxruntime"
+    format = "onnx"
+    devices = ("cuda",)
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        *,
+        cudnn_conv_algo_search: str = "EXHAUSTIVE",
+        cuda_graph: bool = False,
+        max_graphs: int = 4,
+        fallback_to_cpu: bool = False,
+        memory: str = "auto",
+        threads: int | None = None,
+        spinning: bool | None = None,
+        provider_options: dict[str, str] | None = None,
+    ) -> None:
+        self.device_id = parse_device(self.name, device, self.devices)
+        if cudnn_conv_algo_search not in CONV_SEARCH:
+            raise ValueError(f"cudnn_conv_algo_search: received {cudnn_conv_algo_search!r}; expected one of {list(CONV_SEARCH)}")
+        OnnxRuntimeBackend.__init__(self, "cpu", threads=threads, spinning=spinning)  # sets ort, CPU options
+        self.fallback_reason: str | None = None
+        self.cuda_graph = bool(cuda_graph)
+        self.max_graphs = int(max_graphs)
+        self.conv_search = cudnn_conv_algo_search
+        try:
+            self._setup_cuda(memory, provider_options or {})
+        except BackendUnavailable as exc:
+            if not fallback_to_cpu:
+                raise BackendUnavailable(f"{exc} (or pass fallback_to_cpu=True to run on the CPU provider)") from None
+            self.fallback_reason = str(exc)
+            log.warning("onnxruntime: CUDA requested but unusable, falling back to the CPU provider: %s", exc)
+            self.device = "cpu"
+            self.providers = ["CPUExecutionProvider"]
+            self.cuda = None
+            return
+        self.device = "cuda" if self.device_id == 0 else f"cuda:{self.device_id}"
+
+    def _setup_cuda(self, memory: str, extra: dict[str, str]) -> None:
+        ort = self.ort
+        available = ort.get_available_providers()
+        if CUDA_EP not in available:
+            raise BackendUnavailable(
+                f"backend 'onnxruntime' on device 'cuda': onnxruntime {ort.__version__} has providers {available}; "
+                f"expected {CUDA_EP} (install onnxruntime-gpu instead of onnxruntime: pip install 'hne-edge[gpu]')"
+            )
+        require_cuda(self.name, self.device_id)
+        self.cuda = open_device(self.device_id, memory)
+        options = {
+            "device_id": str(self.device_id),
+            "user_compute_stream": str(self.cuda.stream_handle),
+            "cudnn_conv_algo_search": self.conv_search,
+            "do_copy_in_default_stream": "0",
+        }
+        if self.cuda_graph:
+            options["enable_cuda_graph"] = "1"
+        options.update({str(k): str(v) for k, v in extra.items()})
+        self.provider_options = options
+        self.providers = [(CUDA_EP, options)]
+        self.run_config = {"disable_synchronize_execution_providers": "1"}
+        self.run_options = self._run_options(self.run_config)
+        self.run_options_no_graph = self._run_options({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
+
+    def _run_options(self, entries: dict[str, str]):
+        ro = self.ort.RunOptions()
+        for k, v in entries.items():
+            ro.add_run_config_entry(k, v)
+        return ro
+
+    # -- runners and handles ----------------------------------------------------------------------
+    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
+        units = super().units(manifest, bundle_dir, plan, precision)
+        roots = [u for u in units if u.inputs[0].node is None]
+        self._image_dtype = np.dtype(roots[0].inputs[0].dtype) if roots else None
+        return units
+
+    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
+        if self.cuda is None:
+            return OnnxRuntimeRunner(unit, self)
+        return OnnxRuntimeCudaRunner(unit, self)
+
+    def from_host(self, array: np.ndarray) -> Handle:
+        if self.cuda is None:
+            return array
+        dtype = getattr(self, "_image_dtype", None)
+        if dtype is not None and array.dtype != dtype:
+            array = array.astype(dtype)
+        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", self.device_id)
+
+    def to_host(self, handle: Handle) -> np.ndarray:
+        if self.cuda is None:
+            return handle
+        self.cuda.synchronize()  # ORT copies on its own stream; our stream's work must be finished first
+        return handle.numpy()
+
+    def copy_ortvalue(self, dst, src) -> None:
+        """Device-to-device copy of ``src`` into the bound (graph) OrtValue ``dst``, on the stream."""
+        if dst.data_ptr() != src.data_ptr():
+            nbytes = int(np.prod(src.shape())) * np.dtype(_np_type(src)).itemsize
+            self.cuda.copy(dst.data_ptr(), src.data_ptr(), nbytes)
+
+    def synchronize(self) -> None:
+        if self.cuda is not None:
+            self.cuda.synchronize()
+
+    def timed_run(self, run_impl, inputs):
+        if self.cuda is None:
+            import time
+
+            t0 = time.perf_counter()
+            outs = run_impl(inputs)
+            return outs, time.perf_counter() - t0
+        return CudaTimingMixin.timed_run(self, run_impl, inputs)
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            {
+                "device": self.device,
+                "cuda_graph": self.cuda_graph,
+                "cudnn_conv_algo_search": self.conv_search,
+                "fallback_reason": self.fallback_reason,
+                "stream_from": None if self.cuda is None else self.cuda.kind,
+            }
+        )
+        return info
+
+    def close(self) -> None:
+        self.cuda = None if self.fallback_reason else self.cuda
