@@ -48,7 +48,7 @@ def export(workdir: Path, batch_max: int):
 
     torch.manual_seed(0)
     model = randomize_(create_model("hne_resnet_small"))
-    bundle = workdir / "bundle"
+    bundle = workdir / f"bundle_b{batch_max}"
     if not (bundle / "manifest.json").exists():
         export_onnx(model, bundle, plan="segments", batch=(1, 1, batch_max), torch_weights=False, verify=False, force=True)
     standalone = workdir / "standalone_leaf0.onnx"
@@ -105,13 +105,17 @@ def bench_batch(runner, standalone, batch, repeats, frames, rng):
     sixteen = lambda: [standalone.run(["logits"], {"image": x}) for _ in range(N)]  # noqa: E731
     for _ in range(3):
         runner.run(x), bare(x), single(), sixteen()
-    t = {k: [] for k in ("run_all", "bare_all", "run_first", "single", "sixteen")}
-    for _ in range(repeats):  # interleaved
-        t["run_all"].append(timed(runner.run, x))
-        t["bare_all"].append(timed(bare, x))
-        t["run_first"].append(timed(lambda: runner.run(x, max_leaves=1)))
-        t["single"].append(timed(single))
-        t["sixteen"].append(timed(sixteen))
+    t = {k: [] for k in ("run_all", "bare_all", "run_first", "single", "sixteen", "run_all_2")}
+
+    def paired(a, fa, b, fb):
+        """Alternate the two calls (ABBA) so each follows the same work: fair caches and load."""
+        for k in range(repeats):
+            for name, fn in ((a, fa), (b, fb)) if k % 2 == 0 else ((b, fb), (a, fa)):
+                t[name].append(timed(fn))
+
+    paired("run_all", lambda: runner.run(x).logits, "bare_all", lambda: bare(x))
+    paired("run_first", lambda: runner.run(x, max_leaves=1).logits, "single", single)
+    paired("run_all_2", lambda: runner.run(x).logits, "sixteen", sixteen)
     m = {k: med(v) * 1e3 for k, v in t.items()}
     macs = runner.manifest.prefix_macs()
     path_macs = sum(runner.manifest.node_macs[n] for n in runner.tree.path(0))
@@ -136,7 +140,7 @@ def bench_batch(runner, standalone, batch, repeats, frames, rng):
         "ms": m,
         "overhead_ratio": m["run_all"] / m["bare_all"],
         "first_ratio": m["run_first"] / m["single"],
-        "speedup": m["sixteen"] / m["run_all"],
+        "speedup": m["sixteen"] / m["run_all_2"],
         "mac_ratio": mac_ratio,
         "frames": frames,
         "budget_range_ms": (lo, hi),
@@ -154,8 +158,12 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=1000)
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "hne_bench_runtime"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--nice", type=int, default=0, help="os.nice() increment for this process (e.g. -10: priority over background jobs, as a deployed real-time process would have)")
+    ap.add_argument("--quantile", type=float, default=0.95, help="cost model prediction quantile")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    if args.nice:
+        os.nice(args.nice)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     bundle, standalone_path = export(workdir, max(batches))
@@ -165,7 +173,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     standalone = ort_session(standalone_path, args.threads)
     rows = []
-    with AnytimeRunner(bundle, threads=args.threads, load_profile=False) as runner:
+    with AnytimeRunner(bundle, threads=args.threads, load_profile=False, quantile=args.quantile) as runner:
         for b in batches:
             rows.append(bench_batch(runner, standalone, b, args.repeats, args.frames, rng))
             print(rows[-1], flush=True)
@@ -176,7 +184,7 @@ def main() -> None:
         "## Runtime (issue 5): anytime scheduler on ONNX Runtime CPU",
         "",
         f"`{' '.join(['python', 'benchmarks/bench_runtime.py'] + sys.argv[1:])}` - hne_resnet_small (16 leaves), plan segments, "
-        f"fp32, onnxruntime {onnxruntime.__version__}, intra-op threads {args.threads}; {platform.processor() or platform.machine()}, "
+        f"fp32, onnxruntime {onnxruntime.__version__}, intra-op threads {args.threads}, cost-model quantile {args.quantile}, nice {os.nice(0)}; {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs shared with other jobs (load average {load[0]:.1f} at the end), "
         f"{args.repeats} interleaved repeats (medians), {args.frames} deadline frames per batch size.",
         "",
@@ -188,7 +196,7 @@ def main() -> None:
         lines += [
             f"| {r['batch']} | scheduler overhead run(all)/bare loop <= 1.05 | {r['overhead_ratio']:.3f} ({m['run_all']:.2f} vs {m['bare_all']:.2f} ms) | {'ok' if r['overhead_ratio'] <= 1.05 else 'MISSED'} |",
             f"| {r['batch']} | first leaf / standalone network <= 1.10 | {r['first_ratio']:.3f} ({m['run_first']:.3f} vs {m['single']:.3f} ms) | {'ok' if r['first_ratio'] <= 1.10 else 'MISSED'} |",
-            f"| {r['batch']} | 16 independent / HNE >= 0.9 x MAC ratio ({r['mac_ratio']:.2f}) | {r['speedup']:.2f} = {r['speedup'] / r['mac_ratio']:.2f} x MAC ratio ({m['sixteen']:.2f} vs {m['run_all']:.2f} ms) | {'ok' if r['speedup'] >= 0.9 * r['mac_ratio'] else 'MISSED'} |",
+            f"| {r['batch']} | 16 independent / HNE >= 0.9 x MAC ratio ({r['mac_ratio']:.2f}) | {r['speedup']:.2f} = {r['speedup'] / r['mac_ratio']:.2f} x MAC ratio ({m['sixteen']:.2f} vs {m['run_all_2']:.2f} ms) | {'ok' if r['speedup'] >= 0.9 * r['mac_ratio'] else 'MISSED'} |",
             f"| {r['batch']} | budget misses <= 1% (budgets U[{r['budget_range_ms'][0]:.2f}, {r['budget_range_ms'][1]:.2f}] ms) | {100 * r['miss_rate']:.2f}% (+{r['forced_overruns']} forced first-leaf overruns) | {'ok' if r['miss_rate'] <= 0.01 else 'MISSED'} |",
             f"| {r['batch']} | leaves >= 90% of oracle | {100 * r['leaves_vs_oracle']:.1f}% | {'ok' if r['leaves_vs_oracle'] >= 0.9 else 'MISSED'} |",
         ]

@@ -183,18 +183,25 @@ class AnytimeSession:
 
     # -- the hot loop --------------------------------------------------------
     def _advance(
-        self, stop_at: float | None, n_stop: int, n_min: int, stop_when: Callable[[np.ndarray], bool] | None
+        self,
+        stop_at: float | None,
+        n_stop: int,
+        n_min: int,
+        stop_when: Callable[[np.ndarray], bool] | None,
+        final: bool = False,
     ) -> tuple[str, float]:
         """Evaluate leaves ``self._next .. n_stop-1``; return (why it stopped, time the forced leaves ended).
 
         Leaf ``i`` is started only if ``i < n_min`` (forced) or all of: not
         cancelled, ``stop_when`` does not fire, and ``now + predicted[i] <= stop_at``.
+        ``final``: the session ends at ``n_stop`` (``run``), so leaf ``n_stop - 1`` skips its exports.
         """
         cache = self._cache
         if cache is None:
             raise RunnerClosedError("session is closed; its cached activations were dropped")
         runner = self._runner
         programs, drops, logits_slot = runner._programs, runner._drops, runner._logits_slot
+        finals, last = runner._finals, (n_stop - 1 if final else -1)
         to_host, clock = runner._to_host, runner._clock
         out = self._leaf_logits
         model = self._model
@@ -215,7 +222,7 @@ class AnytimeSession:
                 if stop_at is not None and now + pred[i] > stop_at:
                     reason = "budget"
                     break
-            for run_impl, src, dsts in programs[i]:
+            for run_impl, src, dsts in finals[i] if i == last else programs[i]:
                 outs = run_impl((cache[src],))
                 for d, o in zip(dsts, outs):
                     cache[d] = o
@@ -336,7 +343,7 @@ class AnytimeRunner:
         self._logits_slot = len(slot)
         self._n_slots = len(slot) + 1
         by_first = {u.nodes[0]: (u, r) for u, r in zip(units, self._runners)}
-        programs, drops = [], []
+        programs, drops, finals = [], [], []
         for seg in tree.segments:
             calls, k, prev = [], 0, seg.input
             while k < len(seg.nodes):
@@ -351,12 +358,15 @@ class AnytimeRunner:
                 dsts = tuple(self._logits_slot if t.name == "logits" else slot[t.node] for t in unit.outputs)
                 calls.append((runner.run_impl, slot[prev], dsts))
                 prev, k = unit.nodes[-1], k + len(unit.nodes)
-            if self._logits_slot not in calls[-1][2]:
-                raise BundleError(f"leaf {seg.leaf}: the last model file of its chain does not output logits")
+            if calls[-1][2][-1] != self._logits_slot:
+                raise BundleError(f"leaf {seg.leaf}: the last model file of its chain does not output logits last")
             programs.append(tuple(calls))
+            last = runner.run_logits_impl
+            finals.append(tuple(calls[:-1]) + ((lambda inputs, f=last: (f(inputs),), calls[-1][1], (self._logits_slot,)),))
             done_here = [n for n in tree.path(seg.leaf) if tree.node(n).leaves[-1] == seg.leaf]
             drops.append(tuple(slot[n] for n in done_here) + (self._logits_slot,))
         self._programs = tuple(programs)
+        self._finals = tuple(finals)  # same, but the last call returns only the logits (no one reads the exports)
         self._drops = tuple(drops)
 
     # -- locking / lifecycle ---------------------------------------------------
@@ -487,7 +497,7 @@ class AnytimeRunner:
         try:
             x = check_input(x, self.input_spec)
             session = AnytimeSession(self, self._from_host(x), x.shape[0])
-            reason, t_forced = session._advance(stop_at, n_stop, n_min, stop_when)
+            reason, t_forced = session._advance(stop_at, n_stop, n_min, stop_when, final=True)
             session._cache = None
             t1 = clock()
         finally:
@@ -578,19 +588,29 @@ class AnytimeRunner:
         return profile
 
     def _profile_once(self, session: AnytimeSession, unit_t: dict[str, list[float]] | None) -> list[float]:
-        """All leaves of one session, timing each leaf step and (synchronized) each unit."""
+        """All leaves of one session, timing each leaf step and (synchronized) each unit.
+
+        Leaf steps are host wall time up to the logits on the host (``to_host`` blocks), which is what
+        a deadline sees. Units are timed by ``backend.timed_run`` when the backend has one (GPU
+        backends: CUDA events on their stream), else by the clock around the unit and ``synchronize()``.
+        """
         clock, sync = self._clock, self.backend.synchronize
+        timed = getattr(self.backend, "timed_run", None) if unit_t is not None else None
         cache, out = session._cache, session._leaf_logits
         names = {r.run_impl: r.name for r in self._runners} if unit_t is not None else None
         times = []
         for i in range(self.num_leaves):
             t_leaf = clock()
             for run_impl, src, dsts in self._programs[i]:
-                t0 = clock()
-                outs = run_impl((cache[src],))
-                sync()
-                if unit_t is not None:
-                    unit_t[names[run_impl]].append(clock() - t0)
+                if timed is not None:
+                    outs, dt = timed(run_impl, (cache[src],))
+                    unit_t[names[run_impl]].append(dt)
+                else:
+                    t0 = clock()
+                    outs = run_impl((cache[src],))
+                    sync()
+                    if unit_t is not None:
+                        unit_t[names[run_impl]].append(clock() - t0)
                 for d, o in zip(dsts, outs):
                     cache[d] = o
             out[i] = self._to_host(cache[self._logits_slot])

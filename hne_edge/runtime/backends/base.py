@@ -191,6 +191,14 @@ class Runner(ABC):
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
         """Unchecked inference (the scheduler's hot path). Outputs in ``unit.outputs`` order."""
 
+    def run_logits_impl(self, inputs: Sequence[Handle]) -> Handle:
+        """Only the last output (the leaf's logits), for a leaf after which nothing reads the exports.
+
+        ``AnytimeRunner.run(max_leaves=n)`` uses it for leaf ``n-1`` so backends can skip
+        materialising activations no one will read. Default: ``run_impl(inputs)[-1]``.
+        """
+        return self.run_impl(inputs)[-1]
+
     def activate_impl(self) -> None:  # pragma: no cover - trivial default
         pass
 

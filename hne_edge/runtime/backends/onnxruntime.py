@@ -64,6 +64,10 @@ class OnnxRuntimeRunner(Runner):
             return self._run(self._out_names, {self._in_name: inputs[0]})
         return self._run(self._out_names, dict(zip(self.input_names, inputs)))
 
+    def run_logits_impl(self, inputs: Sequence[Handle]) -> Handle:
+        # ask onnxruntime for the logits only: the exported activations are not copied out
+        return self._run(self._out_names[-1:], {self._in_name: inputs[0]} if self._single else dict(zip(self.input_names, inputs)))[0]
+
     def release_impl(self) -> None:
         self.session = None
         self._run = None
