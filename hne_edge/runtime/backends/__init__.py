@@ -15,6 +15,10 @@ __all__ = ["BACKENDS", "Backend", "Handle", "Runner", "Unit", "create_backend"]
 BACKENDS: dict[str, str] = {
     "onnxruntime": "hne_edge.runtime.backends.onnxruntime:OnnxRuntimeBackend",
     "torch": "hne_edge.runtime.backends.torch:TorchBackend",
+    # GPU backends: create_backend("onnxruntime", device="cuda") picks "onnxruntime-cuda" (see below)
+    "onnxruntime-cuda": "hne_edge.runtime.backends.onnxruntime_cuda:OnnxRuntimeCudaBackend",
+    "torch-cuda": "hne_edge.runtime.backends.torch_cuda:TorchCudaBackend",
+    "tensorrt": "hne_edge.runtime.backends.tensorrt:TensorRTBackend",
 }
 
 
@@ -22,6 +26,9 @@ def create_backend(name: str | Backend, device: str = "cpu", **options: Any) -> 
     """The backend ``name`` (or an already built :class:`Backend`, returned as is)."""
     if isinstance(name, Backend):
         return name
+    gpu = f"{name}-{str(device).split(':')[0]}"  # ("onnxruntime", "cuda:1") -> "onnxruntime-cuda"
+    if device != "cpu" and gpu in BACKENDS:
+        name = gpu
     if name not in BACKENDS:
         raise BackendUnavailable(f"received backend {name!r}; expected one of {sorted(BACKENDS)}")
     module, attr = BACKENDS[name].split(":")

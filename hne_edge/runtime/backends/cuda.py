@@ -71,7 +71,7 @@ def parse_device(backend: str, device: str, devices: Sequence[str]) -> int:
     if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
         return int(device[5:])
     raise BackendUnavailable(
-        f"backend {backend!r}: received device {device!r}; expected one of {list(devices)} or 'cuda:N'"
+        f"backend {backend!r}: received device {device!r}; expected one of {list(devices)} or 'cuda:N' (e.g. device='cuda')"
     )
 
 

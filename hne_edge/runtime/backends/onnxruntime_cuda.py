@@ -12,13 +12,15 @@
   ``disable_synchronize_execution_providers=1``.
 * ``cudnn_conv_algo_search`` defaults to ``EXHAUSTIVE`` (best kernels; the
   search happens on the first run of each shape, i.e. during warm-up).
-* ``cuda_graph=True``: ``enable_cuda_graph`` per session, one graph per batch
-  size (run option ``gpu_graph_id``), inputs and outputs bound to fixed
-  device OrtValues (a graph replays fixed addresses): the input is copied
-  into the bound OrtValue, the outputs are the bound OrtValues of the
-  pool's first slot (:class:`~.cuda.SlotPool`); when a paused session still
-  holds them, that run goes without the graph (``gpu_graph_id=-1``) into
-  ORT-allocated outputs. Every node must run on the CUDA EP for graphs.
+* ``cuda_graph=True``: ``enable_cuda_graph`` per session and one graph per
+  (batch size, input address), selected with the run option ``gpu_graph_id``.
+  A graph replays fixed addresses, so every buffer it binds stays put: the
+  image is staged into a fixed OrtValue per batch size (``update_inplace``),
+  and each runner writes into the fixed OrtValues of its pool's first slot
+  (:class:`~.cuda.SlotPool`), which are the next runner's inputs - no
+  device-to-device copies. When a paused session still holds slot 0, or the
+  input is not a fixed buffer, that run goes without the graph
+  (``gpu_graph_id=-1``). Every node must run on the CUDA EP for graphs.
 * ``fallback_to_cpu=True``: when CUDA is not usable, log the reason (warning)
   and run the CPU execution provider instead (``device`` becomes "cpu", so
   profiles are keyed correctly). Off by default: asking for CUDA and getting
@@ -40,7 +42,7 @@ from ...bundle import Manifest
 from ...errors import BackendUnavailable, BundleError
 from .base import Handle, Runner, Unit
 from .cuda import CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, parse_device, require_cuda
-from .onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, _import_ort
+from .onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner
 
 __all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
 
@@ -82,7 +84,7 @@ class OnnxRuntimeCudaRunner(Runner):
         self._run = self.session.run_with_iobinding
         self._pool = SlotPool()
         self._graphs = GraphCache(self._capture, max_graphs=b.max_graphs) if b.cuda_graph else None
-        self._graph_ids: dict[int, int] = {}
+        self._capture_input = None
 
     # -- eager path: ORT allocates the outputs on the device --------------------------------------
     def _run_eager(self, x: Handle, run_options) -> tuple[Handle, ...]:
@@ -98,43 +100,49 @@ class OnnxRuntimeCudaRunner(Runner):
             return self._run_eager(inputs[0], self._backend.run_options)
         return self._run_graph(inputs[0])
 
-    # -- CUDA graph path: fixed input/output OrtValues per batch size -------------------------------
+    # -- CUDA graph path: fixed output OrtValues per batch size, graphs per (batch, input address) ----
     def _make_slot(self, x: Handle) -> Slot:
-        ort, dev = self._backend.ort, self._backend.device_id
-        batch = x.shape()[0]
-        x_in = ort.OrtValue.ortvalue_from_shape_and_type(x.shape(), _np_type(x), "cuda", dev)
-        # run once eagerly to learn the output shapes, then allocate fixed outputs of those shapes
+        # one eager run tells the output shapes; the fixed outputs get those shapes
         shapes = [o.shape() for o in self._run_eager(x, self._backend.run_options_no_graph)]
-        outs = tuple(
-            ort.OrtValue.ortvalue_from_shape_and_type(s, dt, "cuda", dev) for s, dt in zip(shapes, self._out_dtypes)
-        )
-        return Slot(outs, state={"input": x_in, "batch": batch})
+        outs = tuple(self._backend._alloc(s, dt) for s, dt in zip(shapes, self._out_dtypes))
+        return Slot(outs)
 
-    def _capture(self, key: Any):
-        batch, slot = key
-        graph_id = self._graph_ids.setdefault(batch, len(self._graph_ids) + 1)  # 0 is reserved by ORT
-        ro = self._backend.ort.RunOptions()
-        for k, v in self._backend.run_config.items():
-            ro.add_run_config_entry(k, v)
-        ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+    def _capture(self, key: tuple[int, int]) -> Any:
+        """A replay for graph ``key = (batch, input address)``; ORT captures on its first run."""
+        batch, _ = key
+        b = self._backend
+        graph_id = self._next_graph_id = getattr(self, "_next_graph_id", 0) + 1  # 0 is reserved by ORT
+        ro = b._run_options({**b.run_config, "gpu_graph_id": str(graph_id)})
         io = self.session.io_binding()
-        io.bind_ortvalue_input(self._in_name, slot.state["input"])
-        for name, value in zip(self._out_names, slot.handles):
+        io.bind_ortvalue_input(self._in_name, self._capture_input)
+        for name, value in zip(self._out_names, self._pool.slots[batch][0].handles):
             io.bind_ortvalue_output(name, value)
-
-        def replay() -> None:  # the first call captures (ORT warms up and captures inside run)
-            self._run(io, ro)
-
-        return replay
+        run = self._run
+        return lambda: run(io, ro)
 
     def _run_graph(self, x: Handle) -> tuple[Handle, ...]:
+        """Replay when the input sits at a captured address (the parent's, or the staged image's, fixed
+        buffer) and slot 0 is free; otherwise run eagerly into ORT-allocated outputs."""
         batch = x.shape()[0]
         index, slot = self._pool.acquire(batch, lambda: self._make_slot(x))
-        if index != 0:  # a paused session holds slot 0's outputs: run this frame without the graph
+        if index != 0:
             return self._run_eager(x, self._backend.run_options_no_graph)
-        x_in = slot.state["input"]
-        self._backend.copy_ortvalue(x_in, x)
-        self._graphs.get((batch, _SlotKey(slot)))()
+        key = (batch, x.data_ptr())
+        if key not in self._graphs.graphs and not self._backend.is_fixed(x):
+            return self._run_eager_into(x, slot)
+        self._capture_input = x
+        try:
+            self._graphs.get(key)()
+        finally:
+            self._capture_input = None
+        return slot.handles
+
+    def _run_eager_into(self, x: Handle, slot: Slot) -> tuple[Handle, ...]:
+        io = self._io
+        io.bind_ortvalue_input(self._in_name, x)
+        for name, value in zip(self._out_names, slot.handles):
+            io.bind_ortvalue_output(name, value)
+        self._run(io, self._backend.run_options_no_graph)
         return slot.handles
 
     def release_impl(self) -> None:
@@ -143,30 +151,6 @@ class OnnxRuntimeCudaRunner(Runner):
         self._pool = None
         self._io = None
         self.session = None
-
-
-class _SlotKey:
-    """Hashable by identity wrapper of a slot (the graph cache keys on (batch, slot))."""
-
-    __slots__ = ("slot",)
-
-    def __init__(self, slot: Slot) -> None:
-        self.slot = slot
-
-    def __hash__(self) -> int:
-        return id(self.slot)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _SlotKey) and other.slot is self.slot
-
-    # GraphCache passes the key through; the capture reads the slot
-    @property
-    def state(self):
-        return self.slot.state
-
-    @property
-    def handles(self):
-        return self.slot.handles
 
 
 def _np_type(value: Any):
@@ -207,7 +191,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.device_id = parse_device(self.name, device, self.devices)
         if cudnn_conv_algo_search not in CONV_SEARCH:
             raise ValueError(f"cudnn_conv_algo_search: received {cudnn_conv_algo_search!r}; expected one of {list(CONV_SEARCH)}")
-        OnnxRuntimeBackend.__init__(self, "cpu", threads=threads, spinning=spinning)  # sets ort, CPU options
+        OnnxRuntimeBackend.__init__(self, "cuda", threads=threads, spinning=spinning)  # sets ort and the CPU options
         self.fallback_reason: str | None = None
         self.cuda_graph = bool(cuda_graph)
         self.max_graphs = int(max_graphs)
@@ -249,6 +233,8 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.run_config = {"disable_synchronize_execution_providers": "1"}
         self.run_options = self._run_options(self.run_config)
         self.run_options_no_graph = self._run_options({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
+        self._staging = SlotPool()
+        self._fixed: set[int] = set()  # addresses of buffers that live as long as the backend
 
     def _run_options(self, entries: dict[str, str]):
         ro = self.ort.RunOptions()
@@ -274,7 +260,20 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         dtype = getattr(self, "_image_dtype", None)
         if dtype is not None and array.dtype != dtype:
             array = array.astype(dtype)
-        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", self.device_id)
+        array = np.ascontiguousarray(array)
+        if not self.cuda_graph:
+            value = self.ort.OrtValue.ortvalue_from_numpy(array, "cuda", self.device_id)
+        else:  # a fixed staging buffer per batch size, so the root graphs can bind its address
+            _, slot = self._staging.acquire(array.shape, lambda: Slot((self._alloc(array.shape, array.dtype),)))
+            value = slot.handles[0]
+            value.update_inplace(array)
+        self.cuda.device_synchronize()  # ORT's host->device copy ran outside our stream
+        return value
+
+    def _alloc(self, shape, dtype):
+        value = self.ort.OrtValue.ortvalue_from_shape_and_type(tuple(shape), dtype, "cuda", self.device_id)
+        self._fixed.add(value.data_ptr())
+        return value
 
     def to_host(self, handle: Handle) -> np.ndarray:
         if self.cuda is None:
@@ -282,11 +281,10 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.cuda.synchronize()  # ORT copies on its own stream; our stream's work must be finished first
         return handle.numpy()
 
-    def copy_ortvalue(self, dst, src) -> None:
-        """Device-to-device copy of ``src`` into the bound (graph) OrtValue ``dst``, on the stream."""
-        if dst.data_ptr() != src.data_ptr():
-            nbytes = int(np.prod(src.shape())) * np.dtype(_np_type(src)).itemsize
-            self.cuda.copy(dst.data_ptr(), src.data_ptr(), nbytes)
+    def is_fixed(self, value) -> bool:
+        """Whether ``value`` lives in a buffer that stays put while the backend lives (a graph may bind it):
+        a staged image, or a runner's slot-0 output."""
+        return value.data_ptr() in self._fixed
 
     def synchronize(self) -> None:
         if self.cuda is not None:
@@ -315,4 +313,6 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         return info
 
     def close(self) -> None:
-        self.cuda = None if self.fallback_reason else self.cuda
+        if self.cuda is not None:
+            self._staging.clear()
+            self._fixed.clear()
