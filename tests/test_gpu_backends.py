@@ -1,0 +1,658 @@
+"""GPU backends (ONNX Runtime CUDA, TensorRT, PyTorch CUDA).
+
+CPU part (always runs): registry and lazy imports, error messages without
+CUDA / TensorRT, engine compatibility from the manifest, the TensorRT 10/11
+API selection, buffer pools and CUDA-graph caches, the profile timing hook,
+and the whole TensorRT runner driven by a fake TensorRT + fake device that
+compute the fake bundle's numpy network (so scratch sharing, address
+binding, buffer reuse across frames and paused sessions, and graph
+re-capture are checked numerically).
+
+GPU part (``@pytest.mark.gpu`` / ``@pytest.mark.tensorrt``): every prefix of
+leaves equals the fused PyTorch model's mean, per backend, plan, CUDA graphs
+on/off, fp32 (1e-4) and fp16 (atol 3e-2, rtol 1e-2). Skipped here with the
+reason; a machine with a GPU runs them as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+from hne_edge.bundle import read_manifest, write_manifest
+from hne_edge.errors import BackendUnavailable, BundleError
+from hne_edge.runtime import AnytimeRunner
+from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
+from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device
+
+from runtime_fakes import make_fake_bundle, node_forward, reference_leaf_logits  # noqa: E402
+
+GPU_BACKENDS = {
+    "onnxruntime-cuda": ("onnxruntime_cuda", "OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner"),
+    "torch-cuda": ("torch_cuda", "TorchCudaBackend", "TorchCudaRunner"),
+    "tensorrt": ("tensorrt", "TensorRTBackend", "TensorRTRunner"),
+}
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+HAS_CUDA = _cuda_devices() > 0
+try:
+    import tensorrt  # noqa: F401
+
+    HAS_TRT = True
+except ImportError:
+    HAS_TRT = False
+try:
+    import onnxruntime as _ort
+
+    HAS_ORT_CUDA = "CUDAExecutionProvider" in _ort.get_available_providers()
+except ImportError:
+    HAS_ORT_CUDA = False
+
+
+# -- interface contract and registry --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", sorted(GPU_BACKENDS))
+def test_registry_entries_are_backends_with_runners(key):
+    module, backend_cls, runner_cls = GPU_BACKENDS[key]
+    assert BACKENDS[key] == f"hne_edge.runtime.backends.{module}:{backend_cls}"
+    mod = importlib.import_module(f"hne_edge.runtime.backends.{module}")
+    cls = getattr(mod, backend_cls)
+    assert issubclass(cls, Backend) and issubclass(getattr(mod, runner_cls), Runner)
+    assert cls.devices == ("cuda",) and cls.format in ("onnx", "torch", "tensorrt")
+    for method in ("create_runner", "from_host", "to_host", "synchronize", "timed_run", "describe", "close"):
+        assert callable(getattr(cls, method))
+
+
+def test_runtime_imports_without_torch_and_gpu_modules_are_lazy(tmp_path):
+    """`import hne_edge.runtime` and importing every GPU backend module pull in no torch / TensorRT / cuda."""
+    (tmp_path / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            class _Block:
+                def find_spec(self, name, path=None, target=None):
+                    if name.split(".")[0] in ("torch", "tensorrt", "cuda"):
+                        raise ImportError(name + " is blocked in this test")
+                    return None
+            sys.meta_path.insert(0, _Block())
+            """
+        )
+    )
+    code = textwrap.dedent(
+        """
+        import sys
+        import hne_edge.runtime
+        from hne_edge.runtime.backends import create_backend
+        from hne_edge.errors import BackendUnavailable
+        for m in ("cuda", "onnxruntime_cuda", "tensorrt", "torch_cuda"):
+            __import__("hne_edge.runtime.backends." + m)
+        for name in ("torch", "tensorrt"):
+            try:
+                create_backend(name, device="cuda")
+            except BackendUnavailable as e:
+                print(name, "->", e)
+        bad = [m for m in sys.modules if m.split(".")[0] in ("torch", "tensorrt", "cuda")]
+        assert not bad, bad
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch -> backend 'torch' needs PyTorch" in proc.stdout
+    assert "tensorrt -> TensorRT is not available: install it" in proc.stdout
+    assert proc.stdout.strip().endswith("ok")
+
+
+def test_create_backend_picks_the_cuda_variant_by_device():
+    with pytest.raises(BackendUnavailable, match="received device 'cpu'; expected one of \\['cuda'\\]"):
+        create_backend("tensorrt")  # TensorRT has no CPU device: the message says what to pass
+    with pytest.raises(BackendUnavailable, match="received backend 'nope'"):
+        create_backend("nope", device="cuda")
+
+
+def test_parse_device():
+    assert parse_device("x", "cuda", ("cuda",)) == 0
+    assert parse_device("x", "cuda:3", ("cuda",)) == 3
+    with pytest.raises(BackendUnavailable, match="received device 'gpu'; expected one of \\['cuda'\\] or 'cuda:N'"):
+        parse_device("x", "gpu", ("cuda",))
+
+
+# -- error paths without CUDA / TensorRT ----------------------------------------------------------
+
+
+@pytest.mark.skipif(HAS_ORT_CUDA, reason="onnxruntime-gpu is installed")
+def test_onnxruntime_cuda_without_the_cuda_provider_names_what_is_missing():
+    with pytest.raises(BackendUnavailable) as info:
+        create_backend("onnxruntime", device="cuda")
+    msg = str(info.value)
+    assert "expected CUDAExecutionProvider" in msg and "onnxruntime-gpu" in msg and "fallback_to_cpu=True" in msg
+    assert "has providers [" in msg
+
+
+@pytest.mark.skipif(HAS_ORT_CUDA and HAS_CUDA, reason="CUDA is usable here")
+def test_onnxruntime_cuda_falls_back_to_cpu_only_when_asked(tiny_bundle, caplog):
+    ref_x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    import torch
+
+    with torch.no_grad():
+        ref = tiny_bundle.model.eval()(torch.from_numpy(ref_x)).numpy()
+    with caplog.at_level(logging.WARNING, logger="hne_edge.runtime.gpu"):
+        runner = AnytimeRunner(tiny_bundle.bundle_dir, device="cuda", fallback_to_cpu=True, load_profile=False)
+    with runner:
+        assert runner.device == "cpu" and runner.backend.fallback_reason
+        assert "falling back to the CPU provider" in caplog.text
+        r = runner.run(ref_x, max_leaves=5)
+        np.testing.assert_allclose(r.logits, ref[:, :5].mean(1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present")
+def test_torch_cuda_without_a_device_names_what_is_missing():
+    pytest.importorskip("torch")
+    with pytest.raises(BackendUnavailable, match=r"backend 'torch' on device 'cuda': torch .*expected a CUDA build"):
+        create_backend("torch", device="cuda")
+
+
+@pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed")
+def test_tensorrt_missing_gives_the_install_hint(tiny_bundle):
+    with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne-edge\[tensorrt\]'"):
+        AnytimeRunner(tiny_bundle.bundle_dir, backend="tensorrt", device="cuda")
+
+
+# -- engine compatibility from the manifest -------------------------------------------------------
+
+
+def _engine_files(build: dict | None, n: int = 3):
+    from hne_edge.bundle import ModelFile
+
+    return [
+        ModelFile(f"tensorrt/trt10.3_sm87/fp32/segments/leaf{i:02d}.plan", "tensorrt", "segments", "fp32", "0" * 64, 1,
+                  ("b0.0",), i, 1, (), (), build=build)  # fmt: skip
+        for i in range(n)
+    ]
+
+
+def test_engine_files_built_here_pass():
+    from hne_edge.runtime.backends.tensorrt import check_engine_files
+
+    check_engine_files(_engine_files({"tensorrt_version": "10.3.0", "compute_capability": "8.7"}), "10.3.0", "8.7")
+
+
+def test_engine_files_for_another_tensorrt_version_are_refused_naming_both():
+    from hne_edge.runtime.backends.tensorrt import check_engine_files
+
+    files = _engine_files({"tensorrt_version": "10.3.0", "compute_capability": "8.7"})
+    with pytest.raises(BundleError) as info:
+        check_engine_files(files, "10.8.0", "8.7")
+    msg = str(info.value)
+    assert "built with TensorRT 10.3.0" in msg and "this device has TensorRT 10.8.0" in msg
+    assert "leaf00.plan and 2 more" in msg and "rebuild the engines on this device" in msg
+
+
+def test_engine_files_for_another_gpu_are_refused_naming_both():
+    from hne_edge.runtime.backends.tensorrt import check_engine_files
+
+    files = _engine_files({"tensorrt_version": "10.3.0", "compute_capability": "8.7"})
+    with pytest.raises(BundleError, match=r"compute capability 8.7 \(sm_87\); this GPU is 9.0 \(sm_90\)"):
+        check_engine_files(files, "10.3.0", "9.0")
+    with pytest.raises(BundleError, match="build info is incomplete"):
+        check_engine_files(_engine_files(None), "10.3.0", "8.7")
+
+
+# -- TensorRT 10 / 11 API selection ---------------------------------------------------------------
+
+
+def test_context_creation_follows_the_available_api():
+    from hne_edge.runtime.backends.tensorrt import create_context_without_memory, engine_memory_size, set_context_memory
+
+    user = "USER_MANAGED"
+    trt_new = types.SimpleNamespace(ExecutionContextAllocationStrategy=types.SimpleNamespace(USER_MANAGED=user))
+    calls = []
+
+    class Config:
+        def set_execution_context_allocation_strategy(self, s):
+            calls.append(("strategy", s))
+
+    class Engine11:  # runtime config (TensorRT 10.11+ / 11)
+        device_memory_size_v2 = 123
+
+        def create_runtime_config(self):
+            return Config()
+
+        def create_execution_context(self, arg):
+            calls.append(("context", type(arg).__name__))
+            return "ctx11"
+
+    class Engine10:  # strategy argument (10.0+)
+        device_memory_size = 77
+        device_memory_size_v2 = None
+
+        def create_execution_context(self, arg):
+            calls.append(("context", arg))
+            return "ctx10"
+
+    class EngineOld:
+        device_memory_size = 5
+
+        def create_execution_context_without_device_memory(self):
+            return "ctx-old"
+
+    assert create_context_without_memory(Engine11(), trt_new) == "ctx11"
+    assert calls == [("strategy", user), ("context", "Config")]
+    assert create_context_without_memory(Engine10(), trt_new) == "ctx10" and calls[-1] == ("context", user)
+    assert create_context_without_memory(EngineOld(), types.SimpleNamespace()) == "ctx-old"
+    assert engine_memory_size(Engine11()) == 123 and engine_memory_size(Engine10()) == 77
+
+    class CtxV2:
+        def set_device_memory(self, ptr, size):
+            self.got = (ptr, size)
+
+    class CtxV1:
+        device_memory = None
+
+    a, b = CtxV2(), CtxV1()
+    set_context_memory(a, 4096, 100)
+    set_context_memory(b, 4096, 100)
+    assert a.got == (4096, 100) and b.device_memory == 4096
+
+
+# -- buffer pool and graph cache ------------------------------------------------------------------
+
+
+class _H:  # a handle object
+    pass
+
+
+def test_slot_pool_reuses_free_slots_and_adds_one_while_a_session_holds_it():
+    pool, made = SlotPool(max_slots=2), []
+
+    def make():
+        made.append(Slot((_H(), _H())))
+        return made[-1]
+
+    i, slot = pool.acquire(4, make)
+    assert i == 0 and len(made) == 1
+    assert pool.acquire(4, make) == (0, slot)  # nothing holds it: reused
+    held = slot.handles[1]  # a paused session's cache keeps one output
+    i2, slot2 = pool.acquire(4, make)
+    assert i2 == 1 and slot2 is not slot
+    cache = [slot2.handles[0]]
+    with pytest.raises(RuntimeError, match="paused sessions hold this runner's buffers"):
+        pool.acquire(4, make)
+    del held, cache
+    assert pool.acquire(4, make) == (0, slot)
+    assert pool.acquire(8, make)[0] == 0 and len(made) == 3  # other key, own slots
+
+
+def test_graph_cache_captures_once_per_shape_recaptures_on_change_and_evicts_lru():
+    captured = []
+
+    def capture(key):
+        captured.append(key)
+        return lambda: ("replay", key)
+
+    cache = GraphCache(capture, max_graphs=2)
+    assert cache.get((1, 3))() == ("replay", (1, 3))
+    cache.get((1, 3))
+    assert captured == [(1, 3)]
+    cache.get((4, 3))  # shape change: a new capture
+    cache.get((1, 3))
+    cache.get((8, 3))  # evicts (4, 3), the least recently used
+    assert captured == [(1, 3), (4, 3), (8, 3)] and set(cache.graphs) == {(1, 3), (8, 3)}
+    cache.get((4, 3))  # comes back: re-captured
+    assert captured[-1] == (4, 3) and cache.captures == 4
+    with pytest.raises(ValueError, match="max_graphs"):
+        GraphCache(capture, max_graphs=0)
+
+
+# -- the profile hook: units timed by the backend's timer ----------------------------------------
+
+
+def test_profile_times_units_with_the_backends_timer(tiny_bundle):
+    from hne_edge.runtime.backends.onnxruntime import OnnxRuntimeBackend
+
+    class Timed(OnnxRuntimeBackend):
+        calls = 0
+
+        def timed_run(self, run_impl, inputs):
+            Timed.calls += 1
+            return run_impl(inputs), 0.25  # "device seconds"
+
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend=Timed(threads=1), load_profile=False, warmup=0) as runner:
+        prof = runner.profile(warmup=0, repeats=2, save=False)
+    units = prof.batches[1]["units"]
+    assert Timed.calls == 2 * len(units) and all(u["median_ms"] == 250.0 for u in units.values())
+    assert all(leaf["median_ms"] < 250 for leaf in prof.batches[1]["leaves"])  # leaves stay host wall time
+
+
+# -- the TensorRT runner on a fake TensorRT and a fake device -------------------------------------
+
+
+class FakeDevice(CudaDevice):
+    """Device memory as numpy byte arrays keyed by fake pointers; graphs replay the captured launch."""
+
+    kind = "fake"
+
+    def __init__(self) -> None:
+        self.mem: dict[int, np.ndarray] = {}
+        self.next = 0x1000
+        self.stream_handle = 7
+        self.captures = 0
+        self.replays = 0
+
+    def malloc(self, nbytes):
+        ptr, self.next = self.next, self.next + ((nbytes + 255) // 256 + 1) * 256
+        self.mem[ptr] = np.zeros(nbytes, np.uint8)
+        return ptr, self.mem[ptr]
+
+    def view(self, ptr, shape, dtype):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return self.mem[ptr][:n].view(dtype).reshape(shape)
+
+    def upload(self, dst, array):
+        self.mem[dst][: array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+    def download(self, src, out):
+        out[...] = self.view(src, out.shape, out.dtype)
+
+    def synchronize(self):
+        pass
+
+    def device_synchronize(self):
+        pass
+
+    def timer(self):
+        return (lambda: None), (lambda: 0.001)
+
+    def capture(self, launch):
+        self.captures += 1
+
+        def replay():
+            self.replays += 1
+            launch()
+
+        return replay
+
+
+def _fake_trt(manifest, tree, classes, dev, log):
+    D = 6  # runtime_fakes.D
+    by_path = {f.path: f for f in manifest.files}
+
+    class Context:
+        def __init__(self, f):
+            self.f, self.addr, self.shape, self.memory = f, {}, None, None
+
+        def set_device_memory(self, ptr, size):
+            self.memory = (ptr, size)
+            log.append(("memory", self.f.path, ptr, size))
+
+        def set_input_shape(self, name, shape):
+            self.shape = tuple(shape)
+            log.append(("shape", self.f.path, self.shape))
+            return True
+
+        def get_tensor_shape(self, name):
+            out = next(t for t in self.f.outputs if t.name == name)
+            return (self.shape[0], classes if out.name == "logits" else D)
+
+        def set_tensor_address(self, name, ptr):
+            self.addr[name] = ptr
+            log.append(("address", self.f.path, name))
+
+        def execute_async_v3(self, stream):
+            assert stream == dev.stream_handle and self.memory is not None
+            log.append(("execute", self.f.path))
+            x = dev.view(self.addr[self.f.inputs[0].name], self.shape, np.float32)
+            h, outs = x, {}
+            for nid in self.f.nodes:
+                h, logits = node_forward(tree, nid, h, classes)
+                outs[f"act_{nid}"] = h
+            outs["logits"] = logits
+            for t in self.f.outputs:
+                dev.view(self.addr[t.name], outs[t.name].shape, np.float32)[...] = outs[t.name]
+            return True
+
+    class Engine:
+        def __init__(self, f):
+            self.f = f
+            self.names = [t.name for t in f.inputs] + [t.name for t in f.outputs]
+            self.num_io_tensors = len(self.names)
+            self.device_memory_size_v2 = 1000 * len(f.nodes)
+
+        def get_tensor_name(self, i):
+            return self.names[i]
+
+        def get_tensor_mode(self, name):
+            return "in" if name == self.f.inputs[0].name else "out"
+
+        def get_tensor_dtype(self, name):
+            return np.float32
+
+        def create_execution_context(self, strategy):
+            assert strategy == "user"
+            return Context(self.f)
+
+    class Runtime:
+        def __init__(self, logger):
+            pass
+
+        def deserialize_cuda_engine(self, data):
+            return Engine(by_path[data.decode().removeprefix("fake ")])
+
+    return types.SimpleNamespace(
+        __version__="10.3.0",
+        TensorIOMode=types.SimpleNamespace(INPUT="in"),
+        ExecutionContextAllocationStrategy=types.SimpleNamespace(USER_MANAGED="user"),
+        Logger=types.SimpleNamespace(WARNING=1, VERBOSE=0, __call__=None),
+        Runtime=Runtime,
+        nptype=lambda dt: dt,
+    )
+
+
+@pytest.fixture
+def fake_trt_bundle(tmp_path, monkeypatch):
+    """A fake bundle whose files are "engines" built with TensorRT 10.3.0 for sm_87, plus the fakes."""
+    import hne_edge.exporters.tensorrt as exporter
+    import hne_edge.runtime.backends.tensorrt as trt_backend
+
+    root = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
+    manifest = read_manifest(root)
+    build = {"tensorrt_version": "10.3.0", "compute_capability": "8.7", "gpu": "Fake", "flags": ["STRONGLY_TYPED"]}
+    manifest = dataclasses.replace(
+        manifest, files=tuple(dataclasses.replace(f, format="tensorrt", build=build) for f in manifest.files)
+    )
+    write_manifest(root, manifest)
+    dev, log = FakeDevice(), []
+    fake = _fake_trt(manifest, manifest.tree, 4, dev, log)
+    fake.Logger = lambda level: None
+    fake.Logger.WARNING, fake.Logger.VERBOSE = 1, 0
+    monkeypatch.setattr(exporter, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_backend, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(trt_backend, "_compute_capability", lambda i: ("FakeGPU", "8.7"))
+    monkeypatch.setattr(trt_backend, "open_device", lambda i, memory: dev)
+    return types.SimpleNamespace(root=root, manifest=manifest, dev=dev, log=log, tree=manifest.tree)
+
+
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
+    fx = fake_trt_bundle
+    rng = np.random.default_rng(0)
+    x1 = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    x2 = rng.standard_normal((3, 3, 4, 4)).astype(np.float32)
+    ref1, ref2 = (reference_leaf_logits(fx.tree, x, 4) for x in (x1, x2))
+    with AnytimeRunner(fx.root, backend="tensorrt", device="cuda", plan=plan, cuda_graph=cuda_graph,
+                       load_profile=False, warmup=0) as runner:  # fmt: skip
+        n_units = len(runner._runners)
+        for n in range(1, runner.num_leaves + 1):
+            r = runner.run(x1, max_leaves=n)
+            np.testing.assert_allclose(r.leaf_logits, ref1[:n], rtol=1e-5, atol=1e-6)
+        # one scratch allocation, sized to the largest engine, shared by every context
+        mem = {(p, s) for k, _, p, s in (e for e in fx.log if e[0] == "memory")}
+        assert len(mem) == 1 and mem.pop()[1] == max(1000 * len(u.nodes) for u in runner.backend.units(
+            fx.manifest, fx.root, plan, "fp32"))  # fmt: skip
+        shapes_before = sum(e[0] == "shape" for e in fx.log)
+        assert shapes_before == n_units  # set_input_shape once per context while the batch stays
+        addresses_before = sum(e[0] == "address" for e in fx.log)
+        runner.run(x1)
+        assert sum(e[0] == "address" for e in fx.log) == addresses_before  # buffers reused across frames
+        # a new batch size: new shapes, and the outputs are still right
+        np.testing.assert_allclose(runner.run(x2).leaf_logits, ref2, rtol=1e-5, atol=1e-6)
+        assert sum(e[0] == "shape" for e in fx.log) == 2 * n_units
+        # a paused session keeps its cached activations while other frames run on the same runner
+        s = runner.start(x1)
+        s.step()
+        for _ in range(2):
+            np.testing.assert_allclose(runner.run(x2).leaf_logits, ref2, rtol=1e-5, atol=1e-6)
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref1, rtol=1e-5, atol=1e-6)
+        if cuda_graph:
+            # captured per runner and input shape; the shape change re-captured; later frames replay
+            assert n_units <= fx.dev.captures <= 2 * n_units + n_units and fx.dev.replays > fx.dev.captures
+        else:
+            assert fx.dev.captures == 0
+        prof = runner.profile(batch_sizes=(2,), warmup=0, repeats=1, save=False)
+        assert all(u["median_ms"] == 1.0 for u in prof.batches[2]["units"].values())  # the (fake) CUDA events
+
+
+def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, monkeypatch):
+    import hne_edge.exporters.tensorrt as exporter
+
+    fake = exporter.load_tensorrt()
+    fake.__version__ = "10.8.0"
+    with pytest.raises(BundleError, match=r"built with TensorRT 10.3.0; this device has TensorRT 10.8.0"):
+        AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", load_profile=False)
+    fake.__version__ = "10.3.0"
+    with pytest.raises(BundleError, match="no tensorrt/segments/fp16 model files.*rebuild the engines"):
+        AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", precision="fp16", load_profile=False)
+
+
+# -- GPU: every prefix equals the fused PyTorch model, per backend ---------------------------------
+
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
+FP32 = dict(rtol=1e-4, atol=1e-4)
+FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 fused model, O(1) logits
+
+
+@pytest.fixture(scope="module")
+def gpu_reference(tiny_bundle):
+    import torch
+
+    x = np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        ref = tiny_bundle.model.eval()(torch.from_numpy(x)).numpy()  # (B, N, classes)
+    return x, ref
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(tiny_bundle, tmp_path_factory):
+    """The tiny model exported in fp32 and fp16 (the ONNX backends need fp16 files for precision='fp16')."""
+    from hne_edge.exporters import export_onnx
+
+    return export_onnx(tiny_bundle.model, tmp_path_factory.mktemp("fp16") / "bundle", precisions=("fp32", "fp16"),
+                       plan="both", batch=(1, 1, 8), torch_weights=True)  # fmt: skip
+
+
+def _check_every_prefix(runner, x, ref, tol):
+    for n in range(1, runner.num_leaves + 1):
+        for _ in range(2):  # the second frame replays graphs / reuses buffers
+            r = runner.run(x, max_leaves=n)
+            np.testing.assert_allclose(r.logits, ref[:, :n].mean(1), **tol)
+    # a batch-size change, and a paused session interleaved with frames of another batch size
+    r1 = runner.run(x[:1])
+    np.testing.assert_allclose(r1.logits, ref[:1].mean(1), **tol)
+    s = runner.start(x)
+    s.step()
+    runner.run(x[:2])
+    while s.step():
+        pass
+    np.testing.assert_allclose(s.result().logits, ref.mean(1), **tol)
+    prof = runner.profile(batch_sizes=(1,), warmup=2, repeats=3, save=False)
+    assert all(u["median_ms"] > 0 for u in prof.batches[1]["units"].values())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.skipif(not HAS_ORT_CUDA, reason="onnxruntime-gpu (CUDAExecutionProvider) is not installed")
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_gpu_onnxruntime_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph):
+    x, ref = gpu_reference
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", plan=plan,
+                       cuda_graph=cuda_graph, load_profile=False) as runner:  # fmt: skip
+        assert runner.backend.describe()["device"] == "cuda"
+        _check_every_prefix(runner, x, ref, FP32)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.skipif(not HAS_ORT_CUDA, reason="onnxruntime-gpu (CUDAExecutionProvider) is not installed")
+def test_gpu_onnxruntime_cuda_fp16(fp16_bundle, gpu_reference):
+    x, ref = gpu_reference
+    with AnytimeRunner(fp16_bundle, backend="onnxruntime", device="cuda", precision="fp16", load_profile=False) as runner:
+        _check_every_prefix(runner, x, ref, FP16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_gpu_torch_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph, precision):
+    x, ref = gpu_reference
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan=plan, precision=precision,
+                       cuda_graph=cuda_graph, load_profile=False) as runner:  # fmt: skip
+        _check_every_prefix(runner, x, ref, FP16 if precision == "fp16" else FP32)
+        if cuda_graph:
+            assert all(r._graphs.captures >= 2 for r in runner._runners)  # batch 3, 1, 2...: re-captured per shape
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_cuda
+@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed")
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_gpu_tensorrt_every_prefix(fp16_bundle, gpu_reference, tmp_path, precision):
+    from hne_edge.exporters.tensorrt import build_engines
+
+    bundle = tmp_path / "b"
+    shutil.copytree(fp16_bundle, bundle)
+    build_engines(bundle, precisions=(precision,))
+    x, ref = gpu_reference
+    tol = FP16 if precision == "fp16" else FP32
+    for plan in ("segments", "nodes"):
+        for cuda_graph in (False, True):
+            with AnytimeRunner(bundle, backend="tensorrt", device="cuda", plan=plan, precision=precision,
+                               cuda_graph=cuda_graph, load_profile=False) as runner:  # fmt: skip
+                _check_every_prefix(runner, x, ref, tol)
+
+
+def test_gpu_tests_are_marked():
+    """The GPU tests carry the markers pyproject.toml declares (so `-m gpu` selects them)."""
+    mod = sys.modules[__name__]
+    for name in ("test_gpu_onnxruntime_cuda_every_prefix", "test_gpu_torch_cuda_every_prefix", "test_gpu_tensorrt_every_prefix"):
+        marks = {m.name for m in getattr(mod, name).pytestmark}
+        assert "gpu" in marks and "skipif" in marks
+    assert "tensorrt" in {m.name for m in test_gpu_tensorrt_every_prefix.pytestmark}
+
