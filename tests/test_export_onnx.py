@@ -17,3 +17,205 @@ def test_tiny_bundle_is_a_valid_bundle(tiny_bundle):
     assert manifest.class_names[0] == "c0"
     assert manifest.input.mean == (0.49, 0.48, 0.45)
     assert manifest.input.shape == ("batch", 3, 16, 16)
+
+
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+
+from hne_edge.errors import ExportError  # noqa: E402
+from hne_edge.exporters import ShapeError, ToleranceError, export_onnx, export_standalone_network  # noqa: E402
+from hne_edge.exporters.onnx import export_module, fold_batchnorm  # noqa: E402
+from hne_edge.exporters.verify import compare_outputs, verify_bundle  # noqa: E402
+from hne_edge.models import create_model, tree_cost  # noqa: E402
+from conftest import randomize_  # noqa: E402
+
+
+def _session(path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _chain(manifest, bundle_dir, plan, precision, image):
+    """Independent of hne_edge.exporters.verify: chain the bundle's files with plain onnxruntime."""
+    files = manifest.files_for(plan, precision)
+    cache = {None: image}
+    leaves = []
+    for seg in manifest.tree.segments:
+        if plan == "nodes":
+            x = cache[seg.input]
+            for nid in seg.nodes:
+                (f,) = [f for f in files if f.nodes == (nid,)]
+                (x,) = _session(bundle_dir / f.path).run(None, {f.inputs[0].name: x})
+                cache[nid] = x
+            leaves.append(x)
+        else:
+            f = files[seg.leaf]
+            outs = _session(bundle_dir / f.path).run(None, {f.inputs[0].name: cache[seg.input]})
+            cache.update({spec.node: out for spec, out in zip(f.outputs, outs)})
+            leaves.append(outs[-1])
+    return np.stack(leaves, axis=1).astype(np.float32)  # (B, N, classes)
+
+
+def test_every_file_has_symbolic_batch_no_batchnorm_and_is_self_contained(tiny_bundle):
+    manifest = read_manifest(tiny_bundle.bundle_dir)
+    on_disk = {p.relative_to(tiny_bundle.bundle_dir).as_posix() for p in tiny_bundle.bundle_dir.rglob("*") if p.is_file()}
+    assert on_disk == {f.path for f in manifest.files} | {"manifest.json"}  # no external-data side files
+    for f in manifest.files:
+        if f.format != "onnx":
+            continue
+        proto = onnx.load(str(tiny_bundle.bundle_dir / f.path))
+        assert proto.opset_import[0].version == f.opset == 17
+        assert "BatchNormalization" not in {n.op_type for n in proto.graph.node}, f.path
+        for value in [*proto.graph.input, *proto.graph.output]:
+            assert value.type.tensor_type.shape.dim[0].dim_param == "batch", (f.path, value.name)
+        assert [i.name for i in proto.graph.input] == [t.name for t in f.inputs]
+        assert [o.name for o in proto.graph.output] == [t.name for t in f.outputs]
+
+
+@pytest.mark.parametrize("plan", ["nodes", "segments"])
+def test_anytime_from_bundle_equals_fused_mean(tiny_bundle, plan):
+    """Chaining the files depth-first gives the fused model's mean of the first n leaves, every n (fp32, 1e-4)."""
+    manifest = read_manifest(tiny_bundle.bundle_dir)
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(5))  # batch 3: not the export's 2
+    with torch.no_grad():
+        fused = tiny_bundle.model(x).numpy()
+    assert np.abs(fused).max() > 0.5
+    leaves = _chain(manifest, tiny_bundle.bundle_dir, plan, "fp32", x.numpy())
+    for n in range(1, manifest.tree.num_leaves + 1):
+        diff = np.abs(leaves[:, :n].mean(1) - fused[:, :n].mean(1)).max()
+        assert diff <= 1e-4, f"{plan}: n={n} differs by {diff:.2e}"
+
+
+def test_first_segment_costs_one_network(tiny_bundle):
+    manifest = read_manifest(tiny_bundle.bundle_dir)
+    first = manifest.files_for("segments")[0]
+    cost = tree_cost(tiny_bundle.model)
+    assert first.nodes == manifest.tree.path(0)
+    assert first.macs == cost.path_macs[0] == manifest.prefix_macs()[0]
+    assert [o.name for o in first.outputs] == ["act_b0.0", "act_b1.0", "act_b2.0", "act_b3.0", "logits"]
+
+
+def test_torch_weights_file_is_the_fused_state_dict(tiny_bundle):
+    state = torch.load(tiny_bundle.bundle_dir / "torch" / "model.pt", weights_only=True)
+    ref = tiny_bundle.model.state_dict()
+    assert set(state) == set(ref) and all(torch.equal(state[k], ref[k]) for k in ref)
+
+
+def test_fold_batchnorm_removes_bn_and_keeps_numerics():
+    model = randomize_(create_model("hne_tiny"))
+    node = model.node_module("b2.1")
+    folded = fold_batchnorm(node)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in node.modules())  # the original is untouched
+    x = torch.randn(2, 16, 16, 16)
+    with torch.no_grad():
+        assert (folded(x) - node(x)).abs().max() <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(tmp_path_factory, tiny_bundle):
+    out = tmp_path_factory.mktemp("fp16") / "bundle"
+    return export_onnx(tiny_bundle.model, out, precisions="fp32,fp16", plan="segments", batch=(1, 2, 4), torch_weights=False)
+
+
+def test_fp16_files_are_half_end_to_end(fp16_bundle, tiny_bundle):
+    manifest = read_manifest(fp16_bundle)
+    assert manifest.input.dtype == "float32"  # fp32 exported too; each file states its own dtype
+    f16 = manifest.files_for("segments", "fp16")
+    for f in f16:
+        proto = onnx.load(str(fp16_bundle / f.path))
+        elem = {v.type.tensor_type.elem_type for v in [*proto.graph.input, *proto.graph.output]}
+        assert elem == {onnx.TensorProto.FLOAT16}
+        assert {t.data_type for t in proto.graph.initializer} <= {onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64}
+        assert all(t.dtype == "float16" for t in (*f.inputs, *f.outputs))
+    # numerics vs the fp32 PyTorch model, with the documented fp16 bound
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        fused = tiny_bundle.model(x).numpy()
+    leaves = _chain(manifest, fp16_bundle, "segments", "fp16", x.numpy().astype(np.float16))
+    for n in (1, 4, 16):
+        check = compare_outputs("fp16", f"n={n}", leaves[:, :n].mean(1), fused[:, :n].mean(1), "fp16")
+        assert check.ok, check.message()
+        assert check.max_abs_diff < 1e-2  # measured ~2e-4; the bound (atol 1e-2 + 1.5e-2 * scale) is looser
+    assert (np.abs(leaves[:, 0] - fused[:, 0])).max() > 0  # really computed in fp16, not silently fp32
+
+
+def test_export_refuses_existing_dir_and_force_replaces(tmp_path, tiny_bundle):
+    out = tmp_path / "existing"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(ExportError, match=rf"output directory {out} already exists; pass --force"):
+        export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False)
+    export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)
+    assert not (out / "keep.txt").exists() and read_manifest(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # no temporary leftovers
+
+
+def test_failed_verification_or_crash_leaves_nothing(tmp_path, tiny_bundle, monkeypatch):
+    from hne_edge.exporters import base
+
+    out = tmp_path / "bundle"
+    monkeypatch.setitem(base.TOLERANCES, "fp32", base.Tolerance(atol=0.0))  # nothing can pass: verification fails
+    with pytest.raises(ToleranceError, match=r"bundle verification failed: .*max abs difference .* exceeds the bound 0"):
+        export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False)
+    monkeypatch.undo()
+
+    def crash(tmp):
+        assert (tmp / "manifest.json").exists()  # the bundle was complete when the crash came
+        raise RuntimeError("power cut")
+
+    with pytest.raises(RuntimeError, match="power cut"):
+        export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, post_export=crash)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_detects_a_different_model(tiny_bundle):
+    other = randomize_(create_model("hne_tiny"), seed=1)
+    report = verify_bundle(tiny_bundle.bundle_dir, model=other, batch_sizes=[2])
+    assert not report.ok
+    with pytest.raises(ToleranceError, match=r"max abs difference .* exceeds the bound 0.0001; at index"):
+        report.raise_for_failures()
+    wrong_arch = create_model("hne_tiny", num_classes=5)
+    with pytest.raises(ExportError, match="is not the architecture of the bundle"):
+        verify_bundle(tiny_bundle.bundle_dir, model=wrong_arch)
+
+
+def test_shape_errors():
+    with pytest.raises(ShapeError, match=r"received output shape \[2, 10\]; expected \[2, 5\]"):
+        compare_outputs("leaf00.onnx", "logits", np.zeros((2, 10)), np.zeros((2, 5)), "fp32")
+
+
+def test_fixed_batch_is_caught(tmp_path):
+    """A file whose batch dim is baked in must be refused (here: exported without dynamic axes)."""
+    from hne_edge.exporters.onnx import check_onnx_model
+
+    node = fold_batchnorm(randomize_(create_model("hne_tiny")).node_module("b0.0"))
+    path = tmp_path / "fixed.onnx"
+    with torch.no_grad():
+        torch.onnx.export(node, (torch.randn(2, 3, 16, 16),), str(path), input_names=["image"],
+                          output_names=["act_b0.0"], opset_version=17, dynamo=False)  # fmt: skip
+    with pytest.raises(ShapeError, match=r"tensor image has a fixed batch dimension 2; expected a symbolic one"):
+        check_onnx_model(onnx.load(str(path)), path, ["image"], ["act_b0.0"])
+
+
+def test_dynamo_exporter_path(tmp_path, tiny_bundle):
+    node = fold_batchnorm(tiny_bundle.model.node_module("b4.0"))
+    x = torch.randn(2, 32, 8, 8)
+    path = export_module(node, tmp_path / "leaf.onnx", x, ["act_b3.0"], ["logits"], exporter="dynamo")
+    proto = onnx.load(str(path))
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param  # symbolic batch
+    x5 = torch.randn(5, 32, 8, 8)
+    (got,) = _session(path).run(None, {"act_b3.0": x5.numpy()})
+    with torch.no_grad():
+        assert np.abs(got - tiny_bundle.model.node_module("b4.0")(x5).numpy()).max() <= 1e-4
+
+
+@pytest.mark.parametrize("leaf", [0, 11])
+def test_standalone_network(tmp_path, tiny_bundle, leaf):
+    path = export_standalone_network(tiny_bundle.model, leaf, tmp_path / f"net{leaf}.onnx")
+    x = torch.randn(3, 3, 16, 16)
+    (got,) = _session(path).run(None, {"image": x.numpy()})
+    with torch.no_grad():
+        ref = tiny_bundle.model(x)[:, leaf].numpy()
+    assert np.abs(got - ref).max() <= 1e-4
+    assert [p.name for p in tmp_path.iterdir()] == [f"net{leaf}.onnx"]

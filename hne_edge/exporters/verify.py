@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..bundle import Manifest, ModelFile, bundle_path, read_manifest
-from .base import DTYPE_OF, TOLERANCES, ShapeError, ToleranceError
+from .base import DTYPE_OF, TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..models import HNE
@@ -219,12 +219,21 @@ def verify_bundle(
     batch_sizes: Sequence[int] | None = None,
     seed: int = 0,
     threads: int | None = None,
+    node_modules: dict | None = None,
 ) -> VerifyReport:
     """Verify a bundle (see module docstring). Raises BundleError/ShapeError for structural problems;
-    numerical results are in the returned report (``report.raise_for_failures()`` to make them errors)."""
+    numerical results are in the returned report (``report.raise_for_failures()`` to make them errors).
+
+    ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
+    """
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir, verify_files=True)
     report = VerifyReport(bundle_dir)
+    if model is not None and model.config.to_dict() != manifest.model_config:
+        raise OutputMismatchError(
+            f"the reference model ({model.config.name}) is not the architecture of the bundle "
+            f"({manifest.model_name}): model configs differ"
+        )
     if batch_sizes is None:
         lo, _, hi = manifest.input.batch
         batch_sizes = sorted({lo, max(lo, min(hi, 4))})
@@ -246,7 +255,7 @@ def verify_bundle(
     chains = {(p, q, b): run_anytime(manifest, sessions, p, q, images[b]) for p, q in variants for b in batch_sizes}
 
     if model is not None:
-        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report)
+        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules)
 
     # plan agreement (no torch needed): "segments" must compute what "nodes" computes
     for precision in ("fp32", "fp16"):
@@ -276,22 +285,15 @@ def verify_bundle(
     return report
 
 
-def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report) -> None:
+def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules=None) -> None:
     import torch
 
     model = model.eval()
     tree = manifest.tree
-    if model.config.to_dict() != manifest.model_config:
-        from .base import OutputMismatchError
-
-        raise OutputMismatchError(
-            f"the reference model ({model.config.name}) is not the architecture of the bundle "
-            f"({manifest.model_name}): model configs differ"
-        )
     refs: dict[int, dict[str | None, np.ndarray]] = {}
     fused_means: dict[int, list[np.ndarray]] = {}
     with torch.no_grad():
-        nodes = {n.id: model.node_module(n.id).eval() for n in tree.nodes}
+        nodes = {k: v.eval() for k, v in (node_modules or model.node_modules()).items()}  # unfolded, fp32
         for b, image in images.items():
             acts: dict[str | None, torch.Tensor] = {None: torch.from_numpy(image)}
             for node in tree.nodes:  # breadth-first: parents first

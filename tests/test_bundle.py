@@ -1,0 +1,123 @@
+"""Hostile and tampered bundles: read_manifest must refuse each with an error naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from hne_edge.bundle import MANIFEST_NAME, read_manifest
+from hne_edge.errors import BundleError
+
+
+@pytest.fixture
+def bundle(tiny_bundle, tmp_path):
+    """A private copy of the session's tiny bundle (tests may damage it)."""
+    return shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+
+
+def edit(bundle, fn):
+    path = bundle / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+def test_copy_reads_back(bundle):
+    assert read_manifest(bundle).model_name == "hne_tiny"
+
+
+def test_unknown_schema_version(bundle):
+    edit(bundle, lambda d: d.update(schema_version=99))
+    with pytest.raises(BundleError, match=r"schema_version 99 is not supported .*reads 1"):
+        read_manifest(bundle)
+
+
+def test_missing_key(bundle):
+    edit(bundle, lambda d: d["files"][3].pop("sha256"))
+    with pytest.raises(BundleError, match=r"files\[3\] is missing key\(s\) \['sha256'\]"):
+        read_manifest(bundle)
+    edit(bundle, lambda d: d.pop("provenance"))
+    with pytest.raises(BundleError, match=r"manifest is missing key\(s\) \['provenance'\]"):
+        read_manifest(bundle)
+
+
+def test_extra_key(bundle):
+    edit(bundle, lambda d: d["files"][0].update(run_this="rm -rf /"))
+    with pytest.raises(BundleError, match=r"files\[0\] has unknown key\(s\) \['run_this'\]"):
+        read_manifest(bundle)
+
+
+def test_extra_top_level_key(bundle):
+    edit(bundle, lambda d: d.update(plugins=["evil.so"]))
+    with pytest.raises(BundleError, match=r"manifest has unknown key\(s\) \['plugins'\]"):
+        read_manifest(bundle)
+
+
+def test_sha256_mismatch_names_file_and_field(bundle):
+    data = json.loads((bundle / MANIFEST_NAME).read_text())
+    victim = data["files"][5]["path"]
+    with open(bundle / victim, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(BundleError, match=rf"{victim} \(files\[5\]\.sha256\) does not match the manifest"):
+        read_manifest(bundle)
+    # the structure alone still reads without hashing
+    assert read_manifest(bundle, verify_files=False)
+
+
+def test_dotdot_path(bundle):
+    edit(bundle, lambda d: d["files"][0].update(path="onnx/../../outside.onnx"))
+    with pytest.raises(BundleError, match=r"files\[0\] path 'onnx/../../outside.onnx' contains '\.\.'"):
+        read_manifest(bundle)
+
+
+def test_absolute_path(bundle):
+    edit(bundle, lambda d: d["files"][0].update(path="/etc/passwd"))
+    with pytest.raises(BundleError, match=r"files\[0\] path '/etc/passwd' must be relative"):
+        read_manifest(bundle)
+
+
+def test_symlink_pointing_out(bundle, tmp_path):
+    outside = tmp_path / "outside.onnx"
+    data = json.loads((bundle / MANIFEST_NAME).read_text())
+    victim = bundle / data["files"][0]["path"]
+    shutil.copy(victim, outside)  # same bytes, so only the location can give it away
+    victim.unlink()
+    os.symlink(outside, victim)
+    with pytest.raises(BundleError, match=r"files\[0\] path 'onnx/fp32/nodes/b0.0.onnx' resolves to .* outside the bundle"):
+        read_manifest(bundle)
+
+
+def test_symlinked_directory_pointing_out(bundle, tmp_path):
+    shutil.move(bundle / "onnx" / "fp32" / "segments", tmp_path / "segments")
+    os.symlink(tmp_path / "segments", bundle / "onnx" / "fp32" / "segments")
+    with pytest.raises(BundleError, match=r"path 'onnx/fp32/segments/leaf00.onnx' resolves to .* outside the bundle"):
+        read_manifest(bundle)
+
+
+def test_missing_file(bundle):
+    (bundle / "onnx" / "fp32" / "nodes" / "b4.3.onnx").unlink()
+    with pytest.raises(BundleError, match=r"bundle file missing: onnx/fp32/nodes/b4.3.onnx \(files\[\d+\]\)"):
+        read_manifest(bundle)
+
+
+def test_engine_source_escaping(bundle):
+    edit(bundle, lambda d: d["files"][0].update(source="../model.onnx"))
+    with pytest.raises(BundleError, match=r"files\[0\]\.source path '../model.onnx' contains '\.\.'"):
+        read_manifest(bundle)
+
+
+def test_plan_coverage(bundle):
+    edit(bundle, lambda d: d["files"].pop(0))  # the root node's file
+    with pytest.raises(BundleError, match=r"onnx/nodes/fp32 must have exactly one file per tree node"):
+        read_manifest(bundle)
+
+
+def test_not_json_and_no_manifest(bundle, tmp_path):
+    (bundle / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(BundleError, match=r"manifest.json: not valid JSON"):
+        read_manifest(bundle)
+    with pytest.raises(BundleError, match=r"is not a bundle: manifest.json is missing"):
+        read_manifest(tmp_path)

@@ -1,0 +1,68 @@
+"""``hne-edge export / verify / inspect`` through a subprocess, as users run them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from conftest import run_cli
+
+
+def test_export_verify_inspect(tiny_bundle, tmp_path):
+    out = tmp_path / "bundle"
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--precision", "fp16",
+                   "--precision", "fp32", "--plan", "segments", "--batch", "1:2:4", "--no-torch-weights")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "exported 32 file(s)" in proc.stdout and "onnx/segments/fp32, onnx/segments/fp16" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["input"]["batch"] == [1, 2, 4]
+    assert manifest["model"]["class_names"][:2] == ["c0", "c1"]
+    assert manifest["input"]["mean"] == [0.49, 0.48, 0.45]
+    assert manifest["provenance"]["checkpoint_sha256"] and manifest["provenance"]["onnxruntime"]
+
+    proc = run_cli("verify", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "onnx/fp16/segments  anytime == fp32 segments, n=1..16" in proc.stdout and "OK" in proc.stdout
+
+    proc = run_cli("inspect", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "onnx/segments/fp16: 16 file(s)" in proc.stdout
+    assert "leaf  0  onnx/fp16/segments/leaf00.onnx" in proc.stdout and "MACs" in proc.stdout
+
+
+def test_existing_output_is_refused(tiny_bundle, tmp_path):
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(tiny_bundle.bundle_dir))
+    assert proc.returncode == 2
+    assert f"output directory {tiny_bundle.bundle_dir} already exists; pass --force" in proc.stderr
+
+
+def test_tensorrt_without_tensorrt(tiny_bundle, tmp_path):
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--format", "tensorrt", "--out", str(tmp_path / "b"),
+                   env={"PYTHONPATH": str(tmp_path / "no_trt")})  # fmt: skip
+    (tmp_path / "no_trt").mkdir(exist_ok=True)
+    if proc.returncode == 0:  # pragma: no cover - a machine with TensorRT and a GPU
+        return
+    assert proc.returncode == 2
+    assert "Error: " in proc.stderr and ("pip install 'hne-edge[tensorrt]'" in proc.stderr or "no CUDA device" in proc.stderr)
+    assert not (tmp_path / "b").exists()
+
+
+def test_verify_with_checkpoint_prints_per_file_table(tiny_bundle):
+    proc = run_cli("verify", str(tiny_bundle.bundle_dir), "--checkpoint", str(tiny_bundle.checkpoint_path),
+                   "--batch-sizes", "3")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["file", "check", "max", "abs", "diff", "bound", "ok"]
+    assert any(l.startswith("onnx/fp32/nodes/b4.15.onnx") and "vs torch (logits)" in l and l.endswith("yes") for l in lines)
+    assert any(l.startswith("onnx/fp32/segments ") and "anytime vs fused, n=1..16" in l for l in lines)
+    assert any(l.startswith("torch/model.pt") for l in lines)
+    assert lines[-1].endswith("checks passed: OK")
+
+
+def test_verify_tampered_bundle_fails(tiny_bundle, tmp_path):
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+    with open(bundle / "onnx" / "fp32" / "segments" / "leaf02.onnx", "ab") as f:
+        f.write(b"x")
+    proc = run_cli("verify", str(bundle))
+    assert proc.returncode == 2
+    assert "onnx/fp32/segments/leaf02.onnx" in proc.stderr and "sha256" in proc.stderr
