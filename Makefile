@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/hne-edge info hne_resnet_small $(DEMO_ARGS)
+	$(VENV)/bin/hne-edge demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
