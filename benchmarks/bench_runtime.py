@@ -159,11 +159,14 @@ def main() -> None:
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "hne_bench_runtime"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--nice", type=int, default=0, help="os.nice() increment for this process (e.g. -10: priority over background jobs, as a deployed real-time process would have)")
+    ap.add_argument("--realtime", action="store_true", help="run under SCHED_FIFO priority 1 (Linux, root), as a deployed real-time process would; single-threaded, so other jobs keep the other cores")
     ap.add_argument("--quantile", type=float, default=0.95, help="cost model prediction quantile")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.nice:
         os.nice(args.nice)
+    if args.realtime:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     bundle, standalone_path = export(workdir, max(batches))
@@ -184,7 +187,7 @@ def main() -> None:
         "## Runtime (issue 5): anytime scheduler on ONNX Runtime CPU",
         "",
         f"`{' '.join(['python', 'benchmarks/bench_runtime.py'] + sys.argv[1:])}` - hne_resnet_small (16 leaves), plan segments, "
-        f"fp32, onnxruntime {onnxruntime.__version__}, intra-op threads {args.threads}, cost-model quantile {args.quantile}, nice {os.nice(0)}; {platform.processor() or platform.machine()}, "
+        f"fp32, onnxruntime {onnxruntime.__version__}, intra-op threads {args.threads}, cost-model quantile {args.quantile}, nice {os.nice(0)}{', SCHED_FIFO' if args.realtime else ''}; {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs shared with other jobs (load average {load[0]:.1f} at the end), "
         f"{args.repeats} interleaved repeats (medians), {args.frames} deadline frames per batch size.",
         "",

@@ -16,6 +16,16 @@ from ..errors import InputError
 __all__ = ["check_input", "preprocess"]
 
 
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(name: str) -> np.dtype:
+    dt = _DTYPES.get(name)
+    if dt is None:
+        dt = _DTYPES[name] = np.dtype(name)
+    return dt
+
+
 def _expected_shape(spec: InputSpec) -> str:
     c, (h, w) = spec.channels, spec.spatial
     return f"(batch, {c}, {h}, {w}) with batch in {spec.batch[0]}..{spec.batch[2]}"
@@ -31,7 +41,7 @@ def check_input(x: Any, spec: InputSpec) -> np.ndarray:
         kind = f"{type(x).__module__}.{type(x).__qualname__}"
         hint = " (use .cpu().numpy())" if kind.startswith("torch.") else ""
         raise InputError(f"input {spec.name}: received {kind}; expected a numpy.ndarray{hint}")
-    if x.dtype != np.dtype(spec.dtype):
+    if x.dtype != _dtype(spec.dtype):
         hint = " (uint8 images: use runner.preprocess(images))" if x.dtype == np.uint8 else f" (x.astype(np.{spec.dtype}))"
         raise InputError(f"input {spec.name}: received dtype {x.dtype}; expected {spec.dtype}{hint}")
     if x.ndim != 4:

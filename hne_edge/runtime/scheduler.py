@@ -53,6 +53,8 @@ class RunnerClosedError(HNEError, RuntimeError):
 
 
 def _check_count(value: Any, name: str, lo: int, hi: int) -> int:
+    if type(value) is int and lo <= value <= hi:  # the common case, fast
+        return value
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not lo <= value <= hi:
         raise InputError(f"{name}: received {value!r}; expected an int in {lo}..{hi}")
     return int(value)
@@ -376,10 +378,10 @@ class AnytimeRunner:
         if not self._lock.acquire(blocking=False):
             raise ConcurrentUseError(
                 f"AnytimeRunner is busy: received a call from thread {threading.current_thread().name!r} while "
-                f"thread {self._owner!r} is running it; expected one call at a time (a runner's backend buffers "
+                f"thread {getattr(self._owner, 'name', None)!r} is running it; expected one call at a time (a runner's backend buffers "
                 "and caches serve one thread): use one runner per thread, or serialize calls with a lock"
             )
-        self._owner = threading.current_thread().name
+        self._owner = threading.current_thread()
 
     def _release(self) -> None:
         self._owner = None
