@@ -137,7 +137,7 @@ def run_demo(
     if data == "digits":
         preset = "digits"
     else:
-        preset = "cifar10" if data in ("cifar10", "npz") else data
+        preset = "imagenet" if data == "imagefolder" else "cifar"
         overrides["data"] = {"name": data, "data_dir": data_dir}
         overrides["model"] = {"name": model or "hne_tiny", "overrides": {}}
     if model and data == "digits":

@@ -1,0 +1,131 @@
+"""Every example runs, as a user would run it (a subprocess), on a real exported bundle."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+EXAMPLES = REPO / "examples"
+
+BLOCK_TORCH = textwrap.dedent(
+    """
+    import sys
+    class _BlockTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError("torch is blocked: edge devices do not carry it")
+            return None
+    sys.meta_path.insert(0, _BlockTorch())
+    """
+)
+
+
+def run_example(name: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path) -> Path:
+    """A private copy: the examples write cost profiles next to the bundle."""
+    return Path(shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle"))
+
+
+@pytest.fixture
+def labelled_frames(tiny_bundle, tmp_path) -> Path:
+    """Frames the tiny model labels itself (its own fused predictions), so accuracy is checkable."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, size=(40, 16, 16, 3), dtype=np.uint8)
+    mean = np.array([0.49, 0.48, 0.45], np.float32)
+    std = np.array([0.25, 0.24, 0.26], np.float32)
+    xn = ((x / 255.0 - mean) / std).transpose(0, 3, 1, 2).astype(np.float32)
+    with torch.no_grad():
+        y = tiny_bundle.model(torch.from_numpy(xn)).mean(1).argmax(-1).numpy()
+    path = tmp_path / "frames.npz"
+    np.savez(path, x=x, y=y)
+    return path
+
+
+def test_embedded_app_is_torch_free(bundle_copy, labelled_frames, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(BLOCK_TORCH)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = run_example("embedded_app.py", str(bundle_copy), "--frames", str(labelled_frames), "--count", "40", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("frame")]
+    assert len(lines) == 40 and "leaves=16" in lines[0]  # no budget: every leaf
+    # labels are the full ensemble's own predictions, so all 16 leaves reproduce them
+    assert "accuracy 100.00% on 40 labelled frames" in proc.stdout
+
+
+def test_embedded_app_budget_and_bad_bundle(bundle_copy, tmp_path):
+    proc = run_example("embedded_app.py", str(bundle_copy), "--count", "5", "--budget-ms", "1000")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("frame") == 5
+    proc = run_example("embedded_app.py", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "bundle directory not found" in proc.stderr
+
+
+def test_autonomous_stack(bundle_copy, labelled_frames, tmp_path):
+    out = tmp_path / "stack"
+    proc = run_example("autonomous_stack.py", str(bundle_copy), "--frames", str(labelled_frames), "--count", "40",
+                       "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "timeline.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 40
+    for r in rows:
+        assert 1 <= int(r["first_leaves"]) <= int(r["final_leaves"]) <= 16  # refining only adds leaves
+        assert 0.05 <= float(r["load"]) <= 0.9
+    assert (out / "timeline.png").stat().st_size > 10_000
+    assert "answers late:" in proc.stdout and "accuracy on time" in proc.stdout
+
+
+def test_shipped_training_configs_load():
+    from hne_edge.train import TrainConfig
+
+    configs = sorted((EXAMPLES / "configs").glob("*.yaml"))
+    assert configs, "examples/configs should ship the paper's recipes"
+    for path in configs:
+        cfg = TrainConfig.from_file(path)
+        assert cfg.optim.epochs == 200 and cfg.optim.batch_size == 128 and cfg.optim.lr == 0.1
+        assert cfg.optim.weight_decay == 5e-4 and cfg.optim.momentum == 0.9 and not cfg.optim.nesterov
+        assert cfg.loss.kind == "hierarchical" and cfg.loss.alpha == 0.5 and cfg.loss.temperature == 2.0
+
+
+def test_train_cifar_example_on_real_data(shared_cifar10, tmp_path):
+    out = tmp_path / "run"
+    proc = run_example("train_cifar.py", "--dataset", "npz", "--data-dir", str(shared_cifar10), "--model", "hne_tiny",
+                       "--epochs", "1", "--limit", "512", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "checkpoint.pt").is_file()
+    assert "validation accuracy by ensemble size: n=1:" in proc.stdout
+
+
+def test_export_tensorrt_example_without_tensorrt(bundle_copy):
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        pass
+    else:  # pragma: no cover - only on a TensorRT machine
+        pytest.skip("TensorRT is installed: this test checks the message users get without it")
+    proc = run_example("export_tensorrt.py", str(bundle_copy))
+    assert proc.returncode == 2
+    assert "TensorRT is not available" in proc.stderr and "pip install 'hne-edge[tensorrt]'" in proc.stderr
