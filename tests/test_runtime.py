@@ -480,3 +480,17 @@ def test_result_reports_each_leaf_time(bundle):
     runner, _ = fake_runner(bundle, cost=lambda node, batch: 0.001)
     r = runner.run(images(1))
     np.testing.assert_allclose(r.leaf_ms, [3, 1, 2, 1])
+
+
+def test_closed_session_keeps_its_result_and_says_why(bundle):
+    runner, _ = fake_runner(bundle)
+    session = runner.start(images(1))
+    session.step()
+    session.close()
+    assert session.done and session.cached_nodes == ()
+    r = session.refine()
+    assert r.leaves == 1 and r.stopped_by == "closed"
+    fresh = runner.start(images(1))
+    fresh.close()
+    with pytest.raises(RunnerClosedError, match="session is closed and has no leaf"):
+        fresh.refine()

@@ -53,7 +53,7 @@ class AnytimeResult:
     no budget or finished by its deadline; ``overran_min_leaves`` is True
     when the forced ``min_leaves`` alone went past the deadline (that miss is
     not the scheduler's choice). ``stopped_by``: "complete", "max_leaves",
-    "budget", "stop_when", "cancelled" or "step".
+    "budget", "stop_when", "cancelled", "step" or "closed" (session closed early).
     """
 
     leaf_logits: np.ndarray  # (leaves, batch, classes), float32

@@ -151,7 +151,8 @@ class AnytimeSession:
         runner._acquire()
         try:
             if self.done:
-                reason, t_forced = ("cancelled" if self._cancelled else "complete"), t0
+                reason = "cancelled" if self._cancelled else ("complete" if self._next >= runner.num_leaves else "closed")
+                t_forced = t0
             else:
                 reason, t_forced = self._advance(stop_at, n_stop, n_min, stop_when)
             t1 = runner._clock()
@@ -280,7 +281,7 @@ class AnytimeRunner:
         *,
         threads: int | None = None,
         load_profile: bool = True,
-        quantile: float = 0.95,
+        quantile: float = 0.99,
         verify: bool = True,
         warmup: int = 1,
         **backend_options: Any,
