@@ -60,7 +60,9 @@ def summarize(args: argparse.Namespace) -> None:
     runs = [json.loads((Path(args.out) / loss / "metrics.json").read_text()) for loss in args.losses]
     plot_metrics(runs, args.out, labels=list(args.losses))
     n_all = [r["n"] for r in runs[0]["anytime"]]
-    lines = ["| n | MMACs | " + " | ".join(f"acc {l}" for l in args.losses) + " | " + " | ".join(f"std {l}" for l in args.losses) + " |",
+    epochs = sorted({r.get("epoch") for r in runs})
+    lines = [f"Epochs trained: {', '.join(map(str, epochs))} (of --epochs {args.epochs}); {runs[0]['num_images']} validation images.", "",
+             "| n | MMACs | " + " | ".join(f"acc {l}" for l in args.losses) + " | " + " | ".join(f"std {l}" for l in args.losses) + " |",
              "|---" * (2 + 2 * len(runs)) + "|"]
     for i, n in enumerate(n_all):
         lines.append(f"| {n} | {runs[0]['anytime'][i]['macs'] / 1e6:.2f} | "
@@ -87,8 +89,15 @@ def main() -> None:
     p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
     p.add_argument("--parallel", action="store_true", help="one process per loss (1 thread each)")
     p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--eval-only", action="store_true",
+                   help="evaluate the runs' current checkpoints (whatever epoch they reached) and summarise")
     args = p.parse_args()
-    if not args.summary_only:
+    if args.eval_only:
+        from hne_edge.train.evaluation import evaluate_checkpoint
+
+        for loss in args.losses:
+            evaluate_checkpoint(Path(args.out) / loss / "checkpoint.pt", Path(args.out) / loss)
+    elif not args.summary_only:
         if args.parallel and len(args.losses) > 1:
             base = [sys.executable, __file__, "--data", args.data, "--epochs", str(args.epochs), "--seed", str(args.seed),
                     "--threads", str(args.threads), "--out", args.out]
@@ -103,7 +112,7 @@ def main() -> None:
         else:
             for loss in args.losses:
                 run_one(loss, args)
-    if len(args.losses) > 1 or args.summary_only:
+    if len(args.losses) > 1 or args.summary_only or args.eval_only:
         summarize(args)
 
 
