@@ -76,9 +76,10 @@ def test_info_cli_json():
     assert data["mac_convention"].startswith("1 multiply-add = 1 MAC")
 
 
-def test_info_cli_table_and_errors():
-    proc = run_cli("info", "hne_tiny", "--tree", "independent", check=True)
+def test_info_cli_table_and_errors(tmp_path):
+    proc = run_cli("info", "hne_tiny", "--tree", "independent", "--plot", str(tmp_path / "tree.png"), check=True)
     assert "b0.15" in proc.stdout and "R = " in proc.stdout
+    assert (tmp_path / "tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = run_cli("info", "hne_tiny", "--tree", "1,0,2,2,2")
     assert bad.returncode == 2
     assert "received (1, 0, 2, 2, 2)" in bad.stderr and "Traceback" not in bad.stderr

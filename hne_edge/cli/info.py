@@ -19,7 +19,10 @@ import click
 )
 @click.option("--input-size", type=int, default=None, help="Square input side (default: the model's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def info(model_name: str, num_classes: int | None, tree: str, input_size: int | None, as_json: bool) -> None:
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Also draw the tree to this PNG.")
+def info(
+    model_name: str, num_classes: int | None, tree: str, input_size: int | None, as_json: bool, plot_path: str | None
+) -> None:
     """Print MODEL's tree, per-node MACs/params and the anytime cost curve."""
     from ..models import create_model, tree_cost
     from ..models.cost import format_cost
@@ -29,6 +32,10 @@ def info(model_name: str, num_classes: int | None, tree: str, input_size: int | 
         overrides["input_size"] = input_size
     model = create_model(model_name, num_classes=num_classes, **overrides).eval()
     cost = tree_cost(model)
+    if plot_path:
+        from ..plots import plot_tree
+
+        plot_tree(model.tree, plot_path, {k: v.macs for k, v in cost.nodes.items()}, title=f"{model_name}: {model.tree.branching}")
     if as_json:
         data = cost.to_dict()
         data["tree"] = {
