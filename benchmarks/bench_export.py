@@ -40,15 +40,18 @@ def _sessions(paths, threads):
     return {str(p): ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in paths}
 
 
-def _median_ms(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
+def _interleaved_median_ms(fns: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median ms per function, calling them round-robin so load changes on a shared machine hit all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict = {k: [] for k in fns}
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append((time.perf_counter() - t) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bench_model(name: str, work: Path, repeats: int, lat_repeats: int, threads: int, verify_batch: list[int]) -> dict:
@@ -67,12 +70,15 @@ def bench_model(name: str, work: Path, repeats: int, lat_repeats: int, threads: 
     for plan in ("nodes", "segments"):
         for precision in ("fp32", "fp16"):
             times = []
-            for r in range(repeats):
+            for r in range(max(1, repeats)):
                 out = work / f"{name}_{plan}_{precision}"
                 t = time.perf_counter()
                 export_onnx(model, out, precisions=(precision,), plan=plan, batch=(1, 1, 8), force=True,
-                            torch_weights=False, verify_batch_sizes=verify_batch)  # fmt: skip
+                            torch_weights=False, verify=repeats > 0, verify_batch_sizes=verify_batch)  # fmt: skip
                 times.append(time.perf_counter() - t)
+            if repeats == 0:  # --repeats 0: latency only, export untimed and unverified
+                bundles[(plan, precision)] = out
+                continue
             m = read_manifest(out)
             size = sum(f.bytes for f in m.files)
             res["exports"].append({"plan": plan, "precision": precision, "files": len(m.files), "bytes": size,
@@ -128,13 +134,11 @@ def bench_model(name: str, work: Path, repeats: int, lat_repeats: int, threads: 
         assert np.abs(got - fused).max() <= 1e-3, (fn.__name__, float(np.abs(got - fused).max()))
     N = tree.num_leaves
     res["latency_ms"] = {
-        "leaf1_nodes": _median_ms(lambda: run_nodes(1), lat_repeats),
-        "leaf1_segment": _median_ms(lambda: run_segments(1), lat_repeats),
-        "leaf1_standalone": _median_ms(lambda: run_nets(1), lat_repeats),
-        "all_nodes": _median_ms(lambda: run_nodes(N), max(3, lat_repeats // 4)),
-        "all_segments": _median_ms(lambda: run_segments(N), max(3, lat_repeats // 4)),
-        "all_independent": _median_ms(lambda: run_nets(N), max(3, lat_repeats // 4)),
-    }
+        **_interleaved_median_ms({"leaf1_nodes": lambda: run_nodes(1), "leaf1_segment": lambda: run_segments(1),
+                                  "leaf1_standalone": lambda: run_nets(1)}, lat_repeats),
+        **_interleaved_median_ms({"all_nodes": lambda: run_nodes(N), "all_segments": lambda: run_segments(N),
+                                  "all_independent": lambda: run_nets(N)}, max(3, lat_repeats // 4)),
+    }  # fmt: skip
     res["macs"] = {"leaf1": mn.prefix_macs()[0], "all": mn.prefix_macs()[-1],
                    "independent": sum(sum(mn.node_macs[n] for n in tree.path(i)) for i in range(N))}  # fmt: skip
     res["lat_repeats"] = lat_repeats
@@ -183,7 +187,8 @@ def to_markdown(results: list[dict], command: str, threads: int, verify_batch: l
         )
     lines += [
         "",
-        "Leaf-1 latencies are medians of "
+        "The three variants of each group are timed round-robin (A, B, C, A, B, C, ...) so that load changes on "
+        "the shared machine hit them alike. Leaf-1 latencies are medians of "
         f"{results[0]['lat_repeats'] if results else '?'} calls, all-leaves latencies of a quarter as many (at least 3). "
         "The three ways of computing the leaves were checked to agree with the fused PyTorch model (<= 1e-3) in the "
         "same run. 'independent nets' runs the N root-to-leaf networks as separate standalone ONNX files: the "
@@ -195,7 +200,8 @@ def to_markdown(results: list[dict], command: str, threads: int, verify_batch: l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="hne_resnet_small,hne_mobilenetv2")
-    ap.add_argument("--repeats", default="3,1", help="export repeats per model (comma list aligned with --models)")
+    ap.add_argument("--repeats", default="3,1",
+                    help="export repeats per model (comma list aligned with --models); 0: latency only")
     ap.add_argument("--latency-repeats", type=int, default=40)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--verify-batch", default="1,2")

@@ -37,9 +37,8 @@ def test_existing_output_is_refused(tiny_bundle, tmp_path):
 
 
 def test_tensorrt_without_tensorrt(tiny_bundle, tmp_path):
-    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--format", "tensorrt", "--out", str(tmp_path / "b"),
-                   env={"PYTHONPATH": str(tmp_path / "no_trt")})  # fmt: skip
-    (tmp_path / "no_trt").mkdir(exist_ok=True)
+    """Without TensorRT (or without a GPU) the command stops before any work: one line, exit 2, nothing written."""
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--format", "tensorrt", "--out", str(tmp_path / "b"))
     if proc.returncode == 0:  # pragma: no cover - a machine with TensorRT and a GPU
         return
     assert proc.returncode == 2

@@ -136,7 +136,7 @@ def test_fp16_files_are_half_end_to_end(fp16_bundle, tiny_bundle):
     for n in (1, 4, 16):
         check = compare_outputs("fp16", f"n={n}", leaves[:, :n].mean(1), fused[:, :n].mean(1), "fp16")
         assert check.ok, check.message()
-        assert check.max_abs_diff < 1e-2  # measured ~2e-4; the bound (atol 1e-2 + 1.5e-2 * scale) is looser
+        assert check.max_abs_diff < 5e-3  # measured ~2e-4; the stated bound is 1e-3 + 5e-3 * max|ref|
     assert (np.abs(leaves[:, 0] - fused[:, 0])).max() > 0  # really computed in fp16, not silently fp32
 
 

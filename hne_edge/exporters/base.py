@@ -61,10 +61,14 @@ class Tolerance:
     """``max |y - ref| <= atol + rtol * max |ref|`` (one number per output tensor).
 
     fp32 files must match PyTorch to ``atol = 1e-4``. fp16 files compute in
-    half precision (10-bit mantissa, relative step ~1e-3) through up to ~20
-    layers, so their bound is relative to the output's scale: measured on
-    randomized hne_tiny / hne_resnet_small the worst case is ~3e-3 of
-    ``max |ref|``; the bound leaves about 5x margin.
+    half precision end to end (10-bit mantissa: relative step ~1e-3) through
+    up to ~20 layers, so their bound scales with the output:
+    ``1e-3 + 5e-3 * max |ref|``, compared with the fp32 PyTorch model. Measured
+    on randomized hne_tiny and hne_resnet_small (every file, every anytime
+    prefix, batch 1 and 4): worst error 7.6e-4 of ``max |ref|`` (2.2e-3
+    absolute), about 1/8 of the bound; hne_mobilenetv2 segments (batch 1
+    and 2): worst 1/11 of the bound.
+
     """
 
     atol: float
@@ -74,7 +78,7 @@ class Tolerance:
         return self.atol + self.rtol * ref_scale
 
 
-TOLERANCES = {"fp32": Tolerance(atol=1e-4), "fp16": Tolerance(atol=1e-2, rtol=1.5e-2)}
+TOLERANCES = {"fp32": Tolerance(atol=1e-4), "fp16": Tolerance(atol=1e-3, rtol=5e-3)}
 
 
 def parse_precisions(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
