@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hne_edge.bundle import read_manifest
-from hne_edge.errors import BackendUnavailable, BundleError
+from hne_edge.errors import BackendUnavailable, BundleError, ExportError
 from hne_edge.exporters.tensorrt import (
     add_files,
     build_engines,
@@ -106,3 +106,133 @@ def test_build_real_engines(tiny_bundle, tmp_path):
     assert len(entries) == 16 and all(e.format == "tensorrt" for e in entries)
     assert entries[0].build["tensorrt_version"] == trt.__version__
     assert (bundle / entries[0].path).stat().st_size > 0
+
+
+class _FakeTRT:
+    """The slice of the documented TensorRT Python API that build_engines uses, recording the calls.
+
+    Not a substitute for a real build (see test_build_real_engines): it checks our side of the
+    contract — network flags per major version, one shared timing cache, the optimization profile,
+    TF32 off for fp32 — and that the manifest entries written afterwards are valid.
+    """
+
+    def __init__(self, version):
+        import types
+
+        self.__version__ = version
+        self.calls = {"networks": [], "profiles": [], "cleared": [], "caches_created": 0, "set_cache": 0}
+        fake = self
+        self.Logger = type("Logger", (), {"WARNING": 1, "VERBOSE": 0, "__init__": lambda s, level: None})
+        self.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=0)
+        self.BuilderFlag = types.SimpleNamespace(TF32=7, VERSION_COMPATIBLE=8)
+        self.MemoryPoolType = types.SimpleNamespace(WORKSPACE=0)
+        self.HardwareCompatibilityLevel = types.SimpleNamespace(AMPERE_PLUS=1)
+
+        class Tensor:
+            def __init__(self, name, shape):
+                self.name, self.shape = name, shape
+
+        class Network:
+            def __init__(self, flags):
+                fake.calls["networks"].append(flags)
+                self.inputs = []
+
+            @property
+            def num_inputs(self):
+                return len(self.inputs)
+
+            def get_input(self, i):
+                return self.inputs[i]
+
+        class OnnxParser:
+            def __init__(self, network, logger):
+                self.network = network
+                self.num_errors = 0
+
+            def parse_from_file(self, path):
+                import onnx
+
+                g = onnx.load(path).graph
+                for v in g.input:
+                    dims = [d.dim_value or -1 for d in v.type.tensor_type.shape.dim]
+                    self.network.inputs.append(Tensor(v.name, tuple(dims)))
+                return True
+
+        class Cache:
+            def serialize(self):
+                return b"timing-cache"
+
+        class Config:
+            def create_timing_cache(self, data):
+                fake.calls["caches_created"] += 1
+                return Cache()
+
+            def set_timing_cache(self, cache, ignore_mismatch):
+                fake.calls["set_cache"] += 1
+
+            def set_flag(self, flag):
+                pass
+
+            def clear_flag(self, flag):
+                fake.calls["cleared"].append(flag)
+
+            def add_optimization_profile(self, profile):
+                fake.calls["profiles"].append(profile.shapes)
+
+        class Profile:
+            def __init__(self):
+                self.shapes = {}
+
+            def set_shape(self, name, lo, opt, hi):
+                self.shapes[name] = (lo, opt, hi)
+
+        class Builder:
+            def __init__(self, logger):
+                pass
+
+            def create_network(self, flags):
+                return Network(flags)
+
+            def create_builder_config(self):
+                return Config()
+
+            def create_optimization_profile(self):
+                return Profile()
+
+            def build_serialized_network(self, network, config):
+                return b"plan:" + network.inputs[0].name.encode()
+
+        self.Builder, self.OnnxParser = Builder, OnnxParser
+
+
+@pytest.mark.parametrize("version, net_flags", [("10.3.0", 1), ("11.1.0", 0)])
+def test_build_engines_against_the_documented_api(tiny_bundle, tmp_path, monkeypatch, version, net_flags):
+    from hne_edge.exporters import tensorrt as trt_mod
+
+    fake = _FakeTRT(version)
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+    entries = build_engines(bundle, plans=("segments",), precisions=("fp32",), batch=(1, 2, 8))
+    assert len(entries) == 16
+    assert fake.calls["networks"] == [net_flags] * 16  # strongly typed: flag on 10, implicit (flag gone) on 11
+    assert fake.calls["caches_created"] == 1 and fake.calls["set_cache"] == 16  # one cache for the whole bundle
+    assert fake.calls["cleared"] == [fake.BuilderFlag.TF32] * 16
+    assert fake.calls["profiles"][0] == {"image": ((1, 3, 16, 16), (2, 3, 16, 16), (8, 3, 16, 16))}
+    assert fake.calls["profiles"][1] == {"act_b3.0": ((1, 32, 8, 8), (2, 32, 8, 8), (8, 32, 8, 8))}
+    major_minor = ".".join(version.split(".")[:2])
+    cache = bundle / f"tensorrt/trt{major_minor}_sm87/timing.cache"
+    assert cache.read_bytes() == b"timing-cache"
+    manifest = read_manifest(bundle)
+    engines = manifest.files_for("segments", "fp32", "tensorrt")
+    assert engines[0].path == f"tensorrt/trt{major_minor}_sm87/fp32/segments/leaf00.plan"
+    assert engines[0].source == "onnx/fp32/segments/leaf00.onnx"
+    assert engines[0].build == {
+        "tensorrt_version": version, "gpu": "Orin (fake)", "compute_capability": "8.7",
+        "flags": ["STRONGLY_TYPED", "NO_TF32"], "batch_profile": [1, 2, 8], "hardware_compatibility": "none",
+        "builder_optimization_level": None, "workspace_mb": None,
+    }  # fmt: skip
+    assert engine_compatibility(engines[0].build, version, "8.7") is None
+    # asking for a precision the bundle has no ONNX for is a clear error
+    with pytest.raises(ExportError, match=r"no ONNX source for TensorRT engine\(s\) \['segments/fp16'\]"):
+        build_engines(bundle, plans=("segments",), precisions=("fp16",))

@@ -272,13 +272,15 @@ def build_engines(
     major = _version_tuple(version)[0]
     logger = trt.Logger(trt.Logger.VERBOSE if verbose else trt.Logger.WARNING)
     builder = trt.Builder(logger)
+    if hardware_compatibility != "none" and not hasattr(trt.HardwareCompatibilityLevel, hardware_compatibility.upper()):
+        raise ExportError(f"TensorRT {trt.__version__} has no hardware compatibility level {hardware_compatibility!r}")
     flags = ["STRONGLY_TYPED"]
     if version_compatible:
         flags.append("VERSION_COMPATIBLE")
     out_dir = bundle_dir / engine_dir(version, cc)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_file = out_dir / "timing.cache"
-    build_info = {
+    base_info = {
         "tensorrt_version": version,
         "gpu": gpu,
         "compute_capability": cc,
@@ -291,6 +293,10 @@ def build_engines(
     timing_cache = None
     entries: list[ModelFile] = []
     for plan, precision in wanted:
+        # fp32 engines: no TF32 (on by default on Ampere+, Jetson Orin included), so an "fp32" engine
+        # computes in the fp32 that was verified; fp16 engines get their types from the fp16 ONNX
+        no_tf32 = precision == "fp32" and hasattr(trt.BuilderFlag, "TF32")
+        build_info = {**base_info, "flags": flags + (["NO_TF32"] if no_tf32 else [])}
         for source in manifest.files_for(plan, precision, "onnx"):
             rel = engine_path(version, cc, precision, plan, node=source.nodes[0] if plan == "nodes" else None,
                               leaf=source.leaf, num_leaves=manifest.tree.num_leaves)  # fmt: skip
@@ -311,6 +317,8 @@ def build_engines(
                 config.builder_optimization_level = int(optimization_level)
             if version_compatible:
                 config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+            if no_tf32:
+                config.clear_flag(trt.BuilderFlag.TF32)
             if hardware_compatibility != "none":
                 config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, hardware_compatibility.upper())
             profile = builder.create_optimization_profile()
