@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             result = runner.run(x, budget_ms=args.budget_ms)
             u = result.uncertainty
             print(
-                f"frame {i:3d}: {result.labels()[0]:>10s} p={result.confidence[0]:.2f} "
+                f"frame {i:3d}: {result.labels[0]:>10s} p={result.confidence[0]:.2f} "
                 f"leaves={result.leaves:2d} {result.elapsed_ms:6.2f} ms "
                 f"{'ok  ' if result.met_budget else 'LATE'} logit-std={u.logit_std[0]:.3f} "
                 f"vote-entropy={u.vote_entropy[0]:.2f}"

@@ -89,6 +89,7 @@ class AnytimeResult:
         """(batch,) probability of the predicted class."""
         return self.probs.max(-1)
 
+    @property
     def labels(self) -> list[str]:
         """Predicted class names (indices as strings if the bundle has no names)."""
         names = self.class_names
@@ -129,7 +130,7 @@ class AnytimeResult:
                     "agreement": float(a),
                 }
                 for c, label, pr, s, v, a in zip(
-                    self.predictions, self.labels(), self.confidence, u.logit_std, u.vote_entropy, u.agreement
+                    self.predictions, self.labels, self.confidence, u.logit_std, u.vote_entropy, u.agreement
                 )
             ]
         return out
