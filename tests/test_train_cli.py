@@ -84,3 +84,13 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
     for key in wa:
         if wa[key].is_floating_point() and "running" not in key:  # running BN stats: rank 0's under DDP
             torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-5)
+
+
+def test_tree_option_parsing():
+    import click
+
+    from hne_edge.cli.train import _tree
+
+    assert _tree("independent") == "independent" and _tree("1,2,2,2,2") == [1, 2, 2, 2, 2]
+    with pytest.raises(click.BadParameter, match="received '1,x'"):
+        _tree("1,x")
