@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..tree import Segment, TreeSpec
-from .layers import Bottleneck, ClassifierHead, ConvBNAct, InvertedResidual, replicate_branches, slice_branch
+from .layers import Bottleneck, ClassifierHead, ConvBNAct, InvertedResidual, copy_branch_weights, replicate_branches
 
 __all__ = [
     "HNEConfig",
@@ -290,10 +290,9 @@ class HNE(nn.Module):
     def node_module(self, node_id: str) -> "NodeModule":
         """Standalone module for one tree node, weights sliced (copied) from the fused model."""
         node = self.tree.node(node_id)
-        width = self.tree.width(node.depth)
-        block = slice_branch(self.blocks[node.depth], node.index, width)
-        head = slice_branch(self.head, node.index, width) if node.is_leaf else None
-        module = NodeModule(node_id, block, head)
+        block = copy_branch_weights(self.blocks[node.depth], self.config.build_block(node.depth, 1), node.index)
+        head = copy_branch_weights(self.head, self.config.build_head(1), node.index) if node.is_leaf else None
+        module = NodeModule(node_id, block, head).to(next(self.parameters()).device)
         return module.train(self.training)
 
     def node_modules(self) -> dict[str, "NodeModule"]:

@@ -3,17 +3,17 @@
 Every layer keeps its branches side by side along the channel axis
 (``[branch 0 channels | branch 1 channels | ...]``) and uses grouped
 convolutions so branches never mix. That layout is what makes the fused HNE
-a single ordinary network and what lets :func:`slice_branch` cut one branch
-out as a standalone module with the same numerics.
+a single ordinary network and what lets :func:`copy_branch_weights` cut one
+branch out as a standalone module with the same numerics.
 
 Only ``nn.Conv2d`` and ``nn.BatchNorm2d`` hold weights here; linear layers
-are 1x1 grouped convolutions on pooled features. Keep it that way: the
+are 1x1 grouped convolutions on pooled features, so every parameter and
+buffer stacks its branches along dim 0. Keep it that way: the branch
 slicer, the MAC counter and the ONNX exporters rely on it.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Callable
 
 import torch
@@ -25,7 +25,7 @@ __all__ = [
     "InvertedResidual",
     "ClassifierHead",
     "replicate_branches",
-    "slice_branch",
+    "copy_branch_weights",
 ]
 
 ActLayer = Callable[[], nn.Module] | None
@@ -181,50 +181,25 @@ def replicate_branches(x: torch.Tensor, branches: int, factor: int) -> torch.Ten
     return x.view(b, branches, 1, per, h, w).expand(b, branches, factor, per, h, w).reshape(b, -1, h, w)
 
 
-def slice_branch(module: nn.Module, index: int, branches: int) -> nn.Module:
-    """A standalone copy of branch ``index`` of a branch-parallel module.
+@torch.no_grad()
+def copy_branch_weights(fused: nn.Module, single: nn.Module, index: int) -> nn.Module:
+    """Fill ``single`` (the same layers built with ``branches=1``) with branch ``index`` of ``fused``.
 
-    Weights, biases and BatchNorm statistics are sliced (and copied) from the
-    fused parameters, so the result depends on nothing but itself.
+    Every parameter and buffer of a branch-parallel layer stacks its branches
+    along dim 0, so branch ``index`` is rows ``index*k .. (index+1)*k`` with
+    ``k`` the single-branch size.
     """
-    if not 0 <= index < branches:
-        raise IndexError(f"branch index must be in 0..{branches - 1}; received {index}")
-    if branches == 1:
-        return copy.deepcopy(module)
-
-    def rows(t: torch.Tensor | None, total: int) -> torch.Tensor | None:
-        if t is None:
-            return None
-        per = total // branches
-        return t.detach()[index * per : (index + 1) * per].clone()
-
-    out = copy.deepcopy(module)
-    for sub in out.modules():
-        if isinstance(sub, nn.Conv2d):
-            if sub.groups % branches or sub.out_channels % branches or sub.in_channels % branches:
-                raise ValueError(
-                    f"cannot slice {sub} into {branches} branches: channels and groups must be multiples of it"
-                )
-            sub.weight = nn.Parameter(rows(sub.weight, sub.out_channels))
-            if sub.bias is not None:
-                sub.bias = nn.Parameter(rows(sub.bias, sub.out_channels))
-            sub.in_channels //= branches
-            sub.out_channels //= branches
-            sub.groups //= branches
-        elif isinstance(sub, nn.BatchNorm2d):
-            total = sub.num_features
-            if sub.affine:
-                sub.weight = nn.Parameter(rows(sub.weight, total))
-                sub.bias = nn.Parameter(rows(sub.bias, total))
-            if sub.track_running_stats:
-                sub.running_mean = rows(sub.running_mean, total)
-                sub.running_var = rows(sub.running_var, total)
-            sub.num_features = total // branches
-        elif len(list(sub.parameters(recurse=False))) or any(
-            b is not None for b in sub.buffers(recurse=False)
-        ):
-            if not isinstance(sub, (nn.Conv2d, nn.BatchNorm2d)):
-                raise TypeError(f"slice_branch does not know how to slice {type(sub).__name__}")
-        if hasattr(sub, "branches"):
-            sub.branches = 1
-    return out
+    fused_state = fused.state_dict()
+    target = single.state_dict()
+    if fused_state.keys() != target.keys():
+        raise ValueError(f"modules differ: {sorted(set(fused_state) ^ set(target))[:5]}")
+    for key, dst in target.items():
+        src = fused_state[key]
+        if dst.dim() == 0:  # num_batches_tracked
+            dst.copy_(src)
+            continue
+        k = dst.shape[0]
+        if src.shape[1:] != dst.shape[1:] or src.shape[0] < (index + 1) * k:
+            raise ValueError(f"{key}: cannot take branch {index} of {tuple(src.shape)} into {tuple(dst.shape)}")
+        dst.copy_(src[index * k : (index + 1) * k])
+    return single
