@@ -38,7 +38,7 @@ def run_one(loss: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     out = Path(args.out) / loss
     config = TrainConfig.from_dict({
-        "data": {"name": "npz", "data_dir": str(args.data), "val_split": 0.1},
+        "data": {"name": "npz", "data_dir": str(args.data), "val_split": 0.1, "limit": args.limit},
         "model": {"name": "hne_tiny", "overrides": {"blocks": BLOCKS}},
         "loss": {"kind": loss, "alpha": 0.5, "temperature": 2.0},
         "optim": {"epochs": args.epochs, "batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4,
@@ -84,6 +84,7 @@ def main() -> None:
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "cifar10_train.npz"))
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="train on this many of the 45k training images")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(REPO / "runs" / "cifar_losses"))
     p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
@@ -101,6 +102,8 @@ def main() -> None:
         if args.parallel and len(args.losses) > 1:
             base = [sys.executable, __file__, "--data", args.data, "--epochs", str(args.epochs), "--seed", str(args.seed),
                     "--threads", str(args.threads), "--out", args.out]
+            if args.limit:
+                base += ["--limit", str(args.limit)]
             procs = []
             for loss in args.losses:
                 Path(args.out, loss).mkdir(parents=True, exist_ok=True)
