@@ -23,8 +23,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The runtime targets of BENCHMARKS.md (hne_resnet_small, ONNX Runtime CPU); see benchmarks/ for the others.
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/bench_runtime.py --out benchmarks/results/runtime_latest.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

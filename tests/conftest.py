@@ -40,6 +40,24 @@ def randomize_(model, seed: int = 0):
     return model.eval()
 
 
+def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
+    """Environment for a subprocess in which importing ``packages`` fails (edge devices lack torch).
+
+    Writes a ``sitecustomize.py`` into ``tmp_path`` that installs a meta-path
+    finder refusing those top-level packages, and puts it first on PYTHONPATH.
+    """
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {tuple(packages)!r}:\n"
+        "            raise ImportError(name + ' is blocked: edge devices do not carry it')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Block())\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
 def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
     """Run ``hne-edge`` in a subprocess (what users do) and return the CompletedProcess."""
     proc = subprocess.run(

@@ -7,28 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, blocking_env
 
 EXAMPLES = REPO / "examples"
-
-BLOCK_TORCH = textwrap.dedent(
-    """
-    import sys
-    class _BlockTorch:
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError("torch is blocked: edge devices do not carry it")
-            return None
-    sys.meta_path.insert(0, _BlockTorch())
-    """
-)
-
 
 def run_example(name: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -65,8 +51,7 @@ def labelled_frames(tiny_bundle, tmp_path) -> Path:
 
 
 def test_embedded_app_is_torch_free(bundle_copy, labelled_frames, tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(BLOCK_TORCH)
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = blocking_env(tmp_path, "torch")
     proc = run_example("embedded_app.py", str(bundle_copy), "--frames", str(labelled_frames), "--count", "40", env=env)
     assert proc.returncode == 0, proc.stderr
     lines = [l for l in proc.stdout.splitlines() if l.startswith("frame")]

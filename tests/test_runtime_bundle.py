@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,18 +11,7 @@ import numpy as np
 import pytest
 
 from hne_edge.runtime import AnytimeRunner
-
-BLOCK_TORCH = textwrap.dedent(
-    """
-    import sys
-    class _BlockTorch:
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError("torch is blocked in this test")
-            return None
-    sys.meta_path.insert(0, _BlockTorch())
-    """
-)
+from conftest import blocking_env
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +59,6 @@ def test_budgeted_run_and_profile_on_onnxruntime(tiny_bundle, tmp_path):
 
 
 def test_runtime_imports_and_runs_without_torch(tiny_bundle, tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(BLOCK_TORCH)
     code = textwrap.dedent(
         f"""
         import sys
@@ -87,9 +76,7 @@ def test_runtime_imports_and_runs_without_torch(tiny_bundle, tmp_path):
         print("ok")
         """
     )
-    import os
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **blocking_env(tmp_path, "torch")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "torch backend: backend 'torch' needs PyTorch" in proc.stdout and proc.stdout.strip().endswith("ok")
