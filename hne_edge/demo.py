@@ -187,6 +187,7 @@ def run_demo(
     labels = val.labels.numpy()
     if frames is not None:
         images, labels = images[:frames], labels[:frames]
+    np.savez(out / "frames.npz", x=images, y=labels)  # for the next commands printed at the end
     with AnytimeRunner(bundle) as runner:
         runner.profile(batch_sizes=(1,), warmup=5, repeats=30)
         levels = runner.profile_data.batches[1]["levels"]
@@ -215,9 +216,11 @@ def run_demo(
     echo(f"  metrics     {out / 'eval' / 'metrics.json'}")
     echo(f"  plots       {out / 'eval'}/*.png (accuracy vs MACs, diversity, per-leaf accuracy, tree, budgets)")
     echo(f"  bundle      {bundle}")
+    echo(f"  frames      {out / 'frames.npz'} (the validation images, uint8 NHWC, with labels)")
     echo("next:")
     echo(f"  hne-edge inspect {bundle}")
-    echo(f"  hne-edge bench {bundle}")
-    echo(f"  hne-edge run {bundle} frames.npy --budget-ms {rows[2]['budget_ms']:.3f}")
-    echo(f"  python examples/embedded_app.py {bundle}")
+    echo(f"  hne-edge bench {bundle} --data {out / 'frames.npz'} --out {out / 'bench'}")
+    echo(f"  hne-edge run {bundle} {out / 'frames.npz'} --budget-ms {rows[3]['budget_ms']:.3f}")
+    echo(f"  python examples/embedded_app.py {bundle} --frames {out / 'frames.npz'}")
+    echo(f"  python examples/autonomous_stack.py {bundle} --frames {out / 'frames.npz'} --out {out / 'stack'}")
     return DemoResult(out, result.checkpoint, bundle, metrics, rows)
