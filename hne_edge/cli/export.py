@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -79,6 +80,7 @@ def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify
         def post(tmp: Path) -> None:
             build_engines(tmp, precisions=precisions, plans=plans, batch=batch_range, **trt_options)
 
+    progress = _progress()
     path = export_onnx(
         model,
         out_dir,
@@ -92,10 +94,13 @@ def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify
         verify=not no_verify,
         torch_weights=not no_torch_weights,
         exporter=exporter,
+        progress=progress,
         extra_provenance={"checkpoint": str(source), "checkpoint_sha256": sha256_file(source),
                           "tensorrt": _version("tensorrt") if fmt == "tensorrt" else None},  # fmt: skip
         post_export=post,
     )
+    if progress:
+        click.echo("\r\033[K", err=True, nl=False)  # clear the status line
     from ..bundle import read_manifest
 
     manifest = read_manifest(path)
@@ -210,3 +215,10 @@ def format_manifest(manifest, bundle: Path) -> str:
                     f"{f.inputs[0].name} -> {' > '.join(f.nodes)} -> [{outs}]"
                 )
     return "\n".join(lines)
+
+
+def _progress():
+    """One status line per file on a terminal (exports of big trees take minutes); silent in logs and pipes."""
+    if not sys.stderr.isatty():
+        return None
+    return lambda message: click.echo(f"\r\033[K{message}", err=True, nl=False)

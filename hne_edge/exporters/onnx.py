@@ -265,6 +265,7 @@ def export_onnx(
     extra_provenance: dict | None = None,
     verify_batch_sizes: Sequence[int] | None = None,
     post_export: Callable[[Path], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Export a trained fused HNE to a verified ONNX bundle at ``out_dir``; returns its path.
 
@@ -284,6 +285,8 @@ def export_onnx(
         verify_batch_sizes: batch sizes the verification runs at (default: min and up to 4).
         post_export: called with the temporary bundle directory after verification, before it is
             published (the TensorRT path builds its engines there, so they are atomic too).
+        progress: called with a short message as each file is written and each phase starts
+            (the CLI prints them when stderr is a terminal; big trees take minutes).
 
     Raises:
         ExportError: ``out_dir`` exists without ``force``; a file fails its checks
@@ -306,6 +309,7 @@ def export_onnx(
         raise ValueError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
 
+    say = progress or (lambda message: None)
     model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)
     model.float().cpu()
     cost = tree_cost(model)
@@ -361,6 +365,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "nodes", precision, [node.id], leaf_index.get(node.id),
                         cost.nodes[node.id].macs, [in_spec], [out_spec], opset)  # fmt: skip
+                    say(f"exported {rel} ({len(files)} files)")
             if "segments" in plans:
                 from ..models import SegmentModule
 
@@ -376,6 +381,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "segments", precision, seg.nodes, seg.leaf,
                         sum(cost.nodes[n].macs for n in seg.nodes), [in_spec], outputs, opset)  # fmt: skip
+                    say(f"exported {rel} ({len(files)} files)")
         if torch_weights:
             rel = "torch/model.pt"
             (tmp / "torch").mkdir()
@@ -410,6 +416,7 @@ def export_onnx(
         if verify:
             from .verify import verify_bundle
 
+            say(f"verifying {len(files)} files and every anytime prefix against PyTorch")
             report = verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes, node_modules=sliced)
             report.raise_for_failures()
         if post_export is not None:
