@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Callable
 
 __all__ = ["Node", "Segment", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree"]
 
@@ -218,14 +219,21 @@ class TreeSpec:
             raise ValueError(f"a tree spec is {{'branching': [...]}}; received {data!r}")
         return cls(tuple(data["branching"]))
 
-    def describe(self) -> str:
-        """An ASCII drawing of the tree, one node a line, depth-first."""
+    def describe(self, label: "Callable[[Node], str] | None" = None) -> str:
+        """An ASCII drawing of the tree, one node a line, depth-first.
+
+        ``label(node)`` gives the text after each node id (default: the leaves below it).
+        """
         lines = []
+
+        def default(node: Node) -> str:
+            return f"leaf {node.leaves[0]}" if node.is_leaf else f"leaves {node.leaves[0]}-{node.leaves[-1]}"
+
+        label = label or default
 
         def walk(nid: str, prefix: str, last: bool) -> None:
             node = self._nodes[nid]
-            tag = f"  leaf {node.leaves[0]}" if node.is_leaf else f"  leaves {node.leaves[0]}-{node.leaves[-1]}"
-            lines.append(f"{prefix}{'└─ ' if last else '├─ '}{nid}{tag}")
+            lines.append(f"{prefix}{'└─ ' if last else '├─ '}{nid}  {label(node)}")
             for k, child in enumerate(node.children):
                 walk(child, prefix + ("   " if last else "│  "), k == len(node.children) - 1)
 

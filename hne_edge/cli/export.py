@@ -193,20 +193,11 @@ def format_manifest(manifest, bundle: Path) -> str:
         elif plan == "nodes":
             by_node = {f.nodes[0]: f for f in files}
 
-            def walk(nid: str, prefix: str, last: bool) -> None:
-                f = by_node[nid]
-                node = tree.node(nid)
-                out = "logits" if node.is_leaf else f.outputs[0].name
-                lines.append(
-                    f"  {prefix}{'└─ ' if last else '├─ '}{nid:<6} {f.path}  {_size(f.bytes)}  {_macs(f.macs)}  -> {out}"
-                )
-                for k, child in enumerate(node.children):
-                    walk(child, prefix + ("   " if last else "│  "), k == len(node.children) - 1)
+            def label(node) -> str:
+                f = by_node[node.id]
+                return f"{f.path}  {_size(f.bytes)}  {_macs(f.macs)}  -> {f.outputs[0].name}"
 
-            roots = [n.id for n in tree.nodes if n.depth == 0]
-            lines.append("  image")
-            for k, root in enumerate(roots):
-                walk(root, "", k == len(roots) - 1)
+            lines += ["  " + line for line in tree.describe(label).splitlines()]
         else:
             for f in files:
                 outs = ", ".join(o.name for o in f.outputs)
