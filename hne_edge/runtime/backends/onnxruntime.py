@@ -33,6 +33,22 @@ def _import_ort():
     return onnxruntime
 
 
+def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, where: str = ""):
+    """An InferenceSession for ``runner.unit``, its graph I/O names checked against the manifest."""
+    try:
+        session = ort.InferenceSession(str(runner.unit.path), sess_options=sess_options, providers=providers)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise BundleError(f"{runner.name}: onnxruntime could not load the model{where}: {exc}") from None
+    names_in = [i.name for i in session.get_inputs()]
+    names_out = [o.name for o in session.get_outputs()]
+    if names_in != list(runner.input_names) or sorted(names_out) != sorted(runner.output_names):
+        raise BundleError(
+            f"{runner.name}: the ONNX graph has inputs {names_in} and outputs {names_out}; "
+            f"the manifest says {list(runner.input_names)} -> {list(runner.output_names)}"
+        )
+    return session
+
+
 class OnnxRuntimeRunner(Runner):
     def __init__(self, unit: Unit, backend: "OnnxRuntimeBackend") -> None:
         super().__init__(unit)
@@ -40,20 +56,8 @@ class OnnxRuntimeRunner(Runner):
         self.session = None
 
     def activate_impl(self) -> None:
-        ort = self._backend.ort
-        try:
-            self.session = ort.InferenceSession(
-                str(self.unit.path), sess_options=self._backend.session_options(), providers=self._backend.providers
-            )
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise BundleError(f"{self.name}: onnxruntime could not load the model: {exc}") from None
-        names_in = [i.name for i in self.session.get_inputs()]
-        names_out = [o.name for o in self.session.get_outputs()]
-        if names_in != list(self.input_names) or sorted(names_out) != sorted(self.output_names):
-            raise BundleError(
-                f"{self.name}: the ONNX graph has inputs {names_in} and outputs {names_out}; "
-                f"the manifest says {list(self.input_names)} -> {list(self.output_names)}"
-            )
+        b = self._backend
+        self.session = open_session(self, b.ort, b.session_options(), b.providers)
         self._run = self.session.run
         self._out_names = list(self.output_names)
         self._in_name = self.input_names[0]

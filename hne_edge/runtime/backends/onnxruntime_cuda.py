@@ -39,10 +39,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...bundle import Manifest
-from ...errors import BackendUnavailable, BundleError
+from ...errors import BackendUnavailable
 from .base import Handle, Runner, Unit
 from .cuda import CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, parse_device, require_cuda
-from .onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner
+from .onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, open_session
 
 __all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
 
@@ -60,22 +60,12 @@ class OnnxRuntimeCudaRunner(Runner):
     def activate_impl(self) -> None:
         b = self._backend
         ort = b.ort
-        try:
-            self.session = ort.InferenceSession(str(self.unit.path), sess_options=b.session_options(), providers=b.providers)
-        except Exception as exc:
-            raise BundleError(f"{self.name}: onnxruntime could not load the model on CUDA: {exc}") from None
+        self.session = open_session(self, ort, b.session_options(), b.providers, where=" on CUDA")
         got = self.session.get_providers()
         if not got or got[0] != CUDA_EP:
             raise BackendUnavailable(
                 f"{self.name}: onnxruntime created the session with providers {got}; expected {CUDA_EP} first "
                 "(CUDA or cuDNN libraries could not be loaded; see the onnxruntime log)"
-            )
-        names_in = [i.name for i in self.session.get_inputs()]
-        names_out = [o.name for o in self.session.get_outputs()]
-        if names_in != list(self.input_names) or sorted(names_out) != sorted(self.output_names):
-            raise BundleError(
-                f"{self.name}: the ONNX graph has inputs {names_in} and outputs {names_out}; "
-                f"the manifest says {list(self.input_names)} -> {list(self.output_names)}"
             )
         self._in_name = self.input_names[0]
         self._out_names = list(self.output_names)
