@@ -6,7 +6,8 @@ API selection, buffer pools and CUDA-graph caches, the profile timing hook,
 and the whole TensorRT runner driven by a fake TensorRT + fake device that
 compute the fake bundle's numpy network (so scratch sharing, address
 binding, buffer reuse across frames and paused sessions, and graph
-re-capture are checked numerically).
+re-capture are checked numerically), and the ONNX Runtime CUDA runner's
+IOBinding / fixed-buffer logic on real onnxruntime with CPU OrtValues.
 
 GPU part (``@pytest.mark.gpu`` / ``@pytest.mark.tensorrt``): every prefix of
 leaves equals the fused PyTorch model's mean, per backend, plan, CUDA graphs
@@ -519,11 +520,14 @@ def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
         # a new batch size: new shapes, and the outputs are still right
         np.testing.assert_allclose(runner.run(x2).leaf_logits, ref2, rtol=1e-5, atol=1e-6)
         assert sum(e[0] == "shape" for e in fx.log) == 2 * n_units
-        # a paused session keeps its cached activations while other frames run on the same runner
+        # a paused session keeps its cached activations while other frames, of another and of the same
+        # batch size (same buffers: a second slot), run on the same runners
         s = runner.start(x1)
         s.step()
+        x1b = rng.standard_normal(x1.shape).astype(np.float32)
         for _ in range(2):
             np.testing.assert_allclose(runner.run(x2).leaf_logits, ref2, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(runner.run(x1b).leaf_logits, reference_leaf_logits(fx.tree, x1b, 4), rtol=1e-5, atol=1e-6)
         while s.step():
             pass
         np.testing.assert_allclose(s.result().leaf_logits, ref1, rtol=1e-5, atol=1e-6)
@@ -546,6 +550,59 @@ def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, 
     fake.__version__ = "10.3.0"
     with pytest.raises(BundleError, match="no tensorrt/segments/fp16 model files.*rebuild the engines"):
         AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", precision="fp16", load_profile=False)
+
+
+# -- the ONNX Runtime CUDA runner's IOBinding plumbing on real onnxruntime, with CPU OrtValues -------
+
+
+def _ort_values_on_cpu_backend(**options):
+    """OnnxRuntimeCudaBackend with its OrtValues on "cpu" and the CPU provider: every onnxruntime call the
+    CUDA runner makes (IOBinding, bound OrtValue outputs, staged image, run options with gpu_graph_id) is
+    real; only the stream / events are the fake device (the CPU provider ignores gpu_graph_id)."""
+    from hne_edge.runtime.backends.onnxruntime_cuda import OnnxRuntimeCudaBackend
+
+    class OrtValuesOnCpu(OnnxRuntimeCudaBackend):
+        ort_device = "cpu"
+        execution_provider = "CPUExecutionProvider"
+
+        def _open_cuda(self, memory, extra):
+            return FakeDevice(), ["CPUExecutionProvider"]
+
+    return OrtValuesOnCpu("cuda", threads=1, **options)
+
+
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_onnxruntime_cuda_runner_plumbing_on_cpu_ortvalues(tiny_bundle, plan, cuda_graph):
+    import torch
+
+    rng = np.random.default_rng(1)
+    x, x2 = rng.standard_normal((2, 3, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        ref, ref2 = (tiny_bundle.model.eval()(torch.from_numpy(a)).numpy() for a in (x, x2))  # (B, N, classes)
+    backend = _ort_values_on_cpu_backend(cuda_graph=cuda_graph)
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
+        for n in range(1, runner.num_leaves + 1):
+            for _ in range(2):  # the second frame reuses the runners' slot-0 buffers / "graphs"
+                np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(runner.run(x[:1]).logits, ref[:1].mean(1), rtol=1e-4, atol=1e-5)
+        # a paused session holds slot 0 of the root runner while two other frames of the same batch run
+        s = runner.start(x)
+        s.step()
+        for _ in range(2):
+            np.testing.assert_allclose(runner.run(x2).logits, ref2.mean(1), rtol=1e-4, atol=1e-5)
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), rtol=1e-4, atol=1e-5)
+        runners = runner._runners
+        if cuda_graph:
+            # every runner's input is a fixed buffer (the staged image or a parent's slot 0): all "captured"
+            assert all(r._graphs.captures >= 1 for r in runners)
+            assert all(len(r._pool.slots[3]) == 2 for r in runners if r.unit.inputs[0].node is None)
+            assert backend.is_fixed(backend.from_host(x))
+        else:
+            assert all(r._graphs is None for r in runners)
+        assert backend.describe()["stream_from"] == "fake"
 
 
 # -- GPU: every prefix equals the fused PyTorch model, per backend ---------------------------------
@@ -585,6 +642,8 @@ def _check_every_prefix(runner, x, ref, tol):
     s = runner.start(x)
     s.step()
     runner.run(x[:2])
+    other = runner.run(x[::-1].copy())  # same batch size, other data: the paused session's buffers must survive
+    np.testing.assert_allclose(other.logits, ref[::-1].mean(1), **tol)
     while s.step():
         pass
     np.testing.assert_allclose(s.result().logits, ref.mean(1), **tol)

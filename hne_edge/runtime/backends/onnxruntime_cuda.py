@@ -62,9 +62,9 @@ class OnnxRuntimeCudaRunner(Runner):
         ort = b.ort
         self.session = open_session(self, ort, b.session_options(), b.providers, where=" on CUDA")
         got = self.session.get_providers()
-        if not got or got[0] != CUDA_EP:
+        if not got or got[0] != b.execution_provider:
             raise BackendUnavailable(
-                f"{self.name}: onnxruntime created the session with providers {got}; expected {CUDA_EP} first "
+                f"{self.name}: onnxruntime created the session with providers {got}; expected {b.execution_provider} first "
                 "(CUDA or cuDNN libraries could not be loaded; see the onnxruntime log)"
             )
         self._in_name = self.input_names[0]
@@ -78,10 +78,10 @@ class OnnxRuntimeCudaRunner(Runner):
 
     # -- eager path: ORT allocates the outputs on the device --------------------------------------
     def _run_eager(self, x: Handle, run_options) -> tuple[Handle, ...]:
-        io, dev = self._io, self._backend.device_id
+        io, b = self._io, self._backend
         io.bind_ortvalue_input(self._in_name, x)
         for name in self._out_names:
-            io.bind_output(name, "cuda", dev)
+            io.bind_output(name, b.ort_device, b.device_id)
         self._run(io, run_options)
         return tuple(io.get_outputs())
 
@@ -164,6 +164,10 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
     name = "onnxruntime"
     format = "onnx"
     devices = ("cuda",)
+    #: where OrtValues live and which provider must own the sessions (tests run this class's
+    #: IOBinding / buffer logic on real onnxruntime with "cpu" OrtValues and the CPU provider)
+    ort_device = "cuda"
+    execution_provider = CUDA_EP
 
     def __init__(
         self,
@@ -200,6 +204,15 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.device = "cuda" if self.device_id == 0 else f"cuda:{self.device_id}"
 
     def _setup_cuda(self, memory: str, extra: dict[str, str]) -> None:
+        self.cuda, self.providers = self._open_cuda(memory, extra)
+        self.run_config = {"disable_synchronize_execution_providers": "1"}
+        self.run_options = self._run_options(self.run_config)
+        self.run_options_no_graph = self._run_options({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
+        self._staging = SlotPool()
+        self._fixed: set[int] = set()  # addresses of buffers that live as long as the backend
+
+    def _open_cuda(self, memory: str, extra: dict[str, str]) -> tuple[Any, list]:
+        """(the shared stream's device, the session providers); BackendUnavailable when CUDA is unusable."""
         ort = self.ort
         available = ort.get_available_providers()
         if CUDA_EP not in available:
@@ -208,10 +221,10 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
                 f"expected {CUDA_EP} (install onnxruntime-gpu instead of onnxruntime: pip install 'hne-edge[gpu]')"
             )
         require_cuda(self.name, self.device_id)
-        self.cuda = open_device(self.device_id, memory)
+        cuda = open_device(self.device_id, memory)
         options = {
             "device_id": str(self.device_id),
-            "user_compute_stream": str(self.cuda.stream_handle),
+            "user_compute_stream": str(cuda.stream_handle),
             "cudnn_conv_algo_search": self.conv_search,
             "do_copy_in_default_stream": "0",
         }
@@ -219,12 +232,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
             options["enable_cuda_graph"] = "1"
         options.update({str(k): str(v) for k, v in extra.items()})
         self.provider_options = options
-        self.providers = [(CUDA_EP, options)]
-        self.run_config = {"disable_synchronize_execution_providers": "1"}
-        self.run_options = self._run_options(self.run_config)
-        self.run_options_no_graph = self._run_options({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
-        self._staging = SlotPool()
-        self._fixed: set[int] = set()  # addresses of buffers that live as long as the backend
+        return cuda, [(CUDA_EP, options)]
 
     def _run_options(self, entries: dict[str, str]):
         ro = self.ort.RunOptions()
@@ -252,7 +260,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
             array = array.astype(dtype)
         array = np.ascontiguousarray(array)
         if not self.cuda_graph:
-            value = self.ort.OrtValue.ortvalue_from_numpy(array, "cuda", self.device_id)
+            value = self.ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, self.device_id)
         else:  # a fixed staging buffer per batch size, so the root graphs can bind its address
             _, slot = self._staging.acquire(array.shape, lambda: Slot((self._alloc(array.shape, array.dtype),)))
             value = slot.handles[0]
@@ -261,7 +269,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         return value
 
     def _alloc(self, shape, dtype):
-        value = self.ort.OrtValue.ortvalue_from_shape_and_type(tuple(shape), dtype, "cuda", self.device_id)
+        value = self.ort.OrtValue.ortvalue_from_shape_and_type(tuple(shape), dtype, self.ort_device, self.device_id)
         self._fixed.add(value.data_ptr())
         return value
 
