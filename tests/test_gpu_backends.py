@@ -571,6 +571,14 @@ def _ort_values_on_cpu_backend(**options):
     return OrtValuesOnCpu("cuda", threads=1, **options)
 
 
+def test_onnxruntime_cuda_session_without_the_cuda_provider_says_which_libraries(tiny_bundle):
+    # onnxruntime-gpu falls back to the CPU provider (with a log line) when libcudart / cuDNN are missing
+    backend = _ort_values_on_cpu_backend()
+    backend.execution_provider = "CUDAExecutionProvider"
+    with pytest.raises(BackendUnavailable, match=r"providers \['CPUExecutionProvider'\]; expected CUDAExecutionProvider.*cuDNN 9"):
+        AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, load_profile=False, warmup=0)
+
+
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_onnxruntime_cuda_runner_plumbing_on_cpu_ortvalues(tiny_bundle, plan, cuda_graph):

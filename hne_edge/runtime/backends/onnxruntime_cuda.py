@@ -65,7 +65,7 @@ class OnnxRuntimeCudaRunner(Runner):
         if not got or got[0] != b.execution_provider:
             raise BackendUnavailable(
                 f"{self.name}: onnxruntime created the session with providers {got}; expected {b.execution_provider} first "
-                "(CUDA or cuDNN libraries could not be loaded; see the onnxruntime log)"
+                f"(the CUDA provider could not load its libraries; see the onnxruntime log). {cuda_library_hint(b.ort)}"
             )
         self._in_name = self.input_names[0]
         self._out_names = list(self.output_names)
@@ -143,8 +143,19 @@ class OnnxRuntimeCudaRunner(Runner):
         self.session = None
 
 
-def _np_type(value: Any):
-    return {"tensor(float)": np.float32, "tensor(float16)": np.float16}[value.data_type()]
+def cuda_library_hint(ort: Any) -> str:
+    """What the CUDA provider of this onnxruntime-gpu needs, and the two usual ways to provide it."""
+    try:
+        from onnxruntime.capi.build_and_package_info import cuda_version
+    except ImportError:
+        cuda_version = None
+    major = str(cuda_version).split(".")[0] if cuda_version else "?"
+    return (
+        f"onnxruntime-gpu {ort.__version__} was built for CUDA {cuda_version or 'unknown'}: it needs the CUDA {major}.x "
+        f"and cuDNN 9 libraries, e.g. a torch build for CUDA {major}.x installed beside it (with memory='auto' the backend "
+        f"imports torch first, which loads them; torch.version.cuda tells), or pip install 'onnxruntime-gpu[cuda,cudnn]', or the "
+        "system's CUDA (JetPack on Jetson) on LD_LIBRARY_PATH"
+    )
 
 
 class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
