@@ -52,6 +52,9 @@ def make_fake_bundle(root: Path, branching=(1, 2, 2), classes: int = 4, batch=(1
         for seg in tree.segments:
             outs = [spec(e) for e in seg.exports] + [spec(seg.nodes[-1], logits=True)]
             add(f"onnx/fp32/segments/leaf{seg.leaf:02d}.onnx", seg.nodes, seg.leaf, seg.input, outs)
+    if "first" in plans:
+        seg = tree.segments[0]
+        add("onnx/fp32/first/leaf00.onnx", seg.nodes, 0, None, [spec(seg.nodes[-1], logits=True)])
     if "nodes" in plans:
         for n in tree.nodes:
             add(f"onnx/fp32/nodes/{n.id}.onnx", (n.id,), n.leaves[0] if n.is_leaf else None, n.parent,
@@ -123,6 +126,7 @@ class FakeRunner(Runner):
             acts[nid] = h
             b.calls.append(nid)
             b.clock.t += b.cost(nid, len(inputs[0]))
+        b.files.append(self.unit.name)
         return tuple(logits if t.name == "logits" else acts[t.node] for t in self.unit.outputs)
 
 
@@ -138,7 +142,8 @@ class FakeBackend(Backend):
         self.tree, self.classes = tree, classes
         self.cost = cost or (lambda node, batch: 0.001)
         self.clock = FakeClock()
-        self.calls: list[str] = []
+        self.calls: list[str] = []  # nodes computed, in order
+        self.files: list[str] = []  # model files run, in order
         self.active = 0
         self.closed = False
         self.gate: threading.Event | None = None

@@ -115,6 +115,32 @@ def test_plan_coverage(bundle):
         read_manifest(bundle)
 
 
+def _first(d):
+    return next(f for f in d["files"] if f["plan"] == "first")
+
+
+def test_first_leaf_file_must_be_leaf_0_chain_with_logits_only(bundle):
+    edit(bundle, lambda d: _first(d).update(nodes=["b0.0", "b1.0", "b2.0", "b3.0", "b4.1"], leaf=1))
+    with pytest.raises(BundleError, match=r"onnx/first/fp32 must be one file computing leaf 0's chain"):
+        read_manifest(bundle, verify_files=False)
+
+
+def test_first_leaf_file_with_exports_is_refused(bundle):
+    def add_export(d):
+        f = _first(d)
+        f["outputs"].insert(0, {**f["outputs"][0], "name": "act_b0.0", "node": "b0.0"})
+
+    edit(bundle, add_export)
+    with pytest.raises(BundleError, match=r"onnx/fp32/first/leaf00.onnx outputs \['act_b0.0', 'logits'\]; expected \['logits'\]"):
+        read_manifest(bundle, verify_files=False)
+
+
+def test_first_leaf_file_alone_is_not_a_plan(bundle):
+    edit(bundle, lambda d: d.update(files=[f for f in d["files"] if f["plan"] in ("first", "weights")]))
+    with pytest.raises(BundleError, match=r"onnx/first/fp32 is an add-on to a full plan; expected onnx/segments/fp32"):
+        read_manifest(bundle, verify_files=False)
+
+
 def test_not_json_and_no_manifest(bundle, tmp_path):
     (bundle / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(BundleError, match=r"manifest.json: not valid JSON"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 from conftest import run_cli
@@ -13,7 +14,8 @@ def test_export_verify_inspect(tiny_bundle, tmp_path):
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--precision", "fp16",
                    "--precision", "fp32", "--plan", "segments", "--batch", "1:2:4", "--no-torch-weights")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "exported 32 file(s)" in proc.stdout and "onnx/segments/fp32, onnx/segments/fp16" in proc.stdout
+    assert "exported 34 file(s)" in proc.stdout  # 16 segments + the export-free first leaf, per precision
+    assert "onnx/segments/fp32, onnx/segments/fp16, onnx/first/fp32, onnx/first/fp16" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["input"]["batch"] == [1, 2, 4]
     assert manifest["model"]["class_names"][:2] == ["c0", "c1"]
@@ -22,12 +24,14 @@ def test_export_verify_inspect(tiny_bundle, tmp_path):
 
     proc = run_cli("verify", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "onnx/fp16/segments  anytime == fp32 segments, n=1..16" in proc.stdout and "OK" in proc.stdout
+    assert re.search(r"onnx/fp16/segments +anytime == fp32 segments, n=1..16", proc.stdout) and "OK" in proc.stdout
+    assert re.search(r"onnx/fp16/first/leaf00.onnx +== segments plan leaf 0 .* yes", proc.stdout)
 
     proc = run_cli("inspect", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "onnx/segments/fp16: 16 file(s)" in proc.stdout
     assert "leaf  0  onnx/fp16/segments/leaf00.onnx" in proc.stdout and "MACs" in proc.stdout
+    assert "onnx/first/fp16: 1 file(s)" in proc.stdout
 
 
 def test_existing_output_is_refused(tiny_bundle, tmp_path):

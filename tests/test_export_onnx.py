@@ -10,9 +10,14 @@ from hne_edge.bundle import read_manifest
 
 def test_tiny_bundle_is_a_valid_bundle(tiny_bundle):
     manifest = read_manifest(tiny_bundle.bundle_dir)
-    assert manifest.variants() == [("onnx", "nodes", "fp32"), ("onnx", "segments", "fp32"), ("torch", "weights", "fp32")]
+    assert manifest.variants() == [
+        ("onnx", "nodes", "fp32"), ("onnx", "segments", "fp32"), ("onnx", "first", "fp32"), ("torch", "weights", "fp32")
+    ]  # fmt: skip
     assert len(manifest.files_for("nodes")) == len(manifest.tree.nodes) == 31
     assert len(manifest.files_for("segments")) == manifest.tree.num_leaves == 16
+    (first,) = manifest.files_for("first")
+    assert first.path == "onnx/fp32/first/leaf00.onnx" and first.nodes == manifest.tree.segments[0].nodes
+    assert [o.name for o in first.outputs] == ["logits"] and first.macs == manifest.prefix_macs()[0]
     assert manifest.input.batch == (1, 1, 8)
     assert manifest.class_names[0] == "c0"
     assert manifest.input.mean == (0.49, 0.48, 0.45)
@@ -93,6 +98,20 @@ def test_first_segment_costs_one_network(tiny_bundle):
     assert first.nodes == manifest.tree.path(0)
     assert first.macs == cost.path_macs[0] == manifest.prefix_macs()[0]
     assert [o.name for o in first.outputs] == ["act_b0.0", "act_b1.0", "act_b2.0", "act_b3.0", "logits"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_first_leaf_file_is_leaf_0_without_exports(tiny_bundle, fp16_bundle, precision):
+    bundle = tiny_bundle.bundle_dir if precision == "fp32" else fp16_bundle
+    (f,) = read_manifest(bundle).files_for("first", precision)
+    proto = onnx.load(str(bundle / f.path))
+    assert [o.name for o in proto.graph.output] == ["logits"]
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        fused = tiny_bundle.model(x).numpy()
+    dtype = np.float16 if precision == "fp16" else np.float32
+    (got,) = _session(bundle / f.path).run(None, {"image": x.numpy().astype(dtype)})
+    assert np.abs(got.astype(np.float32) - fused[:, 0]).max() <= (5e-3 if precision == "fp16" else 1e-4)
 
 
 def test_torch_weights_file_is_the_fused_state_dict(tiny_bundle):

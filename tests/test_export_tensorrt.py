@@ -214,10 +214,10 @@ def test_build_engines_against_the_documented_api(tiny_bundle, tmp_path, monkeyp
     monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
     bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
     entries = build_engines(bundle, plans=("segments",), precisions=("fp32",), batch=(1, 2, 8))
-    assert len(entries) == 16
-    assert fake.calls["networks"] == [net_flags] * 16  # strongly typed: flag on 10, implicit (flag gone) on 11
-    assert fake.calls["caches_created"] == 1 and fake.calls["set_cache"] == 16  # one cache for the whole bundle
-    assert fake.calls["cleared"] == [fake.BuilderFlag.TF32] * 16
+    assert len(entries) == 16 + 1  # and the export-free first leaf, which goes with any plan
+    assert fake.calls["networks"] == [net_flags] * 17  # strongly typed: flag on 10, implicit (flag gone) on 11
+    assert fake.calls["caches_created"] == 1 and fake.calls["set_cache"] == 17  # one cache for the whole bundle
+    assert fake.calls["cleared"] == [fake.BuilderFlag.TF32] * 17
     assert fake.calls["profiles"][0] == {"image": ((1, 3, 16, 16), (2, 3, 16, 16), (8, 3, 16, 16))}
     assert fake.calls["profiles"][1] == {"act_b3.0": ((1, 32, 8, 8), (2, 32, 8, 8), (8, 32, 8, 8))}
     major_minor = ".".join(version.split(".")[:2])
@@ -233,6 +233,8 @@ def test_build_engines_against_the_documented_api(tiny_bundle, tmp_path, monkeyp
         "builder_optimization_level": None, "workspace_mb": None,
     }  # fmt: skip
     assert engine_compatibility(engines[0].build, version, "8.7") is None
+    (first,) = manifest.files_for("first", "fp32", "tensorrt")
+    assert first.path == f"tensorrt/trt{major_minor}_sm87/fp32/first/leaf00.plan" and first.outputs[-1].name == "logits"
     # asking for a precision the bundle has no ONNX for is a clear error
     with pytest.raises(ExportError, match=r"no ONNX source for TensorRT engine\(s\) \['segments/fp16'\]"):
         build_engines(bundle, plans=("segments",), precisions=("fp16",))

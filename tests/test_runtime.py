@@ -51,6 +51,35 @@ def images(batch=2, seed=0):
 
 
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
+def test_first_leaf_file_runs_frames_that_stop_after_leaf_0(tmp_path, plan):
+    b = make_fake_bundle(tmp_path / "b", classes=CLASSES, plans=("segments", "nodes", "first"))
+    x = images(2)
+    ref = reference_leaf_logits(TreeSpec((1, 2, 2)), x, CLASSES)
+    runner, backend = fake_runner(b, plan)
+    assert backend.active == len(runner._runners) + 1  # the first-leaf file has its own (active) runner
+    assert runner.first_leaf_file == "onnx/fp32/first/leaf00.onnx"
+    r = runner.run(x, max_leaves=1)
+    assert backend.files == ["onnx/fp32/first/leaf00.onnx"]
+    np.testing.assert_allclose(r.logits, ref[0], rtol=1e-5, atol=1e-6)
+    assert not runner.cost.for_batch(2).known[0]  # its cheaper time is not a sample of leaf 0's segment
+    # frames that go on, and sessions (which may go on), run leaf 0's exporting file(s)
+    backend.files.clear()
+    r = runner.run(x, max_leaves=2)
+    assert "onnx/fp32/first/leaf00.onnx" not in backend.files
+    np.testing.assert_allclose(r.leaf_logits, ref[:2], rtol=1e-5, atol=1e-6)
+    backend.files.clear()
+    runner.start(x).step()
+    assert "onnx/fp32/first/leaf00.onnx" not in backend.files
+    runner.close()
+    assert backend.active == 0
+    # opted out: leaf 0's segment / nodes even for max_leaves=1
+    runner, backend = fake_runner(b, plan, first_leaf=False)
+    runner.run(x, max_leaves=1)
+    assert "onnx/fp32/first/leaf00.onnx" not in backend.files and backend.active == len(runner._runners)
+    assert runner.first_leaf_file is None
+
+
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("branching", [(1, 2, 2), (1, 2, 2, 2, 2), (3, 1, 2), (1, 1, 4)])
 def test_every_prefix_equals_independent_paths(tmp_path, plan, branching):
     b = make_fake_bundle(tmp_path / "b", branching=branching, classes=CLASSES)

@@ -31,14 +31,16 @@ def _precisions(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-verify", is_flag=True, help="Skip the comparison with PyTorch (not recommended).")
 @click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
+@click.option("--no-first-leaf", is_flag=True,
+              help="Do not write the export-free first-leaf file (frames that stop after leaf 0 then run its segment).")
 @click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
               help="torch.onnx exporter path.")
 @click.option("--workspace-mb", type=int, default=None, help="TensorRT builder workspace limit.")
 @click.option("--hardware-compat", type=click.Choice(["none", "same_compute_capability", "ampere_plus"]),
               default="none", show_default=True, help="TensorRT hardware compatibility level.")
 @click.option("--version-compatible", is_flag=True, help="TensorRT VERSION_COMPATIBLE engines.")
-def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify, no_torch_weights, exporter,
-           workspace_mb, hardware_compat, version_compatible) -> None:  # fmt: skip
+def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify, no_torch_weights, no_first_leaf,
+           exporter, workspace_mb, hardware_compat, version_compatible) -> None:  # fmt: skip
     """Export CHECKPOINT to a verified bundle at --out.
 
     With --format tensorrt, CHECKPOINT may also be an existing bundle
@@ -93,6 +95,7 @@ def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify
         force=force,
         verify=not no_verify,
         torch_weights=not no_torch_weights,
+        first_leaf=not no_first_leaf,
         exporter=exporter,
         progress=progress,
         extra_provenance={"checkpoint": str(source), "checkpoint_sha256": sha256_file(source),

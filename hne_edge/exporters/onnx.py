@@ -58,11 +58,12 @@ EXAMPLE_BATCH = 2  # > 1, so an exporter that specialised the batch dim would be
 
 
 def onnx_path(precision: str, plan: str, *, node: str | None = None, leaf: int | None = None, num_leaves: int = 16) -> str:
-    """Bundle-relative path of an ONNX file: ``onnx/fp32/nodes/b1.0.onnx``, ``onnx/fp16/segments/leaf03.onnx``."""
+    """Bundle-relative path of an ONNX file: ``onnx/fp32/nodes/b1.0.onnx``, ``onnx/fp16/segments/leaf03.onnx``,
+    ``onnx/fp32/first/leaf00.onnx``."""
     if plan == "nodes":
         return f"onnx/{precision}/nodes/{node}.onnx"
     width = max(2, len(str(num_leaves - 1)))
-    return f"onnx/{precision}/segments/leaf{leaf:0{width}d}.onnx"
+    return f"onnx/{precision}/{plan}/leaf{leaf:0{width}d}.onnx"
 
 
 # -- torch side -------------------------------------------------------------------------------------
@@ -266,6 +267,7 @@ def export_onnx(
     verify_batch_sizes: Sequence[int] | None = None,
     post_export: Callable[[Path], None] | None = None,
     progress: Callable[[str], None] | None = None,
+    first_leaf: bool = True,
 ) -> Path:
     """Export a trained fused HNE to a verified ONNX bundle at ``out_dir``; returns its path.
 
@@ -287,6 +289,9 @@ def export_onnx(
             published (the TensorRT path builds its engines there, so they are atomic too).
         progress: called with a short message as each file is written and each phase starts
             (the CLI prints them when stderr is a terminal; big trees take minutes).
+        first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision):
+            the runtime runs it when a frame stops after the first leaf, at the cost of a standalone
+            network instead of the exporting segment's (up to ~10% more; BENCHMARKS.md).
 
     Raises:
         ExportError: ``out_dir`` exists without ``force``; a file fails its checks
@@ -382,6 +387,18 @@ def export_onnx(
                     add(rel, "onnx", "segments", precision, seg.nodes, seg.leaf,
                         sum(cost.nodes[n].macs for n in seg.nodes), [in_spec], outputs, opset)  # fmt: skip
                     say(f"exported {rel} ({len(files)} files)")
+            if first_leaf:
+                seg = tree.segments[0]
+                rel = onnx_path(precision, "first", leaf=0, num_leaves=tree.num_leaves)
+                out_spec, in_spec = spec(seg.nodes[-1], dtype, is_logits=True), spec(None, dtype)
+                export_module(
+                    torch.nn.Sequential(*(folded[n] for n in seg.nodes)).eval(), tmp / rel, examples[None],
+                    [in_spec.name], [out_spec.name], opset=opset, exporter=exporter, precision=precision,
+                    metadata={**meta, "hne_edge.nodes": ",".join(seg.nodes)},
+                )  # fmt: skip
+                add(rel, "onnx", "first", precision, seg.nodes, 0, sum(cost.nodes[n].macs for n in seg.nodes),
+                    [in_spec], [out_spec], opset)  # fmt: skip
+                say(f"exported {rel} ({len(files)} files)")
         if torch_weights:
             rel = "torch/model.pt"
             (tmp / "torch").mkdir()

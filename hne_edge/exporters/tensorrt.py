@@ -267,6 +267,8 @@ def build_engines(
             f"no ONNX source for TensorRT engine(s) {missing or 'requested'}; the bundle has ONNX {have} "
             "(export those precisions/plans first)"
         )
+    # the export-free first leaf (plan "first") goes with whichever full plan is built
+    wanted += [(p, q) for p, q in onnx_variants if p == "first" and (p, q) not in wanted and any(w[1] == q for w in wanted)]
 
     version = trt.__version__
     major = _version_tuple(version)[0]

@@ -3,8 +3,9 @@
 Without a reference model (``hne-edge verify BUNDLE``): the manifest is
 read strictly (schema, paths, sha256, tree coverage), every ONNX file loads
 in ONNX Runtime with the inputs/outputs the manifest states, and the
-anytime outputs of the "nodes" and "segments" plans agree (and fp16 agrees
-with fp32 when both are present).
+anytime outputs of the "nodes" and "segments" plans agree, the export-free
+first leaf (plan "first") agrees with their leaf 0, and fp16 agrees with
+fp32 when both are present.
 
 With the PyTorch model (``--checkpoint``, and always at export): every
 file's outputs, fed the reference input activation, are compared with the
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
+ANYTIME_PLANS = ("nodes", "segments")  # plans that run the whole tree ("first" is leaf 0 alone)
 
 
 # -- loaders / runners ------------------------------------------------------------------------------
@@ -251,7 +253,7 @@ def verify_bundle(
     rng = np.random.default_rng(seed)
     images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
-    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx"]
+    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
     chains = {(p, q, b): run_anytime(manifest, sessions, p, q, images[b]) for p, q in variants for b in batch_sizes}
 
     if model is not None:
@@ -269,6 +271,18 @@ def verify_bundle(
             ]
             worst = _merge(checks)
             worst.file, worst.check = f"onnx/{precision}/segments", f"anytime == nodes plan, n=1..{manifest.tree.num_leaves}"
+            report.checks.append(worst)
+    # the export-free first leaf must compute what the full plan's leaf 0 computes
+    for f in manifest.files:
+        if f.format == "onnx" and f.plan == "first":
+            full = next(p for p in ANYTIME_PLANS if (p, f.precision) in variants)
+            checks = [
+                compare_outputs(f.path, "", sessions[f.path].run(None, {f.inputs[0].name: images[b].astype(DTYPE_OF[f.precision])})[0],
+                                chains[(full, f.precision, b)][0], f.precision)
+                for b in batch_sizes
+            ]  # fmt: skip
+            worst = _merge(checks)
+            worst.check = f"== {full} plan leaf 0"
             report.checks.append(worst)
     for plan in ("nodes", "segments"):
         if (plan, "fp32") in variants and (plan, "fp16") in variants:
@@ -316,7 +330,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         report.checks.append(worst)
 
     for fmt, plan, precision in manifest.variants():
-        if fmt != "onnx":
+        if fmt != "onnx" or plan not in ANYTIME_PLANS:
             continue
         checks = [
             compare_outputs(f"onnx/{precision}/{plan}", f"n={n}", got, want, precision)
