@@ -476,7 +476,7 @@ def fake_trt_bundle(tmp_path, monkeypatch):
     import hne_edge.exporters.tensorrt as exporter
     import hne_edge.runtime.backends.tensorrt as trt_backend
 
-    root = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
+    root = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4, plans=("segments", "nodes", "first"))
     manifest = read_manifest(root)
     build = {"tensorrt_version": "10.3.0", "compute_capability": "8.7", "gpu": "Fake", "flags": ["STRONGLY_TYPED"]}
     manifest = dataclasses.replace(
@@ -505,21 +505,24 @@ def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
     with AnytimeRunner(fx.root, backend="tensorrt", device="cuda", plan=plan, cuda_graph=cuda_graph,
                        load_profile=False, warmup=0) as runner:  # fmt: skip
         n_units = len(runner._runners)
+        assert runner.first_leaf_file == "onnx/fp32/first/leaf00.onnx"  # the fake keeps the ONNX paths
         for n in range(1, runner.num_leaves + 1):
             r = runner.run(x1, max_leaves=n)
             np.testing.assert_allclose(r.leaf_logits, ref1[:n], rtol=1e-5, atol=1e-6)
-        # one scratch allocation, sized to the largest engine, shared by every context
+            if n == 1:  # the first-leaf engine alone (twice with graphs: one enqueue before the capture)
+                assert {e[1] for e in fx.log if e[0] == "execute"} == {"onnx/fp32/first/leaf00.onnx"}
+        # one scratch allocation, sized to the largest engine (the first-leaf one included), shared by every context
         mem = {(p, s) for k, _, p, s in (e for e in fx.log if e[0] == "memory")}
-        assert len(mem) == 1 and mem.pop()[1] == max(1000 * len(u.nodes) for u in runner.backend.units(
-            fx.manifest, fx.root, plan, "fp32"))  # fmt: skip
+        engines = [*runner.backend.units(fx.manifest, fx.root, plan, "fp32"), runner._first_runner.unit]
+        assert len(mem) == 1 and mem.pop()[1] == max(1000 * len(u.nodes) for u in engines)
         shapes_before = sum(e[0] == "shape" for e in fx.log)
-        assert shapes_before == n_units  # set_input_shape once per context while the batch stays
+        assert shapes_before == n_units + 1  # set_input_shape once per context (+ the first-leaf one) while the batch stays
         addresses_before = sum(e[0] == "address" for e in fx.log)
         runner.run(x1)
         assert sum(e[0] == "address" for e in fx.log) == addresses_before  # buffers reused across frames
         # a new batch size: new shapes, and the outputs are still right
         np.testing.assert_allclose(runner.run(x2).leaf_logits, ref2, rtol=1e-5, atol=1e-6)
-        assert sum(e[0] == "shape" for e in fx.log) == 2 * n_units
+        assert sum(e[0] == "shape" for e in fx.log) == 2 * n_units + 1  # full frames: not the first-leaf engine
         # a paused session keeps its cached activations while other frames, of another and of the same
         # batch size (same buffers: a second slot), run on the same runners
         s = runner.start(x1)
