@@ -38,6 +38,15 @@ def test_run_reports_input_errors_in_one_line(cli_bundle, tmp_path):
     assert proc.stderr.strip() == "Error: input image: received spatial size 8x8; expected 16x16 (resize the images to the bundle's input size)"
 
 
+def test_gpu_options_on_a_cpu_backend_are_refused_in_one_line(cli_bundle):
+    proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "x.npy"), "--cuda-graph")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "Error: backend 'onnxruntime' on device 'cpu': received option(s) ['cuda_graph']; expected some of "
+        "['threads', 'spinning'] (cuda_graph needs a GPU backend: device='cuda')"
+    )
+
+
 def test_profile_and_bench(cli_bundle, tmp_path):
     proc = run_cli("profile", str(cli_bundle / "b"), "--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1", "--threads", "1", check=True)
     assert "batch=2" in proc.stdout and "saved" in proc.stdout

@@ -13,18 +13,20 @@ _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".t
 
 
 def _runner_options(f):
+    f = click.option("--cuda-graph", is_flag=True, help="GPU backends: replay a CUDA graph per model file and batch size.")(f)
     f = click.option("--threads", type=int, default=None, help="Intra-op threads (default: the backend's).")(f)
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16"]))(f)
     f = click.option("--plan", default="segments", show_default=True, type=click.Choice(["segments", "nodes"]))(f)
-    f = click.option("--device", default="cpu", show_default=True)(f)
-    f = click.option("--backend", default="onnxruntime", show_default=True, help="onnxruntime | torch")(f)
+    f = click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N")(f)
+    f = click.option("--backend", default="onnxruntime", show_default=True, help="onnxruntime | torch | tensorrt")(f)
     return f
 
 
-def _open(bundle, backend, device, plan, precision, threads):
+def _open(bundle, backend, device, plan, precision, threads, cuda_graph=False):
     from ..runtime import AnytimeRunner
 
-    return AnytimeRunner(bundle, backend=backend, device=device, plan=plan, precision=precision, threads=threads)
+    options = {"cuda_graph": True} if cuda_graph else {}  # CPU backends refuse it with a clear error
+    return AnytimeRunner(bundle, backend=backend, device=device, plan=plan, precision=precision, threads=threads, **options)
 
 
 def _parse_sizes(value: str) -> tuple[int, ...]:
@@ -43,12 +45,12 @@ def _parse_sizes(value: str) -> tuple[int, ...]:
 @click.option("--warmup", default=10, show_default=True)
 @click.option("--repeats", default=50, show_default=True)
 @_runner_options
-def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads):
+def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph):
     """Measure each leaf step and model file; save the cost model next to the bundle."""
     import warnings
 
     sizes = _parse_sizes(batch_sizes)
-    with _open(bundle, backend, device, plan, precision, threads) as runner:
+    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             prof = runner.profile(batch_sizes=sizes, warmup=warmup, repeats=repeats)
@@ -76,11 +78,11 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder (default: bench-<model>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @_runner_options
-def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backend, device, plan, precision, threads):
+def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backend, device, plan, precision, threads, cuda_graph):
     """Latency of every anytime level n = 1..N (median / p95); JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
 
-    with _open(bundle, backend, device, plan, precision, threads) as runner:
+    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats)
         accuracy = None
         if data:
@@ -192,13 +194,13 @@ def _load_inputs(paths, runner):
 @click.option("--batch-size", default=1, show_default=True, help="Samples per frame.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines.")
 @_runner_options
-def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size, as_json, backend, device, plan, precision, threads):
+def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size, as_json, backend, device, plan, precision, threads, cuda_graph):
     """Anytime inference on images or .npy/.npz (x, optional y), one frame per --batch-size samples."""
     from ..runtime import Agreement
 
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
     records = []
-    with _open(bundle, backend, device, plan, precision, threads) as runner:
+    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         for source, x, y in _load_inputs(inputs, runner):
             for start in range(0, len(x), batch_size):
                 xb = x[start : start + batch_size]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, InputError
 from .base import Backend, Handle, Runner, Unit
 
 __all__ = ["BACKENDS", "Backend", "Handle", "Runner", "Unit", "create_backend"]
@@ -33,4 +34,11 @@ def create_backend(name: str | Backend, device: str = "cpu", **options: Any) -> 
         raise BackendUnavailable(f"received backend {name!r}; expected one of {sorted(BACKENDS)}")
     module, attr = BACKENDS[name].split(":")
     cls = getattr(importlib.import_module(module), attr)
+    accepted = [p for p in inspect.signature(cls).parameters if p != "device"]
+    unknown = sorted(k for k in options if k not in accepted)
+    if unknown:
+        raise InputError(
+            f"backend {name!r} on device {device!r}: received option(s) {unknown}; expected some of {accepted}"
+            + (" (cuda_graph needs a GPU backend: device='cuda')" if "cuda_graph" in unknown else "")
+        )
     return cls(device=device, **options)
