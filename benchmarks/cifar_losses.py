@@ -26,6 +26,16 @@ sys.path.insert(0, str(REPO))
 # (channels, stride, repeats) per tree block: 32 -> 16 -> 16 -> 8 -> 4 -> 4 spatial sizes.
 BLOCKS = [[16, 2, 1], [16, 1, 1], [32, 2, 1], [32, 2, 1], [32, 1, 1]]
 LOSSES = ("independent", "distill", "hierarchical")
+# Controls for reading the comparison. With SGD and coupled weight decay, scaling the whole loss by c is the
+# same run as lr * c and weight_decay / c, so each control is a plain run of the trainer:
+# * independent_half: L^I alone at the weight the distilled runs give it, 0.5 * L^I (lr 0.05, wd 1e-3):
+#   how much of their gap is only the halved label term;
+# * hierarchical_full: L^I + 0.5 * L^HD = 1.5 * (2/3 L^I + 1/3 L^HD) (alpha 1/3, lr 0.15, wd 3.33e-4):
+#   distillation added on top of the full label term instead of taking half of it.
+CONTROLS = {
+    "independent_half": {"kind": "independent", "alpha": 0.5, "lr": 0.05, "weight_decay": 1e-3},
+    "hierarchical_full": {"kind": "hierarchical", "alpha": 1 / 3, "lr": 0.15, "weight_decay": 5e-4 / 1.5},
+}
 
 
 def run_one(loss: str, args: argparse.Namespace) -> dict:
@@ -37,12 +47,13 @@ def run_one(loss: str, args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     out = Path(args.out) / loss
+    run = CONTROLS.get(loss, {"kind": loss, "alpha": 0.5, "lr": 0.1, "weight_decay": 5e-4})
     config = TrainConfig.from_dict({
         "data": {"name": "npz", "data_dir": str(args.data), "val_split": 0.1, "limit": args.limit},
         "model": {"name": "hne_tiny", "overrides": {"blocks": BLOCKS}},
-        "loss": {"kind": loss, "alpha": 0.5, "temperature": 2.0},
-        "optim": {"epochs": args.epochs, "batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4,
-                  "schedule": "cosine"},
+        "loss": {"kind": run["kind"], "alpha": run["alpha"], "temperature": 2.0},
+        "optim": {"epochs": args.epochs, "batch_size": 128, "lr": run["lr"], "momentum": 0.9,
+                  "weight_decay": run["weight_decay"], "schedule": "cosine"},
         "seed": args.seed, "out": str(out), "threads": args.threads, "quiet": False,
     })
     start = time.time()
@@ -87,7 +98,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="train on this many of the 45k training images")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(REPO / "runs" / "cifar_losses"))
-    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES + tuple(CONTROLS))
     p.add_argument("--parallel", action="store_true", help="one process per loss (1 thread each)")
     p.add_argument("--summary-only", action="store_true")
     p.add_argument("--eval-only", action="store_true",
