@@ -664,6 +664,37 @@ def _check_every_prefix(runner, x, ref, tol):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("memory", ["torch", "cuda-python"])
+def test_gpu_device_operations_round_trip(memory):
+    """The CudaDevice operations the ORT and TensorRT backends rely on, on a real GPU, for both implementations."""
+    from hne_edge.runtime.backends.cuda import open_device
+
+    if memory == "cuda-python":
+        pytest.importorskip("cuda.bindings", reason="cuda-python is not installed")
+    dev = open_device(0, memory)
+    a = np.arange(4096, dtype=np.float32)
+    src, keep_src = dev.malloc(a.nbytes)
+    dst, keep_dst = dev.malloc(a.nbytes)
+    dev.upload(src, a)
+    dev.copy(dst, src, a.nbytes)
+    out = np.empty_like(a)
+    dev.download(dst, out)  # synchronizes the stream first
+    np.testing.assert_array_equal(out, a)
+    start, stop = dev.timer()
+    start()
+    dev.copy(dst, src, a.nbytes)
+    assert 0 < stop() < 1.0  # seconds, from CUDA events
+    dev.upload(src, a * 2)
+    dev.synchronize()
+    replay = dev.capture(lambda: dev.copy(dst, src, a.nbytes))  # captured, not run
+    dev.upload(src, a * 3)
+    replay()
+    dev.download(dst, out)
+    np.testing.assert_array_equal(out, a * 3)  # the replay copied what src holds now
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.skipif(not HAS_ORT_CUDA, reason="onnxruntime-gpu (CUDAExecutionProvider) is not installed")
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
@@ -721,7 +752,7 @@ def test_gpu_tensorrt_every_prefix(fp16_bundle, gpu_reference, tmp_path, precisi
 def test_gpu_tests_are_marked():
     """The GPU tests carry the markers pyproject.toml declares (so `-m gpu` selects them)."""
     mod = sys.modules[__name__]
-    for name in ("test_gpu_onnxruntime_cuda_every_prefix", "test_gpu_torch_cuda_every_prefix", "test_gpu_tensorrt_every_prefix"):
+    for name in ("test_gpu_device_operations_round_trip", "test_gpu_onnxruntime_cuda_every_prefix", "test_gpu_torch_cuda_every_prefix", "test_gpu_tensorrt_every_prefix"):
         marks = {m.name for m in getattr(mod, name).pytestmark}
         assert "gpu" in marks and "skipif" in marks
     assert "tensorrt" in {m.name for m in test_gpu_tensorrt_every_prefix.pytestmark}
