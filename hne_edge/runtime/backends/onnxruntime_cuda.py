@@ -144,7 +144,7 @@ class OnnxRuntimeCudaRunner(Runner):
 
 
 def cuda_library_hint(ort: Any) -> str:
-    """What the CUDA provider of this onnxruntime-gpu needs, and the two usual ways to provide it."""
+    """What the CUDA provider of this onnxruntime-gpu needs, and the usual ways to provide it."""
     try:
         from onnxruntime.capi.build_and_package_info import cuda_version
     except ImportError:
