@@ -165,7 +165,7 @@ def run_demo(
     metrics = evaluate_checkpoint(result.checkpoint, out / "eval")
     fused, state = model_from_checkpoint(result.checkpoint)
     plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
-    step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans)")
+    step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
     bundle = export_onnx(
         fused,
         out / "bundle",
