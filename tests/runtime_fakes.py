@@ -121,7 +121,6 @@ class FakeRunner(Runner):
             b.entered.set()
             b.gate.wait(10)
         h, acts, logits = inputs[0], {}, None
-        b.files_running = self.unit.name
         for nid in self.unit.nodes:
             h, logits = node_forward(b.tree, nid, h, b.classes)
             acts[nid] = h
@@ -145,7 +144,6 @@ class FakeBackend(Backend):
         self.clock = FakeClock()
         self.calls: list[str] = []  # nodes computed, in order
         self.files: list[str] = []  # model files run, in order
-        self.files_running: str | None = None  # the file being run (a cost function may depend on it)
         self.active = 0
         self.closed = False
         self.gate: threading.Event | None = None

@@ -22,7 +22,6 @@ from hne_edge.tree import TreeSpec
 from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle, reference_leaf_logits
 
 CLASSES = 4
-FIRST, SEGMENT0 = "onnx/fp32/first/leaf00.onnx", "onnx/fp32/segments/leaf00.onnx"
 
 
 @pytest.fixture(scope="module")
@@ -180,36 +179,6 @@ def test_budget_starts_a_leaf_only_if_its_predicted_cost_fits(bundle):
         assert r.met_budget == (budget > 3) and r.overran_min_leaves == (budget < 3)
         assert r.elapsed_ms == pytest.approx(sum([3, 1, 2, 1][:leaves]))
         assert r.budget_ms == pytest.approx(budget)
-
-
-def test_a_budget_that_only_leaf_0_fits_runs_the_first_leaf_file(tmp_path):
-    b = make_fake_bundle(tmp_path / "b", classes=CLASSES, plans=("segments", "first"))
-    # the first-leaf file costs 2 ms (its 3 nodes at 2/3 ms) where leaf 0's exporting segment costs 3
-    runner, backend = fake_runner(b, cost=None)
-    backend.cost = lambda node, batch: 0.001 * (2 / 3 if backend.files_running == FIRST else 1)
-    # a cold cost model predicts nothing: the first budgeted frame runs leaf 0's segment and learns from it
-    assert runner.run(images(1), budget_ms=2.5).leaves == 1 and backend.files == [SEGMENT0]
-    assert runner.cost.for_batch(1).known[0]
-    warm(runner)
-    np.testing.assert_allclose(runner.predicted_ms(1), [3, 1, 2, 1], rtol=1e-9)  # learned from full frames only
-    x = images(1)
-    ref = reference_leaf_logits(TreeSpec((1, 2, 2)), x, CLASSES)
-    for budget, leaves, files, elapsed in [
-        (2.5, 1, [FIRST], 2.0),  # leaf 1 cannot fit: one leaf, 1 ms sooner, and now on time
-        (3.99, 1, [FIRST], 2.0),
-        (4.01, 2, [SEGMENT0, "onnx/fp32/segments/leaf01.onnx"], 4.0),  # 3 + 1 fits: the exporting segment
-        (None, 4, None, 7.0),
-    ]:
-        backend.files.clear()
-        r = runner.run(x, budget_ms=budget)
-        assert (r.leaves, r.elapsed_ms) == (leaves, pytest.approx(elapsed)), budget
-        assert files is None or backend.files == files
-        assert r.met_budget and r.stopped_by == ("complete" if budget is None else "budget")
-        np.testing.assert_allclose(r.leaf_logits, ref[:leaves], rtol=1e-5, atol=1e-6)
-    assert runner.predicted_ms(1)[0] == pytest.approx(3)  # the cheaper file's times are not leaf 0's segment's
-    # min_leaves=2 overrides the budget: never the first-leaf file, which cannot go on
-    backend.files.clear()
-    assert runner.run(x, budget_ms=2.5, min_leaves=2).leaves == 2 and FIRST not in backend.files
 
 
 def test_deadline_is_absolute_clock_time_and_earlier_of_both_wins(bundle):

@@ -263,8 +263,7 @@ class AnytimeRunner:
         load_profile: load a matching saved cost profile (see :mod:`.cost_model`).
         quantile: the cost model's prediction quantile.
         verify: check every bundle file's sha256 when loading.
-        first_leaf: when a frame stops after leaf 0 (``max_leaves=1``, or a budget in which the cost
-            model predicts leaf 1 cannot fit even right after leaf 0), run the bundle's export-free
+        first_leaf: when a frame stops after leaf 0 (``max_leaves=1``), run the bundle's export-free
             first-leaf file (plan "first") if it has one for this backend and precision: it costs what a
             standalone network costs, up to ~10% less than leaf 0's exporting segment (one more session).
         warmup: full passes over the tree at the bundle's optimal batch size on construction, so
@@ -525,16 +524,7 @@ class AnytimeRunner:
         try:
             x = check_input(x, self.input_spec)
             session = AnytimeSession(self, self._from_host(x), x.shape[0])
-            # leaf 1 cannot fit even right after leaf 0: answer with leaf 0 alone, through the export-free file
-            # (not while the predictions are unknown: a cold model learns from leaf 0's segment first)
-            ahead = sum(session._model.pred[:2])
-            only_first = (
-                self._first_runner is not None and stop_at is not None and n_min == 1 and n_stop > 1
-                and math.isfinite(ahead) and clock() + ahead > stop_at
-            )  # fmt: skip
-            reason, t_forced = session._advance(stop_at, 1 if only_first else n_stop, n_min, stop_when, final=True)
-            if only_first:
-                reason = "budget"
+            reason, t_forced = session._advance(stop_at, n_stop, n_min, stop_when, final=True)
             session._cache = None
             t1 = clock()
         finally:
