@@ -400,7 +400,8 @@ class Manifest:
         paths = [f.path for f in self.files]
         if len(set(paths)) != len(paths):
             raise BundleError("manifest: files lists the same path more than once")
-        for fmt, plan, precision in self.variants():
+        variants = self.variants()
+        for fmt, plan, precision in variants:
             group = [f for f in self.files if (f.format, f.plan, f.precision) == (fmt, plan, precision)]
             label = f"{fmt}/{plan}/{precision}"
             if (fmt == "torch") != (plan == "weights"):
@@ -418,7 +419,7 @@ class Manifest:
                     )
                 if [o.name for o in group[0].outputs] != ["logits"]:
                     raise BundleError(f"manifest: {group[0].path} outputs {[o.name for o in group[0].outputs]}; expected ['logits']")
-                if not any((fmt, p, precision) in self.variants() for p in ("nodes", "segments")):
+                if not any((fmt, p, precision) in variants for p in ("nodes", "segments")):
                     raise BundleError(f"manifest: {label} is an add-on to a full plan; expected {fmt}/segments/{precision} "
                                       f"or {fmt}/nodes/{precision} beside it")
             elif plan == "nodes":

@@ -360,6 +360,10 @@ class AnytimeRunner:
         self._n_slots = len(slot) + 1
         by_first = {u.nodes[0]: (u, r) for u, r in zip(units, self._runners)}
         programs, drops, finals = [], [], []
+
+        def logits_only(run_logits, src):  # a call that returns only the leaf's logits (no exports)
+            return (lambda inputs, f=run_logits: (f(inputs),), src, (self._logits_slot,))
+
         for seg in tree.segments:
             calls, k, prev = [], 0, seg.input
             while k < len(seg.nodes):
@@ -378,10 +382,9 @@ class AnytimeRunner:
                 raise BundleError(f"leaf {seg.leaf}: the last model file of its chain does not output logits last")
             programs.append(tuple(calls))
             if seg.leaf == 0 and self._first_runner is not None:  # leaf 0 alone, without the exports
-                last, calls = self._first_runner.run_logits_impl, [(None, slot[None], ())]
+                finals.append((logits_only(self._first_runner.run_logits_impl, slot[None]),))
             else:
-                last = runner.run_logits_impl
-            finals.append(tuple(calls[:-1]) + ((lambda inputs, f=last: (f(inputs),), calls[-1][1], (self._logits_slot,)),))
+                finals.append(tuple(calls[:-1]) + (logits_only(runner.run_logits_impl, calls[-1][1]),))
             done_here = [n for n in tree.path(seg.leaf) if tree.node(n).leaves[-1] == seg.leaf]
             drops.append(tuple(slot[n] for n in done_here) + (self._logits_slot,))
         self._programs = tuple(programs)
