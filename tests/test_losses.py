@@ -1,4 +1,8 @@
-"""The four HNE losses against direct hand computations (python loops over math.exp/log)."""
+"""The four HNE losses against direct hand computations of the paper's equations (python loops over math.exp/log).
+
+Both weightings are pinned: ``paper`` (the equations, normalised by the label term's count) and
+``mean-t2`` (hne-edge 0.1: means over members, KL, times T^2).
+"""
 
 from __future__ import annotations
 
@@ -73,7 +77,7 @@ def test_structured_loss_matches_hand_computation():
 
 
 @pytest.mark.parametrize("t", [1.0, 2.0, 4.0])
-def test_distillation_loss_matches_hand_computation_with_t_squared(t):
+def test_mean_t2_distillation_loss_matches_hand_computation(t):
     z = _logits(2)
     zl = z.tolist()
     total = 0.0
@@ -82,11 +86,11 @@ def test_distillation_loss_matches_hand_computation_with_t_squared(t):
         for i in range(N):
             total += _kl(p, _softmax(zl[b][i], t))
     unscaled = total / (B * N)
-    assert distillation_loss(z, t).item() == pytest.approx(t * t * unscaled, rel=1e-10)
+    assert distillation_loss(z, t, weighting="mean-t2").item() == pytest.approx(t * t * unscaled, rel=1e-10)
 
 
 @pytest.mark.parametrize("t", [1.0, 2.0])
-def test_hierarchical_distillation_matches_hand_computation(t):
+def test_mean_t2_hierarchical_distillation_matches_hand_computation(t):
     z = _logits(3)
     zl = z.tolist()
     terms = []
@@ -96,7 +100,7 @@ def test_hierarchical_distillation_matches_hand_computation(t):
             s += _kl(_softmax(_mean_rows(zl[b]), t), _softmax(_mean_rows(zl[b][:n]), t))
         terms.append(s / B)
     expected = t * t * sum(terms) / len(terms)
-    assert hierarchical_distillation_loss(z, TREE, t).item() == pytest.approx(expected, rel=1e-10)
+    assert hierarchical_distillation_loss(z, TREE, t, weighting="mean-t2").item() == pytest.approx(expected, rel=1e-10)
 
 
 def test_distillation_gradient_treats_teacher_as_constant():
@@ -110,7 +114,7 @@ def test_distillation_gradient_treats_teacher_as_constant():
     """
     t = 2.0
     z = _logits(4)
-    distillation_loss(z, t).backward()
+    distillation_loss(z, t, weighting="mean-t2").backward()
     with torch.no_grad():
         p = torch.softmax(z.mean(1) / t, -1)[:, None, :]
         q = torch.softmax(z / t, -1)
@@ -129,7 +133,7 @@ def test_hierarchical_gradient_treats_teacher_as_constant():
     """dL/dz_i = mean over sizes n > i of T (q_n - p) / (n B): leaves enter sub-ensembles with weight 1/n."""
     t = 2.0
     z = _logits(5)
-    hierarchical_distillation_loss(z, TREE, t).backward()
+    hierarchical_distillation_loss(z, TREE, t, weighting="mean-t2").backward()
     expected = torch.zeros_like(z)
     with torch.no_grad():
         p = torch.softmax(z.mean(1) / t, -1)
@@ -147,16 +151,18 @@ def test_hne_loss_combines_terms_with_alpha():
     li = independent_loss(z, y)
     assert hne_loss("independent", z, y, TREE).item() == pytest.approx(li.item())
     assert hne_loss("structured", z, y, TREE).item() == pytest.approx(structured_loss(z, y, TREE).item())
-    expected_d = 0.7 * li + 0.3 * distillation_loss(z, 3.0)
-    assert hne_loss("distill", z, y, TREE, alpha=0.3, temperature=3.0).item() == pytest.approx(expected_d.item())
-    expected_hd = 0.5 * li + 0.5 * hierarchical_distillation_loss(z, TREE, 2.0)
-    assert hne_loss("hierarchical", z, y, TREE).item() == pytest.approx(expected_hd.item())
+    for weighting in ("paper", "mean-t2"):
+        expected_d = 0.7 * li + 0.3 * distillation_loss(z, 3.0, weighting=weighting)
+        got_d = hne_loss("distill", z, y, TREE, alpha=0.3, temperature=3.0, weighting=weighting)
+        assert got_d.item() == pytest.approx(expected_d.item())
+        expected_hd = 0.5 * li + 0.5 * hierarchical_distillation_loss(z, TREE, 2.0, weighting=weighting)
+        assert hne_loss("hierarchical", z, y, TREE, weighting=weighting).item() == pytest.approx(expected_hd.item())
 
 
 def test_distillation_is_zero_when_members_agree():
     z = torch.randn(2, 1, 3).repeat(1, N, 1)
-    assert distillation_loss(z).item() == pytest.approx(0.0, abs=1e-6)
-    assert hierarchical_distillation_loss(z, TREE).item() == pytest.approx(0.0, abs=1e-6)
+    assert distillation_loss(z, weighting="mean-t2").item() == pytest.approx(0.0, abs=1e-6)
+    assert hierarchical_distillation_loss(z, TREE, weighting="mean-t2").item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_single_network_has_nothing_to_distil():
@@ -172,3 +178,78 @@ def test_losses_check_shapes():
         independent_loss(torch.randn(B, C), y)
     with pytest.raises(ValueError, match="received 'bogus'"):
         hne_loss("bogus", torch.randn(B, N, C), y, TREE)
+
+
+# -- the paper's weighting (the default) --------------------------------------------------------------
+def _soft_ce(p: list[float], q: list[float]) -> float:
+    """The paper's l with soft labels: -sum p log q."""
+    return -sum(pi * math.log(qi) for pi, qi in zip(p, q))
+
+
+def _paper_objective_sums(zl, y, kind: str, alpha: float, t: float) -> float:
+    """Eq. (1), (3), (5) as written: sums over members / sub-ensembles and over the batch, no T^2."""
+    l_i = sum(_ce(zl[m][n], y[m]) for m in range(B) for n in range(N))
+    if kind == "independent":
+        return l_i
+    teacher = [_softmax(_mean_rows(zl[m]), t) for m in range(B)]
+    if kind == "distill":
+        l_x = sum(_soft_ce(teacher[m], _softmax(zl[m][n], t)) for m in range(B) for n in range(N))
+    else:  # hierarchical: b = 0..B-1, sizes 1, 2 (the full ensemble of 4 is the teacher)
+        l_x = sum(_soft_ce(teacher[m], _softmax(_mean_rows(zl[m][:size]), t)) for m in range(B) for size in (1, 2))
+    return (1 - alpha) * l_i + alpha * l_x
+
+
+@pytest.mark.parametrize("kind", ["independent", "distill", "hierarchical"])
+@pytest.mark.parametrize("alpha,t", [(0.5, 2.0), (0.3, 1.0), (0.8, 4.0)])
+def test_paper_weighting_is_the_equations_divided_by_the_label_terms_count(kind, alpha, t):
+    """Default objective = (the paper's summed objective) / (N members x M images), for every alpha and T."""
+    z, y = _logits(7), _targets()
+    expected = _paper_objective_sums(z.tolist(), y.tolist(), kind, alpha, t) / (N * B)
+    got = hne_loss(kind, z, y, TREE, alpha=alpha, temperature=t)
+    assert got.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_paper_weighting_ratios_for_the_binary_hne():
+    """N = 16, B = 4: L^HD's mean over sub-ensembles weighs B/N = 1/4 of L^I's mean over members; L^D 1 : 1.
+
+    mean-t2 weighs them (N/B) T^2 = 16x and T^2 = 4x heavier (the issue's hand computation).
+    """
+    tree = TreeSpec((1, 2, 2, 2, 2))
+    z = torch.randn(3, 16, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    zl = z.tolist()
+    t = 2.0
+    teacher = [_softmax(_mean_rows(zl[m]), t) for m in range(3)]
+    mean_hd = sum(_soft_ce(teacher[m], _softmax(_mean_rows(zl[m][:s]), t)) for m in range(3) for s in (1, 2, 4, 8)) / (3 * 4)
+    mean_d = sum(_soft_ce(teacher[m], _softmax(zl[m][n], t)) for m in range(3) for n in range(16)) / (3 * 16)
+    assert hierarchical_distillation_loss(z, tree, t).item() == pytest.approx(mean_hd * 4 / 16, rel=1e-12)
+    assert distillation_loss(z, t).item() == pytest.approx(mean_d, rel=1e-12)
+    # T^2 is an explicit option on top of the paper's weighting
+    assert hierarchical_distillation_loss(z, tree, t, temperature_squared=True).item() == pytest.approx(
+        mean_hd * 4 / 16 * t * t, rel=1e-12)
+    # the two weightings' gradients differ by exactly (N/B) T^2 for L^HD and T^2 for L^D (KL and l share gradients)
+    grads = {}
+    for w in ("paper", "mean-t2"):
+        for name, fn in (("hd", lambda x: hierarchical_distillation_loss(x, tree, t, weighting=w)),
+                         ("d", lambda x: distillation_loss(x, t, weighting=w))):
+            x = z.clone().requires_grad_()
+            fn(x).backward()
+            grads[name, w] = x.grad
+    assert torch.allclose(grads["hd", "mean-t2"], grads["hd", "paper"] * (16 / 4) * t * t, atol=1e-12)
+    assert torch.allclose(grads["d", "mean-t2"], grads["d", "paper"] * t * t, atol=1e-12)
+
+
+def test_paper_distillation_gradient_treats_teacher_as_constant():
+    """Soft-label cross-entropy: dl/dz = (q - p) / T per member; the mean over B x N scales it."""
+    t = 2.0
+    z = _logits(8)
+    distillation_loss(z, t).backward()
+    with torch.no_grad():
+        p = torch.softmax(z.mean(1) / t, -1)[:, None, :]
+        q = torch.softmax(z / t, -1)
+        expected = (q - p) / t / (B * N)
+    assert torch.allclose(z.grad, expected, atol=1e-12)
+
+
+def test_unknown_weighting_is_refused():
+    with pytest.raises(ValueError, match="received 'sum'"):
+        hne_loss("hierarchical", _logits(), _targets(), TREE, weighting="sum")
