@@ -176,3 +176,53 @@ def test_accumulation_matches_full_batch_without_batchnorm_effects(tmp_path):
     full = hne_loss("hierarchical", model(x), y, model.tree)
     halves = sum(hne_loss("hierarchical", model(xi), yi, model.tree) / 2 for xi, yi in zip(x.chunk(2), y.chunk(2)))
     assert full.item() == pytest.approx(halves.item(), rel=1e-5)
+
+
+# -- the training loop's device contract --------------------------------------------------------------
+def test_an_epoch_reads_the_device_back_once_not_per_step(tmp_path, monkeypatch):
+    """No host synchronisation per step: .item() only at the end of the epoch (and every log_every steps)."""
+    from hne_edge.train.data import load_data
+    from hne_edge.train.engine import build_model_for_data, train_one_epoch
+
+    config = _small(tmp_path)
+    bundle = load_data(config.data, seed=0)
+    model = build_model_for_data(config.model, bundle)
+    loader = bundle.train_loader(32, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+    real_item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append(1) or real_item(self))
+    stats = train_one_epoch(model, loader, opt, None, tree=model.tree, loss=config.loss)
+    assert len(loader) == 6 and len(stats["step_losses"]) == 6
+    assert len(calls) == 1, f"{len(calls)} .item() calls for 6 steps"
+    calls.clear()
+    train_one_epoch(model, loader, opt, None, tree=model.tree, loss=config.loss, log_every=3)
+    assert len(calls) == 1 + 2 * 2  # loss and accuracy at steps 3 and 6
+
+
+def test_old_run_configs_resume_with_the_weighting_they_started_with():
+    """A config saved by hne-edge 0.1 (no loss.weighting) is read as that release ran it: mean-t2, float16 autocast."""
+    from hne_edge.train.config import upgrade_config
+    from hne_edge.train.engine import _config_diff
+
+    old = TrainConfig.from_preset("digits").to_dict()
+    for key in ("weighting", "temperature_squared"):
+        del old["loss"][key]
+    del old["amp_dtype"]
+    upgraded = upgrade_config(old)
+    assert upgraded["loss"]["weighting"] == "mean-t2" and upgraded["amp_dtype"] == "float16"
+    assert "weighting" not in old["loss"]  # the caller's dict is left alone
+    assert _config_diff(upgraded, TrainConfig.from_dict(upgraded).to_dict()) == []
+    new = TrainConfig.from_preset("digits").to_dict()
+    assert upgrade_config(new) == new
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (device-resident data and augmentation)")
+def test_device_resident_loader_yields_the_cpu_loaders_batches():
+    from hne_edge.train.data import ArrayDataset, Augment, BatchLoader
+
+    g = torch.Generator().manual_seed(0)
+    ds = ArrayDataset(torch.randint(0, 256, (100, 3, 32, 32), dtype=torch.uint8, generator=g), torch.arange(100) % 10)
+    kw = dict(mean=(0.5,) * 3, std=(0.25,) * 3, shuffle=True, augment=Augment(4, True), drop_last=True, seed=3)
+    for (xc, yc), (xg, yg) in zip(BatchLoader(ds, 16, **kw), BatchLoader(ds, 16, device="cuda", **kw)):
+        assert xg.is_cuda and torch.equal(xc, xg.cpu()) and torch.equal(yc, yg.cpu())

@@ -25,7 +25,8 @@ def test_train_then_eval_on_digits(tmp_path):
     train = run_cli("train", "--out", str(out), "--loss", "distill", "--alpha", "0.4", *SMALL, check=True)
     assert "checkpoint" in train.stdout and "val acc n=1" in train.stdout
     log = json.loads((out / "train_log.json").read_text())
-    assert log["config"]["loss"] == {"kind": "distill", "alpha": 0.4, "temperature": 2.0}
+    assert log["config"]["loss"] == {"kind": "distill", "alpha": 0.4, "temperature": 2.0, "weighting": "paper",
+                                     "temperature_squared": False}
     assert len(log["step_losses"]) == 2 * (256 // 32)
     ev = run_cli("eval", str(out / "checkpoint.pt"), "--out", str(tmp_path / "ev"), check=True)
     assert "per-leaf acc" in ev.stdout and " 16 " in ev.stdout
@@ -94,3 +95,69 @@ def test_tree_option_parsing():
     assert _tree("independent") == "independent" and _tree("1,2,2,2,2") == [1, 2, 2, 2, 2]
     with pytest.raises(click.BadParameter, match="received '1,x'"):
         _tree("1,x")
+
+
+# -- evaluation on the user's own test set (--test-data) ------------------------------------------------
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digits") / "run"
+    run_cli("train", "--out", str(out), "--weighting", "mean-t2", *SMALL, check=True)
+    return out
+
+
+def _digits_npz(path, rows=slice(0, 300), size=8, channels=None):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = np.round(d.images[rows] * (255.0 / 16.0)).astype(np.uint8)
+    if size != 8:
+        x = np.zeros((x.shape[0], size, size), np.uint8)
+    if channels:
+        x = np.repeat(x[..., None], channels, -1)
+    np.savez(path, x=x, y=d.target[rows], classes=np.array([str(i) for i in range(10)]))
+    return x, d.target[rows]
+
+
+def test_eval_on_test_data_matches_the_model_on_those_images(tmp_path, digits_run):
+    from hne_edge.train.checkpoint import model_from_checkpoint
+
+    x, y = _digits_npz(tmp_path / "mine.npz")
+    proc = run_cli("eval", str(digits_run / "checkpoint.pt"), "--test-data", str(tmp_path / "mine.npz"),
+                   "--out", str(tmp_path / "ev"), "--no-plots", check=True)
+    assert "test-data: 300 images" in proc.stdout
+    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert metrics["split"] == "test-data" and metrics["data"] == str(tmp_path / "mine.npz")
+    assert metrics["weighting"] == "mean-t2" and metrics["num_images"] == 300
+    # independent reference: the checkpoint's model on the same pixels, normalised by hand with its stored statistics
+    model, state = model_from_checkpoint(digits_run / "checkpoint.pt")
+    mean, std = state["normalization"]["mean"][0], state["normalization"]["std"][0]
+    pixels = torch.from_numpy(x).double()[:, None] / 255
+    with torch.no_grad():
+        logits = model.double().eval()((pixels - mean) / std)
+    for n in (1, 4, 16):
+        expected = (logits[:, :n].mean(1).argmax(-1).numpy() == y).mean()
+        assert metrics["anytime"][n - 1]["accuracy"] == pytest.approx(expected)
+
+
+def test_eval_test_data_errors_are_one_line(tmp_path, digits_run):
+    ckpt = str(digits_run / "checkpoint.pt")
+    _digits_npz(tmp_path / "big.npz", size=16)
+    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz")), "images are 16x16 with 1 channel(s)")
+    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "none.npz")), "npz data not found")
+    np.save(tmp_path / "x.npy", np.zeros((2, 8, 8), np.uint8))
+    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "x.npy")), "expected an .npz file")
+    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz"), "--split", "test"),
+                    "--test-data and --split test contradict")
+    # a run on data without an official test set says what to use instead
+    _one_line_error(run_cli("eval", ckpt, "--split", "test"), "--test-data PATH.npz")
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_train_weighting_flags(tmp_path):
+    out = tmp_path / "w"
+    run_cli("train", "--out", str(out), "--t-squared", "--epochs", "1", *SMALL[:2], "--batch-size", "64", "--quiet",
+            "--threads", "1", check=True)
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["config"]["loss"]["weighting"] == "paper" and log["config"]["loss"]["temperature_squared"] is True
+    proc = run_cli("train", "--out", str(tmp_path / "x"), "--weighting", "sum")
+    assert proc.returncode == 2 and "'sum' is not one of 'paper', 'mean-t2'" in proc.stderr

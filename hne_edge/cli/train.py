@@ -11,6 +11,7 @@ import click
 
 DATA_CHOICES = ("digits", "cifar10", "cifar100", "npz", "imagefolder")
 LOSS_CHOICES = ("independent", "structured", "distill", "hierarchical")
+WEIGHTINGS = ("paper", "mean-t2")  # hne_edge.train.losses.WEIGHTINGS (the CLI imports no torch for --help)
 # the preset a bare `--data X` starts from
 _DEFAULT_PRESET = {"digits": "digits", "cifar10": "cifar", "cifar100": "cifar", "npz": "cifar", "imagefolder": "imagenet"}
 
@@ -32,7 +33,11 @@ def _tree(value: str | None):
 @click.option("--tree", default=None, help="hne | independent | multi_branch | branching factors, e.g. 1,2,2,2,2.")
 @click.option("--loss", type=click.Choice(LOSS_CHOICES), default=None, help="Training objective (default hierarchical: L^I + L^HD).")
 @click.option("--alpha", type=float, default=None, help="Weight of the distillation term (default 0.5).")
-@click.option("--temperature", type=float, default=None, help="Soft-label temperature T (default 2; term scaled by T^2).")
+@click.option("--temperature", type=float, default=None, help="Soft-label temperature T (default 2).")
+@click.option("--weighting", type=click.Choice(WEIGHTINGS), default=None,
+              help="paper: the paper's sums (L^HD weighs B/N of L^I; default). mean-t2: hne-edge 0.1's means x T^2.")
+@click.option("--t-squared/--no-t-squared", "temperature_squared", default=None,
+              help="Multiply the distillation term by T^2 (off by default; mean-t2 always does).")
 @click.option("--epochs", type=int, default=None)
 @click.option("--batch-size", type=int, default=None, help="Global batch size (split across processes).")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (SGD, cosine schedule).")
@@ -49,14 +54,14 @@ def _tree(value: str | None):
 @click.option("--threads", type=int, default=None, help="torch CPU threads (0: torch's default).")
 @click.option("--quiet", is_flag=True, default=None, help="No progress bar or per-epoch lines.")
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
-def train(data, data_dir, download, model, tree, loss, alpha, temperature, epochs, batch_size, lr, weight_decay, accum_steps,
+def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, epochs, batch_size, lr, weight_decay, accum_steps,
           seed, val_split, limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
     """Train an HNE; with no options, hne_tiny on the bundled digits (~20 s on a CPU).
 
     With only --data, the run starts from the matching paper preset (cifar10/cifar100/npz: cifar,
     imagefolder: imagenet). --resume without --config/--preset continues the stored config.
     """
-    from ..train.config import TrainConfig, merge, preset_dict
+    from ..train.config import TrainConfig, merge, preset_dict, upgrade_config
     from ..train.checkpoint import load_checkpoint
 
     if config_path and preset:
@@ -72,7 +77,8 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, epoch
     put("model", "name", model)
     if tree is not None:
         overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = _tree(tree)
-    for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature)):
+    for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature), ("weighting", weighting),
+                       ("temperature_squared", temperature_squared)):
         put("loss", key, value)
     for key, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr), ("weight_decay", weight_decay), ("accum_steps", accum_steps)):
         put("optim", key, value)
@@ -89,7 +95,7 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, epoch
         stored = load_checkpoint(Path(out) / "checkpoint.pt").get("config")
         if not stored:
             raise ValueError(f"{out}/checkpoint.pt records no training config; pass --config or --preset")
-        config = TrainConfig.from_dict(merge(stored, overrides))
+        config = TrainConfig.from_dict(merge(upgrade_config(stored), overrides))
     else:
         base = preset_dict(_DEFAULT_PRESET[data or "digits"])
         if data and data != base["data"]["name"]:
@@ -140,26 +146,30 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
 @click.command("eval")
 @click.argument("checkpoint", type=click.Path(dir_okay=False))
 @click.option("--out", default=None, help="Folder for metrics.json and the PNGs (default: the checkpoint's folder).")
-@click.option("--split", type=click.Choice(["val", "test"]), default="val", show_default=True,
-              help="val: the run's seeded hold-out; test: the official test set (cifar10/100, imagefolder val/).")
+@click.option("--split", type=click.Choice(["val", "test"]), default=None,
+              help="val (default): the run's seeded hold-out; test: the official test set (cifar10/100, imagefolder val/).")
+@click.option("--test-data", type=click.Path(dir_okay=False), default=None,
+              help="Evaluate on this .npz instead (x: N,H,W,C uint8; y: N; optional classes), e.g. your own test set.")
 @click.option("--data-dir", default=None, help="Where the run's data lives now, if it moved.")
 @click.option("--batch-size", type=int, default=256, show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--quiet", is_flag=True, help="Print only the output path.")
-def eval_(checkpoint, out, split, data_dir, batch_size, device, no_plots, quiet):
+def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_plots, quiet):
     """Accuracy, NLL, ECE, logit diversity and MACs for every ensemble size n = 1..N."""
     from ..train.evaluation import evaluate_checkpoint
 
     if batch_size < 1:
         raise ValueError(f"--batch-size: received {batch_size}; expected >= 1")
+    if test_data and split:
+        raise ValueError(f"--test-data and --split {split} contradict each other: --test-data names the images to use")
     metrics = evaluate_checkpoint(
-        checkpoint, out, split=split, data={"data_dir": data_dir} if data_dir else None, batch_size=batch_size,
+        checkpoint, out, split=split or "val", test_data=test_data, data={"data_dir": data_dir} if data_dir else None, batch_size=batch_size,
         device=device, plots=not no_plots, progress=not quiet and sys.stderr.isatty(),
     )
     out_dir = Path(out) if out else Path(checkpoint).parent
     if not quiet:
-        click.echo(f"{metrics['model']} ({metrics['loss']} loss) on {metrics['data']} {split}: {metrics['num_images']} images")
+        click.echo(f"{metrics['model']} ({metrics['loss']} loss) on {metrics['data']} {metrics['split']}: {metrics['num_images']} images")
         click.echo(f"{'n':>3} {'MMACs':>9} {'acc %':>7} {'NLL':>7} {'ECE':>7} {'logit std':>9}")
         for row in metrics["anytime"]:
             click.echo(f"{row['n']:>3} {row['macs'] / 1e6:>9.3f} {100 * row['accuracy']:>7.2f} {row['nll']:>7.4f} "

@@ -22,12 +22,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .losses import LOSSES
+from .losses import LOSSES, WEIGHTINGS
 
-__all__ = ["DATASETS", "SCHEDULES", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
+__all__ = ["DATASETS", "SCHEDULES", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "npz", "imagefolder")
 SCHEDULES = ("cosine", "step", "constant")
+AMP_DTYPES = ("auto", "bfloat16", "float16")
 
 
 def _expect(cond: bool, field_name: str, value: Any, expected: str) -> None:
@@ -106,15 +107,23 @@ class LossConfig:
     Attributes:
         kind: independent (L^I), structured (L^S), distill ((1-a) L^I + a L^D), hierarchical ((1-a) L^I + a L^HD).
         alpha: weight of the distillation term.
-        temperature: softmax temperature of the soft labels (the term is scaled by T^2).
+        temperature: softmax temperature T of the soft labels.
+        weighting: ``paper`` (the paper's sums, divided by the label term's count: L^HD weighs B/N of
+            L^I, L^D 1:1) or ``mean-t2`` (hne-edge 0.1: means over members, times T^2).
+        temperature_squared: also multiply the distillation term by T^2 under ``paper``
+            (``mean-t2`` always does).
     """
 
     kind: str = "hierarchical"
     alpha: float = 0.5
     temperature: float = 2.0
+    weighting: str = "paper"
+    temperature_squared: bool = False
 
     def __post_init__(self) -> None:
         _expect(self.kind in LOSSES, "loss.kind", self.kind, f"one of {', '.join(LOSSES)}")
+        _expect(self.weighting in WEIGHTINGS, "loss.weighting", self.weighting, f"one of {', '.join(WEIGHTINGS)}")
+        _expect(isinstance(self.temperature_squared, bool), "loss.temperature_squared", self.temperature_squared, "true or false")
         _expect(_is_num(self.alpha) and 0 <= self.alpha <= 1, "loss.alpha", self.alpha, "0 <= alpha <= 1")
         _expect(_is_num(self.temperature) and self.temperature > 0, "loss.temperature", self.temperature, "> 0")
 
@@ -167,11 +176,14 @@ class TrainConfig:
         seed: seeds weights, the validation split, shuffling (seed + epoch) and augmentation.
         out: output folder (checkpoint.pt, train_log.json, config.yaml).
         device: auto (CUDA if available), cpu or cuda[:i].
-        amp: float16 autocast + grad scaling; CUDA only (ignored on CPU).
+        amp: autocast on CUDA (ignored on CPU).
+        amp_dtype: auto (bfloat16 where the GPU supports it, else float16 with loss scaling), bfloat16 or float16.
         channels_last: channels-last memory format; CUDA only.
         threads: torch CPU threads (0: leave torch's default).
         quiet: no progress bar (it is also off when stderr is not a terminal).
         eval_every: validate every this many epochs (and always after the last).
+        log_every: when stderr is not a terminal, print a progress line every this many steps (0: per epoch only).
+        compile: ``torch.compile`` the model for training (the first steps then compile; no numerical change).
     """
 
     data: DataConfig = field(default_factory=DataConfig)
@@ -182,10 +194,13 @@ class TrainConfig:
     out: str = "runs/train"
     device: str = "auto"
     amp: bool = True
+    amp_dtype: str = "auto"
     channels_last: bool = True
     threads: int = 0
     quiet: bool = False
     eval_every: int = 1
+    log_every: int = 100
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name, cls in (("data", DataConfig), ("model", ModelSpec), ("loss", LossConfig), ("optim", OptimConfig)):
@@ -198,6 +213,9 @@ class TrainConfig:
         _expect(self.device == "auto" or self.device == "cpu" or str(self.device).startswith("cuda"), "device", self.device, "auto, cpu or cuda[:i]")
         _expect(_is_int(self.threads) and self.threads >= 0, "threads", self.threads, "an integer >= 0")
         _expect(_is_int(self.eval_every) and self.eval_every > 0, "eval_every", self.eval_every, "a positive integer")
+        _expect(_is_int(self.log_every) and self.log_every >= 0, "log_every", self.log_every, "an integer >= 0")
+        _expect(self.amp_dtype in AMP_DTYPES, "amp_dtype", self.amp_dtype, f"one of {', '.join(AMP_DTYPES)}")
+        _expect(isinstance(self.compile, bool), "compile", self.compile, "true or false")
         self.out = str(self.out)
 
     # -- construction -----------------------------------------------------
@@ -284,6 +302,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "out": "runs/digits",
     },
 }
+
+
+def upgrade_config(stored: dict[str, Any]) -> dict[str, Any]:
+    """A config dict saved by an earlier release, with the fields it lacked set to what that release did.
+
+    hne-edge 0.1 weighted the losses ``mean-t2`` and autocast in float16; a run it started resumes as it began.
+    """
+    stored = copy.deepcopy(stored)
+    loss = stored.setdefault("loss", {})
+    if isinstance(loss, dict) and "weighting" not in loss:
+        loss["weighting"] = "mean-t2"
+        loss.setdefault("temperature_squared", False)
+    stored.setdefault("amp_dtype", "float16")
+    return stored
 
 
 def preset_dict(name: str) -> dict[str, Any]:

@@ -42,7 +42,7 @@ import torch
 from ..errors import InputError
 from .config import DataConfig
 
-__all__ = ["ArrayDataset", "Augment", "DataBundle", "BatchLoader", "load_data", "split_indices", "epoch_generator"]
+__all__ = ["ArrayDataset", "Augment", "DataBundle", "BatchLoader", "load_data", "load_npz", "split_indices", "epoch_generator"]
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
@@ -74,17 +74,20 @@ class Augment:
     def __call__(self, images: torch.Tensor, generator: torch.Generator, rows: slice | None = None) -> torch.Tensor:
         """Augment ``images[rows]``; random draws cover the whole batch so every DDP slice sees the same draws."""
         b, c, h, w = images.shape
-        offsets = torch.randint(0, 2 * self.pad + 1, (b, 2), generator=generator)
-        flips = torch.rand(b, generator=generator) < 0.5
+        # draws come from the CPU generator wherever the images are, so a GPU run sees a CPU run's crops and flips
+        offsets = torch.randint(0, 2 * self.pad + 1, (b, 2), generator=generator).to(images.device, non_blocking=True)
+        flips = (torch.rand(b, generator=generator) < 0.5).to(images.device, non_blocking=True)
         if rows is not None:
             images, offsets, flips = images[rows], offsets[rows], flips[rows]
             b = images.shape[0]
         if self.pad:
+            dev = images.device
             padded = torch.nn.functional.pad(images, (self.pad,) * 4)
-            ys = offsets[:, 0, None] + torch.arange(h)  # (b, h)
-            xs = offsets[:, 1, None] + torch.arange(w)  # (b, w)
+            ys = offsets[:, 0, None] + torch.arange(h, device=dev)  # (b, h)
+            xs = offsets[:, 1, None] + torch.arange(w, device=dev)  # (b, w)
             images = padded[
-                torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], ys[:, None, :, None], xs[:, None, None, :]
+                torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                ys[:, None, :, None], xs[:, None, None, :],
             ]
         if self.flip:
             images = torch.where(flips[:, None, None, None], images.flip(-1), images)
@@ -108,6 +111,9 @@ class ArrayDataset:
     def subset(self, index: torch.Tensor) -> "ArrayDataset":
         return ArrayDataset(self.images[index], self.labels[index])
 
+    def to(self, device: torch.device | str) -> "ArrayDataset":
+        return ArrayDataset(self.images.to(device), self.labels.to(device))
+
 
 class BatchLoader:
     """Batches of normalised float images from an :class:`ArrayDataset`, augmented in batch.
@@ -122,6 +128,8 @@ class BatchLoader:
         drop_last: drop the last incomplete global batch (training).
         seed: run seed.
         rank, world_size: this process's place in a DDP group.
+        device: hold the images there (once) and augment and normalise there, e.g. a CUDA
+            device: batches then never cross the host bus. None: where the dataset is.
     """
 
     def __init__(
@@ -137,16 +145,20 @@ class BatchLoader:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        device: torch.device | str | None = None,
     ) -> None:
         if batch_size % world_size:
             raise ValueError(f"batch_size={batch_size} must be divisible by the number of processes ({world_size})")
+        if device is not None and torch.device(device) != dataset.images.device:
+            dataset = dataset.to(device)
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
-        self._scale = (torch.tensor(std, dtype=torch.float32) * 255).view(1, -1, 1, 1)
-        self._shift = (torch.tensor(mean, dtype=torch.float32) * 255).view(1, -1, 1, 1)
+        where = dataset.images.device
+        self._scale = (torch.tensor(std, dtype=torch.float32) * 255).view(1, -1, 1, 1).to(where)
+        self._shift = (torch.tensor(mean, dtype=torch.float32) * 255).view(1, -1, 1, 1).to(where)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -160,7 +172,7 @@ class BatchLoader:
         n = len(self.dataset)
         order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
         for i in range(len(self)):
-            index = order[i * self.batch_size : (i + 1) * self.batch_size]
+            index = order[i * self.batch_size : (i + 1) * self.batch_size].to(self.dataset.images.device)
             per_rank = math.ceil(index.numel() / self.world_size)
             rows = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
             images = self.dataset.images[index]
@@ -189,18 +201,20 @@ class DataBundle:
     def normalization(self) -> dict[str, list[float]]:
         return {"mean": [float(m) for m in self.mean], "std": [float(s) for s in self.std]}
 
-    def train_loader(self, batch_size: int, *, seed: int, augment: bool = True, rank: int = 0, world_size: int = 1, num_workers: int = 0):
+    def train_loader(self, batch_size: int, *, seed: int, augment: bool = True, rank: int = 0, world_size: int = 1,
+                     num_workers: int = 0, device: torch.device | None = None):
+        """Training batches; ``device``: hold in-memory images there and augment there (folder data ignores it)."""
         if self.folder:
             return _FolderLoader(self.train, batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, num_workers=num_workers, drop_last=True)
         return BatchLoader(
             self.train, batch_size, mean=self.mean, std=self.std, shuffle=True, augment=self.augment if augment else None,
-            drop_last=True, seed=seed, rank=rank, world_size=world_size,
+            drop_last=True, seed=seed, rank=rank, world_size=world_size, device=device,
         )
 
-    def eval_loader(self, dataset, batch_size: int = 256, num_workers: int = 0):
+    def eval_loader(self, dataset, batch_size: int = 256, num_workers: int = 0, device: torch.device | None = None):
         if self.folder:
             return _FolderLoader(dataset, batch_size, shuffle=False, seed=0, num_workers=num_workers)
-        return BatchLoader(dataset, batch_size, mean=self.mean, std=self.std)
+        return BatchLoader(dataset, batch_size, mean=self.mean, std=self.std, device=device)
 
 
 def _stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -240,7 +254,12 @@ def _load_digits() -> tuple[ArrayDataset, list[str]]:
     return _from_arrays(x, digits.target, "digits"), [str(i) for i in range(10)]
 
 
-def _load_npz(path: Path) -> tuple[ArrayDataset, list[str]]:
+def load_npz(path: str | Path) -> tuple[ArrayDataset, list[str]]:
+    """Images and class names of an ``.npz`` with ``x`` (N,H,W,C or N,H,W uint8), ``y`` (N,) and optional ``classes``."""
+    path = Path(path)
+    if path.is_dir() or (path.exists() and path.suffix != ".npz"):
+        raise InputError(f"{path}: expected an .npz file with x (N,H,W,C uint8) and y (N,); received "
+                         f"{'a folder' if path.is_dir() else 'a ' + (path.suffix or 'suffix-less') + ' file'}")
     if not path.is_file():
         raise FileNotFoundError(f"npz data not found: {path}")
     try:
@@ -285,12 +304,15 @@ def load_data(cfg: DataConfig, *, seed: int, split: str = "train") -> DataBundle
     if cfg.name == "imagefolder":
         return _load_folder(cfg, seed=seed, split=split)
     if split == "test" and cfg.name not in ("cifar10", "cifar100"):
-        raise ValueError(f"split='test' needs a dataset with a test set (cifar10, cifar100, imagefolder); received {cfg.name!r}")
+        raise InputError(
+            f"split 'test': data {cfg.name!r} has no official test set (only cifar10, cifar100 and imagefolder val/ do); "
+            "evaluate on your own held-out images with --test-data PATH.npz (x: N,H,W,C uint8; y: N)"
+        )
     if cfg.name == "digits":
         full, classes = _load_digits()
         augment = Augment(pad=1, flip=False)
     elif cfg.name == "npz":
-        full, classes = _load_npz(Path(cfg.data_dir))
+        full, classes = load_npz(cfg.data_dir)
         augment = Augment(pad=max(1, full.images.shape[-1] // 8), flip=True)
     else:
         full, classes = _load_cifar(cfg, train=True)

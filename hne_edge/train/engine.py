@@ -42,7 +42,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..models import HNE, create_model
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import ModelSpec, TrainConfig
+from .config import LossConfig, ModelSpec, TrainConfig, upgrade_config
 from .data import DataBundle, load_data
 from .losses import ensemble_logits, hne_loss
 
@@ -51,7 +51,7 @@ __all__ = ["FitResult", "train_one_epoch", "evaluate", "fit", "build_model_for_d
 CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "train_log.json"
 # Fields that may differ between an interrupted run and its resumption without changing the result.
-_RESUME_FREE = {"quiet", "threads", "out", "device", "eval_every"}
+_RESUME_FREE = {"quiet", "threads", "out", "device", "eval_every", "log_every", "compile"}
 
 
 @dataclass
@@ -136,6 +136,15 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _amp_dtype(config: TrainConfig) -> torch.dtype | None:
+    """The CUDA autocast dtype: ``auto`` is bfloat16 where the GPU supports it (no loss scaling), else float16."""
+    if not config.amp:
+        return None
+    if config.amp_dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, config.amp_dtype)
+
+
 def _distributed() -> tuple[int, int, int]:
     """(rank, world_size, local_rank) from torchrun's environment; (0, 1, 0) otherwise."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -164,49 +173,55 @@ def train_one_epoch(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
     tree,
-    loss_kind: str,
-    alpha: float = 0.5,
-    temperature: float = 2.0,
+    loss: LossConfig,
     device: torch.device = torch.device("cpu"),
     accum_steps: int = 1,
     scaler: torch.amp.GradScaler | None = None,
+    amp_dtype: torch.dtype | None = None,
     channels_last: bool = False,
     world_size: int = 1,
     progress: bool = False,
+    log_every: int = 0,
     desc: str = "train",
 ) -> dict[str, Any]:
     """One pass over ``loader``; the scheduler steps every iteration.
+
+    The step never waits for the device: losses and correct counts stay on it
+    and are read back every ``log_every`` steps (0: only at the end of the
+    epoch), and once for the whole epoch. ``amp_dtype`` turns on autocast
+    (bfloat16 needs no ``scaler``; float16 does). ``log_every`` > 0 prints a
+    progress line to stderr every that many steps (for logs, where no bar is drawn).
 
     Returns mean loss, full-ensemble accuracy on the (augmented) training
     batches, throughput and every step's loss (averaged across processes).
     """
     model.train()
-    step_losses: list[float] = []
-    correct = seen = 0
+    step_losses: list[torch.Tensor] = []
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    seen = 0
     start = time.perf_counter()
-    amp = scaler is not None
-    with _progress(len(loader), progress, desc) as bar:
-        for images, labels in loader:
+    total = len(loader)
+    options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared}
+    with _progress(total, progress, desc) as bar:
+        for step, (images, labels) in enumerate(loader, 1):
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
+            loss_sum = torch.zeros((), device=device)
             for k, (x, y) in enumerate(zip(images.chunk(accum_steps), labels.chunk(accum_steps))):
                 # DDP: all-reduce gradients only on the last micro-batch
                 sync = k == accum_steps - 1 or not hasattr(model, "no_sync")
                 ctx = model.no_sync() if not sync else _null()
-                with ctx, torch.autocast(device.type, dtype=torch.float16, enabled=amp):
-                    logits = model(x)  # (b, N, classes)
-                    loss = hne_loss(loss_kind, logits.float(), y, tree, alpha, temperature) / accum_steps
-                    if amp:
-                        scaler.scale(loss).backward()
-                    else:
-                        loss.backward()
-                loss_sum += loss.item()
-                correct += (ensemble_logits(logits.detach(), logits.shape[1]).argmax(-1) == y).sum().item()
+                with ctx:
+                    with torch.autocast(device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
+                        logits = model(x)  # (b, N, classes)
+                    value = hne_loss(loss.kind, logits.float(), y, tree, loss.alpha, loss.temperature, **options) / accum_steps
+                    (scaler.scale(value) if scaler is not None else value).backward()
+                loss_sum += value.detach()
+                correct += (ensemble_logits(logits.detach(), logits.shape[1]).argmax(-1) == y).sum()
             seen += images.shape[0]
-            if amp:
+            if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()
             else:
@@ -215,17 +230,25 @@ def train_one_epoch(
                 scheduler.step()
             step_losses.append(loss_sum)
             bar.update(1)
-            if bar.n % 10 == 0 or bar.n == len(loader):
-                bar.set_postfix(loss=f"{loss_sum:.3f}", acc=f"{correct / seen:.3f}", img_s=f"{seen * world_size / (time.perf_counter() - start):.0f}")
+            report = log_every and (step % log_every == 0 or step == total)
+            if report or (progress and (step % 10 == 0 or step == total)):  # the only host syncs in the loop
+                rate = seen * world_size / (time.perf_counter() - start)
+                loss_now, acc_now = loss_sum.item(), correct.item() / seen
+                bar.set_postfix(loss=f"{loss_now:.3f}", acc=f"{acc_now:.3f}", img_s=f"{rate:.0f}")
+                if report and not progress:
+                    print(f"{desc}  step {step}/{total}  loss {loss_now:.4f}  train acc {acc_now:.4f}  {rate:.0f} img/s",
+                          file=sys.stderr, flush=True)
+    losses = torch.stack(step_losses).tolist() if step_losses else []  # one sync for the epoch
     seconds = time.perf_counter() - start
-    step_losses = _all_mean(step_losses, world_size) if step_losses else step_losses
-    correct_all, seen_all = _all_mean([float(correct), float(seen)], world_size) if world_size > 1 else (correct, seen)
+    losses = _all_mean(losses, world_size) if losses else losses
+    correct_n = int(correct.item())
+    correct_all, seen_all = _all_mean([float(correct_n), float(seen)], world_size) if world_size > 1 else (correct_n, seen)
     return {
-        "loss": float(np.mean(step_losses)) if step_losses else float("nan"),
+        "loss": float(np.mean(losses)) if losses else float("nan"),
         "acc": correct_all / max(seen_all, 1),
         "images_per_s": seen * world_size / seconds if seconds > 0 else float("nan"),
         "seconds": seconds,
-        "step_losses": step_losses,
+        "step_losses": losses,
     }
 
 
@@ -300,12 +323,13 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         for key in ("optimizer", "scheduler", "epoch", "config"):
             if not state.get(key):
                 raise CheckpointError(f"{ckpt_path}: no {key} state to resume from (a weights-only checkpoint, not a training run)")
-        diffs = _config_diff(state["config"], config.to_dict())
+        diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
         if diffs:
             raise ValueError(f"--resume with a different config: {'; '.join(diffs)}")
-    if config.threads:
-        torch.set_num_threads(config.threads)
     device = _device(config.device)
+    threads = config.threads or (min(4, os.cpu_count() or 1) if device.type == "cuda" else 0)
+    if threads:  # on CUDA the CPU only feeds the GPU: a few threads, so that several runs can share one machine
+        torch.set_num_threads(threads)
     if world_size > 1:
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
@@ -323,16 +347,18 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     tree = model.tree
+    # in-memory data moves to the GPU once and is augmented there: no per-batch host work or copies
+    data_device = device if cuda else None
     train_loader = bundle.train_loader(
         config.optim.batch_size, seed=config.seed, augment=config.data.augment, rank=rank, world_size=world_size,
-        num_workers=config.data.num_workers,
+        num_workers=config.data.num_workers, device=data_device,
     )
     if len(train_loader) == 0:
         raise ValueError(
             f"optim.batch_size={config.optim.batch_size} is larger than the {len(bundle.train)} training images; "
             "lower --batch-size or raise --limit"
         )
-    val_loader = bundle.eval_loader(bundle.val, 256, config.data.num_workers) if bundle.val is not None else None
+    val_loader = bundle.eval_loader(bundle.val, 256, config.data.num_workers, device=data_device) if bundle.val is not None else None
     ddp_model: nn.Module = model
     if world_size > 1:
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -340,7 +366,9 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     optimizer = torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov,
                                 weight_decay=opt.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _Schedule(opt.schedule, opt.epochs * len(train_loader)))
-    scaler = torch.amp.GradScaler("cuda") if (config.amp and cuda) else None
+    amp_dtype = _amp_dtype(config) if cuda else None
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None  # bfloat16 needs no loss scaling
+    step_model = torch.compile(ddp_model) if config.compile else ddp_model
     history: list[dict[str, Any]] = []
     step_losses: list[float] = []
     start_epoch = 0
@@ -357,6 +385,13 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             restore_rng_state(extra["rng"])
     main_process = rank == 0
     progress = main_process and not config.quiet and sys.stderr.isatty()
+    log_every = config.log_every if (main_process and not config.quiet and not progress) else 0
+    if main_process and not config.quiet:
+        print(f"training {config.model.name} (tree {tree.branching}, {tree.num_leaves} leaves) on {config.data.name}: "
+              f"{len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} validation images, "
+              f"{opt.epochs} epochs of {len(train_loader)} steps; loss {config.loss.kind} ({config.loss.weighting}); "
+              f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}",
+              file=sys.stderr, flush=True)
     if main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(config.to_yaml())
@@ -367,10 +402,9 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             break
         train_loader.set_epoch(epoch)
         stats = train_one_epoch(
-            ddp_model, train_loader, optimizer, scheduler, tree=tree, loss_kind=config.loss.kind,
-            alpha=config.loss.alpha, temperature=config.loss.temperature, device=device, accum_steps=opt.accum_steps,
-            scaler=scaler, channels_last=channels_last, world_size=world_size, progress=progress,
-            desc=f"epoch {epoch + 1}/{opt.epochs}",
+            step_model, train_loader, optimizer, scheduler, tree=tree, loss=config.loss, device=device,
+            accum_steps=opt.accum_steps, scaler=scaler, amp_dtype=amp_dtype, channels_last=channels_last,
+            world_size=world_size, progress=progress, log_every=log_every, desc=f"epoch {epoch + 1}/{opt.epochs}",
         )
         step_losses += stats.pop("step_losses")
         record = {"epoch": epoch + 1, "lr": optimizer.param_groups[0]["lr"],

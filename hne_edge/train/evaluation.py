@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InputError
 from .losses import ensemble_logits
 
 __all__ = [
@@ -97,6 +97,7 @@ def evaluate_checkpoint(
     out_dir: str | os.PathLike | None = None,
     *,
     split: str = "val",
+    test_data: str | os.PathLike | None = None,
     data: dict[str, Any] | None = None,
     batch_size: int = 256,
     device: str = "auto",
@@ -109,7 +110,9 @@ def evaluate_checkpoint(
         path: a checkpoint written by ``hne-edge train``.
         out_dir: where ``metrics.json`` and the PNGs go (default: the checkpoint's folder).
         split: ``val`` (the run's seeded hold-out, rebuilt from its config) or ``test``
-            (cifar10/100 official test set, imagefolder ``val/``).
+            (cifar10/100 official test set, imagefolder ``val/``). Ignored with ``test_data``.
+        test_data: an ``.npz`` of held-out images in the training format (``x`` N,H,W,C uint8,
+            ``y`` N, optional ``classes``) to evaluate on instead; normalised as the run was.
         data: overrides of the run's data config (e.g. ``{"data_dir": ...}`` when the data moved).
         batch_size: evaluation batch size.
         device: auto, cpu or cuda.
@@ -118,16 +121,16 @@ def evaluate_checkpoint(
 
     Returns the metrics dict that is written to ``metrics.json``.
     """
-    from ..models import tree_cost  # noqa: PLC0415
     from .checkpoint import model_from_checkpoint  # noqa: PLC0415
     from .config import DataConfig, TrainConfig, merge  # noqa: PLC0415
     from .data import BatchLoader, load_data  # noqa: PLC0415
-    from .engine import _device, predict  # noqa: PLC0415
 
     if split not in ("val", "test"):
         raise ValueError(f"split: received {split!r}; expected val or test")
     path = Path(path)
     model, state = model_from_checkpoint(path)
+    if test_data is not None:
+        return _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress)
     stored = state.get("config")
     if not stored and not data:
         raise CheckpointError(f"{path} records no training config; pass the data to evaluate on (--data/--data-dir)")
@@ -137,19 +140,54 @@ def evaluate_checkpoint(
         TrainConfig.from_dict({**stored, "data": data_cfg.__dict__})  # validate the stored config as a whole
     bundle = load_data(data_cfg, seed=seed, split="test" if split == "test" else "train")
     if bundle.val is None:
-        raise ValueError(f"the run held out no validation images (data.val_split={data_cfg.val_split}); use split='test' or set val_split")
+        raise ValueError(f"the run held out no validation images (data.val_split={data_cfg.val_split}); use split='test', evaluate on your own images with test_data (--test-data PATH.npz), or set val_split")
     if len(bundle.class_names) != model.config.num_classes or bundle.in_chans != model.config.in_chans:
         raise ValueError(
             f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels) does not match the "
             f"checkpoint's model ({model.config.num_classes} classes, {model.config.in_chans} channels)"
         )
-    dev = _device(device)
-    model = model.to(dev)
     if bundle.folder:
         loader = bundle.eval_loader(bundle.val, batch_size, data_cfg.num_workers)
     else:  # the checkpoint's normalisation is the one the weights were trained with
         norm = state["normalization"]
         loader = BatchLoader(bundle.val, batch_size, mean=norm["mean"], std=norm["std"])
+    return _measure(model, state, path, loader, {"data": data_cfg.name, "split": split}, out_dir, device, plots, progress)
+
+
+def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
+                 progress: bool) -> dict[str, Any]:
+    """Metrics of the checkpoint's model on the images of ``test_data`` (an .npz), checked against the model first."""
+    from .data import BatchLoader, load_npz  # noqa: PLC0415
+
+    dataset, classes = load_npz(test_data)
+    cfg = model.config
+    shape = tuple(dataset.images.shape[1:])
+    if shape != (cfg.in_chans, cfg.input_size, cfg.input_size):
+        raise InputError(
+            f"--test-data {test_data}: images are {shape[1]}x{shape[2]} with {shape[0]} channel(s); "
+            f"the checkpoint's model expects {cfg.input_size}x{cfg.input_size} with {cfg.in_chans}"
+        )
+    top = int(dataset.labels.max())
+    if top >= cfg.num_classes:
+        raise InputError(f"--test-data {test_data}: labels go up to {top}; the checkpoint's model has {cfg.num_classes} classes (0..{cfg.num_classes - 1})")
+    trained = state.get("class_names")
+    if trained and len(classes) == len(trained) and classes != list(trained):
+        raise InputError(f"--test-data {test_data}: class names {classes} differ from the checkpoint's {list(trained)}")
+    norm = state["normalization"]
+    loader = BatchLoader(dataset, batch_size, mean=norm["mean"], std=norm["std"])
+    return _measure(model, state, path, loader, {"data": str(test_data), "split": "test-data"}, out_dir, device, plots,
+                    progress)
+
+
+def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,
+             progress: bool) -> dict[str, Any]:
+    """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares."""
+    from ..models import tree_cost  # noqa: PLC0415
+    from .engine import _device, predict  # noqa: PLC0415
+
+    stored = state.get("config")
+    dev = _device(device)
+    model = model.to(dev)
     logits, labels = predict(model, loader, dev, progress=progress)
     cost = tree_cost(model.cpu())
     metrics = anytime_metrics(logits, labels, cost.prefix_macs)
@@ -158,10 +196,11 @@ def evaluate_checkpoint(
     metrics = {
         "checkpoint": str(path),
         "model": model.config.name,
+        "num_classes": model.config.num_classes,
         "branching": list(model.tree.branching),
         "loss": (stored or {}).get("loss", {}).get("kind"),
-        "data": data_cfg.name,
-        "split": split,
+        "weighting": (stored or {}).get("loss", {}).get("weighting", "mean-t2" if stored else None),
+        **source,
         "epoch": state.get("epoch"),
         "mac_convention": "1 multiply-add = 1 MAC (FLOPs in the anytime-inference literature)",
         "diversity_definition": "std of the n members' logits across members (population), mean over classes and samples",
