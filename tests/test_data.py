@@ -24,7 +24,9 @@ def test_split_is_seeded_disjoint_and_complete():
     again = split_indices(100, 0.2, seed=3)
     assert torch.equal(again[0], train) and torch.equal(again[1], val)
     assert not torch.equal(split_indices(100, 0.2, seed=4)[1], val)
-    assert len(split_indices(100, 0.2, seed=3, limit=7)[0]) == 7
+    small_train, small_val = split_indices(100, 0.2, seed=3, limit=7)
+    # --limit bounds the whole run: the hold-out is capped too, as a subset of the full one
+    assert len(small_train) == len(small_val) == 7 and set(small_val.tolist()) <= set(val.tolist())
 
 
 def test_augment_matches_per_sample_pad_crop_flip():
@@ -156,3 +158,21 @@ def test_shared_cifar10_npz(shared_cifar10):
     # the published CIFAR-10 statistics (README), from the 45k training part
     assert bundle.mean == pytest.approx((0.4914, 0.4822, 0.4465), abs=2e-3)
     assert bundle.std == pytest.approx((0.2470, 0.2435, 0.2616), abs=2e-3)
+
+
+def test_cifar_download_without_a_network_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
+    """Reproduces issue 15: --download offline gave a urllib traceback and left an empty data folder."""
+    import urllib.error
+
+    import torchvision.datasets.utils as tv_utils
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(tv_utils, "download_url", offline)
+    monkeypatch.setattr("torchvision.datasets.cifar.download_and_extract_archive",
+                        lambda *a, **k: offline() or tv_utils.download_and_extract_archive(*a, **k))
+    root = tmp_path / "cifar"
+    with pytest.raises(InputError, match="--download of cifar10 into .* failed .*URLError.*use --data npz"):
+        load_data(DataConfig(name="cifar10", data_dir=str(root), download=True), seed=0)
+    assert not root.exists()

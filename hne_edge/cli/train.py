@@ -45,7 +45,7 @@ def _tree(value: str | None):
 @click.option("--accum-steps", type=int, default=None, help="Micro-batches per step (gradient accumulation).")
 @click.option("--seed", type=int, default=None)
 @click.option("--val-split", type=float, default=None, help="Fraction of training images held out (seeded) for validation.")
-@click.option("--limit", type=int, default=None, help="Use only this many training images (quick runs).")
+@click.option("--limit", type=int, default=None, help="Use at most this many training (and validation) images (quick runs).")
 @click.option("--out", default=None, help="Output folder (checkpoint.pt, train_log.json, config.yaml).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out exactly where it stopped.")
 @click.option("--config", "config_path", default=None, help="YAML config (may name a preset); flags override it.")
@@ -97,7 +97,7 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
             raise ValueError(f"{out}/checkpoint.pt records no training config; pass --config or --preset")
         config = TrainConfig.from_dict(merge(upgrade_config(stored), overrides))
     else:
-        base = preset_dict(_DEFAULT_PRESET[data or "digits"])
+        base = preset_dict(_DEFAULT_PRESET[data or "digits"])  # fit's first line names the model and epochs it chose
         if data and data != base["data"]["name"]:
             base["data"] = {k: v for k, v in base["data"].items() if k in ("val_split", "num_workers")}
         config = TrainConfig.from_dict(merge(base, overrides))

@@ -54,7 +54,8 @@ class DataConfig:
             ``train/`` and ``val/`` inside) or an ``.npz`` file with ``x`` (N,H,W,C uint8) and ``y``.
         download: let torchvision download CIFAR into ``data_dir``.
         val_split: fraction of the training images held out (seeded) for validation; 0 = none.
-        limit: use only this many training images (after the split), for quick runs.
+        limit: use only this many training images (after the split) and at most this many
+            validation images, for quick runs.
         augment: the paper's augmentation on training batches (pad + random crop (+ flip)).
         num_workers: DataLoader workers (imagefolder only; in-memory data is augmented in batch).
     """

@@ -32,6 +32,7 @@ Under DDP every process draws the same global batch and takes its slice.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -55,12 +56,15 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
 
 
 def split_indices(n: int, val_split: float, seed: int, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded (train, val) index split of ``n`` items; ``limit`` caps the training part."""
+    """Seeded (train, val) index split of ``n`` items; ``limit`` caps both parts (a quick run stays quick).
+
+    The hold-out is drawn before the cap, so a capped validation set is a subset of the full one.
+    """
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_val = int(round(n * val_split))
     val, train = perm[:n_val], perm[n_val:]
     if limit is not None:
-        train = train[:limit]
+        train, val = train[:limit], val[:limit]
     return train.sort().values, val.sort().values
 
 
@@ -283,10 +287,18 @@ def _load_cifar(cfg: DataConfig, train: bool) -> tuple[ArrayDataset, list[str]]:
 
     cls = datasets.CIFAR10 if cfg.name == "cifar10" else datasets.CIFAR100
     root = cfg.data_dir or "data"
+    existed = Path(root).exists()
     try:
         ds = cls(root, train=train, download=cfg.download)
     except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted. You can use download=True ..."
         raise FileNotFoundError(f"{cfg.name} not found under {root!r}; pass --download or --data-dir with the extracted dataset") from exc
+    except OSError as exc:  # urllib's URLError (no network), a refused connection, a full disk
+        if not existed:  # leave no empty folder behind
+            shutil.rmtree(root, ignore_errors=True)
+        raise InputError(
+            f"--download of {cfg.name} into {root!r} failed ({type(exc).__name__}: {getattr(exc, 'reason', exc)}); "
+            "download it elsewhere and pass --data-dir with the extracted folder, or use --data npz"
+        ) from exc
     return _from_arrays(np.asarray(ds.data), np.asarray(ds.targets), cfg.name), list(ds.classes)
 
 
