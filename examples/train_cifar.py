@@ -8,6 +8,9 @@ Several GPUs on one node (DistributedDataParallel; the batch of 128 is global):
 The CIFAR-10 training set as a numpy archive (x: N,32,32,3 uint8; y: N), e.g. ../shared/data:
     python examples/train_cifar.py --dataset npz --data-dir ../shared/data/cifar10_train.npz
 
+With your own held-out set (same npz format), every ensemble size is scored on it at the end:
+    python examples/train_cifar.py --dataset npz --data-dir train.npz --test-data test.npz
+
 Then: ``hne-edge eval OUT/checkpoint.pt`` and ``hne-edge export OUT/checkpoint.pt --out bundle``.
 The same runs are available as YAML configs in examples/configs/ for ``hne-edge train --config``.
 """
@@ -26,7 +29,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", required=True)
     p.add_argument("--download", action="store_true")
     p.add_argument("--loss", default="hierarchical", choices=["independent", "structured", "distill", "hierarchical"])
+    p.add_argument("--weighting", default="paper", choices=["paper", "mean-t2"],
+                   help="paper: the paper's equations (default); mean-t2: hne-edge 0.1's means x T^2")
     p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--test-data", default=None, help="an .npz (x: N,32,32,3 uint8; y: N) to score the final model on")
     p.add_argument("--limit", type=int, default=None, help="train on this many images (quick checks)")
     p.add_argument("--out", default=None)
     p.add_argument("--resume", action="store_true")
@@ -37,16 +43,21 @@ def main(argv: list[str] | None = None) -> None:
         {
             "data": {"name": args.dataset, "data_dir": args.data_dir, "download": args.download, "limit": args.limit},
             "model": {"name": args.model},
-            "loss": {"kind": args.loss},
+            "loss": {"kind": args.loss, "weighting": args.weighting},
             "optim": {"epochs": args.epochs},
             "out": args.out or f"runs/{args.dataset}_{args.model}_{args.loss}",
         },
     )
     result = fit(config, resume=args.resume)  # DDP is picked up from torchrun's environment
     if result.history:  # rank 0 (every process returns; only rank 0 writes)
-        metrics = evaluate_checkpoint(result.checkpoint)
-        curve = ", ".join(f"n={m['n']}: {m['accuracy']:.2%}" for m in metrics["anytime"] if m["n"] in (1, 2, 4, 8, 16))
-        print(f"validation accuracy by ensemble size: {curve}")
+        final = result.final  # fit validated the last epoch already: no second pass over the same images
+        if "val_acc_n" in final:
+            curve = ", ".join(f"n={n}: {final['val_acc_n'][n - 1]:.2%}" for n in (1, 2, 4, 8, 16) if n <= len(final["val_acc_n"]))
+            print(f"validation accuracy by ensemble size: {curve}")
+        if args.test_data:
+            metrics = evaluate_checkpoint(result.checkpoint, test_data=args.test_data)
+            curve = ", ".join(f"n={m['n']}: {m['accuracy']:.2%}" for m in metrics["anytime"] if m["n"] in (1, 2, 4, 8, 16))
+            print(f"test accuracy ({args.test_data}) by ensemble size: {curve}")
         print(f"checkpoint: {result.checkpoint}")
 
 

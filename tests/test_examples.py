@@ -97,11 +97,15 @@ def test_shipped_training_configs_load():
 
 def test_train_cifar_example_on_real_data(shared_cifar10, tmp_path):
     out = tmp_path / "run"
+    with np.load(shared_cifar10) as data:  # a stand-in for the user's own test set: 200 images in the training format
+        np.savez(tmp_path / "test.npz", x=data["x"][:200], y=data["y"][:200], classes=data["classes"])
     proc = run_example("train_cifar.py", "--dataset", "npz", "--data-dir", str(shared_cifar10), "--model", "hne_tiny",
-                       "--epochs", "1", "--limit", "512", "--out", str(out), timeout=600)
+                       "--epochs", "1", "--limit", "512", "--out", str(out), "--test-data", str(tmp_path / "test.npz"),
+                       timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "checkpoint.pt").is_file()
     assert "validation accuracy by ensemble size: n=1:" in proc.stdout
+    assert f"test accuracy ({tmp_path / 'test.npz'}) by ensemble size: n=1:" in proc.stdout
 
 
 def test_export_tensorrt_example_without_tensorrt(bundle_copy):
