@@ -1,14 +1,22 @@
-"""L^I vs L^D vs L^HD on real CIFAR-10 (45k train / 5k validation), same budget, same seed, on a CPU.
+"""L^I vs L^D vs L^HD on real CIFAR-10, under both loss weightings, same budget, same seed, on a CPU or a GPU.
 
-Reproduces the "accuracy vs n" comparison of RESULTS.md. The model is a slimmed
-hne_tiny (16-leaf binary HNE; strides chosen so it trains at ~0.2 s per batch of
-128 on one CPU core); the schedule is the paper's CIFAR recipe (SGD 0.1, momentum 0.9,
-cosine, batch 128, wd 5e-4) shortened to --epochs.
+Each run is a plain `hne_edge.train.fit` run of the paper's CIFAR recipe (SGD 0.1, momentum 0.9,
+cosine, batch 128, wd 5e-4) shortened to --epochs. Runs are named LOSS or LOSS@WEIGHTING
+(``hierarchical`` uses the default ``paper`` weighting; ``hierarchical@mean-t2`` the hne-edge 0.1
+convention; see hne_edge/train/losses.py), or one of the CONTROLS below.
 
-    nice .venv/bin/python benchmarks/cifar_losses.py --epochs 8 --parallel
+    # CPU, the slim 53k-parameter model of RESULTS.md, 8 epochs, three runs side by side:
+    nice .venv/bin/python benchmarks/cifar_losses.py --epochs 8 --parallel \
+        --runs independent distill hierarchical distill@mean-t2 hierarchical@mean-t2
+    # GPU, the paper's model and schedule, scored on your own held-out test set:
+    python benchmarks/cifar_losses.py --model hne_resnet_small --device cuda --epochs 200 --val-split 0 \
+        --test-data cifar10_test.npz --parallel --threads 4
 
-Each run is resumable (re-running continues from runs/cifar_losses/<loss>/checkpoint.pt).
-Writes runs/cifar_losses/{<loss>/metrics.json, summary.md, *.png}.
+Each run is resumable (re-running continues from OUT/<run>/checkpoint.pt). Writes
+OUT/{<run>/metrics.json, <run>/test_metrics.json, summary.md, *.png}; with --test-data the summary
+is the paper's table (accuracy at 1/2/4/8/16 leaves) with the paper's figures beside it.
+--parallel starts one process per run with --threads CPU threads each, so several runs can share
+one machine or one GPU without starving each other.
 """
 
 from __future__ import annotations
@@ -23,22 +31,42 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# (channels, stride, repeats) per tree block: 32 -> 16 -> 16 -> 8 -> 4 -> 4 spatial sizes.
-BLOCKS = [[16, 2, 1], [16, 1, 1], [32, 2, 1], [32, 2, 1], [32, 1, 1]]
+# The slim model of RESULTS.md: (channels, stride, repeats) per tree block, 32 -> 16 -> 16 -> 8 -> 4 -> 4.
+SLIM_BLOCKS = [[16, 2, 1], [16, 1, 1], [32, 2, 1], [32, 2, 1], [32, 1, 1]]
 LOSSES = ("independent", "distill", "hierarchical")
+WEIGHTINGS = ("paper", "mean-t2")
 # Controls for reading the comparison. With SGD and coupled weight decay, scaling the whole loss by c is the
 # same run as lr * c and weight_decay / c, so each control is a plain run of the trainer:
 # * independent_half: L^I alone at the weight the distilled runs give it, 0.5 * L^I (lr 0.05, wd 1e-3):
 #   how much of their gap is only the halved label term;
-# * hierarchical_full: L^I + 0.5 * L^HD = 1.5 * (2/3 L^I + 1/3 L^HD) (alpha 1/3, lr 0.15, wd 3.33e-4):
+# * hierarchical_full: L^I + 0.5 * L^HD(mean-t2) = 1.5 * (2/3 L^I + 1/3 L^HD) (alpha 1/3, lr 0.15, wd 3.33e-4):
 #   distillation added on top of the full label term instead of taking half of it.
 CONTROLS = {
     "independent_half": {"kind": "independent", "alpha": 0.5, "lr": 0.05, "weight_decay": 1e-3},
-    "hierarchical_full": {"kind": "hierarchical", "alpha": 1 / 3, "lr": 0.15, "weight_decay": 5e-4 / 1.5},
+    "hierarchical_full": {"kind": "hierarchical", "alpha": 1 / 3, "lr": 0.15, "weight_decay": 5e-4 / 1.5,
+                          "weighting": "mean-t2"},
+}
+# Ruiz & Verbeek (AAAI 2021), CIFAR, L^HD, test accuracy (%) at 1/2/4/8/16 leaves after 200 epochs.
+PAPER = {
+    ("cifar10", "hne_resnet_small"): (92.7, 93.1, 93.4, 94.1, 94.3),
+    ("cifar100", "hne_resnet_small"): (71.1, 71.7, 73.4, 74.5, 75.3),
+    ("cifar10", "hne_resnet"): (94.6, 94.9, 95.1, 95.5, 95.6),
+    ("cifar100", "hne_resnet"): (76.1, 77.2, 78.0, 79.0, 79.8),
 }
 
 
-def run_one(loss: str, args: argparse.Namespace) -> dict:
+def run_spec(name: str) -> dict:
+    """The loss settings of run ``name`` (LOSS, LOSS@WEIGHTING or a control)."""
+    if name in CONTROLS:
+        return {"weighting": "paper", **CONTROLS[name]}
+    kind, _, weighting = name.partition("@")
+    if kind not in LOSSES or (weighting and weighting not in WEIGHTINGS):
+        raise SystemExit(f"run {name!r}: expected LOSS or LOSS@WEIGHTING with LOSS in {LOSSES} and WEIGHTING in "
+                         f"{WEIGHTINGS}, or a control in {tuple(CONTROLS)}")
+    return {"kind": kind, "alpha": 0.5, "lr": 0.1, "weight_decay": 5e-4, "weighting": weighting or "paper"}
+
+
+def run_one(name: str, args: argparse.Namespace) -> dict:
     import torch
 
     from hne_edge.train.config import TrainConfig
@@ -46,88 +74,114 @@ def run_one(loss: str, args: argparse.Namespace) -> dict:
     from hne_edge.train.evaluation import evaluate_checkpoint
 
     torch.set_num_threads(args.threads)
-    out = Path(args.out) / loss
-    run = CONTROLS.get(loss, {"kind": loss, "alpha": 0.5, "lr": 0.1, "weight_decay": 5e-4})
+    out = Path(args.out) / name
+    run = run_spec(name)
+    model = {"name": "hne_tiny", "overrides": {"blocks": SLIM_BLOCKS}} if args.model == "slim" else {"name": args.model}
     config = TrainConfig.from_dict({
-        "data": {"name": "npz", "data_dir": str(args.data), "val_split": 0.1, "limit": args.limit},
-        "model": {"name": "hne_tiny", "overrides": {"blocks": BLOCKS}},
-        "loss": {"kind": run["kind"], "alpha": run["alpha"], "temperature": 2.0},
+        "data": {"name": "npz", "data_dir": str(args.data), "val_split": args.val_split, "limit": args.limit},
+        "model": model,
+        "loss": {"kind": run["kind"], "alpha": run["alpha"], "temperature": 2.0, "weighting": run["weighting"]},
         "optim": {"epochs": args.epochs, "batch_size": 128, "lr": run["lr"], "momentum": 0.9,
                   "weight_decay": run["weight_decay"], "schedule": "cosine"},
-        "seed": args.seed, "out": str(out), "threads": args.threads, "quiet": False,
+        "seed": args.seed, "out": str(out), "threads": args.threads, "quiet": False, "device": args.device,
+        "eval_every": max(1, args.epochs // 4),
     })
     start = time.time()
     done = (out / "checkpoint.pt").exists()
     fit(config, resume=done)
-    metrics = evaluate_checkpoint(out / "checkpoint.pt", out)
-    metrics["train_wall_s"] = time.time() - start
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    wall = time.time() - start
+    metrics = None
+    if args.val_split > 0:
+        metrics = evaluate_checkpoint(out / "checkpoint.pt", out, device=args.device)
+        metrics["train_wall_s"] = wall
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    if args.test_data:
+        test = evaluate_checkpoint(out / "checkpoint.pt", out / "test", test_data=args.test_data, device=args.device)
+        test["train_wall_s"] = wall
+        (out / "test_metrics.json").write_text(json.dumps(test, indent=1))
+        metrics = metrics or test
     return metrics
+
+
+def _table(runs: list[str], results: list[dict], paper: tuple | None, what: str) -> list[str]:
+    sizes = [n for n in (1, 2, 4, 8, 16) if n <= results[0]["num_leaves"]]
+    head = "| run | " + " | ".join(f"n={n}" for n in sizes) + " | std n=16 | mean leaf |"
+    lines = [f"{what}: accuracy (%) of the first n leaves", "", head, "|---" * (len(sizes) + 3) + "|"]
+    for name, r in zip(runs, results):
+        acc = {row["n"]: row["accuracy"] for row in r["anytime"]}
+        leaf = sum(x["accuracy"] for x in r["leaves"]) / len(r["leaves"])
+        lines.append(f"| {name} | " + " | ".join(f"{100 * acc[n]:.2f}" for n in sizes)
+                     + f" | {r['anytime'][-1]['diversity']:.3f} | {100 * leaf:.2f} |")
+    if paper:
+        lines.append("| paper, L^HD, 200 epochs | " + " | ".join(f"{v:.1f}" for v in paper[: len(sizes)]) + " | | |")
+    return lines
 
 
 def summarize(args: argparse.Namespace) -> None:
     from hne_edge.train.evaluation import plot_metrics
 
-    runs = [json.loads((Path(args.out) / loss / "metrics.json").read_text()) for loss in args.losses]
-    plot_metrics(runs, args.out, labels=list(args.losses))
-    n_all = [r["n"] for r in runs[0]["anytime"]]
-    epochs = sorted({r.get("epoch") for r in runs})
-    lines = [f"Epochs trained: {', '.join(map(str, epochs))} (of --epochs {args.epochs}); {runs[0]['num_images']} validation images.", "",
-             "| n | MMACs | " + " | ".join(f"acc {l}" for l in args.losses) + " | " + " | ".join(f"std {l}" for l in args.losses) + " |",
-             "|---" * (2 + 2 * len(runs)) + "|"]
-    for i, n in enumerate(n_all):
-        lines.append(f"| {n} | {runs[0]['anytime'][i]['macs'] / 1e6:.2f} | "
-                     + " | ".join(f"{100 * r['anytime'][i]['accuracy']:.2f}" for r in runs) + " | "
-                     + " | ".join(f"{r['anytime'][i]['diversity']:.3f}" for r in runs) + " |")
-    lines += ["", "| loss | NLL n=1 | NLL n=16 | ECE n=1 | ECE n=16 | mean leaf acc | wall (s) |", "|---|---|---|---|---|---|---|"]
-    for loss, r in zip(args.losses, runs):
-        leaf = sum(x["accuracy"] for x in r["leaves"]) / len(r["leaves"])
-        a = r["anytime"]
-        lines.append(f"| {loss} | {a[0]['nll']:.3f} | {a[-1]['nll']:.3f} | {a[0]['ece']:.3f} | {a[-1]['ece']:.3f} | "
-                     f"{100 * leaf:.2f} | {r.get('train_wall_s', float('nan')):.0f} |")
+    out = Path(args.out)
+    lines = []
+    for file, what in (("metrics.json", "validation split"), ("test_metrics.json", f"test set {args.test_data}")):
+        have = [name for name in args.runs if (out / name / file).exists()]
+        if not have:
+            continue
+        results = [json.loads((out / name / file).read_text()) for name in have]
+        paper = PAPER.get(("cifar100" if results[0]["num_classes"] == 100 else "cifar10", args.model)) \
+            if file == "test_metrics.json" else None
+        epochs = sorted({r.get("epoch") for r in results})
+        lines += _table(have, results, paper, f"{what}, {results[0]['num_images']} images, epochs {epochs}") + [""]
+        if file == "metrics.json":
+            plot_metrics(results, out, labels=have)
+    walls = [json.loads((out / n / "metrics.json").read_text()).get("train_wall_s") for n in args.runs
+             if (out / n / "metrics.json").exists()]
+    if walls:
+        lines.append("train wall time (s): " + ", ".join(f"{w:.0f}" for w in walls if w))
     text = "\n".join(lines)
-    (Path(args.out) / "summary.md").write_text(text + "\n")
+    (out / "summary.md").write_text(text + "\n")
     print(text)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "cifar10_train.npz"))
+    p.add_argument("--test-data", default=None, help="an .npz test set (x: N,H,W,C uint8; y: N) to score every run on")
+    p.add_argument("--model", default="slim", help="slim (53k-parameter hne_tiny, CPU budgets) or a zoo model")
+    p.add_argument("--device", default="cpu", help="cpu | cuda[:i] | auto")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=None, help="train on this many of the 45k training images")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--val-split", type=float, default=0.1, help="held out of --data for validation (0: none)")
+    p.add_argument("--limit", type=int, default=None, help="train on this many of the training images")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     p.add_argument("--out", default=str(REPO / "runs" / "cifar_losses"))
-    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES + tuple(CONTROLS))
-    p.add_argument("--parallel", action="store_true", help="one process per loss (1 thread each)")
+    p.add_argument("--runs", "--losses", nargs="+", default=list(LOSSES),
+                   help=f"LOSS or LOSS@WEIGHTING (LOSS in {LOSSES}, WEIGHTING in {WEIGHTINGS}), or {tuple(CONTROLS)}")
+    p.add_argument("--parallel", action="store_true", help="one process per run (--threads each)")
     p.add_argument("--summary-only", action="store_true")
-    p.add_argument("--eval-only", action="store_true",
-                   help="evaluate the runs' current checkpoints (whatever epoch they reached) and summarise")
     args = p.parse_args()
-    if args.eval_only:
-        from hne_edge.train.evaluation import evaluate_checkpoint
-
-        for loss in args.losses:
-            evaluate_checkpoint(Path(args.out) / loss / "checkpoint.pt", Path(args.out) / loss)
-    elif not args.summary_only:
-        if args.parallel and len(args.losses) > 1:
+    for name in args.runs:
+        run_spec(name)
+    if args.val_split <= 0 and not args.test_data:
+        raise SystemExit("--val-split 0 needs --test-data: otherwise nothing would be evaluated")
+    if not args.summary_only:
+        if args.parallel and len(args.runs) > 1:
             base = [sys.executable, __file__, "--data", args.data, "--epochs", str(args.epochs), "--seed", str(args.seed),
-                    "--threads", str(args.threads), "--out", args.out]
-            if args.limit:
-                base += ["--limit", str(args.limit)]
+                    "--threads", str(args.threads), "--out", args.out, "--model", args.model, "--device", args.device,
+                    "--val-split", str(args.val_split)]
+            base += ["--limit", str(args.limit)] if args.limit else []
+            base += ["--test-data", args.test_data] if args.test_data else []
             procs = []
-            for loss in args.losses:
-                Path(args.out, loss).mkdir(parents=True, exist_ok=True)
-                log = open(Path(args.out, loss, "stdout.log"), "a")
-                procs.append(subprocess.Popen(base + ["--losses", loss], stdout=log, stderr=subprocess.STDOUT))
+            for name in args.runs:
+                Path(args.out, name).mkdir(parents=True, exist_ok=True)
+                log = open(Path(args.out, name, "stdout.log"), "a")
+                procs.append(subprocess.Popen(base + ["--runs", name], stdout=log, stderr=subprocess.STDOUT))
             codes = [proc.wait() for proc in procs]
             if any(codes):
-                sys.exit(f"a run failed: exit codes {dict(zip(args.losses, codes))}")
+                sys.exit(f"a run failed: exit codes {dict(zip(args.runs, codes))}")
         else:
-            for loss in args.losses:
-                run_one(loss, args)
-    if len(args.losses) > 1 or args.summary_only or args.eval_only:
-        summarize(args)
+            for name in args.runs:
+                run_one(name, args)
+    summarize(args)
 
 
 if __name__ == "__main__":
