@@ -101,6 +101,7 @@ def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify
         extra_provenance={"checkpoint": str(source), "checkpoint_sha256": sha256_file(source),
                           "tensorrt": _version("tensorrt") if fmt == "tensorrt" else None},  # fmt: skip
         post_export=post,
+        keep=(source,),
     )
     if progress:
         click.echo("\r\033[K", err=True, nl=False)  # clear the status line
