@@ -48,6 +48,8 @@ __all__ = [
     "read_manifest",
     "write_manifest",
     "sha256_file",
+    "read_verified",
+    "onnx_external_data",
     "activation_name",
 ]
 
@@ -486,13 +488,98 @@ def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> M
         if not target.is_file():
             raise BundleError(f"bundle file missing: {f.path} (files[{i}]) is listed in the manifest but not on disk")
         if verify_files:
-            actual = sha256_file(target)
-            if actual != f.sha256:
-                raise BundleError(
-                    f"bundle file {f.path} (files[{i}].sha256) does not match the manifest: "
-                    f"expected {f.sha256}, found {actual}; the file was modified or corrupted"
-                )
+            _check_digest(f, sha256_file(target), f"files[{i}].sha256")
     return manifest
+
+
+def _check_digest(f: ModelFile, actual: str, where: str) -> None:
+    if actual != f.sha256:
+        raise BundleError(
+            f"bundle file {f.path} ({where}) does not match the manifest: "
+            f"expected {f.sha256}, found {actual}; the file was modified or corrupted"
+        )
+
+
+def read_verified(path: str | os.PathLike, model_file: ModelFile | None) -> bytes:
+    """The bytes of a model file, checked against ``model_file.sha256`` (``None``: not checked).
+
+    Backends load these bytes, never the path again: a file swapped after the
+    check cannot be what runs.
+    """
+    data = Path(path).read_bytes()
+    if model_file is not None:
+        _check_digest(model_file, hashlib.sha256(data).hexdigest(), "sha256 at load")
+    return data
+
+
+# onnx.proto field numbers: which fields of each message hold messages that can hold tensors
+_ONNX_WALK = {
+    "model": {7: "graph", 20: "training", 25: "function"},
+    "training": {1: "graph", 2: "graph"},
+    "function": {7: "node"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse", 23: "sparse"},
+    "sparse": {1: "tensor", 2: "tensor"},
+}
+_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION, _TENSOR_NAME = 13, 14, 8
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def onnx_external_data(data: bytes) -> list[str]:
+    """Names of the tensors of a serialized ONNX model that keep their values in external files.
+
+    Reads the protobuf wire format directly (no onnx package on the edge). A
+    bundle's files must be self-contained: ONNX Runtime would read external
+    data from paths the manifest does not list or hash.
+    """
+    found: list[str] = []
+    stack: list[tuple[str, int, int, int]] = [("model", 0, len(data), 0)]
+    while stack:
+        kind, pos, end, depth = stack.pop()
+        if depth > 64:
+            raise BundleError("ONNX model nests subgraphs more than 64 deep")
+        name, external = "?", False
+        while pos < end:
+            key, pos = _varint(data, pos)
+            field_no, wire = key >> 3, key & 7
+            if wire == 0:
+                value, pos = _varint(data, pos)
+                if kind == "tensor" and field_no == _TENSOR_DATA_LOCATION and value == 1:
+                    external = True
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            elif wire == 2:
+                length, pos = _varint(data, pos)
+                if pos + length > end:
+                    raise ValueError("length past the end of its message")
+                if kind == "tensor" and field_no == _TENSOR_EXTERNAL_DATA:
+                    external = True
+                elif kind == "tensor" and field_no == _TENSOR_NAME:
+                    name = data[pos : pos + length].decode("utf-8", "replace")
+                child = _ONNX_WALK.get(kind, {}).get(field_no)
+                if child is not None:
+                    stack.append((child, pos, pos + length, depth + 1))
+                pos += length
+            else:
+                raise ValueError(f"unsupported protobuf wire type {wire}")
+        if external:
+            found.append(name)
+    return found
 
 
 def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> Path:

@@ -262,7 +262,8 @@ class AnytimeRunner:
         threads: intra-op threads for the backend (None: its default).
         load_profile: load a matching saved cost profile (see :mod:`.cost_model`).
         quantile: the cost model's prediction quantile.
-        verify: check every bundle file's sha256 when loading.
+        verify: check the sha256 of every file this runner loads, on the bytes it loads (the same bytes
+            go to the backend; a file swapped after the check is never what runs).
         first_leaf: when a frame stops after leaf 0 (``max_leaves=1``), run the bundle's export-free
             first-leaf file (plan "first") if it has one for this backend and precision: it costs what a
             standalone network costs, up to ~10% less than leaf 0's exporting segment (one more session).
@@ -299,12 +300,14 @@ class AnytimeRunner:
         if plan not in PLANS:
             raise InputError(f"plan: received {plan!r}; expected one of {list(PLANS)}")
         self.bundle_dir = Path(bundle_dir)
-        self.manifest = read_manifest(self.bundle_dir, verify_files=verify)
+        # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
+        self.manifest = read_manifest(self.bundle_dir, verify_files=False)
         self.manifest_sha256 = hashlib.sha256((self.bundle_dir / MANIFEST_NAME).read_bytes()).hexdigest()
         self.plan, self.precision = plan, precision
         if threads is not None:
             backend_options["threads"] = threads
         self.backend = create_backend(backend, device, **backend_options)
+        self.backend.verify = verify
         self.device = self.backend.device
         tree = self.manifest.tree
         self.tree = tree

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...bundle import Manifest
+from ...bundle import Manifest, onnx_external_data
 from ...errors import BackendUnavailable, BundleError
 from .base import Backend, Handle, Runner, Unit
 
@@ -35,8 +35,18 @@ def _import_ort():
 
 def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, where: str = ""):
     """An InferenceSession for ``runner.unit``, its graph I/O names checked against the manifest."""
+    data = runner._backend.read_file(runner.unit.path, runner.unit.file)  # hashed once; these bytes are what runs
     try:
-        session = ort.InferenceSession(str(runner.unit.path), sess_options=sess_options, providers=providers)
+        external = onnx_external_data(data)
+    except ValueError as exc:
+        raise BundleError(f"{runner.name}: not a valid ONNX file ({exc})") from None
+    if external:
+        raise BundleError(
+            f"{runner.name}: {len(external)} tensor(s) ({', '.join(external[:3])}) keep their values in external "
+            "files, which the manifest neither lists nor hashes; expected one self-contained ONNX file per entry"
+        )
+    try:
+        session = ort.InferenceSession(data, sess_options=sess_options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise BundleError(f"{runner.name}: onnxruntime could not load the model{where}: {exc}") from None
     names_in = [i.name for i in session.get_inputs()]

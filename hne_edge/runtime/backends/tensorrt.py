@@ -176,7 +176,7 @@ class TensorRTRunner(Runner):
     def activate_impl(self) -> None:
         b = self._backend
         trt = b.trt
-        engine = b.runtime.deserialize_cuda_engine(Path(self.unit.path).read_bytes())
+        engine = b.runtime.deserialize_cuda_engine(b.read_file(self.unit.path, self.unit.file))
         if engine is None:
             raise BundleError(
                 f"{self.name}: TensorRT {trt.__version__} could not deserialize the engine (see the TensorRT log); "
