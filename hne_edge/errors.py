@@ -6,7 +6,21 @@ expected. The CLI prints these as one line and exits with status 2.
 
 from __future__ import annotations
 
-__all__ = ["HNEError", "InputError", "BundleError", "CheckpointError", "ExportError", "BackendUnavailable"]
+from typing import Any
+
+__all__ = ["HNEError", "InputError", "BundleError", "CheckpointError", "ExportError", "BackendUnavailable", "short_repr"]
+
+REPR_LIMIT = 200
+
+
+def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a hostile file cannot turn one error line into megabytes."""
+    text = repr(value) if not isinstance(value, (list, tuple, dict, set)) or len(value) <= limit else (
+        f"<{type(value).__name__} of {len(value)} items>"
+    )  # never build the repr of a huge container
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 20]}... ({len(text)} chars)"
 
 
 class HNEError(Exception):

@@ -140,3 +140,110 @@ def test_external_data_is_refused(tiny_bundle, tmp_path):
     write_manifest(bundle, type(manifest)(**{**manifest.__dict__, "files": files}))
     with pytest.raises(BundleError, match=r"leaf00.onnx: \d+ tensor\(s\) .* keep their values in external files"):
         AnytimeRunner(bundle, load_profile=False, warmup=0)
+
+
+# -- D3 and D11-D12: bounded, strict manifests -------------------------------------------------------
+
+
+def _edit_manifest(bundle: Path, edit) -> None:
+    data = json.loads((bundle / "manifest.json").read_text())
+    edit(data)
+    (bundle / "manifest.json").write_text(json.dumps(data))
+
+
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path) -> Path:
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    return bundle
+
+
+def test_tree_size_is_bounded():
+    from hne_edge.tree import MAX_LEAVES, TreeSpec
+
+    with pytest.raises(ValueError, match=rf"more than {MAX_LEAVES} leaves"):
+        TreeSpec((1,) + (2,) * 30)  # 2^30 leaves: must fail before building anything
+    with pytest.raises(ValueError, match="blocks; expected at most 32"):
+        TreeSpec((1,) * 10_000)
+    with pytest.raises(ValueError) as info:
+        TreeSpec(tuple(range(-5000, 0)))
+    assert len(str(info.value)) < 600
+    assert TreeSpec((1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2)).num_leaves == MAX_LEAVES  # the bound itself is accepted
+
+
+def test_a_17_level_manifest_fails_in_one_short_line(bundle_copy):
+    def edit(d):
+        d["tree"]["branching"] = [1] + [2] * 16
+        d["tree"]["leaf_order"] = [f"b16.{i}" for i in range(2**16)]
+
+    _edit_manifest(bundle_copy, edit)
+    line = one_line_error(run_cli("inspect", str(bundle_copy)))
+    assert "at most 1024" in line and len(line) < 600
+
+
+def test_info_with_31_factors_is_refused():
+    line = one_line_error(run_cli("info", "hne_tiny", "--tree", ",".join(["2"] * 31)))
+    assert "at most 1024" in line
+
+
+def test_eval_refuses_a_checkpoint_naming_a_huge_tree(tiny_bundle, tmp_path):
+    import torch
+
+    state = torch.load(tiny_bundle.checkpoint_path, weights_only=True)
+    state["model_config"]["tree"] = {"branching": [1] + [2] * 30}
+    state["tree"] = {"branching": [1] + [2] * 30}
+    torch.save(state, tmp_path / "huge.pt")
+    line = one_line_error(run_cli("eval", str(tmp_path / "huge.pt"), "--no-plots", "--quiet", timeout=120))
+    assert "at most 1024" in line
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["tree"].__setitem__("leaf_order", 5), r"tree.leaf_order must be list; received 5"),
+        (lambda d: d["tree"]["nodes"][0].__setitem__("children", None), r"parent/children/depth disagree"),
+        (lambda d: d["input"].__setitem__("mean", [float("nan")] * 3), r"NaN is not a JSON number"),
+        (lambda d: d["files"][0].__setitem__("macs", -1), r"files\[0\].macs must be >= 0; received -1"),
+        (lambda d: d["files"][0].__setitem__("bytes", -5), r"files\[0\].bytes must be >= 0"),
+        (lambda d: d["tree"]["nodes"][0].__setitem__("macs", -1), r"tree.nodes\[0\].macs must be >= 0"),
+        (lambda d: d["model"].__setitem__("class_names", ["a", "b", "c", "d", "e"]),
+         r"outputs logits of shape \['batch', 10\]; model.class_names has 5 classes"),
+        (lambda d: d.__setitem__("schema_version", True), r"schema_version True is not supported"),
+    ],
+)
+def test_malformed_manifests_fail_in_one_line(bundle_copy, edit, message):
+    from hne_edge.bundle import read_manifest
+    from hne_edge.errors import BundleError
+
+    _edit_manifest(bundle_copy, edit)
+    with pytest.raises(BundleError, match=message):
+        read_manifest(bundle_copy)
+
+
+def test_duplicate_keys_and_deep_nesting_are_refused(bundle_copy):
+    from hne_edge.bundle import read_manifest
+    from hne_edge.errors import BundleError
+
+    text = (bundle_copy / "manifest.json").read_text()
+    (bundle_copy / "manifest.json").write_text(text.replace('"schema_version": 1', '"schema_version": 1, "schema_version": 1', 1))
+    with pytest.raises(BundleError, match="duplicate key 'schema_version'"):
+        read_manifest(bundle_copy)
+    (bundle_copy / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    line = one_line_error(run_cli("inspect", str(bundle_copy)))
+    assert "nested too deeply" in line
+
+
+def test_graph_disagreeing_with_the_manifest_fails_at_load_not_mid_frame(bundle_copy):
+    from hne_edge.errors import BundleError
+    from hne_edge.runtime import AnytimeRunner
+
+    def edit(d):  # a consistent manifest that lies about the files: 32x32 images
+        d["input"]["shape"] = ["batch", 3, 32, 32]
+        for f in d["files"]:
+            for t in f["inputs"]:
+                if t["node"] is None:
+                    t["shape"] = ["batch", 3, 32, 32]
+
+    _edit_manifest(bundle_copy, edit)
+    with pytest.raises(BundleError, match=r"tensor image is float32 \['batch', 3, 16, 16\] in the ONNX graph; the manifest says float32 \['batch', 3, 32, 32\]"):
+        AnytimeRunner(bundle_copy, verify=False, load_profile=False, warmup=0)

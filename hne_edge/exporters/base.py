@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..bundle import MANIFEST_NAME, PRECISIONS
-from ..errors import ExportError
+from ..errors import ExportError, short_repr
 
 __all__ = [
     "ShapeError",
@@ -35,6 +35,7 @@ __all__ = [
     "parse_batch",
     "parse_plan",
     "check_opset",
+    "check_normalization",
     "provenance",
     "atomic_output_dir",
     "check_replaceable",
@@ -118,6 +119,25 @@ def check_opset(opset: int) -> int:
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset must be an integer in {MIN_OPSET}..{MAX_OPSET}; received {opset!r}")
     return opset
+
+
+def check_normalization(normalization: dict, channels: int) -> None:
+    """``{"mean": [...], "std": [...]}``: ``channels`` finite numbers each, std > 0 (what the manifest will accept)."""
+    import math
+
+    ok = isinstance(normalization, dict) and set(normalization) == {"mean", "std"}
+    if ok:
+        mean, std = normalization["mean"], normalization["std"]
+        ok = all(
+            isinstance(v, (list, tuple)) and len(v) == channels
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+            for v in (mean, std)
+        ) and all(x > 0 for x in std)  # fmt: skip
+    if not ok:
+        raise ValueError(
+            f"normalization must be {{'mean': [...], 'std': [...]}} with {channels} finite values each and std > 0; "
+            f"received {short_repr(normalization)}"
+        )
 
 
 def _version(module: str) -> str | None:

@@ -30,6 +30,7 @@ from .base import (
     DTYPE_OF,
     ShapeError,
     atomic_output_dir,
+    check_normalization,
     check_opset,
     parse_batch,
     parse_plan,
@@ -317,6 +318,7 @@ def export_onnx(
     if len(class_names) != config.num_classes:
         raise ValueError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
+    check_normalization(normalization, config.in_chans)
 
     say = progress or (lambda message: None)
     model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)

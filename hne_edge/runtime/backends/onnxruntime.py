@@ -22,6 +22,8 @@ from .base import Backend, Handle, Runner, Unit
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeRunner"]
 
+_ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
+
 
 def _import_ort():
     try:
@@ -56,6 +58,21 @@ def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, w
             f"{runner.name}: the ONNX graph has inputs {names_in} and outputs {names_out}; "
             f"the manifest says {list(runner.input_names)} -> {list(runner.output_names)}"
         )
+    # dtypes and fixed dims too: a disagreement would otherwise surface as an InvalidArgument mid-frame
+    for metas, specs in ((session.get_inputs(), runner.unit.inputs), (session.get_outputs(), runner.unit.outputs)):
+        graph = {m.name: m for m in metas}
+        for spec in specs:
+            meta = graph[spec.name]
+            dtype = _ORT_DTYPES.get(meta.type, meta.type)
+            dims = list(meta.shape)
+            fixed_differ = len(dims) != len(spec.shape) or any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(dims, spec.shape)
+            )
+            if dtype != spec.dtype or (spec.shape and fixed_differ):
+                raise BundleError(
+                    f"{runner.name}: tensor {spec.name} is {dtype} {dims} in the ONNX graph; the manifest says "
+                    f"{spec.dtype} {list(spec.shape)}"
+                )
     return session
 
 
