@@ -247,3 +247,90 @@ def test_graph_disagreeing_with_the_manifest_fails_at_load_not_mid_frame(bundle_
     _edit_manifest(bundle_copy, edit)
     with pytest.raises(BundleError, match=r"tensor image is float32 \['batch', 3, 16, 16\] in the ONNX graph; the manifest says float32 \['batch', 3, 32, 32\]"):
         AnytimeRunner(bundle_copy, verify=False, load_profile=False, warmup=0)
+
+
+# -- D4-D6: sessions and threads ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_bundle):
+    from hne_edge.runtime import AnytimeRunner
+
+    with AnytimeRunner(tiny_bundle.bundle_dir, load_profile=False, warmup=0) as r:
+        yield r
+
+
+def test_start_owns_its_input(runner, tiny_bundle):
+    import torch
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():  # the reference: the PyTorch model on the original values
+        ref = tiny_bundle.model(torch.from_numpy(x.copy())).numpy().mean(axis=1)
+    session = runner.start(x)
+    x[:] = np.nan  # the application reuses its buffer for the next frame
+    result = session.refine()
+    assert result.leaves == 16
+    np.testing.assert_allclose(result.logits, ref, atol=1e-4)
+
+
+def test_cancel_before_the_first_leaf_raises_a_typed_error(runner):
+    from hne_edge.errors import HNEError
+    from hne_edge.runtime import NoResultError, SessionCancelled
+
+    session = runner.start(np.zeros((1, 3, 16, 16), np.float32))
+    with pytest.raises(NoResultError, match="no leaf evaluated yet"):
+        session.result()
+    session.cancel()
+    for call in (session.refine, session.result):
+        with pytest.raises(SessionCancelled, match="cancelled before its first leaf") as info:
+            call()
+        assert isinstance(info.value, HNEError)
+    assert session.step() is False and session.done
+    session = runner.start(np.zeros((1, 3, 16, 16), np.float32))  # cancelled after a leaf: keeps it
+    session.step()
+    session.cancel()
+    assert session.refine().leaves == 1 and session.result().stopped_by == "cancelled"
+
+
+class _ImpatientLock:
+    """The runner's lock, but close()'s wait gives up after 0.3 s: a call longer than close()'s patience."""
+
+    def __init__(self, lock):
+        self._lock = lock
+
+    def acquire(self, blocking=True, timeout=-1):
+        return self._lock.acquire(blocking, 0.3 if blocking and timeout > 0 else timeout)
+
+    def release(self):
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_close_from_another_thread_waits_for_the_running_call(tiny_bundle):
+    import threading
+    import time
+
+    from hne_edge.runtime import AnytimeRunner, RunnerClosedError
+
+    runner = AnytimeRunner(tiny_bundle.bundle_dir, load_profile=False, warmup=0)
+    runner._lock = _ImpatientLock(runner._lock)
+    closer = threading.Thread(target=runner.close)
+    seen = []
+
+    def slow_rule(leaf_logits):  # between leaves: close from another thread, then keep computing
+        if len(leaf_logits) == 1:
+            closer.start()
+            time.sleep(0.8)
+            seen.append(runner.closed)
+        return False
+
+    result = runner.run(np.zeros((1, 3, 16, 16), np.float32), stop_when=slow_rule)
+    closer.join(10)
+    assert result.leaves == 16 and np.isfinite(result.logits).all()
+    assert seen == [True] and runner.closed
+    with pytest.raises(RunnerClosedError):
+        runner.run(np.zeros((1, 3, 16, 16), np.float32))

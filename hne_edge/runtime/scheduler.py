@@ -39,7 +39,7 @@ from .cost_model import CostModel, Profile, find_profile, host_info, save_profil
 from .inputs import check_input, preprocess
 from .result import AnytimeResult
 
-__all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClosedError"]
+__all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClosedError", "NoResultError", "SessionCancelled"]
 
 PLANS = ("segments", "nodes")
 
@@ -50,6 +50,14 @@ class ConcurrentUseError(HNEError, RuntimeError):
 
 class RunnerClosedError(HNEError, RuntimeError):
     """The runner (or the session's runner) was closed."""
+
+
+class NoResultError(HNEError, RuntimeError):
+    """A session was asked for a result before any leaf was evaluated."""
+
+
+class SessionCancelled(NoResultError):
+    """``cancel()`` came before the session's first leaf, so it has no result (and evaluates nothing more)."""
 
 
 def _check_count(value: Any, name: str, lo: int, hi: int) -> int:
@@ -67,7 +75,13 @@ class AnytimeSession:
     ``refine(budget_ms=...)`` adds leaves under a budget, ``result()`` is
     valid once a leaf is evaluated, ``cancel()`` (any thread) stops the
     evaluation at the next leaf boundary and keeps what was done; a
-    cancelled session evaluates nothing more. ``close()`` frees the cache.
+    cancelled session evaluates nothing more. A session cancelled before its
+    first leaf has no result: ``refine()`` and ``result()`` raise
+    :class:`SessionCancelled` (an :class:`~hne_edge.errors.HNEError`).
+    ``close()`` frees the cache.
+
+    The session owns a copy of the input made by ``start(x)``: the caller may
+    reuse ``x`` (a camera buffer) at once.
     """
 
     def __init__(self, runner: "AnytimeRunner", handle: Any, batch: int) -> None:
@@ -146,6 +160,8 @@ class AnytimeSession:
         t0 = runner._clock()
         stop_at, budget = runner._stop_at(t0, budget_ms, deadline)
         n_stop, n_min = runner._limits(max_leaves, 1 if min_leaves is None else min_leaves)
+        if self._cancelled and self._next == 0:
+            raise SessionCancelled("session was cancelled before its first leaf: it has no result; start a new one")
         if self._cache is None and self._next == 0:
             raise RunnerClosedError("session is closed and has no leaf; start a new one with runner.start(x)")
         runner._acquire()
@@ -170,8 +186,10 @@ class AnytimeSession:
     def result(self) -> AnytimeResult:
         """The ensemble of the leaves evaluated so far (at least one)."""
         n = self._next
+        if n == 0 and self._cancelled:
+            raise SessionCancelled("session.result(): cancelled before its first leaf, so there is no result")
         if n == 0:
-            raise RuntimeError("session.result(): no leaf evaluated yet; call step() or refine() first")
+            raise NoResultError("session.result(): no leaf evaluated yet; call step() or refine() first")
         met, overran, budget, reason = self._status
         return AnytimeResult(
             leaf_logits=self._leaf_logits[:n],
@@ -274,8 +292,10 @@ class AnytimeRunner:
     Thread safety: a runner serves one call at a time. A call while another
     thread is inside ``run`` / ``start`` / ``step`` / ``refine`` / ``profile``
     raises :class:`ConcurrentUseError` (backend buffers and contexts are per
-    runner); use one runner per thread. ``session.cancel()`` is the one call
-    meant for another thread.
+    runner); use one runner per thread. ``session.cancel()`` is meant for
+    another thread, and so is ``close()``: it refuses new calls at once
+    (:class:`RunnerClosedError`) and waits for a running call to finish
+    before it frees anything.
     """
 
     def __init__(
@@ -404,16 +424,29 @@ class AnytimeRunner:
         if self._closed:
             raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
         if not self._lock.acquire(blocking=False):
+            if self._closed:  # close() holds the lock to free the runner
+                raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
             raise ConcurrentUseError(
                 f"AnytimeRunner is busy: received a call from thread {threading.current_thread().name!r} while "
                 f"thread {getattr(self._owner, 'name', None)!r} is running it; expected one call at a time (a runner's backend buffers "
                 "and caches serve one thread): use one runner per thread, or serialize calls with a lock"
             )
+        if self._closed:  # closed between the check above and the lock
+            self._lock.release()
+            raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
         self._owner = threading.current_thread()
 
     def _release(self) -> None:
         self._owner = None
+        if self._closed:  # close() was called from inside this call (a stop_when callback): free now
+            self._free()
         self._lock.release()
+
+    def _free(self) -> None:
+        if self._runners or self._first_runner is not None:
+            self._programs = ()
+            self._release_all()
+            self.backend.close()
 
     def _release_all(self) -> None:
         for r in [*self._runners, self._first_runner]:
@@ -430,15 +463,11 @@ class AnytimeRunner:
         """Release every session/engine; later calls raise :class:`RunnerClosedError`. Idempotent."""
         if self._closed:
             return
-        got = self._lock.acquire(timeout=60)  # let a running call finish
-        try:
-            self._closed = True
-            self._programs = ()
-            self._release_all()
-            self.backend.close()
-        finally:
-            if got:
-                self._lock.release()
+        self._closed = True  # from now on every call raises RunnerClosedError
+        if self._owner is threading.current_thread():
+            return  # called from inside a running call: its _release frees
+        with self._lock:  # wait for a running call (another thread's) to finish; never free under it
+            self._free()
 
     @property
     def closed(self) -> bool:
@@ -492,11 +521,14 @@ class AnytimeRunner:
         return preprocess(images, self.input_spec)
 
     def start(self, x: np.ndarray) -> AnytimeSession:
-        """Check ``x`` and open a session (no leaf evaluated yet)."""
+        """Check ``x`` and open a session (no leaf evaluated yet) that owns a copy of ``x``."""
         self._acquire()
         try:
-            x = check_input(x, self.input_spec)
-            return AnytimeSession(self, self._from_host(x), x.shape[0])
+            checked = check_input(x, self.input_spec)
+            handle = self._from_host(checked)
+            if isinstance(handle, np.ndarray) and np.may_share_memory(handle, x):
+                handle = handle.copy()  # the session outlives this call: the caller may reuse x (a camera buffer)
+            return AnytimeSession(self, handle, checked.shape[0])
         finally:
             self._release()
 
