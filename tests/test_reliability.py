@@ -334,3 +334,60 @@ def test_close_from_another_thread_waits_for_the_running_call(tiny_bundle):
     assert seen == [True] and runner.closed
     with pytest.raises(RunnerClosedError):
         runner.run(np.zeros((1, 3, 16, 16), np.float32))
+
+
+# -- D7 and D13: checkpoints ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def corrupt_checkpoint(tiny_bundle, tmp_path) -> Path:
+    import zipfile
+
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "checkpoint.pt"
+    data = bytearray(tiny_bundle.checkpoint_path.read_bytes())
+    data[len(data) // 2] ^= 0x5A  # one byte in the middle: inside a weight tensor
+    path.write_bytes(bytes(data))
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is not None  # the premise: the zip's CRC sees it
+    return path
+
+
+@pytest.mark.parametrize("command", ["eval", "export", "verify", "resume"])
+def test_a_flipped_byte_in_a_checkpoint_is_refused(corrupt_checkpoint, tiny_bundle, command):
+    path = corrupt_checkpoint
+    args = {
+        "eval": ("eval", str(path), "--no-plots", "--quiet"),
+        "export": ("export", str(path), "--out", str(path.parent / "bundle"), *FAST_EXPORT),
+        "verify": ("verify", str(tiny_bundle.bundle_dir), "--checkpoint", str(path)),
+        "resume": ("train", "--resume", "--out", str(path.parent)),
+    }[command]
+    line = one_line_error(run_cli(*args, timeout=300))
+    assert "fails its CRC-32 check" in line
+    assert not (path.parent / "bundle").exists()
+
+
+def test_eval_refuses_nan_weights(tiny_bundle, tmp_path):
+    import torch
+
+    state = torch.load(tiny_bundle.checkpoint_path, weights_only=True)
+    name = next(k for k, v in state["model"].items() if v.is_floating_point())
+    state["model"][name].view(-1)[0] = float("nan")
+    torch.save(state, tmp_path / "nan.pt")
+    line = one_line_error(run_cli("eval", str(tmp_path / "nan.pt"), "--no-plots", "--quiet"))
+    assert f"non-finite value(s) (NaN/Inf) in weight {name!r}" in line
+
+
+def test_checkpoint_gets_umask_mode_and_stale_temps_go(tiny_bundle, tmp_path):
+    from hne_edge.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+
+    stale = tmp_path / ".ck.pt.tmp-999999999-dead"
+    stale.write_bytes(b"half a checkpoint")
+    model, state = model_from_checkpoint(tiny_bundle.checkpoint_path)
+    path = save_checkpoint(tmp_path / "ck.pt", model=model, class_names=state["class_names"])
+    assert load_checkpoint(path)["class_names"] == state["class_names"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
