@@ -49,6 +49,7 @@ __all__ = [
     "read_manifest",
     "write_manifest",
     "parse_json",
+    "path_component",
     "sha256_file",
     "read_verified",
     "onnx_external_data",
@@ -518,6 +519,12 @@ def parse_json(data: bytes, where: str) -> Any:
         raise BundleError(f"{where}: not valid JSON ({short_repr(str(exc))})") from None
     except RecursionError:
         raise BundleError(f"{where}: JSON nested too deeply; expected a manifest") from None
+
+
+def path_component(name: str, limit: int = 64) -> str:
+    """``name`` (read from a file) made safe as one path component: no separators, no ``..``, no control characters."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in str(name))[:limit].lstrip(".")
+    return safe or "model"
 
 
 def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> Manifest:

@@ -391,3 +391,97 @@ def test_checkpoint_gets_umask_mode_and_stale_temps_go(tiny_bundle, tmp_path):
     os.umask(umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
+
+
+# -- D10-D13: names from files, one-line CLI errors ------------------------------------------------
+
+
+def test_bench_does_not_write_outside_the_working_directory(bundle_copy, tmp_path):
+    _edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("name", "../../x"))
+    work = tmp_path / "deep" / "work"
+    work.mkdir(parents=True)
+    proc = run_cli("bench", str(bundle_copy), "--repeats", "1", "--warmup", "0", cwd=work,
+                   env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in work.iterdir()] == ["bench-_.._x"] and (work / "bench-_.._x" / "bench.json").is_file()
+    assert not (tmp_path / "x").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["b", "deep"]
+
+
+def test_class_names_with_terminal_sequences_are_escaped(bundle_copy, tmp_path):
+    names = [f"c{i}" for i in range(10)]
+    names = ["\x1b]0;owned\x07\x1b[2J" + n for n in names]
+    _edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("class_names", names))
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
+    proc = run_cli("run", str(bundle_copy), str(tmp_path / "x.npy"), "--max-leaves", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\\x1b]0;owned\\x07" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("run", "{bundle}", "{x}", "--batch-size", "-1"), "Invalid value for '--batch-size'"),
+        (("run", "{bundle}", "{x}", "--batch-size", "0"), "Invalid value for '--batch-size'"),
+        (("bench", "{bundle}", "--repeats", "0"), "Invalid value for '--repeats'"),
+        (("verify", "{bundle}", "--batch-sizes", "0"), "expected comma-separated integers >= 1"),
+        (("run", "{bundle}", "{png}"), "cannot decode the image"),
+        (("run", "{bundle}", "{short_y}"), "received y of shape (1,) and dtype int64 for 3 samples of x"),
+        (("train", "--data", "npz", "--data-dir", "{x}", "--out", "{tmp}/t"), "received a .npy array; expected a .npz"),
+    ],
+)
+def test_cli_failures_are_one_line_exit_2(tiny_bundle, tmp_path, args, message):
+    np.save(tmp_path / "x.npy", np.zeros((3, 3, 16, 16), np.float32))
+    np.savez(tmp_path / "short_y.npz", x=np.zeros((3, 3, 16, 16), np.float32), y=np.zeros(1, np.int64))
+    (tmp_path / "bad.png").write_bytes(b"not a png at all")
+    paths = {"bundle": tiny_bundle.bundle_dir, "x": tmp_path / "x.npy", "png": tmp_path / "bad.png",
+             "short_y": tmp_path / "short_y.npz", "tmp": tmp_path}  # fmt: skip
+    proc = run_cli(*(a.format(**paths) for a in args))
+    assert message in one_line_error(proc)
+
+
+def test_enospc_is_one_line(tiny_bundle, tmp_path):
+    """A full disk during export: the partial bundle is removed and the message is one line."""
+    sitecustomize = tmp_path / "sitecustomize.py"
+    sitecustomize.write_text(
+        "import errno, os, builtins\n"
+        "_open = builtins.open\n"
+        "def full(path, mode='r', *a, **k):\n"
+        "    if 'w' in str(mode) and str(path).endswith('.onnx'):\n"
+        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
+        "    return _open(path, mode, *a, **k)\n"
+        "builtins.open = full\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(tmp_path / "out"), *FAST_EXPORT,
+                   env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])})  # fmt: skip
+    line = one_line_error(proc)
+    assert "No space left on device" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["__pycache__", "sitecustomize.py"] or \
+        sorted(p.name for p in tmp_path.iterdir()) == ["sitecustomize.py"]
+
+
+def test_numpy_scalars_are_accepted_as_budgets(runner):
+    result = runner.run(np.zeros((1, 3, 16, 16), np.float32), budget_ms=np.float32(1000.0), deadline=np.float64(1e12))
+    assert result.leaves >= 1 and result.budget_ms == pytest.approx(1000.0, rel=1e-6)
+
+
+def test_library_errors_share_one_base_class(tiny_bundle):
+    from hne_edge.errors import HNEError
+    from hne_edge.runtime.backends.base import Unit
+    from hne_edge.runtime.backends.cuda import Slot, SlotPool, open_device
+    from hne_edge.runtime.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner
+
+    class H:
+        pass
+
+    pool = SlotPool(max_slots=1)
+    _, slot = pool.acquire(1, lambda: Slot((H(),)))
+    held = slot.handles[0]  # a paused session holds the only slot
+    with pytest.raises(HNEError, match="paused sessions hold"):
+        pool.acquire(1, lambda: Slot((H(),)))
+    del held
+    with pytest.raises(HNEError, match="memory: received 'x'"):
+        open_device(0, prefer="x")
+    unit = Unit(name="u", nodes=("b0.0",), leaf=None, inputs=(), outputs=(), macs=0)
+    with pytest.raises(HNEError, match="not active"):
+        OnnxRuntimeRunner(unit, OnnxRuntimeBackend()).run(())

@@ -135,7 +135,9 @@ def verify(bundle: Path, checkpoint: Path | None, batch_sizes: str | None) -> No
         try:
             sizes = sorted({int(v) for v in batch_sizes.split(",")})
         except ValueError:
-            raise click.BadParameter(f"received {batch_sizes!r}; expected comma-separated integers", param_hint="--batch-sizes")
+            sizes = []
+        if not sizes or sizes[0] < 1:
+            raise click.BadParameter(f"received {batch_sizes!r}; expected comma-separated integers >= 1", param_hint="--batch-sizes")
     report = verify_bundle(bundle, model=model, batch_sizes=sizes)
     click.echo(report.format_table())
     report.raise_for_failures()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -498,13 +499,13 @@ class AnytimeRunner:
     def _stop_at(self, t0: float, budget_ms: float | None, deadline: float | None) -> tuple[float | None, float | None]:
         stop_at = None
         if budget_ms is not None:
-            if isinstance(budget_ms, bool) or not isinstance(budget_ms, (int, float)) or not budget_ms > 0 or not math.isfinite(budget_ms):
+            if isinstance(budget_ms, (bool, np.bool_)) or not isinstance(budget_ms, numbers.Real) or not budget_ms > 0 or not math.isfinite(budget_ms):
                 raise InputError(f"budget_ms: received {budget_ms!r}; expected a positive finite number of milliseconds")
-            stop_at = t0 + budget_ms / 1e3
+            stop_at = t0 + float(budget_ms) / 1e3
         if deadline is not None:
-            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
+            if isinstance(deadline, (bool, np.bool_)) or not isinstance(deadline, numbers.Real) or not math.isfinite(deadline):
                 raise InputError(f"deadline: received {deadline!r}; expected an absolute time.perf_counter() value")
-            stop_at = deadline if stop_at is None else min(stop_at, deadline)
+            stop_at = float(deadline) if stop_at is None else min(stop_at, float(deadline))
         return stop_at, (None if stop_at is None else (stop_at - t0) * 1e3)
 
     def _limits(self, max_leaves: int | None, min_leaves: int) -> tuple[int, int]:

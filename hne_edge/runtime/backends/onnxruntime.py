@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...bundle import Manifest, onnx_external_data
-from ...errors import BackendUnavailable, BundleError
+from ...errors import BackendUnavailable, BundleError, InputError
 from .base import Backend, Handle, Runner, Unit
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeRunner"]
@@ -119,7 +119,7 @@ class OnnxRuntimeBackend(Backend):
         super().__init__(device)
         self.ort = _import_ort()
         if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be a positive int or None; received {threads!r}")
+            raise InputError(f"threads must be a positive int or None; received {threads!r}")
         self.threads = threads
         self.spinning = spinning
         self.providers = ["CPUExecutionProvider"]
