@@ -485,3 +485,10 @@ def test_library_errors_share_one_base_class(tiny_bundle):
     unit = Unit(name="u", nodes=("b0.0",), leaf=None, inputs=(), outputs=(), macs=0)
     with pytest.raises(HNEError, match="not active"):
         OnnxRuntimeRunner(unit, OnnxRuntimeBackend()).run(())
+
+
+def test_inspect_escapes_terminal_sequences(bundle_copy):
+    _edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("name", "tiny\x1b[2J\x1b]0;owned\x07"))
+    proc = run_cli("inspect", str(bundle_copy))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "tiny\\x1b[2J" in proc.stdout
