@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleError
+from .errors import BundleError, short_repr
 from .tree import TreeSpec
 
 __all__ = [
@@ -47,7 +48,11 @@ __all__ = [
     "Manifest",
     "read_manifest",
     "write_manifest",
+    "parse_json",
+    "path_component",
     "sha256_file",
+    "read_verified",
+    "onnx_external_data",
     "activation_name",
 ]
 
@@ -87,20 +92,31 @@ def _take(data: Any, where: str, required: set[str], optional: set[str] = frozen
         raise BundleError(f"manifest: {where} is missing key(s) {missing}")
     extra = sorted(set(data) - required - optional)
     if extra:
-        raise BundleError(f"manifest: {where} has unknown key(s) {extra}; expected only {sorted(required | optional)}")
+        raise BundleError(
+            f"manifest: {where} has unknown key(s) {short_repr(extra)}; expected only {sorted(required | optional)}"
+        )
     return data
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool and bool not in tuple(kind if isinstance(kind, tuple) else ())):
         expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise BundleError(f"manifest: {where} must be {expected}; received {value!r}")
+        raise BundleError(f"manifest: {where} must be {expected}; received {short_repr(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BundleError(f"manifest: {where} must be a finite number; received {value!r}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    """A non-negative int (sizes, MACs)."""
+    if _typed(value, int, where) < 0:
+        raise BundleError(f"manifest: {where} must be >= 0; received {value!r}")
     return value
 
 
 def _choice(value: Any, choices: tuple[str, ...], where: str) -> str:
-    if value not in choices:
-        raise BundleError(f"manifest: {where} must be one of {list(choices)}; received {value!r}")
+    if not isinstance(value, str) or value not in choices:
+        raise BundleError(f"manifest: {where} must be one of {list(choices)}; received {short_repr(value)}")
     return value
 
 
@@ -108,7 +124,7 @@ def _shape(value: Any, where: str) -> tuple[int | str, ...]:
     _typed(value, list, where)
     for dim in value:
         if not (isinstance(dim, str) or (isinstance(dim, int) and not isinstance(dim, bool) and dim > 0)):
-            raise BundleError(f"manifest: {where} dims must be positive ints or symbolic names; received {value!r}")
+            raise BundleError(f"manifest: {where} dims must be positive ints or symbolic names; received {short_repr(value)}")
     return tuple(value)
 
 
@@ -253,10 +269,10 @@ class ModelFile:
             plan=_choice(d["plan"], PLANS, f"{where}.plan"),
             precision=_choice(d["precision"], PRECISIONS, f"{where}.precision"),
             sha256=sha,
-            bytes=_typed(d["bytes"], int, f"{where}.bytes"),
+            bytes=_count(d["bytes"], f"{where}.bytes"),
             nodes=nodes,
             leaf=_typed(d["leaf"], (int, type(None)), f"{where}.leaf"),
-            macs=_typed(d["macs"], int, f"{where}.macs"),
+            macs=_count(d["macs"], f"{where}.macs"),
             inputs=tuple(
                 TensorSpec.from_dict(t, f"{where}.inputs[{i}]")
                 for i, t in enumerate(_typed(d["inputs"], list, f"{where}.inputs"))
@@ -344,9 +360,9 @@ class Manifest:
     def from_dict(cls, data: Any) -> "Manifest":
         d = _take(data, "manifest", {"schema_version", "model", "input", "tree", "files", "provenance"})
         version = d["schema_version"]
-        if version != SCHEMA_VERSION:
+        if type(version) is not int or version != SCHEMA_VERSION:
             raise BundleError(
-                f"manifest: schema_version {version!r} is not supported by this hne-edge (reads {SCHEMA_VERSION}); "
+                f"manifest: schema_version {short_repr(version)} is not supported by this hne-edge (reads {SCHEMA_VERSION}); "
                 "re-export the bundle or upgrade hne-edge"
             )
         model = _take(d["model"], "model", {"name", "config", "class_names"})
@@ -357,10 +373,10 @@ class Manifest:
             tree = TreeSpec(tuple(_typed(tree_d["branching"], list, "tree.branching")))
         except ValueError as exc:
             raise BundleError(f"manifest: tree.branching: {exc}") from None
-        if list(tree_d["leaf_order"]) != list(tree.leaf_order):
+        if _typed(tree_d["leaf_order"], list, "tree.leaf_order") != list(tree.leaf_order):
             raise BundleError(
-                f"manifest: tree.leaf_order {tree_d['leaf_order']!r} does not match the depth-first order of "
-                f"branching {list(tree.branching)}: expected {list(tree.leaf_order)}"
+                f"manifest: tree.leaf_order {short_repr(tree_d['leaf_order'])} does not match the depth-first order of "
+                f"branching {list(tree.branching)}: expected {short_repr(list(tree.leaf_order))}"
             )
         node_macs: dict[str, int] = {}
         nodes_list = _typed(tree_d["nodes"], list, "tree.nodes")
@@ -370,14 +386,16 @@ class Manifest:
             try:
                 ref = tree.node(nid)
             except KeyError:
-                raise BundleError(f"manifest: tree.nodes[{i}].id {nid!r} is not a node of branching {list(tree.branching)}") from None
-            if nd["parent"] != ref.parent or list(nd["children"]) != list(ref.children) or nd["depth"] != ref.depth:
+                raise BundleError(f"manifest: tree.nodes[{i}].id {short_repr(nid)} is not a node of branching {list(tree.branching)}") from None
+            if nd["parent"] != ref.parent or nd["children"] != list(ref.children) or type(nd["depth"]) is not int or nd["depth"] != ref.depth:
                 raise BundleError(f"manifest: tree.nodes[{i}] ({nid}) parent/children/depth disagree with the branching")
-            node_macs[nid] = _typed(nd["macs"], int, f"tree.nodes[{i}].macs")
+            node_macs[nid] = _count(nd["macs"], f"tree.nodes[{i}].macs")
         if set(node_macs) != {n.id for n in tree.nodes} or len(nodes_list) != len(tree.nodes):
             raise BundleError(f"manifest: tree.nodes must list each of the {len(tree.nodes)} nodes exactly once")
         if len(class_names) < 2:
             raise BundleError(f"manifest: model.class_names needs at least 2 classes; received {list(class_names)}")
+        if len(set(class_names)) != len(class_names):
+            raise BundleError(f"manifest: model.class_names has duplicates; received {short_repr(list(class_names))}")
         files = tuple(ModelFile.from_dict(f, f"files[{i}]") for i, f in enumerate(_typed(d["files"], list, "files")))
         manifest = cls(
             model_name=_typed(model["name"], str, "model.name"),
@@ -401,6 +419,18 @@ class Manifest:
         if len(set(paths)) != len(paths):
             raise BundleError("manifest: files lists the same path more than once")
         variants = self.variants()
+        for f in self.files:  # the runtime fills a (leaves, batch, classes) array with every file's logits
+            for t in f.outputs:
+                if t.name == "logits" and (not t.shape or t.shape[-1] != self.num_classes):
+                    raise BundleError(
+                        f"manifest: {f.path} outputs logits of shape {list(t.shape)}; model.class_names has "
+                        f"{self.num_classes} classes, so the last dim must be {self.num_classes}"
+                    )
+            for t in f.inputs:
+                if t.node is None and tuple(t.shape[1:]) != self.input.shape[1:]:
+                    raise BundleError(
+                        f"manifest: {f.path} reads image {list(t.shape)}; input.shape is {list(self.input.shape)}"
+                    )
         for fmt, plan, precision in variants:
             group = [f for f in self.files if (f.format, f.plan, f.precision) == (fmt, plan, precision)]
             label = f"{fmt}/{plan}/{precision}"
@@ -466,6 +496,37 @@ def resolve_in_bundle(bundle_dir: Path, relpath: str, where: str) -> Path:
     return target
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise BundleError(f"duplicate key {short_repr(dup)} in one JSON object; expected each key once")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise BundleError(f"{name} is not a JSON number; expected finite numbers only")
+
+
+def parse_json(data: bytes, where: str) -> Any:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, bounded nesting; errors are BundleError."""
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except BundleError as exc:
+        raise BundleError(f"{where}: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{where}: not valid JSON ({short_repr(str(exc))})") from None
+    except RecursionError:
+        raise BundleError(f"{where}: JSON nested too deeply; expected a manifest") from None
+
+
+def path_component(name: str, limit: int = 64) -> str:
+    """``name`` (read from a file) made safe as one path component: no separators, no ``..``, no control characters."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in str(name))[:limit].lstrip(".")
+    return safe or "model"
+
+
 def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> Manifest:
     """Read and validate ``bundle_dir/manifest.json``; with ``verify_files`` also check every file's sha256."""
     bundle_dir = Path(bundle_dir)
@@ -474,10 +535,7 @@ def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> M
         raise BundleError(f"bundle directory not found: {bundle_dir}")
     if not path.is_file():
         raise BundleError(f"{bundle_dir} is not a bundle: {MANIFEST_NAME} is missing")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{path}: not valid JSON ({exc})") from None
+    data = parse_json(path.read_bytes(), str(path))
     manifest = Manifest.from_dict(data)
     for i, f in enumerate(manifest.files):
         target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
@@ -486,13 +544,98 @@ def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> M
         if not target.is_file():
             raise BundleError(f"bundle file missing: {f.path} (files[{i}]) is listed in the manifest but not on disk")
         if verify_files:
-            actual = sha256_file(target)
-            if actual != f.sha256:
-                raise BundleError(
-                    f"bundle file {f.path} (files[{i}].sha256) does not match the manifest: "
-                    f"expected {f.sha256}, found {actual}; the file was modified or corrupted"
-                )
+            _check_digest(f, sha256_file(target), f"files[{i}].sha256")
     return manifest
+
+
+def _check_digest(f: ModelFile, actual: str, where: str) -> None:
+    if actual != f.sha256:
+        raise BundleError(
+            f"bundle file {f.path} ({where}) does not match the manifest: "
+            f"expected {f.sha256}, found {actual}; the file was modified or corrupted"
+        )
+
+
+def read_verified(path: str | os.PathLike, model_file: ModelFile | None) -> bytes:
+    """The bytes of a model file, checked against ``model_file.sha256`` (``None``: not checked).
+
+    Backends load these bytes, never the path again: a file swapped after the
+    check cannot be what runs.
+    """
+    data = Path(path).read_bytes()
+    if model_file is not None:
+        _check_digest(model_file, hashlib.sha256(data).hexdigest(), "sha256 at load")
+    return data
+
+
+# onnx.proto field numbers: which fields of each message hold messages that can hold tensors
+_ONNX_WALK = {
+    "model": {7: "graph", 20: "training", 25: "function"},
+    "training": {1: "graph", 2: "graph"},
+    "function": {7: "node"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse", 23: "sparse"},
+    "sparse": {1: "tensor", 2: "tensor"},
+}
+_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION, _TENSOR_NAME = 13, 14, 8
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def onnx_external_data(data: bytes) -> list[str]:
+    """Names of the tensors of a serialized ONNX model that keep their values in external files.
+
+    Reads the protobuf wire format directly (no onnx package on the edge). A
+    bundle's files must be self-contained: ONNX Runtime would read external
+    data from paths the manifest does not list or hash.
+    """
+    found: list[str] = []
+    stack: list[tuple[str, int, int, int]] = [("model", 0, len(data), 0)]
+    while stack:
+        kind, pos, end, depth = stack.pop()
+        if depth > 64:
+            raise BundleError("ONNX model nests subgraphs more than 64 deep")
+        name, external = "?", False
+        while pos < end:
+            key, pos = _varint(data, pos)
+            field_no, wire = key >> 3, key & 7
+            if wire == 0:
+                value, pos = _varint(data, pos)
+                if kind == "tensor" and field_no == _TENSOR_DATA_LOCATION and value == 1:
+                    external = True
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            elif wire == 2:
+                length, pos = _varint(data, pos)
+                if pos + length > end:
+                    raise ValueError("length past the end of its message")
+                if kind == "tensor" and field_no == _TENSOR_EXTERNAL_DATA:
+                    external = True
+                elif kind == "tensor" and field_no == _TENSOR_NAME:
+                    name = data[pos : pos + length].decode("utf-8", "replace")
+                child = _ONNX_WALK.get(kind, {}).get(field_no)
+                if child is not None:
+                    stack.append((child, pos, pos + length, depth + 1))
+                pos += length
+            else:
+                raise ValueError(f"unsupported protobuf wire type {wire}")
+        if external:
+            found.append(name)
+    return found
 
 
 def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> Path:
@@ -500,7 +643,7 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> Path:
     data = manifest.to_dict()
     Manifest.from_dict(json.loads(json.dumps(data)))  # never write what we could not read
     path = Path(bundle_dir) / MANIFEST_NAME
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
 

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
-__all__ = ["Node", "Segment", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree"]
+from .errors import short_repr
+
+__all__ = ["Node", "Segment", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree", "MAX_LEAVES", "MAX_BLOCKS"]
+
+# Bounds on what a file may ask for. An HNE has tens of leaves (the paper: 16); 1024 leaves of even the
+# smallest zoo model is hours of training, and the spec's node tables stay a few MB at these bounds.
+MAX_LEAVES = 1024
+MAX_BLOCKS = 32
 
 
 @dataclass(frozen=True)
@@ -87,9 +94,24 @@ class TreeSpec:
         bad = [(d, f) for d, f in enumerate(branching) if not isinstance(f, int) or isinstance(f, bool) or f < 1]
         if bad:
             raise ValueError(
-                f"TreeSpec.branching must hold positive integers, one per block; received {branching!r} "
-                f"(invalid at block(s) {', '.join(f'{d}: {f!r}' for d, f in bad)})"
+                f"TreeSpec.branching must hold positive integers, one per block; received {short_repr(branching)} "
+                f"(invalid at block(s) {', '.join(f'{d}: {short_repr(f, 40)}' for d, f in bad[:5])}"
+                f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''})"
             )
+        # bounds before anything is built: a file naming a 2^30-leaf tree must fail here, not in the allocator
+        if len(branching) > MAX_BLOCKS:
+            raise ValueError(
+                f"TreeSpec.branching has {len(branching)} blocks; expected at most {MAX_BLOCKS} "
+                f"(received {short_repr(branching)})"
+            )
+        leaves = 1
+        for f in branching:
+            leaves *= f
+            if leaves > MAX_LEAVES:
+                raise ValueError(
+                    f"TreeSpec.branching {short_repr(branching)} has more than {MAX_LEAVES} leaves (the product of "
+                    f"the branching factors); expected at most {MAX_LEAVES}"
+                )
         object.__setattr__(self, "branching", branching)
         object.__setattr__(self, "_nodes", self._build_nodes())
 
@@ -215,8 +237,8 @@ class TreeSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TreeSpec":
-        if not isinstance(data, dict) or set(data) != {"branching"}:
-            raise ValueError(f"a tree spec is {{'branching': [...]}}; received {data!r}")
+        if not isinstance(data, dict) or set(data) != {"branching"} or not isinstance(data["branching"], (list, tuple)):
+            raise ValueError(f"a tree spec is {{'branching': [...]}}; received {short_repr(data)}")
         return cls(tuple(data["branching"]))
 
     def describe(self, label: "Callable[[Node], str] | None" = None) -> str:

@@ -165,8 +165,15 @@ def test_export_refuses_existing_dir_and_force_replaces(tmp_path, tiny_bundle):
     (out / "keep.txt").write_text("x")
     with pytest.raises(ExportError, match=rf"output directory {out} already exists; pass --force"):
         export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False)
+    # --force replaces a bundle, never a folder of other files (issue 13, D1)
+    with pytest.raises(ExportError, match="not a bundle"):
+        export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").unlink()
+    export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)  # empty
+    (out / "stale.txt").write_text("x")  # a bundle with extra files is still a bundle
     export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)
-    assert not (out / "keep.txt").exists() and read_manifest(out)
+    assert not (out / "stale.txt").exists() and read_manifest(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # no temporary leftovers
 
 

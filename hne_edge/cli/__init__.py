@@ -48,12 +48,40 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (HNEError, ValueError, FileNotFoundError, FileExistsError, KeyError) as exc:
+        except click.UsageError as exc:  # a bad option: one line too, naming the command's --help
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            click.echo(f"Error: {message}", err=True)
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            click.echo(f"Error: {printable(' '.join(exc.format_message().split()))} (see {where} --help)", err=True)
             sys.exit(2)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise  # click prints these itself
+        except Exception as exc:  # every failure: one line, exit 2 (--debug: the traceback)
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"Error: {one_line(exc)}", err=True)
+            sys.exit(2)
+
+
+def printable(text: object) -> str:
+    """``text`` with control characters escaped: names read from files must not drive the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def one_line(exc: BaseException) -> str:
+    """The CLI's message for ``exc``: its text on one printable line (unexpected errors name their type)."""
+    if isinstance(exc, KeyError) and exc.args:
+        message = str(exc.args[0])
+    elif isinstance(exc, OSError) and exc.strerror:  # e.g. ENOSPC: "No space left on device: 'out/...'"
+        message = exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    else:
+        message = str(exc) or type(exc).__name__
+    if not isinstance(exc, (HNEError, ValueError, OSError, KeyError)):
+        message = f"{type(exc).__name__}: {message} (unexpected; rerun with --debug for the traceback)"
+    return printable(" ".join(message.split()))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -101,6 +101,7 @@ def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify
         extra_provenance={"checkpoint": str(source), "checkpoint_sha256": sha256_file(source),
                           "tensorrt": _version("tensorrt") if fmt == "tensorrt" else None},  # fmt: skip
         post_export=post,
+        keep=(source,),
     )
     if progress:
         click.echo("\r\033[K", err=True, nl=False)  # clear the status line
@@ -134,9 +135,11 @@ def verify(bundle: Path, checkpoint: Path | None, batch_sizes: str | None) -> No
         try:
             sizes = sorted({int(v) for v in batch_sizes.split(",")})
         except ValueError:
-            raise click.BadParameter(f"received {batch_sizes!r}; expected comma-separated integers", param_hint="--batch-sizes")
+            sizes = []
+        if not sizes or sizes[0] < 1:
+            raise click.BadParameter(f"received {batch_sizes!r}; expected comma-separated integers >= 1", param_hint="--batch-sizes")
     report = verify_bundle(bundle, model=model, batch_sizes=sizes)
-    click.echo(report.format_table())
+    click.echo(_printable_lines(report.format_table()))
     report.raise_for_failures()
 
 
@@ -152,7 +155,14 @@ def inspect(bundle: Path, as_json: bool, no_verify_files: bool) -> None:
     if as_json:
         click.echo(json.dumps(manifest.to_dict(), indent=2))
         return
-    click.echo(format_manifest(manifest, bundle))
+    click.echo(_printable_lines(format_manifest(manifest, bundle)))
+
+
+def _printable_lines(text: str) -> str:
+    """Names in a manifest come from a file: escape control characters, keep the line breaks."""
+    from . import printable
+
+    return "\n".join(printable(line) for line in text.splitlines())
 
 
 def _size(n: int) -> str:

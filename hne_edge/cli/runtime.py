@@ -9,6 +9,10 @@ from pathlib import Path
 import click
 import numpy as np
 
+from ..bundle import path_component
+from ..errors import InputError
+from . import printable
+
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
@@ -29,6 +33,14 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=False):
     return AnytimeRunner(bundle, backend=backend, device=device, plan=plan, precision=precision, threads=threads, **options)
 
 
+def _check_labels(source, x: np.ndarray, y: np.ndarray) -> None:
+    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+        raise InputError(
+            f"{source}: received y of shape {tuple(y.shape)} and dtype {y.dtype} for {len(x)} samples of x; "
+            f"expected {len(x)} integer labels"
+        )
+
+
 def _parse_sizes(value: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(v) for v in value.split(",") if v.strip())
@@ -42,8 +54,8 @@ def _parse_sizes(value: str) -> tuple[int, ...]:
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--batch-sizes", default="1", show_default=True, help="Comma-separated batch sizes to profile.")
-@click.option("--warmup", default=10, show_default=True)
-@click.option("--repeats", default=50, show_default=True)
+@click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
+@click.option("--repeats", default=50, show_default=True, type=click.IntRange(min=1))
 @_runner_options
 def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph):
     """Measure each leaf step and model file; save the cost model next to the bundle."""
@@ -70,11 +82,11 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@click.option("--batch-size", default=1, show_default=True)
-@click.option("--warmup", default=5, show_default=True)
-@click.option("--repeats", default=30, show_default=True)
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
+@click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1))
 @click.option("--data", type=click.Path(exists=True, dir_okay=False), help=".npz with x (and y) for accuracy-vs-latency.")
-@click.option("--limit", type=int, default=None, help="Use at most this many samples of --data.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most this many samples of --data.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder (default: bench-<model>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @_runner_options
@@ -89,6 +101,7 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
             x, y = load_arrays(data)
             if y is None:
                 raise click.BadParameter(f"{data}: received no 'y'; expected labels for accuracy", param_hint="--data")
+            _check_labels(data, x, y)
             if limit:
                 x, y = x[:limit], y[:limit]
             if x.dtype == np.uint8:
@@ -109,7 +122,7 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
             "samples": None if accuracy is None else int(len(y)),
             "levels": levels,
         }
-        out_dir = Path(out or f"bench-{runner.manifest.model_name}")
+        out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
     png = _plot(levels, accuracy is not None, out_dir / "bench.png", result)
@@ -165,19 +178,25 @@ def _load_inputs(paths, runner):
             from ..runtime.bench import load_arrays
 
             x, y = load_arrays(str(path))
+            if y is not None:
+                y = np.atleast_1d(y)
+                _check_labels(path, x if x.ndim == 4 else x[None], y)
             if x.dtype == np.uint8:
                 x = runner.preprocess(x)
             elif x.ndim == 3:
                 x = x[None]
-            items.append((path.name, x, None if y is None else np.atleast_1d(y)))
+            items.append((path.name, x, y))
         elif path.suffix.lower() in _IMAGE_SUFFIXES:
             try:
                 from PIL import Image
             except ImportError:
                 raise click.UsageError(f"{path}: reading images needs Pillow (pip install pillow); or pass .npy/.npz") from None
             mode = "L" if runner.input_spec.channels == 1 else "RGB"
-            with Image.open(path) as im:
-                arr = np.asarray(im.convert(mode))
+            try:
+                with Image.open(path) as im:
+                    arr = np.asarray(im.convert(mode))
+            except (OSError, ValueError, Image.DecompressionBombError) as exc:  # UnidentifiedImageError is an OSError
+                raise InputError(f"{path}: cannot decode the image ({type(exc).__name__}); expected a readable image file") from None
             items.append((path.name, runner.preprocess(arr), None))
         else:
             raise click.BadParameter(f"{path}: received suffix {path.suffix!r}; expected an image or .npy/.npz")
@@ -191,7 +210,7 @@ def _load_inputs(paths, runner):
 @click.option("--max-leaves", type=int, default=None)
 @click.option("--min-leaves", type=int, default=1, show_default=True)
 @click.option("--agreement", type=float, default=None, help="Stop early when this fraction of >= 2 leaves agree.")
-@click.option("--batch-size", default=1, show_default=True, help="Samples per frame.")
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1), help="Samples per frame.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines.")
 @_runner_options
 def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size, as_json, backend, device, plan, precision, threads, cuda_graph):
@@ -218,7 +237,7 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
         return
     for rec in records:
         line = (
-            f"{rec['input']}[{rec['index']}]  {rec['label']}  p={rec['prob']:.3f}  leaves={rec['leaves']}/{rec['total_leaves']}"
+            f"{printable(rec['input'])}[{rec['index']}]  {printable(rec['label'])}  p={rec['prob']:.3f}  leaves={rec['leaves']}/{rec['total_leaves']}"
             f"  std={rec['logit_std']:.3f}  vote_H={rec['vote_entropy']:.3f}  {rec['elapsed_ms']:.2f} ms"
         )
         if budget_ms is not None and not rec["met_budget"]:

@@ -9,16 +9,19 @@ check never leaves a half bundle where a runtime would find it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as _dt
+import glob
 import os
+import secrets
 import shutil
-import tempfile
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
-from ..bundle import PRECISIONS
-from ..errors import ExportError
+from ..bundle import MANIFEST_NAME, PRECISIONS
+from ..errors import ExportError, short_repr
 
 __all__ = [
     "ShapeError",
@@ -32,8 +35,10 @@ __all__ = [
     "parse_batch",
     "parse_plan",
     "check_opset",
+    "check_normalization",
     "provenance",
     "atomic_output_dir",
+    "check_replaceable",
 ]
 
 # TensorRT 10's ONNX parser supports opsets up to 20+; 17 is also what TensorRT 8.6 and ONNX Runtime
@@ -116,6 +121,25 @@ def check_opset(opset: int) -> int:
     return opset
 
 
+def check_normalization(normalization: dict, channels: int) -> None:
+    """``{"mean": [...], "std": [...]}``: ``channels`` finite numbers each, std > 0 (what the manifest will accept)."""
+    import math
+
+    ok = isinstance(normalization, dict) and set(normalization) == {"mean", "std"}
+    if ok:
+        mean, std = normalization["mean"], normalization["std"]
+        ok = all(
+            isinstance(v, (list, tuple)) and len(v) == channels
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+            for v in (mean, std)
+        ) and all(x > 0 for x in std)  # fmt: skip
+    if not ok:
+        raise ValueError(
+            f"normalization must be {{'mean': [...], 'std': [...]}} with {channels} finite values each and std > 0; "
+            f"received {short_repr(normalization)}"
+        )
+
+
 def _version(module: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -140,29 +164,106 @@ def provenance(**extra) -> dict:
     return data
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def scratch_path(target: Path, kind: str) -> Path:
+    """A fresh sibling name ``.NAME.KIND-PID-RANDOM`` (the pid lets a later run tell a dead writer's leftovers)."""
+    return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def remove_stale(target: Path, kinds: Sequence[str] = ("partial", "old")) -> None:
+    """Remove ``.NAME.KIND-PID-*`` siblings of ``target`` whose writer process is gone (a killed export)."""
+    try:
+        candidates = [p for kind in kinds for p in target.parent.glob(f".{glob.escape(target.name)}.{kind}-*")]
+    except OSError:
+        return
+    for p in candidates:
+        pid = p.name.rsplit("-", 2)[-2] if p.name.count("-") >= 2 else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def check_replaceable(out: Path, keep: Sequence[str | os.PathLike] = ()) -> None:
+    """Refuse to ``--force``-replace anything but a bundle: ``out`` must hold ``manifest.json`` (or be empty),
+    and must not be or contain the current directory or any path in ``keep`` (the export's source)."""
+    real = out.resolve()
+    here = Path.cwd().resolve()
+    if real == here or real in here.parents:
+        raise ExportError(f"--force refuses to replace {out}: it is or contains the current directory")
+    for path in keep:
+        p = Path(path).resolve()
+        if p == real or real in p.parents:
+            raise ExportError(f"--force refuses to replace {out}: it contains the export's source {path}")
+    if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
+        raise ExportError(
+            f"--force refuses to replace {out}: it is not a bundle (no {MANIFEST_NAME}); --force only replaces "
+            "a bundle folder. Choose another --out or remove it yourself"
+        )
+
+
 @contextlib.contextmanager
-def atomic_output_dir(out_dir: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+def atomic_output_dir(
+    out_dir: str | os.PathLike, force: bool = False, keep: Sequence[str | os.PathLike] = ()
+) -> Iterator[Path]:
     """Yield an empty temporary directory; on success it replaces ``out_dir``, on failure it is removed.
 
     ``out_dir`` is refused up front when it exists and ``force`` is false, so
-    nothing is computed for an export that could not be written.
+    nothing is computed for an export that could not be written. ``force``
+    replaces only a bundle (see :func:`check_replaceable`; ``keep``: paths
+    that must survive, e.g. the source checkpoint). The swap is one atomic
+    exchange where the OS has one (Linux), so a crash leaves the old bundle
+    or the new one at ``out_dir``. Leftovers of killed exports are removed
+    on the next export to the same place. The directory gets the usual
+    umask mode (not ``mkdtemp``'s 0700).
     """
     out = Path(out_dir).absolute()
     if out.exists() and not force:
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
     if out.exists() and not out.is_dir():
         raise ExportError(f"output path {out} exists and is not a directory; refusing to replace it")
+    if out.exists():
+        check_replaceable(out, keep)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    remove_stale(out)
+    tmp = scratch_path(out, "partial")
+    tmp.mkdir()
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if out.exists() and _exchange(tmp, out):  # out now holds the new bundle, tmp the old one
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     old = None
-    if out.exists():  # force: move the old bundle aside first so the swap is two renames
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old / "bundle")
+    if out.exists():  # no atomic exchange here: move the old bundle aside first so the swap is two renames
+        old = scratch_path(out, "old")
+        os.replace(out, old)
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

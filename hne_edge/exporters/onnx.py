@@ -30,6 +30,7 @@ from .base import (
     DTYPE_OF,
     ShapeError,
     atomic_output_dir,
+    check_normalization,
     check_opset,
     parse_batch,
     parse_plan,
@@ -268,12 +269,15 @@ def export_onnx(
     post_export: Callable[[Path], None] | None = None,
     progress: Callable[[str], None] | None = None,
     first_leaf: bool = True,
+    keep: Sequence[str | os.PathLike] = (),
 ) -> Path:
     """Export a trained fused HNE to a verified ONNX bundle at ``out_dir``; returns its path.
 
     Args:
         model: the fused model (its eval-mode numerics are exported; the model is not modified).
         out_dir: the bundle directory; refused if it exists unless ``force``.
+        force: replace ``out_dir`` if it is a bundle (holds ``manifest.json``) or empty; anything else,
+            the current directory, or a folder holding a path in ``keep`` is refused.
         class_names: one name per class (default ``"0".."C-1"``).
         normalization: ``{"mean": [...], "std": [...]}`` the images are normalised with (default 0/1).
         precisions: ``"fp32"``, ``"fp16"`` or both (``("fp32", "fp16")`` or ``"fp32,fp16"``).
@@ -292,6 +296,7 @@ def export_onnx(
         first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision):
             the runtime runs it when a frame stops after the first leaf, at the cost of a standalone
             network instead of the exporting segment's (up to ~10% more; BENCHMARKS.md).
+        keep: paths ``force`` must never delete (the CLI passes the source checkpoint).
 
     Raises:
         ExportError: ``out_dir`` exists without ``force``; a file fails its checks
@@ -313,6 +318,7 @@ def export_onnx(
     if len(class_names) != config.num_classes:
         raise ValueError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
+    check_normalization(normalization, config.in_chans)
 
     say = progress or (lambda message: None)
     model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)
@@ -327,7 +333,7 @@ def export_onnx(
         name = "logits" if is_logits else activation_name(node)
         return TensorSpec(name=name, node=node, dtype=dtype, shape=(BATCH_DIM, *shape))
 
-    with atomic_output_dir(out_dir, force=force) as tmp:
+    with atomic_output_dir(out_dir, force=force, keep=keep) as tmp:
         files: list[ModelFile] = []
 
         def add(rel: str, fmt: str, plan_: str, precision: str, nodes, leaf, macs, inputs, outputs, opset_=None) -> None:

@@ -19,7 +19,14 @@ from .backends import BACKENDS, Backend, Runner, Unit, create_backend
 from .cost_model import CostModel, Profile
 from .inputs import check_input, preprocess
 from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax
-from .scheduler import AnytimeRunner, AnytimeSession, ConcurrentUseError, RunnerClosedError
+from .scheduler import (
+    AnytimeRunner,
+    AnytimeSession,
+    ConcurrentUseError,
+    NoResultError,
+    RunnerClosedError,
+    SessionCancelled,
+)
 
 __all__ = [
     "AnytimeRunner",
@@ -30,6 +37,8 @@ __all__ = [
     "StopRule",
     "ConcurrentUseError",
     "RunnerClosedError",
+    "NoResultError",
+    "SessionCancelled",
     "CostModel",
     "Profile",
     "Backend",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -39,7 +40,7 @@ from .cost_model import CostModel, Profile, find_profile, host_info, save_profil
 from .inputs import check_input, preprocess
 from .result import AnytimeResult
 
-__all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClosedError"]
+__all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClosedError", "NoResultError", "SessionCancelled"]
 
 PLANS = ("segments", "nodes")
 
@@ -50,6 +51,14 @@ class ConcurrentUseError(HNEError, RuntimeError):
 
 class RunnerClosedError(HNEError, RuntimeError):
     """The runner (or the session's runner) was closed."""
+
+
+class NoResultError(HNEError, RuntimeError):
+    """A session was asked for a result before any leaf was evaluated."""
+
+
+class SessionCancelled(NoResultError):
+    """``cancel()`` came before the session's first leaf, so it has no result (and evaluates nothing more)."""
 
 
 def _check_count(value: Any, name: str, lo: int, hi: int) -> int:
@@ -67,7 +76,13 @@ class AnytimeSession:
     ``refine(budget_ms=...)`` adds leaves under a budget, ``result()`` is
     valid once a leaf is evaluated, ``cancel()`` (any thread) stops the
     evaluation at the next leaf boundary and keeps what was done; a
-    cancelled session evaluates nothing more. ``close()`` frees the cache.
+    cancelled session evaluates nothing more. A session cancelled before its
+    first leaf has no result: ``refine()`` and ``result()`` raise
+    :class:`SessionCancelled` (an :class:`~hne_edge.errors.HNEError`).
+    ``close()`` frees the cache.
+
+    The session owns a copy of the input made by ``start(x)``: the caller may
+    reuse ``x`` (a camera buffer) at once.
     """
 
     def __init__(self, runner: "AnytimeRunner", handle: Any, batch: int) -> None:
@@ -146,6 +161,8 @@ class AnytimeSession:
         t0 = runner._clock()
         stop_at, budget = runner._stop_at(t0, budget_ms, deadline)
         n_stop, n_min = runner._limits(max_leaves, 1 if min_leaves is None else min_leaves)
+        if self._cancelled and self._next == 0:
+            raise SessionCancelled("session was cancelled before its first leaf: it has no result; start a new one")
         if self._cache is None and self._next == 0:
             raise RunnerClosedError("session is closed and has no leaf; start a new one with runner.start(x)")
         runner._acquire()
@@ -170,8 +187,10 @@ class AnytimeSession:
     def result(self) -> AnytimeResult:
         """The ensemble of the leaves evaluated so far (at least one)."""
         n = self._next
+        if n == 0 and self._cancelled:
+            raise SessionCancelled("session.result(): cancelled before its first leaf, so there is no result")
         if n == 0:
-            raise RuntimeError("session.result(): no leaf evaluated yet; call step() or refine() first")
+            raise NoResultError("session.result(): no leaf evaluated yet; call step() or refine() first")
         met, overran, budget, reason = self._status
         return AnytimeResult(
             leaf_logits=self._leaf_logits[:n],
@@ -262,7 +281,8 @@ class AnytimeRunner:
         threads: intra-op threads for the backend (None: its default).
         load_profile: load a matching saved cost profile (see :mod:`.cost_model`).
         quantile: the cost model's prediction quantile.
-        verify: check every bundle file's sha256 when loading.
+        verify: check the sha256 of every file this runner loads, on the bytes it loads (the same bytes
+            go to the backend; a file swapped after the check is never what runs).
         first_leaf: when a frame stops after leaf 0 (``max_leaves=1``), run the bundle's export-free
             first-leaf file (plan "first") if it has one for this backend and precision: it costs what a
             standalone network costs, up to ~10% less than leaf 0's exporting segment (one more session).
@@ -273,8 +293,10 @@ class AnytimeRunner:
     Thread safety: a runner serves one call at a time. A call while another
     thread is inside ``run`` / ``start`` / ``step`` / ``refine`` / ``profile``
     raises :class:`ConcurrentUseError` (backend buffers and contexts are per
-    runner); use one runner per thread. ``session.cancel()`` is the one call
-    meant for another thread.
+    runner); use one runner per thread. ``session.cancel()`` is meant for
+    another thread, and so is ``close()``: it refuses new calls at once
+    (:class:`RunnerClosedError`) and waits for a running call to finish
+    before it frees anything.
     """
 
     def __init__(
@@ -299,12 +321,14 @@ class AnytimeRunner:
         if plan not in PLANS:
             raise InputError(f"plan: received {plan!r}; expected one of {list(PLANS)}")
         self.bundle_dir = Path(bundle_dir)
-        self.manifest = read_manifest(self.bundle_dir, verify_files=verify)
+        # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
+        self.manifest = read_manifest(self.bundle_dir, verify_files=False)
         self.manifest_sha256 = hashlib.sha256((self.bundle_dir / MANIFEST_NAME).read_bytes()).hexdigest()
         self.plan, self.precision = plan, precision
         if threads is not None:
             backend_options["threads"] = threads
         self.backend = create_backend(backend, device, **backend_options)
+        self.backend.verify = verify
         self.device = self.backend.device
         tree = self.manifest.tree
         self.tree = tree
@@ -401,16 +425,29 @@ class AnytimeRunner:
         if self._closed:
             raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
         if not self._lock.acquire(blocking=False):
+            if self._closed:  # close() holds the lock to free the runner
+                raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
             raise ConcurrentUseError(
                 f"AnytimeRunner is busy: received a call from thread {threading.current_thread().name!r} while "
                 f"thread {getattr(self._owner, 'name', None)!r} is running it; expected one call at a time (a runner's backend buffers "
                 "and caches serve one thread): use one runner per thread, or serialize calls with a lock"
             )
+        if self._closed:  # closed between the check above and the lock
+            self._lock.release()
+            raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
         self._owner = threading.current_thread()
 
     def _release(self) -> None:
         self._owner = None
+        if self._closed:  # close() was called from inside this call (a stop_when callback): free now
+            self._free()
         self._lock.release()
+
+    def _free(self) -> None:
+        if self._runners or self._first_runner is not None:
+            self._programs = ()
+            self._release_all()
+            self.backend.close()
 
     def _release_all(self) -> None:
         for r in [*self._runners, self._first_runner]:
@@ -427,15 +464,11 @@ class AnytimeRunner:
         """Release every session/engine; later calls raise :class:`RunnerClosedError`. Idempotent."""
         if self._closed:
             return
-        got = self._lock.acquire(timeout=60)  # let a running call finish
-        try:
-            self._closed = True
-            self._programs = ()
-            self._release_all()
-            self.backend.close()
-        finally:
-            if got:
-                self._lock.release()
+        self._closed = True  # from now on every call raises RunnerClosedError
+        if self._owner is threading.current_thread():
+            return  # called from inside a running call: its _release frees
+        with self._lock:  # wait for a running call (another thread's) to finish; never free under it
+            self._free()
 
     @property
     def closed(self) -> bool:
@@ -466,13 +499,13 @@ class AnytimeRunner:
     def _stop_at(self, t0: float, budget_ms: float | None, deadline: float | None) -> tuple[float | None, float | None]:
         stop_at = None
         if budget_ms is not None:
-            if isinstance(budget_ms, bool) or not isinstance(budget_ms, (int, float)) or not budget_ms > 0 or not math.isfinite(budget_ms):
+            if isinstance(budget_ms, (bool, np.bool_)) or not isinstance(budget_ms, numbers.Real) or not budget_ms > 0 or not math.isfinite(budget_ms):
                 raise InputError(f"budget_ms: received {budget_ms!r}; expected a positive finite number of milliseconds")
-            stop_at = t0 + budget_ms / 1e3
+            stop_at = t0 + float(budget_ms) / 1e3
         if deadline is not None:
-            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
+            if isinstance(deadline, (bool, np.bool_)) or not isinstance(deadline, numbers.Real) or not math.isfinite(deadline):
                 raise InputError(f"deadline: received {deadline!r}; expected an absolute time.perf_counter() value")
-            stop_at = deadline if stop_at is None else min(stop_at, deadline)
+            stop_at = float(deadline) if stop_at is None else min(stop_at, float(deadline))
         return stop_at, (None if stop_at is None else (stop_at - t0) * 1e3)
 
     def _limits(self, max_leaves: int | None, min_leaves: int) -> tuple[int, int]:
@@ -489,11 +522,14 @@ class AnytimeRunner:
         return preprocess(images, self.input_spec)
 
     def start(self, x: np.ndarray) -> AnytimeSession:
-        """Check ``x`` and open a session (no leaf evaluated yet)."""
+        """Check ``x`` and open a session (no leaf evaluated yet) that owns a copy of ``x``."""
         self._acquire()
         try:
-            x = check_input(x, self.input_spec)
-            return AnytimeSession(self, self._from_host(x), x.shape[0])
+            checked = check_input(x, self.input_spec)
+            handle = self._from_host(checked)
+            if isinstance(handle, np.ndarray) and np.may_share_memory(handle, x):
+                handle = handle.copy()  # the session outlives this call: the caller may reuse x (a camera buffer)
+            return AnytimeSession(self, handle, checked.shape[0])
         finally:
             self._release()
 

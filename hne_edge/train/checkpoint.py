@@ -18,8 +18,8 @@ The exporters read ``model``, ``model_config``, ``class_names`` and
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,11 @@ def save_checkpoint(
         "config": config,
         "extra": extra or {},
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    from ..exporters.base import remove_stale, scratch_path
+
+    remove_stale(path, ("tmp",))  # a killed writer's leftovers
+    tmp = scratch_path(path, "tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's mode, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
@@ -97,6 +101,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"cannot read checkpoint {path}: not a PyTorch archive (corrupt, truncated or another kind of file); "
             "expected a file written by hne-edge train"
         )
+    check_archive(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # damaged archive, pickle with classes the safe loader refuses, ...
@@ -119,9 +124,40 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return state
 
 
+def check_archive(path: Path) -> None:
+    """Every member's CRC-32 (the zip format stores one per member; torch.save writes them).
+
+    torch.load does not check them, so a flipped byte in a weight would load silently. This detects
+    accidental corruption (disk, copy, truncation), not deliberate tampering: a CRC is not a signature.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: damaged archive ({exc})") from None
+    if bad is not None:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: member {bad!r} fails its CRC-32 check (the file changed after it was "
+            "written); restore it from a copy or re-train"
+        )
+
+
+def check_finite(state_dict: dict[str, Any], path: Any) -> None:
+    """Refuse weights holding NaN/Inf (a diverged run): every metric and every export of them would be NaN."""
+    for name, value in state_dict.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise CheckpointError(
+                f"checkpoint {path}: {bad} non-finite value(s) (NaN/Inf) in weight {name!r}; the run diverged or the "
+                "file is damaged. Expected finite weights"
+            )
+
+
 def model_from_checkpoint(checkpoint: str | os.PathLike | dict[str, Any]) -> tuple[HNE, dict[str, Any]]:
     """Rebuild the model (eval mode) from a checkpoint path or loaded dict; returns ``(model, checkpoint)``."""
     state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
+    if isinstance(state.get("model"), dict):
+        check_finite(state["model"], checkpoint if not isinstance(checkpoint, dict) else "(dict)")
     try:
         model = build_model(state["model_config"])
         model.load_state_dict(state["model"])

@@ -270,6 +270,8 @@ def load_npz(path: str | Path) -> tuple[ArrayDataset, list[str]]:
         archive = np.load(path, allow_pickle=False)
     except Exception as exc:
         raise InputError(f"{path}: cannot read as a numpy .npz archive ({type(exc).__name__})") from exc
+    if isinstance(archive, np.ndarray):  # a .npy file: one array, no labels
+        raise InputError(f"{path}: received a .npy array; expected a .npz archive with 'x' (N,H,W,C uint8) and 'y' (N,)")
     with archive:
         missing = [k for k in ("x", "y") if k not in archive.files]
         if missing:

@@ -41,10 +41,10 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ...bundle import Manifest, ModelFile, TensorSpec, activation_name, bundle_path
-from ...errors import BackendUnavailable, BundleError, InputError
+from ...bundle import Manifest, ModelFile, TensorSpec, activation_name, bundle_path, read_verified
+from ...errors import BackendUnavailable, BundleError, HNEError, InputError
 
-__all__ = ["Handle", "Unit", "Runner", "Backend", "units_from_files", "units_from_tree"]
+__all__ = ["Handle", "Unit", "Runner", "RunnerInactiveError", "Backend", "units_from_files", "units_from_tree"]
 
 Handle = Any  # a backend's tensor: numpy array (CPU backends), OrtValue, torch tensor, device pointer...
 
@@ -126,6 +126,10 @@ def units_from_tree(manifest: Manifest, plan: str, precision: str, name: str, pa
     return units
 
 
+class RunnerInactiveError(HNEError, RuntimeError):
+    """A runner was called before ``activate()`` or after ``release()``."""
+
+
 class Runner(ABC):
     """Runs one :class:`Unit`. Lifecycle: ``activate()`` -> ``run()``* -> ``release()``."""
 
@@ -167,7 +171,7 @@ class Runner(ABC):
     def run(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
         """Validated inference: ``inputs`` in ``unit.inputs`` order; outputs in ``unit.outputs`` order."""
         if not self.is_active:
-            raise RuntimeError(f"runner {self.name}: not active; call activate() or use it as a context manager")
+            raise RunnerInactiveError(f"runner {self.name}: not active; call activate() or use it as a context manager")
         if len(inputs) != len(self.unit.inputs):
             raise InputError(
                 f"runner {self.name}: received {len(inputs)} input(s); expected {len(self.unit.inputs)} "
@@ -225,6 +229,14 @@ class Backend(ABC):
                 "(GPU devices come with the GPU backends)"
             )
         self.device = device
+
+    #: Check each model file's sha256 on the very bytes handed to the device runtime
+    #: (``AnytimeRunner(verify=...)`` sets it); a file is never reopened by path after its check.
+    verify: bool = True
+
+    def read_file(self, path: Path, model_file: ModelFile | None) -> bytes:
+        """The bytes a runner loads: read once, checked against the manifest's sha256 when ``verify``."""
+        return read_verified(path, model_file if self.verify else None)
 
     def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
         """The execution units of ``plan`` (default: the bundle's files of this backend's format)."""

@@ -41,7 +41,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted
 
 __all__ = [
     "CudaProbe",
@@ -288,7 +288,7 @@ def _check(result: Any, what: str) -> Any:
     """cuda-python calls return (err, *values); raise on error, return the values."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        raise RuntimeError(f"{what} failed: {err}")
+        raise DeviceError(f"{what} failed: {err}")
     return values[0] if len(values) == 1 else (tuple(values) if values else None)
 
 
@@ -371,7 +371,7 @@ class _CudaFree:
 def open_device(device_id: int, prefer: str = "auto") -> CudaDevice:
     """torch when it is installed with CUDA (``prefer="auto"`` or ``"torch"``), else cuda-python."""
     if prefer not in ("auto", "torch", "cuda-python"):
-        raise ValueError(f"memory: received {prefer!r}; expected 'auto', 'torch' or 'cuda-python'")
+        raise InputError(f"memory: received {prefer!r}; expected 'auto', 'torch' or 'cuda-python'")
     errors = []
     if prefer in ("auto", "torch"):
         try:
@@ -450,7 +450,7 @@ class SlotPool:
             if not slot.in_use():
                 return i, slot
         if len(slots) >= self.max_slots:
-            raise RuntimeError(
+            raise ResourceExhausted(
                 f"{len(slots)} paused sessions hold this runner's buffers for {key!r}; expected at most "
                 f"{self.max_slots} (close sessions you no longer need with session.close())"
             )

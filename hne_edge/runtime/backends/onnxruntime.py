@@ -16,11 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...bundle import Manifest
-from ...errors import BackendUnavailable, BundleError
+from ...bundle import Manifest, onnx_external_data
+from ...errors import BackendUnavailable, BundleError, InputError
 from .base import Backend, Handle, Runner, Unit
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeRunner"]
+
+_ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
 
 
 def _import_ort():
@@ -35,8 +37,18 @@ def _import_ort():
 
 def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, where: str = ""):
     """An InferenceSession for ``runner.unit``, its graph I/O names checked against the manifest."""
+    data = runner._backend.read_file(runner.unit.path, runner.unit.file)  # hashed once; these bytes are what runs
     try:
-        session = ort.InferenceSession(str(runner.unit.path), sess_options=sess_options, providers=providers)
+        external = onnx_external_data(data)
+    except ValueError as exc:
+        raise BundleError(f"{runner.name}: not a valid ONNX file ({exc})") from None
+    if external:
+        raise BundleError(
+            f"{runner.name}: {len(external)} tensor(s) ({', '.join(external[:3])}) keep their values in external "
+            "files, which the manifest neither lists nor hashes; expected one self-contained ONNX file per entry"
+        )
+    try:
+        session = ort.InferenceSession(data, sess_options=sess_options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise BundleError(f"{runner.name}: onnxruntime could not load the model{where}: {exc}") from None
     names_in = [i.name for i in session.get_inputs()]
@@ -46,6 +58,21 @@ def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, w
             f"{runner.name}: the ONNX graph has inputs {names_in} and outputs {names_out}; "
             f"the manifest says {list(runner.input_names)} -> {list(runner.output_names)}"
         )
+    # dtypes and fixed dims too: a disagreement would otherwise surface as an InvalidArgument mid-frame
+    for metas, specs in ((session.get_inputs(), runner.unit.inputs), (session.get_outputs(), runner.unit.outputs)):
+        graph = {m.name: m for m in metas}
+        for spec in specs:
+            meta = graph[spec.name]
+            dtype = _ORT_DTYPES.get(meta.type, meta.type)
+            dims = list(meta.shape)
+            fixed_differ = len(dims) != len(spec.shape) or any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(dims, spec.shape)
+            )
+            if dtype != spec.dtype or (spec.shape and fixed_differ):
+                raise BundleError(
+                    f"{runner.name}: tensor {spec.name} is {dtype} {dims} in the ONNX graph; the manifest says "
+                    f"{spec.dtype} {list(spec.shape)}"
+                )
     return session
 
 
@@ -92,7 +119,7 @@ class OnnxRuntimeBackend(Backend):
         super().__init__(device)
         self.ort = _import_ort()
         if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be a positive int or None; received {threads!r}")
+            raise InputError(f"threads must be a positive int or None; received {threads!r}")
         self.threads = threads
         self.spinning = spinning
         self.providers = ["CPUExecutionProvider"]

@@ -60,7 +60,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...bundle import Manifest, ModelFile
-from ...errors import BackendUnavailable, BundleError
+from ...errors import BackendUnavailable, BundleError, DeviceError
 from .base import Backend, Handle, Runner, Unit, units_from_files
 from .cuda import (
     CudaTimingMixin,
@@ -176,7 +176,7 @@ class TensorRTRunner(Runner):
     def activate_impl(self) -> None:
         b = self._backend
         trt = b.trt
-        engine = b.runtime.deserialize_cuda_engine(Path(self.unit.path).read_bytes())
+        engine = b.runtime.deserialize_cuda_engine(b.read_file(self.unit.path, self.unit.file))
         if engine is None:
             raise BundleError(
                 f"{self.name}: TensorRT {trt.__version__} could not deserialize the engine (see the TensorRT log); "
@@ -235,7 +235,7 @@ class TensorRTRunner(Runner):
 
     def _enqueue(self) -> None:
         if not self.context.execute_async_v3(self._backend.cuda.stream_handle):
-            raise RuntimeError(f"{self.name}: TensorRT execute_async_v3 failed (see the TensorRT log)")
+            raise DeviceError(f"{self.name}: TensorRT execute_async_v3 failed (see the TensorRT log)")
 
     def _capture(self, key: Any):
         self._enqueue()  # TensorRT: one enqueue after a shape change before capturing

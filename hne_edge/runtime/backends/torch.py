@@ -10,6 +10,7 @@ overrides ``from_host`` / ``to_host`` / ``synchronize``.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -75,6 +76,7 @@ class TorchBackend(Backend):
     def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
         (weights,) = manifest.files_for("weights", precision, "torch")
         self._weights = bundle_path(bundle_dir, weights)
+        self._weights_file = weights
         return units_from_tree(manifest, plan, precision, weights.path, self._weights)
 
     def _load(self, manifest: Manifest) -> None:
@@ -82,7 +84,10 @@ class TorchBackend(Backend):
 
         torch = self.torch
         try:
-            state = torch.load(self._weights, map_location="cpu", weights_only=True)
+            data = self.read_file(self._weights, self._weights_file)  # the checked bytes, not the path again
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except BundleError:
+            raise
         except Exception as exc:
             raise BundleError(f"{self._weights}: not a loadable torch state_dict ({exc})") from None
         if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):

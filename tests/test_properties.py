@@ -1,0 +1,182 @@
+"""Property-based tests (hypothesis): the boundary checks accept what is valid and refuse the rest with
+HNEError, never another exception (issue 13)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from hne_edge.bundle import InputSpec, read_manifest  # noqa: E402
+from hne_edge.errors import BundleError, HNEError, InputError  # noqa: E402
+from hne_edge.runtime.inputs import check_input  # noqa: E402
+
+SPEC = InputSpec(name="image", shape=("batch", 3, 8, 8), dtype="float32", layout="NCHW",
+                 mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), batch=(1, 2, 4))  # fmt: skip
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# -- check_input -----------------------------------------------------------------------------------
+
+dims = st.integers(0, 9)
+shapes = st.one_of(
+    hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=9),
+    st.tuples(st.integers(0, 6), st.sampled_from([1, 3, 4]), dims, dims),
+    st.tuples(st.integers(0, 6), st.just(3), st.just(8), st.just(8)),  # often the right shape
+)
+dtypes = st.sampled_from([np.float32, np.float64, np.float16, np.uint8, np.int32, np.bool_, np.complex64])
+
+
+@SETTINGS
+@given(data=st.data(), shape=shapes, dtype=dtypes, fortran=st.booleans())
+def test_check_input_returns_a_valid_array_or_raises_input_error(data, shape, dtype, fortran):
+    x = data.draw(hnp.arrays(dtype, shape))
+    if fortran:
+        x = np.asfortranarray(x)
+    try:
+        out = check_input(x, SPEC)
+    except InputError as exc:
+        assert str(exc).startswith("input image: received"), exc
+        return
+    # accepted: exactly what the spec allows, unchanged
+    assert out.dtype == np.float32 and out.flags.c_contiguous
+    assert out.ndim == 4 and out.shape[1:] == (3, 8, 8) and 1 <= out.shape[0] <= 4
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out, x)
+
+
+@SETTINGS
+@given(value=st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=5), st.lists(st.floats(), max_size=4)))
+def test_check_input_refuses_non_arrays(value):
+    with pytest.raises(InputError, match="expected a numpy.ndarray"):
+        check_input(value, SPEC)
+
+
+# -- read_manifest ---------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
+              st.text(max_size=12)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def manifest_bundle(tiny_bundle, tmp_path_factory):
+    bundle = tmp_path_factory.mktemp("props") / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    original = json.loads((bundle / "manifest.json").read_text())
+    return bundle, original
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_read_manifest_returns_a_manifest_or_raises_bundle_error(manifest_bundle, data):
+    bundle, original = manifest_bundle
+    doc = json.loads(json.dumps(original))
+    # walk down from the root, stopping at each level with probability 1/2: shallow keys (tree.leaf_order,
+    # input.mean, files) are hit as often as the hundreds of deep ones
+    parent, key = doc, data.draw(st.sampled_from(sorted(doc)))
+    while isinstance(parent[key], (dict, list)) and parent[key] and data.draw(st.booleans()):
+        parent = parent[key]
+        key = data.draw(st.sampled_from(sorted(parent) if isinstance(parent, dict) else range(len(parent))))
+    path = (key,)
+    action = data.draw(st.sampled_from(["replace", "delete", "add_key"]))
+    if action == "replace":
+        parent[path[-1]] = data.draw(json_values)
+    elif action == "delete":
+        del parent[path[-1]]
+    elif isinstance(parent, dict):
+        parent[data.draw(st.text(max_size=8))] = data.draw(json_values)
+    (bundle / "manifest.json").write_text(json.dumps(doc))
+    try:
+        manifest = read_manifest(bundle, verify_files=False)
+    except BundleError as exc:
+        text = str(exc)
+        assert "\n" not in text and len(text) < 2000, text
+        return
+    assert manifest.tree.num_leaves == 16  # accepted: still the bundle's tree
+    for f in manifest.files:
+        assert f.macs >= 0 and f.bytes >= 0
+    assert all(math.isfinite(v) for v in (*manifest.input.mean, *manifest.input.std))
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.binary(max_size=200))
+def test_read_manifest_of_arbitrary_bytes(manifest_bundle, text):
+    bundle, _ = manifest_bundle
+    (bundle / "manifest.json").write_bytes(text)
+    with pytest.raises(BundleError):
+        read_manifest(bundle, verify_files=False)
+
+
+# -- CLI argument parsing --------------------------------------------------------------------------
+
+
+def _invoke(args):
+    from click.testing import CliRunner
+
+    from hne_edge.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code in (0, 2), (args, result.exit_code, result.output, result.exception)
+    if result.exit_code == 2:
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (args, result.stderr)
+    return result
+
+
+@settings(max_examples=40, deadline=None)
+@given(factors=st.lists(st.integers(-2, 40), max_size=40), junk=st.sampled_from(["", ",", " ", "x", ",,", "1e3"]))
+def test_info_tree_option(factors, junk):
+    value = ",".join(map(str, factors)) + junk
+    valid = bool(factors) and not junk.strip(" ") and all(f >= 1 for f in factors)
+    assume(not valid or math.prod(factors) <= 64)  # big valid trees are valid, just slow to build here
+    result = _invoke(["info", "hne_tiny", "--tree", value, "--json"])
+    if result.exit_code == 0:
+        assert json.loads(result.stdout)["tree"]["branching"] == factors
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batch=st.one_of(st.integers(-3, 12), st.sampled_from(["x", "1.5", ""])),
+    max_leaves=st.one_of(st.none(), st.integers(-2, 20)),
+    min_leaves=st.integers(-2, 20),
+    budget=st.one_of(st.none(), st.sampled_from(["0", "-1", "nan", "inf", "1e-9", "50", "abc"])),
+)
+def test_run_options(tiny_bundle, tmp_path_factory, batch, max_leaves, min_leaves, budget):
+    x = tmp_path_factory.getbasetemp() / "props_x.npy"
+    if not x.exists():
+        np.save(x, np.zeros((3, 3, 16, 16), np.float32))
+    args = ["run", tiny_bundle.bundle_dir, x, "--batch-size", batch, "--min-leaves", min_leaves, "--json"]
+    args += [] if max_leaves is None else ["--max-leaves", max_leaves]
+    args += [] if budget is None else ["--budget-ms", budget]
+    result = _invoke(args)
+    if result.exit_code == 0:
+        records = json.loads(result.stdout)
+        assert len(records) == 3 and all(1 <= r["leaves"] <= 16 for r in records)
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=st.text(alphabet="0123456789:,- fp3216abx", max_size=12))
+def test_export_option_parsers(value):
+    from hne_edge.exporters.base import parse_batch, parse_precisions
+
+    for parse in (parse_batch, parse_precisions):
+        try:
+            out = parse(value)
+        except ValueError as exc:
+            assert "received" in str(exc)
+            continue
+        if parse is parse_batch:
+            assert 1 <= out[0] <= out[1] <= out[2]
+        else:
+            assert out and set(out) <= {"fp32", "fp16"}
