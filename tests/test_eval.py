@@ -92,5 +92,5 @@ def test_evaluate_checkpoint_writes_metrics_and_plots(tmp_path):
     assert metrics["anytime"][-1]["accuracy"] == pytest.approx(expected)
     with pytest.raises(ValueError, match="expected val or test"):
         evaluate_checkpoint(path, split="train")
-    with pytest.raises(ValueError, match="needs a dataset with a test set"):
+    with pytest.raises(ValueError, match="has no official test set.*--test-data"):
         evaluate_checkpoint(path, split="test")

@@ -145,7 +145,8 @@ def test_eval_test_data_errors_are_one_line(tmp_path, digits_run):
     _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz")), "images are 16x16 with 1 channel(s)")
     _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "none.npz")), "npz data not found")
     np.save(tmp_path / "x.npy", np.zeros((2, 8, 8), np.uint8))
-    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "x.npy")), "expected an .npz file")
+    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "x.npy")), "received a .npy array; expected a .npz")
+    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path)), "is a directory")
     _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz"), "--split", "test"),
                     "--test-data and --split test contradict")
     # a run on data without an official test set says what to use instead

@@ -261,9 +261,8 @@ def _load_digits() -> tuple[ArrayDataset, list[str]]:
 def load_npz(path: str | Path) -> tuple[ArrayDataset, list[str]]:
     """Images and class names of an ``.npz`` with ``x`` (N,H,W,C or N,H,W uint8), ``y`` (N,) and optional ``classes``."""
     path = Path(path)
-    if path.is_dir() or (path.exists() and path.suffix != ".npz"):
-        raise InputError(f"{path}: expected an .npz file with x (N,H,W,C uint8) and y (N,); received "
-                         f"{'a folder' if path.is_dir() else 'a ' + (path.suffix or 'suffix-less') + ' file'}")
+    if path.is_dir():
+        raise InputError(f"{path}: received a folder; expected an .npz file with x (N,H,W,C uint8) and y (N,)")
     if not path.is_file():
         raise FileNotFoundError(f"npz data not found: {path}")
     try:
