@@ -9,13 +9,29 @@ under ``profiles/<manifest sha256[:16]>/``) with a warning. A new runner
 loads the first profile that matches the manifest's sha256, backend, device,
 plan and precision (bundle first, then cache).
 
-**Prediction.** Leaf ``i`` is predicted to cost ``base[i] * scale`` where
+**Prediction.** Leaf ``i`` is predicted to cost
+``min(base[i] * scale, tail[i]) * base[0] / anchor[i]`` where
 
 * ``base[i]`` is the leaf's median (from the profile, then an EWMA of
-  observed times, alpha 0.05, so it follows slow drift), and
+  observed times, alpha 0.05, so it follows slow drift). Bounded influence:
+  one observation moves it by at most ``alpha`` x itself, so a 40 ms stall
+  on a 0.05 ms leaf moves it by 5%, not 40x.
 * ``scale`` is the ``quantile`` (default 0.99) of the last ``window`` (128)
   observed ``time / base`` ratios, pooled over all leaves (nearest rank,
-  kept in a sorted window: an index lookup per observation).
+  kept in a sorted window: an index lookup per observation), each ratio
+  capped at ``max_ratio`` (4).
+* ``tail[i]`` is the largest of the leaf's own last ``tail_window`` (256)
+  times (each capped the same way): no leaf is predicted above what its own
+  observed tail justifies, whatever the other leaves did.
+* ``base[0] / anchor[i]``: ``anchor[i]`` is leaf 0's base when leaf ``i``
+  was last observed. Leaf 0 runs in every frame, so a leaf the budget has
+  not let run for a while follows the machine's current speed instead of
+  keeping what it learned during a slow spell (1 while it keeps running).
+* Re-probe: a leaf not run for ``probe_after`` (256) frames is predicted at
+  its fastest recent time (times the same factor) until it runs once, so a
+  leaf that was slow for a while is tested again when the budget allows its
+  best case (at most one risky start per leaf per 256 frames); its time then
+  replaces what the leaf had learned.
 
 Why a pooled ratio quantile: on a shared CPU the noise is mostly common to
 all leaves (other processes, frequency changes), so pooling gives 16x the
@@ -28,6 +44,17 @@ budgets uniform over the anytime range, 1000 frames), p95 gave 1.6-1.9%
 misses with 95-98% of an oracle's leaves; p99 gave 0.5% misses at batch 1
 with 92-96% of the oracle's leaves, meeting both targets (<= 1%, >= 90%).
 
+Why the cap: on a loaded machine the process is pre-empted for 4-44 ms at a
+time, hundreds of times a 0.05 ms leaf. Such a stall strikes whatever runs;
+predicting it does not avoid it, it only stops every leaf but the forced
+first one from starting (issue 15: an uncapped p99 of 500x held a 16-leaf,
+0.8 ms tree at one leaf under a 5 ms budget, and, with only leaf 0 left to
+observe, never recovered). Capped, a stall counts as "4x slower", so the
+model keeps using a budget a few times the full tree, forgets a burst of
+stalls within ``window`` observations (it keeps learning from the leaves
+that do run), and stays at the uncapped quantile under ordinary noise
+(whose p99 is 1.2-2x).
+
 **Without a profile** no frame is spent measuring: the first leaf is always
 evaluated (``min_leaves >= 1``), so its time calibrates seconds-per-MAC and
 unseen leaves are predicted from the manifest's MACs; each leaf's own time
@@ -39,6 +66,7 @@ infinite: a budgeted first frame evaluates only the forced leaves.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 import json
 import math
 import os
@@ -225,14 +253,23 @@ def find_profile(
 
 
 class _BatchModel:
-    """Predictions and online updates for one batch size. Hot path: ``observe`` (~2 us) and ``pred``.
+    """Predictions and online updates for one batch size. Hot path: ``observe`` (a few us) and ``pred``.
 
     The ratio window is a ring (for eviction) plus a sorted list (bisect), so the
     quantile is an index lookup instead of a numpy call per observation.
+    ``pred`` is updated in place (the scheduler holds a reference to it).
     """
 
-    def __init__(self, macs: Sequence[int], base: list[float] | None, seed_ratios: Sequence[float], cm: "CostModel") -> None:
+    def __init__(
+        self,
+        macs: Sequence[int],
+        base: list[float] | None,
+        seed_ratios: Sequence[float],
+        cm: "CostModel",
+        seed_times: Sequence[Sequence[float]] | None = None,
+    ) -> None:
         n = len(macs)
+        self.n = n
         self.macs = [float(m) for m in macs]
         self.known = [base is not None] * n
         self.all_known = base is not None
@@ -241,7 +278,9 @@ class _BatchModel:
         self.alpha = cm.alpha
         self.min_samples = cm.min_samples
         self.cold_margin = cm.cold_margin
+        self.max_ratio = cm.max_ratio
         self.window = cm.window
+        self.tail_window = cm.tail_window
         self.ring: list[float] = []
         self.sorted: list[float] = []
         self.count = 0
@@ -249,8 +288,19 @@ class _BatchModel:
         self.scale = 1.0
         self.seen_t = 0.0  # sum of base over known leaves, and their MACs: seconds per MAC for unknown leaves
         self.seen_m = 0.0
+        # each leaf's own recent times (each capped at max_ratio x its base), and their max: its observed tail
+        self.times: list[deque[float]] = [deque() for _ in range(n)]
+        self.tail = [math.inf] * n
+        self.anchor = [self.base[0]] * n  # leaf 0's base when leaf i was last observed
+        self.frames = 0  # observations of leaf 0 (one per frame), and that count when leaf i was last observed
+        self.seen = [0] * n
+        self.probe_after = cm.probe_after
         for r in list(seed_ratios)[-cm.window :]:
-            self._push(float(r))
+            self._push(min(float(r), self.max_ratio))
+        for i, ts in enumerate(seed_times or ()):
+            self.times[i].extend(min(float(t), self.max_ratio * self.base[i]) for t in list(ts)[-self.tail_window :])
+            if len(self.times[i]) >= self.min_samples:
+                self.tail[i] = max(self.times[i])
         self._refresh()
 
     def _push(self, ratio: float) -> None:
@@ -273,33 +323,66 @@ class _BatchModel:
 
     def observe(self, leaf: int, seconds: float) -> None:
         base = self.base[leaf]
-        if self.known[leaf]:
-            ratio = seconds / base
-            delta = self.alpha * (seconds - base)
-            self.base[leaf] = base + delta
-            self.seen_t += delta
-        else:
+        if leaf == 0:
+            self.frames += 1
+        if not self.known[leaf]:
             self.known[leaf] = True
             self.all_known = all(self.known)
             self.base[leaf] = seconds
             self.seen_t += seconds
             self.seen_m += self.macs[leaf]
             ratio = 1.0
+        elif self.frames - self.seen[leaf] > self.probe_after:  # a re-probe: learn the leaf afresh
+            seconds = min(seconds, self.max_ratio * base)
+            self.base[leaf] = seconds
+            self.seen_t += seconds - base
+            self.times[leaf].clear()
+            self.tail[leaf] = math.inf
+            ratio = seconds / base
+        else:
+            ratio = seconds / base
+            if ratio > self.max_ratio:
+                ratio = self.max_ratio
+                seconds = ratio * base
+            # bounded influence: one observation moves the base by at most alpha x base
+            delta = self.alpha * base * ((ratio if ratio < 2.0 else 2.0) - 1.0)
+            self.base[leaf] = base + delta
+            self.seen_t += delta
+        # the leaf's own tail: the max of its recent times, kept incrementally
+        ts, top = self.times[leaf], self.tail[leaf]
+        evicted = ts.popleft() if len(ts) == self.tail_window else -1.0
+        ts.append(seconds)
+        if seconds > top:
+            self.tail[leaf] = seconds
+        elif evicted >= top or (top == math.inf and len(ts) >= self.min_samples):
+            self.tail[leaf] = max(ts)
+        self.anchor[leaf] = self.base[0]
+        self.seen[leaf] = self.frames
         self._push(ratio)
         scale = self._quantile()
-        if not self.all_known or abs(scale - self.scale) > 0.005 * self.scale:  # re-predict every leaf
+        if leaf == 0 or not self.all_known or abs(scale - self.scale) > 0.005 * self.scale:  # re-predict every leaf
             self._refresh()
         else:
-            self.pred[leaf] = self.base[leaf] * self.scale
+            p = self.base[leaf] * self.scale
+            top = self.tail[leaf]
+            self.pred[leaf] = p if p < top else top
 
     def _refresh(self) -> None:
         scale = self.scale = self._quantile()
-        pred = self.pred
-        if self.all_known:
-            pred[:] = [b * scale for b in self.base]
-            return
+        base, tail, anchor, known = self.base, self.tail, self.anchor, self.known
+        b0 = base[0]
         per_mac = self.seen_t / self.seen_m if self.seen_m > 0 else math.inf
-        pred[:] = [b * scale if k_ else m * per_mac * scale for b, m, k_ in zip(self.base, self.macs, self.known)]
+        pred = self.pred
+        for i in range(self.n):
+            if not known[i]:
+                pred[i] = self.macs[i] * per_mac * scale
+                continue
+            p = min(base[i] * scale, tail[i])
+            if self.frames - self.seen[i] > self.probe_after and self.times[i]:  # untested for long: re-probe at its fastest recent time
+                p = min(p, min(self.times[i]))
+            if i and anchor[i] > 0 and b0 > 0:
+                p *= b0 / anchor[i]  # untested since: follow leaf 0, which every frame runs
+            pred[i] = p
 
 
 class CostModel:
@@ -310,6 +393,11 @@ class CostModel:
         profile: a matching saved :class:`Profile`, or None.
         quantile: ratio quantile used for predictions (see the module docstring).
         window: how many recent observations the quantile looks at.
+        alpha: EWMA weight of one observation in a leaf's base (median) estimate.
+        max_ratio: the most one observation may claim, as a multiple of its leaf's base
+            (a pre-emption stall is a risk, not a cost: see the module docstring).
+        tail_window: how many of a leaf's own recent times bound its prediction.
+        probe_after: frames after which a leaf the budget kept from running is re-probed.
     """
 
     def __init__(
@@ -321,9 +409,14 @@ class CostModel:
         alpha: float = 0.05,
         min_samples: int = 8,
         cold_margin: float = 1.5,
+        max_ratio: float = 4.0,
+        tail_window: int = 256,
+        probe_after: int = 256,
     ) -> None:
         if not 0.5 <= quantile <= 1.0:
             raise ValueError(f"quantile must be in [0.5, 1]; received {quantile!r}")
+        if not max_ratio >= cold_margin:
+            raise ValueError(f"max_ratio must be >= cold_margin ({cold_margin}); received {max_ratio!r}")
         self.leaf_macs = list(leaf_macs)
         self.profile = profile
         self.quantile = quantile
@@ -331,6 +424,9 @@ class CostModel:
         self.alpha = alpha
         self.min_samples = min_samples
         self.cold_margin = cold_margin
+        self.max_ratio = max_ratio
+        self.tail_window = tail_window
+        self.probe_after = probe_after
         self._models: dict[int, _BatchModel] = {}
 
     def for_batch(self, batch: int) -> _BatchModel:
@@ -370,4 +466,6 @@ class CostModel:
         for r in range(reps):  # interleave leaves so the window's tail keeps every leaf
             for leaf in leaves:
                 seeds.append(leaf["samples_ms"][r] / leaf["median_ms"])
-        return _BatchModel(self.leaf_macs, base, seeds, self)
+        scale = [b / (leaf["median_ms"] / 1e3) for b, leaf in zip(base, leaves)]  # samples at this batch size
+        times = [[t / 1e3 * k for t in leaf.get("samples_ms", ())] for leaf, k in zip(leaves, scale)]
+        return _BatchModel(self.leaf_macs, base, seeds, self, times)
