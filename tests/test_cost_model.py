@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import numpy as np
 import pytest
 
@@ -106,3 +109,100 @@ def test_a_leaf_kept_out_by_a_slow_spell_is_re_probed(tmp_path):
     first = leaves.index(2)
     assert first <= probe_after + 2, first
     assert leaves[first:] == [2] * (len(leaves) - first)  # re-learned: it keeps running
+
+
+# -- saved profiles are validated like the manifest (issue 13, D8) -------------------------------------------
+
+
+@pytest.fixture
+def profiled(tmp_path):
+    """A 4-leaf fake bundle with a saved profile (1 ms per node), and a function that opens a runner on it."""
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
+    m = read_manifest(b)
+
+    def open_runner():
+        return AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), warmup=0)
+
+    open_runner().profile(warmup=0, repeats=5)
+    return b, b / "profiles" / "cpu-fake-segments-fp32.json", open_runner
+
+
+def _edit(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _set_leaf0(key, value):
+    def change(d):
+        d["batch_sizes"]["1"]["leaves"][0][key] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (_set_leaf0("median_ms", 0), r"batch_sizes\['1'\].leaves\[0\].median_ms must be a positive finite number; received 0"),
+        (_set_leaf0("median_ms", float("nan")), r"leaves\[0\].median_ms must be a positive finite number; received nan"),
+        (_set_leaf0("median_ms", "3"), r"leaves\[0\].median_ms must be a positive finite number; received '3'"),
+        (_set_leaf0("samples_ms", [1.0, -2.0]), r"leaves\[0\].samples_ms\[1\] must be a finite number >= 0; received -2.0"),
+        (lambda d: d["batch_sizes"].update({"0": d["batch_sizes"]["1"]}), r"batch_sizes key '0' must be a positive int"),
+        (lambda d: d["batch_sizes"].update({"x": 1}), r"batch_sizes key 'x' must be a positive int"),
+        (lambda d: d["batch_sizes"]["1"].update({"leaves": "x"}), r"batch_sizes\['1'\].leaves must be a non-empty list; received 'x'"),
+        (lambda d: d["batch_sizes"]["1"].update({"leaves": []}), r"batch_sizes\['1'\].leaves must be a non-empty list; received \[\]"),
+        (lambda d: d.update({"batch_sizes": []}), r"batch_sizes must be a non-empty object; received \[\]"),
+        (lambda d: d.update({"batch_sizes": {}}), r"batch_sizes must be a non-empty object; received \{\}"),
+        (lambda d: d.update({"version": 99}), r"version must be 1; received 99"),
+        (lambda d: d.pop("backend"), r"is missing key\(s\) \['backend'\]"),
+        (lambda d: d.update({"device": 5}), r"device must be str; received 5"),
+        (lambda d: d["batch_sizes"]["1"]["leaves"].append(d["batch_sizes"]["1"]["leaves"][0]), r"has 5 leaves; expected 4"),
+    ],
+)
+def test_an_invalid_profile_is_ignored_with_a_warning(profiled, change, match):
+    b, path, open_runner = profiled
+    _edit(path, change)
+    with pytest.warns(UserWarning, match=match) as caught:
+        runner = open_runner()
+    assert str(path) in str(caught[0].message)
+    assert runner.profile_data is None and "ignored" in runner.profile_status
+    r = runner.run(frame()[:, :, :4, :4], budget_ms=100)  # works as without a profile (budgets are honoured)
+    assert r.leaves == 4 and r.met_budget
+
+
+def test_a_profile_that_is_not_json_is_ignored_with_a_warning(profiled):
+    b, path, open_runner = profiled
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="not valid JSON"):
+        assert open_runner().profile_data is None
+
+
+def test_a_valid_profile_loads_without_warning(profiled):
+    b, path, open_runner = profiled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner = open_runner()
+    assert runner.profile_status.startswith("loaded")
+    np.testing.assert_allclose(runner.predicted_ms(1), [3, 1, 2, 1])
+
+
+def test_profiles_symlinked_out_of_the_bundle_are_neither_read_nor_written(profiled, tmp_path, monkeypatch):
+    b, path, open_runner = profiled
+    monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))
+    outside = tmp_path / "outside"
+    (b / "profiles").rename(outside)
+    (b / "profiles").symlink_to(outside, target_is_directory=True)
+    with pytest.warns(UserWarning, match="outside the bundle"):
+        runner = open_runner()
+    assert runner.profile_data is None  # not read through the link
+    before = sorted(p.name for p in outside.iterdir())
+    with pytest.warns(UserWarning, match="outside the bundle"):
+        runner.profile(warmup=0, repeats=2)
+    assert sorted(p.name for p in outside.iterdir()) == before  # nothing written through the link
+    assert str(runner.profile_path).startswith(str(tmp_path / "cache"))
+    # a link to one file outside is refused the same way
+    (b / "profiles").unlink()
+    (b / "profiles").mkdir()
+    (b / "profiles" / path.name).symlink_to(outside / path.name)
+    with pytest.warns(UserWarning, match="outside the bundle"):
+        assert open_runner().profile_path != b / "profiles" / path.name

@@ -80,8 +80,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import HNEError
+
 __all__ = [
     "Profile",
+    "ProfileError",
+    "read_profile",
     "CostModel",
     "profile_filename",
     "user_cache_dir",
@@ -114,6 +118,76 @@ def user_cache_dir() -> Path:
         return Path(os.environ["HNE_EDGE_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hne-edge"
+
+
+class ProfileError(HNEError, ValueError):
+    """A saved cost profile is malformed. Runners ignore such a file with a warning."""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fail(where: str, expected: str, value: Any) -> None:
+    raise ProfileError(f"{where} must be {expected}; received {_short(value)}")
+
+
+def _obj(value: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> dict:
+    if not isinstance(value, dict):
+        _fail(where, "an object", value)
+    missing = sorted(required - set(value))
+    if missing:
+        raise ProfileError(f"{where} is missing key(s) {missing}")
+    extra = sorted(set(value) - required - optional)
+    if extra:
+        raise ProfileError(f"{where} has unknown key(s) {_short(extra)}; expected only {sorted(required | optional)}")
+    return value
+
+
+def _number(value: Any, where: str, positive: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        _fail(where, "a positive finite number" if positive else "a finite number >= 0", value)
+    return float(value)
+
+
+def _batch_entry(entry: Any, where: str, num_leaves: int | None) -> dict[str, Any]:
+    """One batch size of a profile: ``leaves`` (used for predictions) and what ``profile()`` reports."""
+    _obj(entry, where, {"leaves"}, {"warmup", "repeats", "units", "levels"})
+    leaves = entry["leaves"]
+    if not isinstance(leaves, list) or not leaves:
+        _fail(f"{where}.leaves", "a non-empty list", leaves)
+    if num_leaves is not None and len(leaves) != num_leaves:
+        raise ProfileError(f"{where}.leaves has {len(leaves)} leaves; expected {num_leaves}")
+    for i, leaf in enumerate(leaves):
+        at = f"{where}.leaves[{i}]"
+        _obj(leaf, at, {"median_ms"}, {"leaf", "p90_ms", "p95_ms", "mean_ms", "samples_ms"})
+        _number(leaf["median_ms"], f"{at}.median_ms", positive=True)
+        if "leaf" in leaf and (leaf["leaf"] != i or isinstance(leaf["leaf"], bool)):
+            _fail(f"{at}.leaf", str(i), leaf["leaf"])
+        for key in ("p90_ms", "p95_ms", "mean_ms"):
+            if key in leaf:
+                _number(leaf[key], f"{at}.{key}")
+        samples = leaf.get("samples_ms", [])
+        if not isinstance(samples, list):
+            _fail(f"{at}.samples_ms", "a list", samples)
+        for k, v in enumerate(samples):
+            _number(v, f"{at}.samples_ms[{k}]")
+    for key in ("warmup", "repeats"):
+        if key in entry and (type(entry[key]) is not int or entry[key] < 0):
+            _fail(f"{where}.{key}", "an int >= 0", entry[key])
+    units, levels = entry.get("units", {}), entry.get("levels", [])
+    if not isinstance(units, dict):
+        _fail(f"{where}.units", "an object", units)
+    if not isinstance(levels, list):
+        _fail(f"{where}.levels", "a list", levels)
+    for at, stats in [*((f"units[{k!r}]", v) for k, v in units.items()), *((f"levels[{k}]", v) for k, v in enumerate(levels))]:
+        if not isinstance(stats, dict):
+            _fail(f"{where}.{at}", "an object", stats)
+        for name, v in stats.items():
+            _number(v, f"{where}.{at}.{name}")
+    return entry
 
 
 @dataclass
@@ -162,9 +236,30 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Profile":
-        if not isinstance(d, dict) or d.get("format") != PROFILE_FORMAT or d.get("version") != PROFILE_VERSION:
-            raise ValueError(f"not a {PROFILE_FORMAT} v{PROFILE_VERSION} file")
+    def from_dict(cls, d: Any, num_leaves: int | None = None) -> "Profile":
+        """Validate a saved profile strictly (:class:`ProfileError` names the location, what was received and
+        what was expected); ``num_leaves``: the bundle's, which every batch size must have."""
+        _obj(d, "profile", {"format", "version", "model_name", "manifest_sha256", "backend", "device", "plan",
+                            "precision", "batch_sizes"}, {"backend_info", "host", "created"})  # fmt: skip
+        if d["format"] != PROFILE_FORMAT:
+            _fail("format", repr(PROFILE_FORMAT), d["format"])
+        if d["version"] != PROFILE_VERSION or isinstance(d["version"], bool):
+            _fail("version", str(PROFILE_VERSION), d["version"])
+        for key in ("model_name", "manifest_sha256", "backend", "device", "plan", "precision", "created"):
+            if key in d and not isinstance(d[key], str):
+                _fail(key, "str", d[key])
+        for key in ("backend_info", "host"):
+            if key in d and not isinstance(d[key], dict):
+                _fail(key, "an object", d[key])
+        sizes = d["batch_sizes"]
+        if not isinstance(sizes, dict) or not sizes:
+            _fail("batch_sizes", "a non-empty object", sizes)
+        batches = {}
+        for key, entry in sizes.items():
+            if not (isinstance(key, str) and key.isascii() and key.isdigit() and key[0] != "0" and len(key) <= 6):
+                _fail(f"batch_sizes key {key!r}", 'a positive int (written as a string, like "1")', key)
+            batches[int(key)] = _batch_entry(entry, f"batch_sizes[{key!r}]", num_leaves)
+            num_leaves = len(entry["leaves"])  # every batch size profiles the same leaves
         return cls(
             model_name=d["model_name"],
             manifest_sha256=d["manifest_sha256"],
@@ -172,7 +267,7 @@ class Profile:
             device=d["device"],
             plan=d["plan"],
             precision=d["precision"],
-            batches={int(b): v for b, v in d["batch_sizes"].items()},
+            batches=batches,
             backend_info=d.get("backend_info", {}),
             host=d.get("host", {}),
             created=d.get("created", ""),
@@ -212,38 +307,72 @@ def cache_profile_path(profile: Profile) -> Path:
     return user_cache_dir() / "profiles" / profile.manifest_sha256[:16] / profile.filename
 
 
+def _outside(bundle_dir: str | os.PathLike, path: Path) -> str | None:
+    """Why ``path`` (under the bundle) must not be used: it resolves outside the bundle (a symlink); else None."""
+    root, target = Path(bundle_dir).resolve(), path.resolve()
+    if root in target.parents:
+        return None
+    return f"{path} resolves to {target}, outside the bundle {root} (a symlink)"
+
+
 def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path, bool]:
-    """Write next to the bundle, else to the user cache. Returns (path, fell_back_to_cache)."""
+    """Write next to the bundle, else to the user cache. Returns (path, fell_back_to_cache).
+
+    Never writes through a symlink that leads out of the bundle (``profiles/`` or the file itself).
+    """
     if not profile.created:
         profile.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     target = Path(bundle_dir) / "profiles" / profile.filename
+    why = _outside(bundle_dir, target)
+    if why is None:
+        try:
+            _write_json_atomic(target, profile.to_dict())
+            return target, False
+        except OSError as exc:
+            why = f"bundle directory {bundle_dir} is not writable ({exc.strerror or exc})"
+    fallback = cache_profile_path(profile)
+    _write_json_atomic(fallback, profile.to_dict())
+    warnings.warn(f"{why}; saved the profile to {fallback}", stacklevel=2)
+    return fallback, True
+
+
+def read_profile(path: Path, num_leaves: int | None = None) -> Profile:
+    """Read and validate one saved profile (:class:`ProfileError` if it is not valid)."""
     try:
-        _write_json_atomic(target, profile.to_dict())
-        return target, False
-    except OSError as exc:
-        fallback = cache_profile_path(profile)
-        _write_json_atomic(fallback, profile.to_dict())
-        warnings.warn(
-            f"bundle directory {bundle_dir} is not writable ({exc.strerror or exc}); saved the profile to {fallback}",
-            stacklevel=2,
-        )
-        return fallback, True
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise ProfileError(f"not valid JSON ({_short(str(exc), 200)})") from None
+    return Profile.from_dict(data, num_leaves)
 
 
 def find_profile(
-    bundle_dir: str | os.PathLike, manifest_sha256: str, backend: str, device: str, plan: str, precision: str
+    bundle_dir: str | os.PathLike,
+    manifest_sha256: str,
+    backend: str,
+    device: str,
+    plan: str,
+    precision: str,
+    num_leaves: int | None = None,
 ) -> tuple[Profile | None, Path | None, str]:
-    """The matching saved profile (bundle dir first, then the user cache), its path, and why (not) found."""
+    """The matching saved profile (bundle dir first, then the user cache), its path, and why (not) found.
+
+    An invalid profile, or one reached through a symlink out of the bundle, is ignored with a warning.
+    """
     name = profile_filename(device, backend, plan, precision)
-    candidates = [Path(bundle_dir) / "profiles" / name, user_cache_dir() / "profiles" / manifest_sha256[:16] / name]
+    in_bundle = Path(bundle_dir) / "profiles" / name
+    candidates = [in_bundle, user_cache_dir() / "profiles" / manifest_sha256[:16] / name]
     reasons = []
     for path in candidates:
         if not path.is_file():
             continue
         try:
-            profile = Profile.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            reasons.append(f"{path}: unreadable ({exc})")
+            why = _outside(bundle_dir, path) if path is in_bundle else None
+            if why is not None:
+                raise ProfileError(f"not read: {why}")
+            profile = read_profile(path.resolve(), num_leaves)
+        except (ProfileError, OSError) as exc:
+            warnings.warn(f"ignoring saved profile {path}: {exc}", stacklevel=2)
+            reasons.append(f"{path}: ignored ({exc})")
             continue
         if not profile.matches(manifest_sha256, backend, device, plan, precision):
             reasons.append(f"{path}: made for another bundle version or variant")

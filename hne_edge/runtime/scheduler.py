@@ -335,7 +335,7 @@ class AnytimeRunner:
         self.profile_status = "not loaded"
         if load_profile:
             self.profile_data, self.profile_path, self.profile_status = find_profile(
-                self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision
+                self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision, self.num_leaves
             )
         self.quantile = quantile
         self.cost = CostModel(self.leaf_macs, self.profile_data, quantile=quantile)
