@@ -21,17 +21,19 @@ plan and precision (bundle first, then cache).
   kept in a sorted window: an index lookup per observation), each ratio
   capped at ``max_ratio`` (4).
 * ``tail[i]`` is the largest of the leaf's own last ``tail_window`` (256)
-  times (each capped the same way): no leaf is predicted above what its own
-  observed tail justifies, whatever the other leaves did.
+  times (each capped the same way), once it has ``1 / (1 - quantile)``
+  (100) of them: no leaf is predicted above what its own observed tail
+  justifies, whatever the other leaves did. (With fewer, the max is below
+  the leaf's quantile and would under-predict the rarely run last leaves.)
 * ``base[0] / anchor[i]``: ``anchor[i]`` is leaf 0's base when leaf ``i``
   was last observed. Leaf 0 runs in every frame, so a leaf the budget has
   not let run for a while follows the machine's current speed instead of
   keeping what it learned during a slow spell (1 while it keeps running).
-* Re-probe: a leaf not run for ``probe_after`` (256) frames is predicted at
-  its fastest recent time (times the same factor) until it runs once, so a
-  leaf that was slow for a while is tested again when the budget allows its
-  best case (at most one risky start per leaf per 256 frames); its time then
-  replaces what the leaf had learned.
+* Re-probe: a leaf not run for ``probe_after`` (500) frames whose base is
+  over twice its own fastest recent time (it learned a slow spell of its
+  own) is predicted at that fastest time until it runs once; that time then
+  replaces what it had learned. At most one risky start per such leaf per
+  500 frames; leaves that are merely rarely reached are not probed.
 
 Why a pooled ratio quantile: on a shared CPU the noise is mostly common to
 all leaves (other processes, frequency changes), so pooling gives 16x the
@@ -424,11 +426,15 @@ class _BatchModel:
         self.frames = 0  # observations of leaf 0 (one per frame), and that count when leaf i was last observed
         self.seen = [0] * n
         self.probe_after = cm.probe_after
+        self.probing = [False] * n
+        # the max of n samples estimates about the 1 - 1/n quantile: it bounds a q-quantile prediction
+        # only from 1 / (1 - q) samples on (100 for 0.99); fewer would under-predict rarely run leaves
+        self.tail_min = max(self.min_samples, math.ceil(1 / (1 - self.q)) if self.q < 1 else 10**9)
         for r in list(seed_ratios)[-cm.window :]:
             self._push(min(float(r), self.max_ratio))
         for i, ts in enumerate(seed_times or ()):
             self.times[i].extend(min(float(t), self.max_ratio * self.base[i]) for t in list(ts)[-self.tail_window :])
-            if len(self.times[i]) >= self.min_samples:
+            if len(self.times[i]) >= self.tail_min:
                 self.tail[i] = max(self.times[i])
         self._refresh()
 
@@ -461,7 +467,8 @@ class _BatchModel:
             self.seen_t += seconds
             self.seen_m += self.macs[leaf]
             ratio = 1.0
-        elif self.frames - self.seen[leaf] > self.probe_after:  # a re-probe: learn the leaf afresh
+        elif self.probing[leaf]:  # a re-probe: learn the leaf afresh
+            self.probing[leaf] = False
             seconds = min(seconds, self.max_ratio * base)
             self.base[leaf] = seconds
             self.seen_t += seconds - base
@@ -483,7 +490,7 @@ class _BatchModel:
         ts.append(seconds)
         if seconds > top:
             self.tail[leaf] = seconds
-        elif evicted >= top or (top == math.inf and len(ts) >= self.min_samples):
+        elif evicted >= top or (top == math.inf and len(ts) >= self.tail_min):
             self.tail[leaf] = max(ts)
         self.anchor[leaf] = self.base[0]
         self.seen[leaf] = self.frames
@@ -507,8 +514,11 @@ class _BatchModel:
                 pred[i] = self.macs[i] * per_mac * scale
                 continue
             p = min(base[i] * scale, tail[i])
-            if self.frames - self.seen[i] > self.probe_after and self.times[i]:  # untested for long: re-probe at its fastest recent time
-                p = min(p, min(self.times[i]))
+            if self.frames - self.seen[i] > self.probe_after and self.times[i]:
+                fastest = min(self.times[i])
+                if base[i] > 2 * fastest:  # untested for long, and it learned a slow spell: re-probe at its best
+                    p = min(p, fastest)
+                    self.probing[i] = True
             if i and anchor[i] > 0 and b0 > 0:
                 p *= b0 / anchor[i]  # untested since: follow leaf 0, which every frame runs
             pred[i] = p
@@ -540,7 +550,7 @@ class CostModel:
         cold_margin: float = 1.5,
         max_ratio: float = 4.0,
         tail_window: int = 256,
-        probe_after: int = 256,
+        probe_after: int = 500,
     ) -> None:
         if not 0.5 <= quantile <= 1.0:
             raise ValueError(f"quantile must be in [0.5, 1]; received {quantile!r}")
