@@ -96,6 +96,7 @@ __all__ = [
     "summarize",
 ]
 
+_INF = math.inf
 PROFILE_FORMAT = "hne-edge-profile"
 PROFILE_VERSION = 1
 
@@ -427,6 +428,7 @@ class _BatchModel:
         self.seen = [0] * n
         self.probe_after = cm.probe_after
         self.probing = [False] * n
+        self.b0_ref = self.base[0]  # leaf 0's base at the last full refresh
         # the max of n samples estimates about the 1 - 1/n quantile: it bounds a q-quantile prediction
         # only from 1 / (1 - q) samples on (100 for 0.99); fewer would under-predict rarely run leaves
         self.tail_min = max(self.min_samples, math.ceil(1 / (1 - self.q)) if self.q < 1 else 10**9)
@@ -458,63 +460,79 @@ class _BatchModel:
 
     def observe(self, leaf: int, seconds: float) -> None:
         base = self.base[leaf]
-        if leaf == 0:
-            self.frames += 1
-        if not self.known[leaf]:
-            self.known[leaf] = True
-            self.all_known = all(self.known)
-            self.base[leaf] = seconds
-            self.seen_t += seconds
-            self.seen_m += self.macs[leaf]
-            ratio = 1.0
-        elif self.probing[leaf]:  # a re-probe: learn the leaf afresh
-            self.probing[leaf] = False
-            seconds = min(seconds, self.max_ratio * base)
-            self.base[leaf] = seconds
-            self.seen_t += seconds - base
-            self.times[leaf].clear()
-            self.tail[leaf] = math.inf
-            ratio = seconds / base
-        else:
+        if self.known[leaf] and not self.probing[leaf]:  # the hot path
             ratio = seconds / base
             if ratio > self.max_ratio:
                 ratio = self.max_ratio
                 seconds = ratio * base
             # bounded influence: one observation moves the base by at most alpha x base
             delta = self.alpha * base * ((ratio if ratio < 2.0 else 2.0) - 1.0)
-            self.base[leaf] = base + delta
+            self.base[leaf] = base = base + delta
             self.seen_t += delta
+        elif not self.known[leaf]:
+            self.known[leaf] = True
+            self.all_known = all(self.known)
+            self.base[leaf] = base = seconds
+            self.seen_t += seconds
+            self.seen_m += self.macs[leaf]
+            ratio = 1.0
+        else:  # a re-probe: learn the leaf afresh
+            self.probing[leaf] = False
+            seconds = min(seconds, self.max_ratio * base)
+            ratio = seconds / base
+            self.seen_t += seconds - base
+            self.base[leaf] = base = seconds
+            self.times[leaf].clear()
+            self.tail[leaf] = math.inf
         # the leaf's own tail: the max of its recent times, kept incrementally
-        ts, top = self.times[leaf], self.tail[leaf]
-        evicted = ts.popleft() if len(ts) == self.tail_window else -1.0
-        ts.append(seconds)
-        if seconds > top:
-            self.tail[leaf] = seconds
-        elif evicted >= top or (top == math.inf and len(ts) >= self.tail_min):
-            self.tail[leaf] = max(ts)
+        ts = self.times[leaf]
+        top = self.tail[leaf]
+        if len(ts) == self.tail_window:
+            if ts.popleft() >= top:  # the max left the window (rare)
+                ts.append(seconds)
+                self.tail[leaf] = top = max(ts)
+            else:
+                ts.append(seconds)
+                if seconds > top:
+                    self.tail[leaf] = top = seconds
+        else:
+            ts.append(seconds)
+            if top == _INF:
+                if len(ts) >= self.tail_min:
+                    self.tail[leaf] = top = max(ts)
+            elif seconds > top:
+                self.tail[leaf] = top = seconds
         self.anchor[leaf] = self.base[0]
-        self.seen[leaf] = self.frames
         self._push(ratio)
         scale = self._quantile()
-        if leaf == 0 or not self.all_known or abs(scale - self.scale) > 0.005 * self.scale:  # re-predict every leaf
+        if leaf == 0:
+            self.frames += 1
+            moved = abs(base - self.b0_ref) > 0.005 * self.b0_ref  # leaf 0 moved every other leaf's prediction
+            if moved or not self.frames % 16:  # and every 16 frames: look for leaves to re-probe
+                self.seen[0] = self.frames
+                self._refresh()
+                return
+        self.seen[leaf] = self.frames
+        if not self.all_known or abs(scale - self.scale) > 0.005 * self.scale:  # re-predict every leaf
             self._refresh()
-        else:
-            p = self.base[leaf] * self.scale
-            top = self.tail[leaf]
+        else:  # only this leaf changed (its anchor is leaf 0's base now: no factor)
+            p = base * self.scale
             self.pred[leaf] = p if p < top else top
 
     def _refresh(self) -> None:
         scale = self.scale = self._quantile()
-        base, tail, anchor, known = self.base, self.tail, self.anchor, self.known
-        b0 = base[0]
+        base, tail, anchor, known, seen = self.base, self.tail, self.anchor, self.known, self.seen
+        self.b0_ref = b0 = base[0]
         per_mac = self.seen_t / self.seen_m if self.seen_m > 0 else math.inf
-        pred = self.pred
+        pred, stale = self.pred, self.frames - self.probe_after
         for i in range(self.n):
             if not known[i]:
                 pred[i] = self.macs[i] * per_mac * scale
                 continue
-            p = min(base[i] * scale, tail[i])
-            if self.frames - self.seen[i] > self.probe_after and self.times[i]:
+            p = base[i] * scale
+            if p > tail[i]:
+                p = tail[i]
+            if seen[i] < stale and self.times[i]:
                 fastest = min(self.times[i])
                 if base[i] > 2 * fastest:  # untested for long, and it learned a slow spell: re-probe at its best
                     p = min(p, fastest)
