@@ -61,12 +61,13 @@ observe, never recovered). Capped, the model keeps using a budget a few
 times the full tree, forgets a burst of stalls within ``window``
 observations (it keeps learning from the leaves that do run), and is the
 uncapped quantile under ordinary noise (whose p99 is 1.2-2x). Why 16 and
-not 4 or 8: measured side by side on hne_resnet_small at normal priority on
-a machine at load average 17-19 (benchmarks/bench_runtime.py), budgets
-U[first leaf, full tree], 1000 frames: 4 gave 24.9% misses with 85% of the
-oracle's leaves, 8 gave 8.1% / 58%, 16 gave 2.4% / 40%, the uncapped
-model 3.1% / 27%; with a budget of twice the full tree all three ran
-99-100% of the oracle's leaves, the uncapped model 78%.
+not 4 or 8: measured side by side on hne_resnet_small at batch 1 and normal
+priority on a busy 2-core machine (benchmarks/bench_runtime.py --max-ratios
+4,8, benchmarks/results/runtime_load.md), budgets U[first leaf, full tree]:
+4 ran 88% of the oracle's leaves with 21% misses, 8 65% / 11%, 16 52% /
+6.7%, the uncapped model 31% / 3.1%; under one busy loop per core with a
+budget of twice the full tree every cap ran 100% of them, the uncapped
+model 26%.
 
 **Without a profile** no frame is spent measuring: the first leaf is always
 evaluated (``min_leaves >= 1``), so its time calibrates seconds-per-MAC and
