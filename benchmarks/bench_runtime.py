@@ -19,8 +19,17 @@ medians. Baselines:
   same per call);
 * deadline oracle: per frame, knows each leaf's true time (the budgeted
   run's own leaf times, and for the leaves it did not run, their times in an
-  unbudgeted run of the same frame right after) and fits as many leaves as
-  their cumulative time allows.
+  unbudgeted run of the same frame right after, which does not feed the
+  cost model under test) and fits as many leaves as their cumulative time allows.
+
+``--load-seconds S`` adds deadline frames under artificial CPU load: one
+busy-loop process per core (each ends by itself after S seconds, and is
+killed when the loaded frames are done), at normal priority (``--realtime``
+is dropped for them), budget 2x the full tree measured under that load.
+
+Every deadline row compares this package's cost model with the one before
+issue 15 (``benchmarks/cost_model_v1.py``), frame by frame on the same
+budgets, each model learning only from the leaves its own budget let run.
 
 ``--realtime`` runs the process under SCHED_FIFO (what a deployed real-time
 inference process gets); Linux throttles real-time tasks that use more than
@@ -31,8 +40,10 @@ inference process gets); Linux throttles real-time tasks that use more than
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,7 +115,8 @@ def timed(fn, *args):
     return time.perf_counter() - t0
 
 
-def bench_batch(runner, standalone, batch, repeats, frames, rng, frame_gap=0.2, runner_no_first=None):
+def bench_batch(runner, standalone, batch, repeats, frames, rng, frame_gap=0.2, runner_no_first=None, load_seconds=0,
+                load_frames=300, max_ratios=()):
     spec = runner.input_spec
     x = rng.standard_normal((batch, spec.channels, *spec.spatial)).astype(np.float32)
     N = runner.num_leaves
@@ -132,22 +144,21 @@ def bench_batch(runner, standalone, batch, repeats, frames, rng, frame_gap=0.2, 
     path_macs = sum(runner.manifest.node_macs[n] for n in runner.tree.path(0))
     mac_ratio = N * path_macs / macs[-1]
 
-    # deadlines: profile, then frames with budgets uniform in [first leaf, full tree]
+    # deadlines: profile, then frames with budgets uniform in [first leaf, full tree], this cost model vs the
+    # pre-issue-15 one (cost_model_v1.py) frame by frame on the same budgets
     runner.profile(batch_sizes=(batch,), warmup=5, repeats=30, save=False)
     lo, hi = m["run_first"], m["run_all"]
-    misses = forced = leaves = oracle = 0
     gap = frame_gap * hi / 1e3  # frames arrive periodically, not back to back
-    for k in range(frames):
-        time.sleep(gap)
-        budget = float(rng.uniform(lo, hi))
-        r = runner.run(x, budget_ms=budget)
-        f = runner.run(x)
-        true = list(r.leaf_ms) + list(f.leaf_ms[r.leaves :])
-        fits = int((np.cumsum(true) <= budget).sum())
-        oracle += max(1, fits)
-        leaves += r.leaves
-        forced += r.overran_min_leaves
-        misses += (not r.met_budget) and not r.overran_min_leaves
+    budgets = rng.uniform(lo, hi, frames)
+    quiet = deadline_frames(runner, x, fresh_models(runner, max_ratios), budgets, gap)
+    loaded = None
+    if load_seconds:
+        with normal_priority(), cpu_load(os.cpu_count(), load_seconds) as still_loaded:  # the loops must not inherit SCHED_FIFO
+            models = fresh_models(runner, max_ratios)
+            full = med([timed(runner.run, x) for _ in range(30)]) * 1e3  # the full tree under this load
+            loaded = {"full_ms": full, "budget_ms": 2 * full, "processes": os.cpu_count()}
+            loaded.update(deadline_frames(runner, x, models, [2 * full] * load_frames, gap))
+            loaded["load_ended_early"] = not still_loaded()  # then raise --load-seconds
     return {
         "batch": batch,
         "ms": m,
@@ -158,10 +169,88 @@ def bench_batch(runner, standalone, batch, repeats, frames, rng, frame_gap=0.2, 
         "mac_ratio": mac_ratio,
         "frames": frames,
         "budget_range_ms": (lo, hi),
-        "miss_rate": misses / frames,
-        "forced_overruns": forced,
-        "leaves_vs_oracle": leaves / oracle,
+        "deadlines": quiet,
+        "loaded": loaded,
     }
+
+
+def fresh_models(runner, max_ratios=()):
+    """This package's cost model (also with other ``max_ratio`` caps) and the pre-issue-15 one, from the runner's profile."""
+    from cost_model_v1 import LegacyCostModel
+
+    from hne_edge.runtime import CostModel
+
+    q, macs, prof = runner.quantile, runner.leaf_macs, runner.profile_data
+    models = {"new": CostModel(macs, prof, quantile=q)}
+    models.update({f"max_ratio={r:g}": CostModel(macs, prof, quantile=q, max_ratio=r) for r in max_ratios})
+    models["v1"] = LegacyCostModel(macs, prof, quantile=q)
+    return models
+
+
+def model_label(name):
+    return {"new": "this cost model", "v1": "pre-issue-15 cost model (cost_model_v1.py)"}.get(name, f"this cost model, {name}")
+
+
+def deadline_frames(runner, x, models, budgets, gap):
+    """Each frame under each cost model (order alternating), then unbudgeted for the oracle.
+
+    The oracle knows each leaf's true time: the budgeted run's own leaf times, and for the leaves it did not
+    run, their times in an unbudgeted run right after. That run uses a scratch cost model, so the model under
+    test learns only from the leaves its own budget let it run (as in deployment).
+    """
+    from hne_edge.runtime import CostModel
+
+    scratch = CostModel(runner.leaf_macs)
+    stats = {k: {"misses": 0, "forced": 0, "leaves": 0, "oracle": 0} for k in models}
+    names = list(models)
+    for k, budget in enumerate(budgets):
+        for name in names if k % 2 == 0 else names[::-1]:
+            st = stats[name]
+            time.sleep(gap)
+            runner.cost = models[name]
+            r = runner.run(x, budget_ms=float(budget))
+            runner.cost = scratch
+            f = runner.run(x)
+            true = list(r.leaf_ms) + list(f.leaf_ms[r.leaves :])
+            st["oracle"] += max(1, int((np.cumsum(true) <= budget).sum()))
+            st["leaves"] += r.leaves
+            st["forced"] += r.overran_min_leaves
+            st["misses"] += (not r.met_budget) and not r.overran_min_leaves
+    runner.cost = models[names[0]]
+    for st in stats.values():
+        st["miss_rate"] = st["misses"] / len(budgets)
+        st["leaves_vs_oracle"] = st["leaves"] / st["oracle"]
+        st["mean_leaves"] = st["leaves"] / len(budgets)
+    return stats
+
+
+@contextlib.contextmanager
+def normal_priority():
+    """Drop SCHED_FIFO (--realtime) for the loaded frames: the busy loops compete with us as equals."""
+    policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+    if policy is None or policy == os.SCHED_OTHER:
+        yield
+        return
+    param = os.sched_getparam(0)
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, policy, param)
+
+
+@contextlib.contextmanager
+def cpu_load(processes, seconds):
+    """``processes`` busy loops (one per core), each ending by itself after ``seconds``; killed on exit."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(processes)]
+    try:
+        time.sleep(0.5)  # let them start
+        yield lambda: all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def main() -> None:
@@ -176,6 +265,10 @@ def main() -> None:
     ap.add_argument("--realtime", action="store_true", help="run under SCHED_FIFO priority 1 (Linux, root), as a deployed real-time process would; single-threaded, so other jobs keep the other cores")
     ap.add_argument("--frame-gap", type=float, default=0.2, help="idle time between deadline frames, as a fraction of the full-tree latency (frames arrive periodically)")
     ap.add_argument("--quantile", type=float, default=0.99, help="cost model prediction quantile")
+    ap.add_argument("--load-seconds", type=float, default=0, help="also run deadline frames under artificial CPU load: one busy-loop process per core, each ending after this many seconds (0: no loaded rows)")
+    ap.add_argument("--load-frames", type=int, default=300, help="deadline frames per cost model under load (budget 2x the full tree measured under that load)")
+    ap.add_argument("--max-ratios", type=lambda v: tuple(float(r) for r in v.split(",") if r), default=(),
+                    help="also run the deadline frames with the cost model capped at these max_ratio values (e.g. 4,8)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.nice:
@@ -195,7 +288,8 @@ def main() -> None:
             AnytimeRunner(bundle, threads=args.threads, load_profile=False, first_leaf=False) as runner_no_first:  # fmt: skip
         assert runner.first_leaf_file is not None and runner_no_first.first_leaf_file is None
         for b in batches:
-            rows.append(bench_batch(runner, standalone, b, args.repeats, args.frames, rng, args.frame_gap, runner_no_first))
+            rows.append(bench_batch(runner, standalone, b, args.repeats, args.frames, rng, args.frame_gap, runner_no_first,
+                                    args.load_seconds, args.load_frames, args.max_ratios))
             print(rows[-1], flush=True)
     load = os.getloadavg()
     import onnxruntime
@@ -218,9 +312,24 @@ def main() -> None:
             f"| {r['batch']} | first leaf / standalone network <= 1.10 | {r['first_ratio']:.3f} ({m['run_first']:.3f} vs {m['single']:.3f} ms) | {'ok' if r['first_ratio'] <= 1.10 else 'MISSED'} |",
             f"| {r['batch']} | (same, first_leaf=False: leaf 0 via its exporting segment) | {r['first_segment_ratio']:.3f} ({m['run_first_segment']:.3f} vs {m['single_2']:.3f} ms) | |",
             f"| {r['batch']} | 16 independent / HNE >= 0.9 x MAC ratio ({r['mac_ratio']:.2f}) | {r['speedup']:.2f} = {r['speedup'] / r['mac_ratio']:.2f} x MAC ratio ({m['sixteen']:.2f} vs {m['run_all_2']:.2f} ms) | {'ok' if r['speedup'] >= 0.9 * r['mac_ratio'] else 'MISSED'} |",
-            f"| {r['batch']} | budget misses <= 1% (budgets U[{r['budget_range_ms'][0]:.2f}, {r['budget_range_ms'][1]:.2f}] ms) | {100 * r['miss_rate']:.2f}% (+{r['forced_overruns']} forced first-leaf overruns) | {'ok' if r['miss_rate'] <= 0.01 else 'MISSED'} |",
-            f"| {r['batch']} | leaves >= 90% of oracle | {100 * r['leaves_vs_oracle']:.1f}% | {'ok' if r['leaves_vs_oracle'] >= 0.9 else 'MISSED'} |",
         ]
+        for name, d in r["deadlines"].items():
+            label = model_label(name)
+            lo, hi = r["budget_range_ms"]
+            lines += [
+                f"| {r['batch']} | {label}: budget misses <= 1% (budgets U[{lo:.2f}, {hi:.2f}] ms) | {100 * d['miss_rate']:.2f}% (+{d['forced']} forced first-leaf overruns) | {'ok' if d['miss_rate'] <= 0.01 else 'MISSED'} |",
+                f"| {r['batch']} | {label}: leaves >= 90% of oracle | {100 * d['leaves_vs_oracle']:.1f}% (mean {d['mean_leaves']:.2f} leaves) | {'ok' if d['leaves_vs_oracle'] >= 0.9 else 'MISSED'} |",
+            ]
+        if r["loaded"]:
+            ld = r["loaded"]
+            for name in r["deadlines"]:
+                d, label = ld[name], model_label(name)
+                lines.append(
+                    f"| {r['batch']} | under load ({ld['processes']} busy loops), budget 2x full tree ({ld['budget_ms']:.2f} ms), {label}: "
+                    f"leaves >= 90% of oracle | {100 * d['leaves_vs_oracle']:.1f}% (mean {d['mean_leaves']:.2f} leaves; misses "
+                    f"{100 * d['miss_rate']:.1f}%){' (LOAD ENDED EARLY)' if ld['load_ended_early'] else ''} | "
+                    f"{'ok' if d['leaves_vs_oracle'] >= 0.9 else 'MISSED'} |"
+                )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -5,12 +5,14 @@ read strictly (schema, paths, sha256, tree coverage), every ONNX file loads
 in ONNX Runtime with the inputs/outputs the manifest states, and the
 anytime outputs of the "nodes" and "segments" plans agree, the export-free
 first leaf (plan "first") agrees with their leaf 0, and fp16 agrees with
-fp32 when both are present.
+fp32 when both are present. Every anytime output is computed by
+:class:`~hne_edge.runtime.AnytimeRunner` from a float32 image, the path
+``hne-edge run`` takes, so a variant the runtime cannot run does not pass.
 
 With the PyTorch model (``--checkpoint``, and always at export): every
 file's outputs, fed the reference input activation, are compared with the
 PyTorch node/segment outputs, and the end-to-end anytime output for every
-n = 1..N, chaining only ONNX files depth-first with a cache, is compared
+n = 1..N, computed by the runtime (only ONNX files, depth-first), is compared
 with the fused model's mean of its first n leaves. The reference is the
 unfolded fused model in fp32, independent of what was exported.
 
@@ -87,34 +89,26 @@ def check_session_io(session, model_file: ModelFile) -> None:
 
 
 def run_anytime(
-    manifest: Manifest,
-    sessions: dict[str, object],
+    bundle_dir: str | os.PathLike,
     plan: str,
     precision: str,
-    image: np.ndarray,
-) -> list[np.ndarray]:
-    """Per-leaf logits (float32, depth-first order) chaining only the bundle's files, with an activation cache."""
-    files = manifest.files_for(plan, precision, "onnx")
-    dtype = DTYPE_OF[precision]
-    cache: dict[str | None, np.ndarray] = {None: image.astype(dtype)}
-    logits: list[np.ndarray] = []
-    by_node = {f.nodes[0]: f for f in files} if plan == "nodes" else None
-    by_leaf = {f.leaf: f for f in files} if plan == "segments" else None
-    for seg in manifest.tree.segments:
-        if plan == "nodes":
-            x = cache[seg.input]
-            for nid in seg.nodes:
-                f = by_node[nid]
-                (x,) = sessions[f.path].run(None, {f.inputs[0].name: x})
-                cache[nid] = x
-            logits.append(x.astype(np.float32))
-        else:
-            f = by_leaf[seg.leaf]
-            outs = sessions[f.path].run(None, {f.inputs[0].name: cache[seg.input]})
-            for spec, value in zip(f.outputs[:-1], outs[:-1]):
-                cache[spec.node] = value
-            logits.append(outs[-1].astype(np.float32))
-    return logits
+    images: dict[int, np.ndarray],
+    threads: int | None = None,
+) -> tuple[dict[int, list[np.ndarray]], dict[int, np.ndarray] | None]:
+    """Per-leaf logits of each image batch through :class:`AnytimeRunner`, the path ``hne-edge run`` takes.
+
+    The images are the user's (float32, the manifest's input dtype): the runner's input check, its cast to
+    the files' dtype, the backend's sessions and the depth-first activation cache are all exercised, so a
+    variant the runtime cannot run cannot pass. Returns ``({batch: [leaf logits (float32), ...]},
+    {batch: leaf 0 through the export-free first-leaf file} or None when the variant has none)``.
+    """
+    from ..runtime import AnytimeRunner  # the runtime never imports the exporters; this direction is fine
+
+    with AnytimeRunner(bundle_dir, plan=plan, precision=precision, threads=threads, load_profile=False, warmup=0,
+                       verify=False) as runner:  # fmt: skip  (the caller read the manifest and checked every sha256)
+        chains = {b: list(runner.run(x).leaf_logits) for b, x in images.items()}
+        first = {b: runner.run(x, max_leaves=1).logits for b, x in images.items()} if runner.first_leaf_file else None
+    return chains, first
 
 
 def anytime_means(per_leaf: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -254,7 +248,12 @@ def verify_bundle(
     images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
     variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
-    chains = {(p, q, b): run_anytime(manifest, sessions, p, q, images[b]) for p, q in variants for b in batch_sizes}
+    chains, firsts = {}, {}
+    for p, q in sorted(variants, key=lambda v: ANYTIME_PLANS.index(v[0])):  # leaf 0 of "nodes" first, as before
+        per_batch, first = run_anytime(bundle_dir, p, q, images, threads)
+        chains.update({(p, q, b): leaves for b, leaves in per_batch.items()})
+        if first is not None:
+            firsts.setdefault(q, (p, first))
 
     if model is not None:
         _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules)
@@ -270,19 +269,17 @@ def verify_bundle(
                 )
             ]
             worst = _merge(checks)
-            worst.file, worst.check = f"onnx/{precision}/segments", f"anytime == nodes plan, n=1..{manifest.tree.num_leaves}"
+            worst.file, worst.check = f"onnx/{precision}/segments", f"anytime == nodes plan, n=1..{manifest.tree.num_leaves} (runtime)"
             report.checks.append(worst)
-    # the export-free first leaf must compute what the full plan's leaf 0 computes
+    # the export-free first leaf (what run(max_leaves=1) runs) must compute what the full plan's leaf 0 computes
     for f in manifest.files:
         if f.format == "onnx" and f.plan == "first":
-            full = next(p for p in ANYTIME_PLANS if (p, f.precision) in variants)
-            checks = [
-                compare_outputs(f.path, "", sessions[f.path].run(None, {f.inputs[0].name: images[b].astype(DTYPE_OF[f.precision])})[0],
-                                chains[(full, f.precision, b)][0], f.precision)
-                for b in batch_sizes
-            ]  # fmt: skip
+            if f.precision not in firsts:
+                raise ShapeError(f"{f.path}: a first-leaf file without a nodes or segments plan of {f.precision} to run it with")
+            full, first = firsts[f.precision]
+            checks = [compare_outputs(f.path, "", first[b], chains[(full, f.precision, b)][0], f.precision) for b in batch_sizes]
             worst = _merge(checks)
-            worst.check = f"== {full} plan leaf 0"
+            worst.check = f"== {full} plan leaf 0 (runtime, max_leaves=1)"
             report.checks.append(worst)
     for plan in ("nodes", "segments"):
         if (plan, "fp32") in variants and (plan, "fp16") in variants:
@@ -292,7 +289,7 @@ def verify_bundle(
                 for h, s in zip(anytime_means(chains[(plan, "fp16", b)]), anytime_means(chains[(plan, "fp32", b)]))
             ]
             worst = _merge(checks)
-            worst.file, worst.check = f"onnx/fp16/{plan}", f"anytime == fp32 {plan}, n=1..{manifest.tree.num_leaves}"
+            worst.file, worst.check = f"onnx/fp16/{plan}", f"anytime == fp32 {plan}, n=1..{manifest.tree.num_leaves} (runtime)"
             report.checks.append(worst)
     if not report.checks:
         report.notes.append("no ONNX plan pair to compare and no reference model: only structure and sha256 were checked")
@@ -338,7 +335,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
             for n, (got, want) in enumerate(zip(anytime_means(chains[(plan, precision, b)]), fused_means[b]), start=1)
         ]
         worst = _merge(checks)
-        worst.file, worst.check = f"onnx/{precision}/{plan}", f"anytime vs fused, n=1..{tree.num_leaves} (worst {worst.check})"
+        worst.file, worst.check = f"onnx/{precision}/{plan}", f"anytime vs fused, n=1..{tree.num_leaves} (runtime; worst {worst.check})"
         report.checks.append(worst)
 
     for f in manifest.files:

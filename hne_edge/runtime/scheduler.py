@@ -351,6 +351,12 @@ class AnytimeRunner:
         self._clock = self.backend.clock
         self._to_host = self.backend.to_host
         self._from_host = self.backend.from_host
+        # the boundary cast: check_input accepts the manifest's input dtype; the files may read another (fp16)
+        image_dtype = np.dtype(next(u.inputs[0].dtype for u in units if u.inputs[0].node is None))
+        if image_dtype == np.dtype(self.input_spec.dtype):
+            self._upload = self._from_host
+        else:
+            self._upload = lambda x, up=self._from_host, dt=image_dtype: up(x.astype(dt))
         self._lock = threading.Lock()
         self._owner: str | None = None
         self.leaf_macs = [sum(self.manifest.node_macs[n] for n in seg.nodes) for seg in tree.segments]
@@ -359,7 +365,7 @@ class AnytimeRunner:
         self.profile_status = "not loaded"
         if load_profile:
             self.profile_data, self.profile_path, self.profile_status = find_profile(
-                self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision
+                self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision, self.num_leaves
             )
         self.quantile = quantile
         self.cost = CostModel(self.leaf_macs, self.profile_data, quantile=quantile)
@@ -368,9 +374,9 @@ class AnytimeRunner:
             spec = self.input_spec
             x = np.zeros((spec.batch[1], spec.channels, *spec.spatial), dtype=spec.dtype)
             for _ in range(warmup):
-                self._profile_once(AnytimeSession(self, self._from_host(x), len(x)), None)
+                self._profile_once(AnytimeSession(self, self._upload(x), len(x)), None)
                 if self._first_runner is not None:
-                    self._to_host(self._first_runner.run_logits_impl((self._from_host(x),)))
+                    self._to_host(self._first_runner.run_logits_impl((self._upload(x),)))
 
     # -- construction ----------------------------------------------------------
     def _compile(self, units: Sequence[Any]) -> None:
@@ -526,7 +532,7 @@ class AnytimeRunner:
         self._acquire()
         try:
             checked = check_input(x, self.input_spec)
-            handle = self._from_host(checked)
+            handle = self._upload(checked)
             if isinstance(handle, np.ndarray) and np.may_share_memory(handle, x):
                 handle = handle.copy()  # the session outlives this call: the caller may reuse x (a camera buffer)
             return AnytimeSession(self, handle, checked.shape[0])
@@ -562,7 +568,7 @@ class AnytimeRunner:
         self._acquire()
         try:
             x = check_input(x, self.input_spec)
-            session = AnytimeSession(self, self._from_host(x), x.shape[0])
+            session = AnytimeSession(self, self._upload(x), x.shape[0])
             reason, t_forced = session._advance(stop_at, n_stop, n_min, stop_when, final=True)
             session._cache = None
             t1 = clock()
@@ -615,7 +621,7 @@ class AnytimeRunner:
                 leaf_t = [[] for _ in range(self.num_leaves)]
                 unit_t: dict[str, list[float]] = {r.name: [] for r in self._runners}
                 for rep in range(warmup + repeats):
-                    times = self._profile_once(AnytimeSession(self, self._from_host(x), b), unit_t if rep >= warmup else None)
+                    times = self._profile_once(AnytimeSession(self, self._upload(x), b), unit_t if rep >= warmup else None)
                     if rep >= warmup:
                         for i, t in enumerate(times):
                             leaf_t[i].append(t)

@@ -1,0 +1,208 @@
+"""The online cost model under pre-emption stalls (virtual clock: deterministic), and saved profiles."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from hne_edge.bundle import read_manifest
+from hne_edge.runtime import AnytimeRunner
+from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle
+
+NODE_S = 0.000025  # 31 nodes: the full tree of 16 leaves takes 0.775 ms
+
+
+@pytest.fixture(scope="module")
+def bundle16(tmp_path_factory):
+    return make_fake_bundle(tmp_path_factory.mktemp("stall") / "b", branching=(1, 2, 2, 2, 2), classes=4)
+
+
+class Stalls:
+    """Per-frame node costs: NODE_S, plus a pre-drawn 16-44 ms stall on some nodes (a pre-empted process)."""
+
+    def __init__(self, tree, seed=0):
+        self.tree, self.rng = tree, np.random.default_rng(seed)
+        self.nodes = [n.id for n in tree.nodes]
+        self.extra: dict[str, float] = {}
+
+    def draw(self, p: float) -> None:
+        hit = self.rng.random(len(self.nodes)) < p
+        stall = self.rng.uniform(0.016, 0.044, len(self.nodes))
+        self.extra = {n: s for n, s, h in zip(self.nodes, stall, hit) if h}
+
+    def __call__(self, node: str, batch: int) -> float:
+        return NODE_S + self.extra.get(node, 0.0)
+
+    def oracle(self, budget_ms: float) -> int:
+        """Leaves whose true cumulative time fits the budget (at least the forced first one)."""
+        leaf_s = [sum(self(n, 1) for n in seg.nodes) for seg in self.tree.segments]
+        return max(1, int((np.cumsum(leaf_s) * 1e3 <= budget_ms).sum()))
+
+
+def stalled_runner(bundle):
+    m = read_manifest(bundle)
+    stalls = Stalls(m.tree)
+    backend = FakeBackend(m.tree, m.num_classes, stalls)
+    return AnytimeRunner(bundle, backend=backend, load_profile=False, warmup=0), stalls
+
+
+def frame():
+    return np.zeros((1, C, H, W), np.float32)
+
+
+@pytest.mark.parametrize("budget_ms", [5.0, 2 * 31 * NODE_S * 1e3])
+def test_leaves_recover_within_a_few_frames_after_a_burst_of_stalls(bundle16, budget_ms):
+    runner, stalls = stalled_runner(bundle16)
+    for _ in range(30):  # quiet: learn the costs
+        stalls.draw(0.0)
+        assert runner.run(frame(), budget_ms=budget_ms).leaves == 16
+    for _ in range(40):  # a burst: about one stall in every frame
+        stalls.draw(0.05)
+        runner.run(frame(), budget_ms=budget_ms)
+    k = 8  # the quantile forgets a burst once 128 newer observations (8 frames of 16 leaves) filled its window
+    leaves = []
+    for _ in range(60):  # quiet again
+        stalls.draw(0.0)
+        leaves.append(runner.run(frame(), budget_ms=budget_ms).leaves)
+    assert leaves[k:] == [16] * (60 - k), leaves
+
+
+@pytest.mark.parametrize("budget_ms", [5.0, 2 * 31 * NODE_S * 1e3])
+def test_sustained_stalls_keep_a_generous_budget_in_use(bundle16, budget_ms):
+    """Stalls keep coming (1 in 50 node calls); a budget of 2x-6x the full tree runs >= 90% of the oracle's leaves."""
+    runner, stalls = stalled_runner(bundle16)
+    for _ in range(20):
+        stalls.draw(0.0)
+        runner.run(frame(), budget_ms=budget_ms)
+    leaves = oracle = 0
+    for _ in range(400):
+        stalls.draw(0.02)
+        leaves += runner.run(frame(), budget_ms=budget_ms).leaves
+        oracle += stalls.oracle(budget_ms)
+    assert leaves >= 0.9 * oracle, (leaves, oracle)
+    # a stall is not a cost: no leaf is predicted above the full tree plus itself (bases drift up a little)
+    pred = np.array(runner.predicted_ms(1))
+    leaf_ms = np.array([len(seg.nodes) for seg in runner.tree.segments]) * NODE_S * 1e3
+    assert (pred <= 1.25 * (leaf_ms.sum() + leaf_ms)).all(), pred / leaf_ms
+
+
+def test_a_leaf_kept_out_by_a_slow_spell_is_re_probed(tmp_path):
+    """Leaf 1 is slow for a while, then fast again; a budget that fits it only when fast runs it again."""
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
+    m = read_manifest(b)
+    slow = {"on": False}
+    backend = FakeBackend(m.tree, m.num_classes, lambda node, batch: 0.004 if slow["on"] and node == "b2.1" else 0.001)
+    runner = AnytimeRunner(b, backend=backend, load_profile=False, warmup=0)
+    for _ in range(20):
+        runner.run(frame())
+    slow["on"] = True
+    for _ in range(60):  # leaf 1 (one node) takes 4 ms: learned
+        runner.run(frame())
+    slow["on"] = False
+    probe_after = runner.cost.probe_after
+    leaves = [runner.run(frame(), budget_ms=5.5).leaves for _ in range(probe_after + 30)]
+    assert leaves[0] == 1  # leaf 0 takes 3 ms; leaf 1 is still predicted at about 4 ms
+    assert 2 in leaves, "leaf 1 was never tried again"
+    first = leaves.index(2)
+    assert first <= probe_after + 16 + 2, first  # stale leaves are looked for every 16 frames
+    assert leaves[first:] == [2] * (len(leaves) - first)  # re-learned: it keeps running
+
+
+# -- saved profiles are validated like the manifest (issue 13, D8) -------------------------------------------
+
+
+@pytest.fixture
+def profiled(tmp_path):
+    """A 4-leaf fake bundle with a saved profile (1 ms per node), and a function that opens a runner on it."""
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
+    m = read_manifest(b)
+
+    def open_runner():
+        return AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), warmup=0)
+
+    open_runner().profile(warmup=0, repeats=5)
+    return b, b / "profiles" / "cpu-fake-segments-fp32.json", open_runner
+
+
+def _edit(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _set_leaf0(key, value):
+    def change(d):
+        d["batch_sizes"]["1"]["leaves"][0][key] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (_set_leaf0("median_ms", 0), r"batch_sizes\['1'\].leaves\[0\].median_ms must be a positive finite number; received 0"),
+        (_set_leaf0("median_ms", float("nan")), r"leaves\[0\].median_ms must be a positive finite number; received nan"),
+        (_set_leaf0("median_ms", "3"), r"leaves\[0\].median_ms must be a positive finite number; received '3'"),
+        (_set_leaf0("samples_ms", [1.0, -2.0]), r"leaves\[0\].samples_ms\[1\] must be a finite number >= 0; received -2.0"),
+        (lambda d: d["batch_sizes"].update({"0": d["batch_sizes"]["1"]}), r"batch_sizes key '0' must be a positive int"),
+        (lambda d: d["batch_sizes"].update({"x": 1}), r"batch_sizes key 'x' must be a positive int"),
+        (lambda d: d["batch_sizes"]["1"].update({"leaves": "x"}), r"batch_sizes\['1'\].leaves must be a non-empty list; received 'x'"),
+        (lambda d: d["batch_sizes"]["1"].update({"leaves": []}), r"batch_sizes\['1'\].leaves must be a non-empty list; received \[\]"),
+        (lambda d: d.update({"batch_sizes": []}), r"batch_sizes must be a non-empty object; received \[\]"),
+        (lambda d: d.update({"batch_sizes": {}}), r"batch_sizes must be a non-empty object; received \{\}"),
+        (lambda d: d.update({"version": 99}), r"version must be 1; received 99"),
+        (lambda d: d.pop("backend"), r"is missing key\(s\) \['backend'\]"),
+        (lambda d: d.update({"device": 5}), r"device must be str; received 5"),
+        (lambda d: d["batch_sizes"]["1"]["leaves"].append(d["batch_sizes"]["1"]["leaves"][0]), r"has 5 leaves; expected 4"),
+    ],
+)
+def test_an_invalid_profile_is_ignored_with_a_warning(profiled, change, match):
+    b, path, open_runner = profiled
+    _edit(path, change)
+    with pytest.warns(UserWarning, match=match) as caught:
+        runner = open_runner()
+    assert str(path) in str(caught[0].message)
+    assert runner.profile_data is None and "ignored" in runner.profile_status
+    r = runner.run(frame()[:, :, :4, :4], budget_ms=100)  # works as without a profile (budgets are honoured)
+    assert r.leaves == 4 and r.met_budget
+
+
+def test_a_profile_that_is_not_json_is_ignored_with_a_warning(profiled):
+    b, path, open_runner = profiled
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="not valid JSON"):
+        assert open_runner().profile_data is None
+
+
+def test_a_valid_profile_loads_without_warning(profiled):
+    b, path, open_runner = profiled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner = open_runner()
+    assert runner.profile_status.startswith("loaded")
+    np.testing.assert_allclose(runner.predicted_ms(1), [3, 1, 2, 1])
+
+
+def test_profiles_symlinked_out_of_the_bundle_are_neither_read_nor_written(profiled, tmp_path, monkeypatch):
+    b, path, open_runner = profiled
+    monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))
+    outside = tmp_path / "outside"
+    (b / "profiles").rename(outside)
+    (b / "profiles").symlink_to(outside, target_is_directory=True)
+    with pytest.warns(UserWarning, match="outside the bundle"):
+        runner = open_runner()
+    assert runner.profile_data is None  # not read through the link
+    before = sorted(p.name for p in outside.iterdir())
+    with pytest.warns(UserWarning, match="outside the bundle"):
+        runner.profile(warmup=0, repeats=2)
+    assert sorted(p.name for p in outside.iterdir()) == before  # nothing written through the link
+    assert str(runner.profile_path).startswith(str(tmp_path / "cache"))
+    # a link to one file outside is refused the same way
+    (b / "profiles").unlink()
+    (b / "profiles").mkdir()
+    (b / "profiles" / path.name).symlink_to(outside / path.name)
+    with pytest.warns(UserWarning, match="outside the bundle"):
+        assert open_runner().profile_path != b / "profiles" / path.name
