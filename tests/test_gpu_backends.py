@@ -34,7 +34,7 @@ from hne_edge.bundle import read_manifest, write_manifest
 from hne_edge.errors import BackendUnavailable, BundleError
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
-from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device
+from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device, probe_cuda
 
 from runtime_fakes import FakeTorchCuda, make_fake_bundle, node_forward, reference_leaf_logits  # noqa: E402
 
@@ -48,7 +48,7 @@ GPU_BACKENDS = {
 }
 
 
-def _cuda_devices() -> int:
+def _torch_cuda_devices() -> int:
     try:
         import torch
 
@@ -57,7 +57,10 @@ def _cuda_devices() -> int:
         return 0
 
 
-HAS_CUDA = _cuda_devices() > 0
+# A CUDA device seen by torch or by cuda-python: the ONNX Runtime CUDA and TensorRT tests need only the
+# device (their stream may come from cuda-python); the torch CUDA tests need torch's CUDA.
+HAS_TORCH_CUDA = _torch_cuda_devices() > 0
+HAS_CUDA = HAS_TORCH_CUDA or probe_cuda().available
 try:
     import tensorrt  # noqa: F401
 
@@ -170,7 +173,7 @@ def test_onnxruntime_cuda_falls_back_to_cpu_only_when_asked(tiny_bundle, caplog)
         np.testing.assert_allclose(r.logits, ref[:, :5].mean(1), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present")
+@pytest.mark.skipif(HAS_TORCH_CUDA, reason="torch sees a CUDA device")
 def test_torch_cuda_without_a_device_names_what_is_missing():
     pytest.importorskip("torch")
     with pytest.raises(BackendUnavailable, match=r"backend 'torch' on device 'cuda': torch .*expected a CUDA build"):
@@ -781,9 +784,33 @@ def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):
         create_backend("torch", device="cuda", graph_warmup=0)
 
 
+# -- benchmarks/bench_gpu.py runs (CPU smoke mode; its GPU figures need a GPU) ---------------------
+
+
+def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    out = tmp_path / "gpu.md"
+    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--smoke", "--models", "hne_tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(r["model"], r["batch"], r["device"]) for r in rows] == [("hne_tiny", 1, "cpu"), ("hne_tiny", 16, "cpu")]
+    for r in rows:
+        assert r["full_ms"] > 0 and r["fused_ms"] > 0 and r["standalone_ms"] > 0 and r["sixteen_ms"] > 0
+        assert r["mac_ratio"] > 1 and 0 <= r["miss_rate"] <= 1 and 0 < r["leaves_vs_oracle"] <= 1
+    assert "smoke run: not figures" in out.read_text() and out.read_text().count("| hne_tiny | torch | off |") == 2
+    if not HAS_CUDA:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "bench_gpu: skipped - no CUDA device" in proc.stdout
+
+
 # -- GPU: every prefix equals the fused PyTorch model, per backend ---------------------------------
 
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (neither torch nor cuda-python sees one)")
+needs_torch_cuda = pytest.mark.skipif(not HAS_TORCH_CUDA, reason="no CUDA device for torch (torch.cuda.is_available() is False)")
 
 
 @pytest.fixture(scope="module")
@@ -825,6 +852,13 @@ def _check_every_prefix(runner, x, ref, tol):
     assert all(u["median_ms"] > 0 for u in prof.batches[1]["units"].values())
 
 
+def _skip_unless_memory(memory: str) -> None:
+    if memory == "cuda-python":
+        pytest.importorskip("cuda.bindings", reason="cuda-python is not installed")
+    elif not HAS_TORCH_CUDA:
+        pytest.skip("torch has no CUDA device here (the stream can come from cuda-python instead)")
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("memory", ["torch", "cuda-python"])
@@ -832,8 +866,7 @@ def test_gpu_device_operations_round_trip(memory):
     """The CudaDevice operations the ORT and TensorRT backends rely on, on a real GPU, for both implementations."""
     from hne_edge.runtime.backends.cuda import open_device
 
-    if memory == "cuda-python":
-        pytest.importorskip("cuda.bindings", reason="cuda-python is not installed")
+    _skip_unless_memory(memory)
     dev = open_device(0, memory)
     a = np.arange(4096, dtype=np.float32)
     src, keep_src = dev.malloc(a.nbytes)
@@ -861,11 +894,15 @@ def test_gpu_device_operations_round_trip(memory):
 @pytest.mark.skipif(not HAS_ORT_CUDA, reason="onnxruntime-gpu (CUDAExecutionProvider) is not installed")
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
-def test_gpu_onnxruntime_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph):
+@pytest.mark.parametrize("memory", ["torch", "cuda-python"])
+def test_gpu_onnxruntime_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph, memory):
+    """Runs wherever onnxruntime-gpu finds a device: the stream from torch's CUDA, or from cuda-python."""
+    _skip_unless_memory(memory)
     x, ref = gpu_reference
     with AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", plan=plan,
-                       cuda_graph=cuda_graph, load_profile=False) as runner:  # fmt: skip
-        assert runner.backend.describe()["device"] == "cuda"
+                       cuda_graph=cuda_graph, memory=memory, load_profile=False) as runner:  # fmt: skip
+        info = runner.backend.describe()
+        assert info["device"] == "cuda" and info["stream_from"] == memory
         _check_every_prefix(runner, x, ref, FP32)
 
 
@@ -879,17 +916,28 @@ def test_gpu_onnxruntime_cuda_fp16(fp16_bundle, gpu_reference):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@needs_torch_cuda
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_gpu_torch_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph, precision):
+    """fp32 within 1e-4 needs TF32 off inside the backend's calls (an H200 gave 1.5e-4 with it on); the
+    process's own TF32 / cudnn.benchmark settings are the same before and after."""
+    import torch
+
+    from hne_edge.runtime.backends.torch_cuda import Fp32Policy
+
+    def flags():  # the flags the policy touches, through whichever API this torch has (2.11 on the H200)
+        return [getattr(obj, name) for obj, name, _ in Fp32Policy(torch).flags]
+
     x, ref = gpu_reference
+    before = flags()
     with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan=plan, precision=precision,
                        cuda_graph=cuda_graph, load_profile=False) as runner:  # fmt: skip
         _check_every_prefix(runner, x, ref, FP16 if precision == "fp16" else FP32)
         if cuda_graph:
-            assert all(r._graphs.captures >= 2 for r in runner._runners)  # batch 3, 1, 2...: re-captured per shape
+            assert all(r._graphs.captures >= 2 for r in runner._runners)  # batch 1 (warm-up), 3, 2...: one per shape
+        assert flags() == before
 
 
 @pytest.mark.gpu
@@ -915,7 +963,8 @@ def test_gpu_tensorrt_every_prefix(fp16_bundle, gpu_reference, tmp_path, precisi
 def test_gpu_tests_are_marked():
     """The GPU tests carry the markers pyproject.toml declares (so `-m gpu` selects them)."""
     mod = sys.modules[__name__]
-    for name in ("test_gpu_device_operations_round_trip", "test_gpu_onnxruntime_cuda_every_prefix", "test_gpu_torch_cuda_every_prefix", "test_gpu_tensorrt_every_prefix"):
+    for name in ("test_gpu_device_operations_round_trip", "test_gpu_onnxruntime_cuda_every_prefix", "test_gpu_onnxruntime_cuda_fp16",
+                 "test_gpu_torch_cuda_every_prefix", "test_gpu_tensorrt_every_prefix"):  # fmt: skip
         marks = {m.name for m in getattr(mod, name).pytestmark}
         assert "gpu" in marks and "skipif" in marks
     assert "tensorrt" in {m.name for m in test_gpu_tensorrt_every_prefix.pytestmark}
