@@ -11,7 +11,7 @@ process; every call ends with the logits on the host. The targets (issue 12):
 
 * full tree: ``runner.run(x)`` <= 1.0x the fused grouped model's single call
   (``model(x)``, prepared like the backend's units: BatchNorm folded,
-  channels-last, one CUDA graph);
+  channels-last, one CUDA graph; the image uploaded per call, as the runner does);
 * first leaf: ``runner.run(x, max_leaves=1)`` <= 1.05x a standalone network
   (root -> leaf 0, ``model.path_module(0)``) prepared the same way;
 * 16 independent networks (that standalone network run 16 times) / the full
@@ -94,27 +94,32 @@ def paired(fa, fb, repeats: int) -> tuple[float, float]:
 
 
 def torch_call(backend, module, x: np.ndarray, graph: bool):
-    """One call of ``module`` prepared as the runner's units are (``backend.prepare``), logits to the host."""
+    """One call of ``module`` prepared as the runner's units are (``backend.prepare``): the image uploaded
+    (``backend.from_host``, as every runner frame does), then one eager call or one graph replay, logits
+    to the host."""
     torch = backend.torch
     module = backend.prepare(module)
     policy = getattr(backend, "policy", contextlib.nullcontext())
     stream = backend.cuda.stream_context if hasattr(backend, "cuda") else contextlib.nullcontext
-    xin = backend.from_host(x)
     if not graph:
 
         def run():
+            xin = backend.from_host(x)
             with torch.inference_mode(), stream(), policy:
                 out = module(xin)
             return backend.to_host(out)
 
         return run
-    static = xin.clone()
+    static = backend.from_host(x).clone()
     with torch.inference_mode(), stream():
         with policy:
             module(static)  # warm-up: cuDNN autotuning, lazy allocations
             replay, (out,) = backend.cuda.capture_outputs(lambda: (module(static),))
 
     def run_graph():
+        xin = backend.from_host(x)
+        with torch.inference_mode(), stream():
+            static.copy_(xin)
         replay()
         return backend.to_host(out)
 
