@@ -45,7 +45,8 @@ class TorchRunner(Runner):
 
     def activate_impl(self) -> None:
         model = self._backend.model
-        self.module = self._backend.prepare(model.segment_module(self._key) if self._kind == "segment" else model.node_module(self._key))
+        module = model.segment_module(self._key) if self._kind == "segment" else model.node_module(self._key)
+        self.module = self._backend.prepare(module)
         self._torch = self._backend.torch
         self._tuple = self._kind == "segment"
 
