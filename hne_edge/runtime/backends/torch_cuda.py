@@ -12,8 +12,8 @@ moved to the GPU:
   (tests/test_gpu_backends.py uses atol 3e-2, rtol 1e-2).
 * **fp32 means fp32**: cuDNN runs fp32 convolutions in TF32 unless told not
   to, which moved logits by 1.5e-4 on an H200. Each eager call and each
-  capture runs under :class:`Fp32Policy`: TF32 off (``allow_tf32=True`` turns
-  it on for convolutions and matmuls) and ``torch.backends.cudnn.benchmark``
+  capture runs under :class:`Fp32Policy`: TF32 off for cuDNN convolutions
+  (``allow_tf32=True`` turns it on) and ``torch.backends.cudnn.benchmark``
   as ``cudnn_benchmark`` says, set on entry and put back exactly on exit, so
   the process's own torch settings are left alone outside the backend's calls.
 * everything on **one stream** (a torch ``Stream`` of the backend); no
@@ -73,15 +73,17 @@ class Fp32Policy:
     """Context manager: torch's TF32 and cuDNN autotuning flags as the backend wants them, inside its calls only.
 
     On entry it reads the flags it is about to set and sets them; on exit it
-    writes back exactly what it read. torch >= 2.9 has the ``fp32_precision``
-    API (``torch.backends.cudnn.conv`` / ``torch.backends.cuda.matmul``;
-    "ieee" or "tf32"); reading the legacy ``allow_tf32`` flags raises there once
-    a process mixed the two APIs, so the legacy flags are used only on a torch
-    without the new one.
+    writes back exactly what it read. Only cuDNN's convolution flag is touched:
+    every layer of the zoo's models is a convolution (classifier heads are 1x1
+    convolutions), and matmul / RNN settings stay the user's. torch >= 2.9 has
+    the ``fp32_precision`` API (``torch.backends.cudnn.conv.fp32_precision``,
+    "ieee" or "tf32"); there, reading the legacy ``allow_tf32`` flag raises once
+    conv and RNN differ, so the legacy flag is used only on a torch without the
+    new API.
 
     Args:
         torch: the torch module (tests pass a stand-in).
-        allow_tf32: False: fp32 convolutions and matmuls in full fp32; True: TF32 for both.
+        allow_tf32: False: fp32 convolutions in full fp32; True: in TF32.
         cudnn_benchmark: ``torch.backends.cudnn.benchmark`` inside the calls; None: leave it alone.
     """
 
@@ -89,10 +91,9 @@ class Fp32Policy:
         backends = torch.backends
         conv = getattr(backends.cudnn, "conv", None)
         if conv is not None and hasattr(conv, "fp32_precision"):
-            mode = "tf32" if allow_tf32 else "ieee"
-            flags = [(conv, "fp32_precision", mode), (backends.cuda.matmul, "fp32_precision", mode)]
+            flags = [(conv, "fp32_precision", "tf32" if allow_tf32 else "ieee")]
         else:  # torch < 2.9
-            flags = [(backends.cudnn, "allow_tf32", bool(allow_tf32)), (backends.cuda.matmul, "allow_tf32", bool(allow_tf32))]
+            flags = [(backends.cudnn, "allow_tf32", bool(allow_tf32))]
         if cudnn_benchmark is not None:
             flags.append((backends.cudnn, "benchmark", bool(cudnn_benchmark)))
         self.flags = flags
@@ -179,8 +180,8 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
     cuda_graph: capture a CUDA graph per unit and input shape after its first (eager) call (default True).
     max_graphs: graphs kept per unit; the least recently used is dropped.
     graph_warmup: eager runs of a new shape before its capture, the call's own run included (>= 1).
-    allow_tf32: TF32 for fp32 convolutions and matmuls (default False: fp32 computes in fp32), inside the
-        backend's calls only.
+    allow_tf32: TF32 for fp32 convolutions (default False: fp32 computes in fp32), inside the backend's
+        calls only.
     cudnn_benchmark: ``torch.backends.cudnn.benchmark`` inside the backend's calls (None: the process's).
     fold_batchnorm: fold BatchNorm into the convolutions (as the CPU backend).
     threads: torch intra-op CPU threads (as the CPU backend).
