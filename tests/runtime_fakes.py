@@ -4,10 +4,14 @@ The fake backend computes a real (tiny) tree network in numpy, so the
 scheduler's caching is checked numerically against each path computed
 independently; its runners advance a virtual clock by a known cost per
 node, so budget and deadline behaviour is exact (no sleeping, no flakiness).
+
+:class:`FakeTorchCuda` stands in for the torch CUDA backend's device, so the
+real ``TorchCudaBackend`` / ``TorchCudaRunner`` run on CPU tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from pathlib import Path
@@ -154,3 +158,64 @@ class FakeBackend(Backend):
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeTorchCuda:
+    """``cuda.TorchCuda`` on the CPU: no stream, and "graphs" with a real graph's contract.
+
+    ``capture_outputs(fn)`` runs ``fn`` once to get output tensors, then fills
+    them with NaN (a real capture computes nothing: its outputs are garbage
+    until the first replay); ``replay()`` runs ``fn`` again and writes into those
+    same tensors (fixed addresses, reading the static input as it is now).
+    ``phase`` says what a module call is part of ("eager", "capture", "replay"),
+    so tests can count real computations.
+    """
+
+    kind = "fake-torch"
+
+    def __init__(self, device_id: int = 0) -> None:
+        import torch
+
+        self.torch = torch
+        self.device_id = device_id
+        self.device = torch.device("cpu")
+        self.stream = None
+        self.stream_handle = 0
+        self.captures = 0
+        self.replays = 0
+        self.phase = "eager"
+
+    def stream_context(self):
+        return contextlib.nullcontext()
+
+    def gpu_name(self) -> str:
+        return "FakeGPU (CPU tensors)"
+
+    def synchronize(self) -> None:
+        pass
+
+    def device_synchronize(self) -> None:
+        pass
+
+    def timer(self):
+        return (lambda: None), (lambda: 0.001)
+
+    def _in_phase(self, phase: str, fn):
+        self.phase = phase
+        try:
+            return fn()
+        finally:
+            self.phase = "eager"
+
+    def capture_outputs(self, fn):
+        outs = self._in_phase("capture", fn)
+        self.captures += 1
+        for o in outs:
+            o.fill_(float("nan"))
+
+        def replay() -> None:
+            self.replays += 1
+            for o, v in zip(outs, self._in_phase("replay", fn)):
+                o.copy_(v)
+
+        return replay, outs

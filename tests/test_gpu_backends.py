@@ -34,9 +34,12 @@ from hne_edge.bundle import read_manifest, write_manifest
 from hne_edge.errors import BackendUnavailable, BundleError
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
-from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device
+from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device, probe_cuda
 
-from runtime_fakes import make_fake_bundle, node_forward, reference_leaf_logits  # noqa: E402
+from runtime_fakes import FakeTorchCuda, make_fake_bundle, node_forward, reference_leaf_logits  # noqa: E402
+
+FP32 = dict(rtol=1e-4, atol=1e-4)
+FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
 
 GPU_BACKENDS = {
     "onnxruntime-cuda": ("onnxruntime_cuda", "OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner"),
@@ -45,7 +48,7 @@ GPU_BACKENDS = {
 }
 
 
-def _cuda_devices() -> int:
+def _torch_cuda_devices() -> int:
     try:
         import torch
 
@@ -54,7 +57,10 @@ def _cuda_devices() -> int:
         return 0
 
 
-HAS_CUDA = _cuda_devices() > 0
+# A CUDA device seen by torch or by cuda-python: the ONNX Runtime CUDA and TensorRT tests need only the
+# device (their stream may come from cuda-python); the torch CUDA tests need torch's CUDA.
+HAS_TORCH_CUDA = _torch_cuda_devices() > 0
+HAS_CUDA = HAS_TORCH_CUDA or probe_cuda().available
 try:
     import tensorrt  # noqa: F401
 
@@ -167,7 +173,7 @@ def test_onnxruntime_cuda_falls_back_to_cpu_only_when_asked(tiny_bundle, caplog)
         np.testing.assert_allclose(r.logits, ref[:, :5].mean(1), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present")
+@pytest.mark.skipif(HAS_TORCH_CUDA, reason="torch sees a CUDA device")
 def test_torch_cuda_without_a_device_names_what_is_missing():
     pytest.importorskip("torch")
     with pytest.raises(BackendUnavailable, match=r"backend 'torch' on device 'cuda': torch .*expected a CUDA build"):
@@ -616,11 +622,196 @@ def test_onnxruntime_cuda_runner_plumbing_on_cpu_ortvalues(tiny_bundle, plan, cu
         assert backend.describe()["stream_from"] == "fake"
 
 
+# -- the torch CUDA backend's logic on a fake device (CPU tensors) ---------------------------------
+
+
+@pytest.fixture
+def fake_torch_cuda(monkeypatch):
+    """TorchCudaBackend builds FakeTorchCuda devices (CPU tensors) and skips the CUDA check; yields them."""
+    import hne_edge.runtime.backends.torch_cuda as tc
+
+    devices = []
+
+    def make(device_id=0):
+        devices.append(FakeTorchCuda(device_id))
+        return devices[-1]
+
+    monkeypatch.setattr(tc, "require_torch_cuda", lambda torch, device_id: None)
+    monkeypatch.setattr(tc, "TorchCuda", make)
+    return devices
+
+
+@pytest.fixture(scope="module")
+def reference64(tiny_bundle):
+    import copy
+
+    import torch
+
+    x = np.random.default_rng(5).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    model = copy.deepcopy(tiny_bundle.model).double().eval()
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x).double()).numpy()  # (B, N, classes)
+    return x, ref
+
+
+def _count_calls(runner, dev):
+    """{phase: module calls} for every unit module of ``runner`` (eager, capture, replay)."""
+    counts = {"eager": 0, "capture": 0, "replay": 0}
+    for r in runner._runners:
+        r.module.register_forward_pre_hook(lambda m, a: counts.__setitem__(dev.phase, counts[dev.phase] + 1))
+    return counts
+
+
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_torch_cuda_runner_logic_on_a_fake_device(tiny_bundle, reference64, fake_torch_cuda, plan, cuda_graph, precision):
+    """The real TorchCudaBackend / Runner on CPU tensors: fp16 from fp32 weights, channels-last, graphs by
+    default (captured at construction, replayed from the first frame), every prefix vs the float64 model."""
+    import torch
+
+    x, ref = reference64
+    tol = FP16 if precision == "fp16" else FP32
+    options = {} if cuda_graph else {"cuda_graph": False}  # graphs are the default
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan=plan, precision=precision,
+                       load_profile=False, **options) as runner:  # fmt: skip
+        (dev,) = fake_torch_cuda
+        n_units = len(runner._runners)
+        info = runner.backend.describe()
+        assert info["cuda_graph"] is cuda_graph and info["allow_tf32"] is False and info["gpu"].startswith("FakeGPU")
+        want = torch.float16 if precision == "fp16" else torch.float32
+        for r in runner._runners:
+            assert {p.dtype for p in r.module.parameters()} == {want}
+            assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in r.module.modules())
+            convs = [m for m in r.module.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)]
+            assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+        # the construction warm-up (batch 1, the bundle's optimal size) ran each unit once, eagerly, and captured it
+        assert dev.captures == (n_units if cuda_graph else 0) and dev.replays == 0
+        counts = _count_calls(runner, dev)
+        r1 = runner.run(x[:1])  # the first real frame: replays only
+        np.testing.assert_allclose(r1.logits, ref[:1].mean(1), **tol)
+        assert counts == ({"eager": 0, "capture": 0, "replay": n_units} if cuda_graph else {"eager": n_units, "capture": 0, "replay": 0})
+        # a new batch size: its first frame computes each unit once (eagerly), capturing after; then replays
+        for n in range(1, runner.num_leaves + 1):
+            for k in range(2):
+                before = dict(counts)
+                r = runner.run(x, max_leaves=n)
+                np.testing.assert_allclose(r.logits, ref[:, :n].mean(1), **tol)
+                assert r.logits.dtype == np.float32
+                if n == runner.num_leaves and k == 1 and cuda_graph:
+                    assert counts["eager"] == before["eager"] and counts["replay"] > before["replay"]
+        assert counts["eager"] == (n_units if cuda_graph else counts["eager"])  # each unit's new shape: once eagerly
+        # a paused session holds graph outputs while frames of the same batch size run (they go eager), then resumes
+        s = runner.start(x)
+        s.step()
+        other = runner.run(x[::-1].copy())
+        np.testing.assert_allclose(other.logits, ref[::-1].mean(1), **tol)
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **tol)
+        if cuda_graph:
+            assert dev.captures == 2 * n_units  # batch 1 (construction) and batch 3
+        prof = runner.profile(batch_sizes=(3,), warmup=0, repeats=1, save=False)
+        assert all(u["median_ms"] == 1.0 for u in prof.batches[3]["units"].values())  # the fake's CUDA events
+
+
+def _tf32_flags():
+    import torch
+
+    b = torch.backends
+    return (b.cudnn.conv.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.benchmark)  # matmul: never touched
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_torch_cuda_tf32_policy_is_scoped_to_the_backends_calls(tiny_bundle, fake_torch_cuda, allow_tf32):
+    """Inside every unit call (eager and capture): TF32 off for convolutions unless allow_tf32, cudnn.benchmark
+    on, matmul as the user set it; outside: exactly the user's process-wide settings, whatever they were."""
+    import torch
+
+    saved = _tf32_flags()
+    try:
+        torch.backends.cudnn.conv.fp32_precision = "tf32"  # the user's choices, to be left alone
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.benchmark = False
+        user = _tf32_flags()
+        seen = set()
+        with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", allow_tf32=allow_tf32,
+                           load_profile=False, warmup=0) as runner:  # fmt: skip
+            (dev,) = fake_torch_cuda
+
+            def record(module, args):  # a replay runs captured kernels: torch's flags play no part in it
+                if dev.phase != "replay":
+                    seen.add((dev.phase, *_tf32_flags()))
+
+            for r in runner._runners:
+                r.module.register_forward_pre_hook(record)
+            x = np.zeros((2, 3, 16, 16), np.float32)
+            runner.run(x)  # eager + capture
+            assert _tf32_flags() == user
+            runner.run(x)  # replays (no flags needed: the kernels were chosen at capture)
+            assert _tf32_flags() == user
+        mode = "tf32" if allow_tf32 else "ieee"
+        assert seen == {("eager", mode, "tf32", True), ("capture", mode, "tf32", True)}
+        torch.backends.cudnn.conv.fp32_precision = "ieee"  # the user changes their mind: still theirs afterwards
+        with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", cudnn_benchmark=None,
+                           cuda_graph=False, load_profile=False, warmup=0) as runner:  # fmt: skip
+            runner.run(x)
+            assert _tf32_flags() == ("ieee", "tf32", False)
+    finally:
+        torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.benchmark = saved
+
+
+def test_fp32_policy_on_a_torch_without_the_fp32_precision_api():
+    """torch < 2.9 has only the allow_tf32 flags: the policy sets and restores those (nested entries too)."""
+    from hne_edge.runtime.backends.torch_cuda import Fp32Policy
+
+    cudnn = types.SimpleNamespace(allow_tf32=True, benchmark=False)
+    fake = types.SimpleNamespace(backends=types.SimpleNamespace(cudnn=cudnn))
+    policy = Fp32Policy(fake, allow_tf32=False, cudnn_benchmark=True)
+    with policy:
+        assert (cudnn.allow_tf32, cudnn.benchmark) == (False, True)
+        with policy:
+            pass
+        assert (cudnn.allow_tf32, cudnn.benchmark) == (False, True)
+    assert (cudnn.allow_tf32, cudnn.benchmark) == (True, False)
+    cudnn.allow_tf32 = False
+    with Fp32Policy(fake, allow_tf32=True, cudnn_benchmark=None):
+        assert (cudnn.allow_tf32, cudnn.benchmark) == (True, False)
+    assert (cudnn.allow_tf32, cudnn.benchmark) == (False, False)
+
+
+def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):
+    with pytest.raises(ValueError, match="graph_warmup: received 0; expected >= 1"):
+        create_backend("torch", device="cuda", graph_warmup=0)
+
+
+# -- benchmarks/bench_gpu.py runs (CPU smoke mode; its GPU figures need a GPU) ---------------------
+
+
+def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    out = tmp_path / "gpu.md"
+    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--smoke", "--models", "hne_tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(r["model"], r["batch"], r["device"]) for r in rows] == [("hne_tiny", 1, "cpu"), ("hne_tiny", 16, "cpu")]
+    for r in rows:
+        assert r["full_ms"] > 0 and r["fused_ms"] > 0 and r["standalone_ms"] > 0 and r["sixteen_ms"] > 0
+        assert r["mac_ratio"] > 1 and 0 <= r["miss_rate"] <= 1 and 0 < r["leaves_vs_oracle"] <= 1
+    assert "smoke run: not figures" in out.read_text() and out.read_text().count("| hne_tiny | torch | off |") == 2
+    if not HAS_CUDA:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "bench_gpu: skipped - no CUDA device" in proc.stdout
+
+
 # -- GPU: every prefix equals the fused PyTorch model, per backend ---------------------------------
 
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
-FP32 = dict(rtol=1e-4, atol=1e-4)
-FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 fused model, O(1) logits
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (neither torch nor cuda-python sees one)")
+needs_torch_cuda = pytest.mark.skipif(not HAS_TORCH_CUDA, reason="no CUDA device for torch (torch.cuda.is_available() is False)")
 
 
 @pytest.fixture(scope="module")
@@ -662,6 +853,13 @@ def _check_every_prefix(runner, x, ref, tol):
     assert all(u["median_ms"] > 0 for u in prof.batches[1]["units"].values())
 
 
+def _skip_unless_memory(memory: str) -> None:
+    if memory == "cuda-python":
+        pytest.importorskip("cuda.bindings", reason="cuda-python is not installed")
+    elif not HAS_TORCH_CUDA:
+        pytest.skip("torch has no CUDA device here (the stream can come from cuda-python instead)")
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("memory", ["torch", "cuda-python"])
@@ -669,8 +867,7 @@ def test_gpu_device_operations_round_trip(memory):
     """The CudaDevice operations the ORT and TensorRT backends rely on, on a real GPU, for both implementations."""
     from hne_edge.runtime.backends.cuda import open_device
 
-    if memory == "cuda-python":
-        pytest.importorskip("cuda.bindings", reason="cuda-python is not installed")
+    _skip_unless_memory(memory)
     dev = open_device(0, memory)
     a = np.arange(4096, dtype=np.float32)
     src, keep_src = dev.malloc(a.nbytes)
@@ -698,11 +895,15 @@ def test_gpu_device_operations_round_trip(memory):
 @pytest.mark.skipif(not HAS_ORT_CUDA, reason="onnxruntime-gpu (CUDAExecutionProvider) is not installed")
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
-def test_gpu_onnxruntime_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph):
+@pytest.mark.parametrize("memory", ["torch", "cuda-python"])
+def test_gpu_onnxruntime_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph, memory):
+    """Runs wherever onnxruntime-gpu finds a device: the stream from torch's CUDA, or from cuda-python."""
+    _skip_unless_memory(memory)
     x, ref = gpu_reference
     with AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", plan=plan,
-                       cuda_graph=cuda_graph, load_profile=False) as runner:  # fmt: skip
-        assert runner.backend.describe()["device"] == "cuda"
+                       cuda_graph=cuda_graph, memory=memory, load_profile=False) as runner:  # fmt: skip
+        info = runner.backend.describe()
+        assert info["device"] == "cuda" and info["stream_from"] == memory
         _check_every_prefix(runner, x, ref, FP32)
 
 
@@ -716,17 +917,28 @@ def test_gpu_onnxruntime_cuda_fp16(fp16_bundle, gpu_reference):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@needs_torch_cuda
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_gpu_torch_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_graph, precision):
+    """fp32 within 1e-4 needs TF32 off inside the backend's calls (an H200 gave 1.5e-4 with it on); the
+    process's own TF32 / cudnn.benchmark settings are the same before and after."""
+    import torch
+
+    from hne_edge.runtime.backends.torch_cuda import Fp32Policy
+
+    def flags():  # the flags the policy touches, through whichever API this torch has (2.11 on the H200)
+        return [getattr(obj, name) for obj, name, _ in Fp32Policy(torch).flags]
+
     x, ref = gpu_reference
+    before = flags()
     with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan=plan, precision=precision,
                        cuda_graph=cuda_graph, load_profile=False) as runner:  # fmt: skip
         _check_every_prefix(runner, x, ref, FP16 if precision == "fp16" else FP32)
         if cuda_graph:
-            assert all(r._graphs.captures >= 2 for r in runner._runners)  # batch 3, 1, 2...: re-captured per shape
+            assert all(r._graphs.captures >= 2 for r in runner._runners)  # batch 1 (warm-up), 3, 2...: one per shape
+        assert flags() == before
 
 
 @pytest.mark.gpu
@@ -752,7 +964,8 @@ def test_gpu_tensorrt_every_prefix(fp16_bundle, gpu_reference, tmp_path, precisi
 def test_gpu_tests_are_marked():
     """The GPU tests carry the markers pyproject.toml declares (so `-m gpu` selects them)."""
     mod = sys.modules[__name__]
-    for name in ("test_gpu_device_operations_round_trip", "test_gpu_onnxruntime_cuda_every_prefix", "test_gpu_torch_cuda_every_prefix", "test_gpu_tensorrt_every_prefix"):
+    for name in ("test_gpu_device_operations_round_trip", "test_gpu_onnxruntime_cuda_every_prefix", "test_gpu_onnxruntime_cuda_fp16",
+                 "test_gpu_torch_cuda_every_prefix", "test_gpu_tensorrt_every_prefix"):  # fmt: skip
         marks = {m.name for m in getattr(mod, name).pytestmark}
         assert "gpu" in marks and "skipif" in marks
     assert "tensorrt" in {m.name for m in test_gpu_tensorrt_every_prefix.pytestmark}

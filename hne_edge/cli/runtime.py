@@ -17,7 +17,8 @@ _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".t
 
 
 def _runner_options(f):
-    f = click.option("--cuda-graph", is_flag=True, help="GPU backends: replay a CUDA graph per model file and batch size.")(f)
+    f = click.option("--cuda-graph", type=click.Choice(["on", "off"]), default=None, is_flag=False, flag_value="on",
+                     help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others off).")(f)
     f = click.option("--threads", type=int, default=None, help="Intra-op threads (default: the backend's).")(f)
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16"]))(f)
     f = click.option("--plan", default="segments", show_default=True, type=click.Choice(["segments", "nodes"]))(f)
@@ -26,10 +27,10 @@ def _runner_options(f):
     return f
 
 
-def _open(bundle, backend, device, plan, precision, threads, cuda_graph=False):
+def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
     from ..runtime import AnytimeRunner
 
-    options = {"cuda_graph": True} if cuda_graph else {}  # CPU backends refuse it with a clear error
+    options = {} if cuda_graph is None else {"cuda_graph": cuda_graph == "on"}  # CPU backends refuse it with a clear error
     return AnytimeRunner(bundle, backend=backend, device=device, plan=plan, precision=precision, threads=threads, **options)
 
 

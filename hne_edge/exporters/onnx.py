@@ -71,29 +71,14 @@ def onnx_path(precision: str, plan: str, *, node: str | None = None, leaf: int |
 
 
 def fold_batchnorm(module: "nn.Module") -> "nn.Module":
-    """An eval-mode copy of ``module`` with every Conv2d -> BatchNorm2d pair folded into the conv.
+    """An eval-mode copy of ``module`` with every Conv2d -> BatchNorm2d pair folded into the conv
+    (:func:`hne_edge.models.layers.fold_batchnorm`; the runtime's torch backend folds with it too)."""
+    from ..models.layers import fold_batchnorm as fold
 
-    The layers keep every BatchNorm right after its conv inside one
-    ``nn.Sequential`` (``ConvBNAct``), which is the only pattern handled; a
-    BatchNorm left over afterwards is an error, not a silent slowdown.
-    """
-    from torch import nn
-    from torch.nn.utils.fusion import fuse_conv_bn_eval
-
-    module = copy.deepcopy(module).eval()
-    for seq in module.modules():
-        if not isinstance(seq, nn.Sequential):
-            continue
-        names = list(seq._modules)
-        for a, b in zip(names, names[1:]):
-            conv, bn = seq._modules[a], seq._modules[b]
-            if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
-                seq._modules[a] = fuse_conv_bn_eval(conv, bn)
-                seq._modules[b] = nn.Identity()
-    left = [name for name, m in module.named_modules() if isinstance(m, nn.BatchNorm2d)]
-    if left:
-        raise ExportError(f"BatchNorm folding left {len(left)} BatchNorm2d layer(s) (e.g. {left[0]}); expected none")
-    return module
+    try:
+        return fold(module)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def export_module(

@@ -14,6 +14,7 @@ slicer, the MAC counter and the ONNX exporters rely on it.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
@@ -26,6 +27,7 @@ __all__ = [
     "ClassifierHead",
     "replicate_branches",
     "copy_branch_weights",
+    "fold_batchnorm",
 ]
 
 ActLayer = Callable[[], nn.Module] | None
@@ -203,3 +205,29 @@ def copy_branch_weights(fused: nn.Module, single: nn.Module, index: int) -> nn.M
             raise ValueError(f"{key}: cannot take branch {index} of {tuple(src.shape)} into {tuple(dst.shape)}")
         dst.copy_(src[index * k : (index + 1) * k])
     return single
+
+
+def fold_batchnorm(module: nn.Module) -> nn.Module:
+    """An eval-mode copy of ``module`` with every Conv2d -> BatchNorm2d pair folded into the conv.
+
+    The layers keep every BatchNorm right after its conv inside one
+    ``nn.Sequential`` (:class:`ConvBNAct`), which is the only pattern handled; a
+    BatchNorm left over afterwards is a ``ValueError``, not a silent slowdown.
+    The ONNX exporter and the runtime's torch backend both fold with this.
+    """
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    module = copy.deepcopy(module).eval()
+    for seq in module.modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        names = list(seq._modules)
+        for a, b in zip(names, names[1:]):
+            conv, bn = seq._modules[a], seq._modules[b]
+            if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
+                seq._modules[a] = fuse_conv_bn_eval(conv, bn)
+                seq._modules[b] = nn.Identity()
+    left = [name for name, m in module.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    if left:
+        raise ValueError(f"BatchNorm folding left {len(left)} BatchNorm2d layer(s) (e.g. {left[0]}); expected none")
+    return module

@@ -244,6 +244,26 @@ class TorchCuda(CudaDevice):
 
         return (lambda: start.record(stream)), stop
 
+    def stream_context(self):
+        """Make the backend's stream current (torch ops queue on it)."""
+        return self.torch.cuda.stream(self.stream)
+
+    def gpu_name(self) -> str:
+        return self.torch.cuda.get_device_name(self.device_id)
+
+    def capture_outputs(self, fn: Callable[[], tuple]) -> tuple[Callable[[], None], tuple]:
+        """Capture ``fn`` (torch ops on the stream) as a CUDA graph: (replay, the graph's output tensors).
+
+        The outputs are allocated by the capture and hold valid values only after a replay.
+        """
+        held: dict[str, tuple] = {}
+
+        def launch() -> None:
+            held["out"] = fn()
+
+        replay = self.capture(launch)
+        return replay, held["out"]
+
     def capture(self, launch: Callable[[], None]) -> Callable[[], None]:
         torch = self.torch
         graph = torch.cuda.CUDAGraph()
@@ -481,6 +501,13 @@ class GraphCache:
         self.max_graphs = max_graphs
         self.graphs: dict[Hashable, Callable[[], Any]] = {}
         self.captures = 0
+
+    def find(self, key: Hashable) -> Callable[[], Any] | None:
+        """The graph of ``key`` if captured (now the most recently used), else None; never captures."""
+        replay = self.graphs.pop(key, None)
+        if replay is not None:
+            self.graphs[key] = replay
+        return replay
 
     def get(self, key: Hashable) -> Callable[[], Any]:
         replay = self.graphs.pop(key, None)

@@ -2,10 +2,15 @@
 
 The model is rebuilt from the manifest's ``model.config`` and the state dict
 is loaded with ``weights_only=True``; units are ``model.segment_module(i)``
-(plan "segments") or ``model.node_module(id)`` (plan "nodes"). Handles are
-torch tensors; ``from_host`` wraps the numpy image without a copy and
-``to_host`` returns the logits as numpy. CPU in this release; a CUDA variant
-overrides ``from_host`` / ``to_host`` / ``synchronize``.
+(plan "segments") or ``model.node_module(id)`` (plan "nodes"), each built by
+:meth:`TorchBackend.prepare`: BatchNorm folded into the convolutions (in fp32,
+``fold_batchnorm=True``), then cast to fp16 for ``precision="fp16"``. Bundles
+carry fp32 torch weights only, so fp16 always converts them; on the CPU torch
+runs fp16 convolutions correctly but slower than fp32 (a numerics check, not a
+speed-up; BENCHMARKS.md). Handles are torch tensors; ``from_host`` wraps the
+numpy image without a copy (cast to fp16 when needed) and ``to_host`` returns
+fp32 logits as numpy. The CUDA variant (:mod:`.torch_cuda`) moves the modules
+to the GPU.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ class TorchRunner(Runner):
 
     def activate_impl(self) -> None:
         model = self._backend.model
-        self.module = (model.segment_module(self._key) if self._kind == "segment" else model.node_module(self._key)).eval()
+        module = model.segment_module(self._key) if self._kind == "segment" else model.node_module(self._key)
+        self.module = self._backend.prepare(module)
         self._torch = self._backend.torch
         self._tuple = self._kind == "segment"
 
@@ -58,26 +64,45 @@ class TorchBackend(Backend):
     """Args:
     device: "cpu".
     threads: torch intra-op threads (``torch.set_num_threads``; process-wide), None: leave as is.
+    fold_batchnorm: fold each BatchNorm into its convolution when a unit's module is built
+        (fewer kernels; the same function up to fp32 rounding).
     """
 
     name = "torch"
     format = "torch"
     devices = ("cpu",)
 
-    def __init__(self, device: str = "cpu", threads: int | None = None) -> None:
+    def __init__(self, device: str = "cpu", threads: int | None = None, fold_batchnorm: bool = True) -> None:
         super().__init__(device)
         self.torch = _import_torch()
         if threads is not None:
             self.torch.set_num_threads(int(threads))
         self.threads = threads
+        self.fold_batchnorm = bool(fold_batchnorm)
+        self.half = False
         self.model = None
         self._weights: Path | None = None
 
     def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
-        (weights,) = manifest.files_for("weights", precision, "torch")
+        self.half = precision == "fp16"
+        try:
+            (weights,) = manifest.files_for("weights", precision, "torch")
+        except BundleError:
+            if precision != "fp16":
+                raise
+            (weights,) = manifest.files_for("weights", "fp32", "torch")  # converted by prepare()
         self._weights = bundle_path(bundle_dir, weights)
         self._weights_file = weights
         return units_from_tree(manifest, plan, precision, weights.path, self._weights)
+
+    def prepare(self, module: Any) -> Any:
+        """A unit's module as it runs: BatchNorm folded (in fp32, before any cast), then fp16 if asked."""
+        from ...models.layers import fold_batchnorm
+
+        module = module.float().eval()
+        if self.fold_batchnorm:
+            module = fold_batchnorm(module)
+        return module.half() if self.half else module
 
     def _load(self, manifest: Manifest) -> None:
         from ...models import build_model
@@ -107,13 +132,21 @@ class TorchBackend(Backend):
         return TorchRunner(unit, self, "node", unit.nodes[0])
 
     def from_host(self, array: np.ndarray) -> Handle:
-        return self.torch.from_numpy(array)
+        x = self.torch.from_numpy(array)
+        return x.half() if self.half else x
 
     def to_host(self, handle: Handle) -> np.ndarray:
-        return handle.numpy()
+        return (handle.float() if self.half else handle).numpy()
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": self.device, "torch": self.torch.__version__, "threads": self.threads}
+        return {
+            "backend": self.name,
+            "device": self.device,
+            "torch": self.torch.__version__,
+            "threads": self.threads,
+            "fp16": self.half,
+            "fold_batchnorm": self.fold_batchnorm,
+        }
 
     def close(self) -> None:
         self.model = None
