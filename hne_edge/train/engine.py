@@ -394,7 +394,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
               file=sys.stderr, flush=True)
     if main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(config.to_yaml())
+        _write_text(out / "config.yaml", config.to_yaml())
     log_path = out / LOG_NAME
     epochs_run = 0
     for epoch in range(start_epoch, opt.epochs):
@@ -435,6 +435,11 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
 
 
 def _write_json(path: Path, data: dict) -> None:
+    _write_text(path, json.dumps(data, indent=1))
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write aside, then rename into place: a killed run never leaves half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    tmp.write_text(text)
     os.replace(tmp, path)
