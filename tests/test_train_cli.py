@@ -162,3 +162,26 @@ def test_train_weighting_flags(tmp_path):
     assert log["config"]["loss"]["weighting"] == "paper" and log["config"]["loss"]["temperature_squared"] is True
     proc = run_cli("train", "--out", str(tmp_path / "x"), "--weighting", "sum")
     assert proc.returncode == 2 and "'sum' is not one of 'paper', 'mean-t2'" in proc.stderr
+
+
+def test_ctrl_c_exits_130_in_one_line(tmp_path):
+    """Reproduces issue 15: Ctrl-C exited 1 (click's "Aborted!") instead of the shell's 128 + SIGINT."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(tmp_path / "run"), "--epochs", "200",
+                             "--threads", "1"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        first = proc.stderr.readline()  # "training hne_tiny ...": the command is inside its work
+        assert first.startswith("training "), first
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "Interrupted"

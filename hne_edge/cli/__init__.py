@@ -56,6 +56,11 @@ class LazyGroup(click.Group):
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click prints these itself
+        except KeyboardInterrupt:  # Ctrl-C: the shell convention 128 + SIGINT, not click's "Aborted!" and 1
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo("Interrupted", err=True)
+            sys.exit(130)
         except Exception as exc:  # every failure: one line, exit 2 (--debug: the traceback)
             if ctx.obj and ctx.obj.get("debug"):
                 raise
