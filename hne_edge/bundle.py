@@ -40,6 +40,7 @@ from .errors import BundleError, short_repr
 from .tree import TreeSpec
 
 __all__ = [
+    "variant_label",
     "SCHEMA_VERSION",
     "MANIFEST_NAME",
     "TensorSpec",
@@ -129,6 +130,11 @@ def _shape(value: Any, where: str) -> tuple[int | str, ...]:
 
 
 # -- schema ----------------------------------------------------------------------------------------
+
+
+def variant_label(fmt: str, plan: str, precision: str) -> str:
+    """How a variant is named to users: in the order of its folders on disk (``onnx/fp32/nodes``)."""
+    return f"{fmt}/{precision}/{plan}"
 
 
 @dataclass(frozen=True)
@@ -315,8 +321,8 @@ class Manifest:
         chosen = [f for f in self.files if (f.format, f.plan, f.precision) == (format, plan, precision)]
         if not chosen:
             raise BundleError(
-                f"bundle has no {format}/{plan}/{precision} model files; it has "
-                f"{', '.join('/'.join(v) for v in self.variants()) or 'none'}"
+                f"bundle has no {variant_label(format, plan, precision)} model files; it has "
+                f"{', '.join(variant_label(*v) for v in self.variants()) or 'none'}"
             )
         if plan == "nodes":
             order = {n.id: i for i, n in enumerate(self.tree.nodes)}
@@ -433,7 +439,7 @@ class Manifest:
                     )
         for fmt, plan, precision in variants:
             group = [f for f in self.files if (f.format, f.plan, f.precision) == (fmt, plan, precision)]
-            label = f"{fmt}/{plan}/{precision}"
+            label = variant_label(fmt, plan, precision)
             if (fmt == "torch") != (plan == "weights"):
                 raise BundleError(f"manifest: {label}: plan 'weights' is for format 'torch' only, and torch files use it")
             if plan == "weights":
@@ -450,8 +456,8 @@ class Manifest:
                 if [o.name for o in group[0].outputs] != ["logits"]:
                     raise BundleError(f"manifest: {group[0].path} outputs {[o.name for o in group[0].outputs]}; expected ['logits']")
                 if not any((fmt, p, precision) in variants for p in ("nodes", "segments")):
-                    raise BundleError(f"manifest: {label} is an add-on to a full plan; expected {fmt}/segments/{precision} "
-                                      f"or {fmt}/nodes/{precision} beside it")
+                    raise BundleError(f"manifest: {label} is an add-on to a full plan; expected {variant_label(fmt, 'segments', precision)} "
+                                      f"or {variant_label(fmt, 'nodes', precision)} beside it")
             elif plan == "nodes":
                 got = sorted(n for f in group for n in f.nodes)
                 if any(len(f.nodes) != 1 for f in group) or got != sorted(n.id for n in self.tree.nodes):

@@ -111,7 +111,7 @@ def test_engine_source_escaping(bundle):
 
 def test_plan_coverage(bundle):
     edit(bundle, lambda d: d["files"].pop(0))  # the root node's file
-    with pytest.raises(BundleError, match=r"onnx/nodes/fp32 must have exactly one file per tree node"):
+    with pytest.raises(BundleError, match=r"onnx/fp32/nodes must have exactly one file per tree node"):
         read_manifest(bundle)
 
 
@@ -121,7 +121,7 @@ def _first(d):
 
 def test_first_leaf_file_must_be_leaf_0_chain_with_logits_only(bundle):
     edit(bundle, lambda d: _first(d).update(nodes=["b0.0", "b1.0", "b2.0", "b3.0", "b4.1"], leaf=1))
-    with pytest.raises(BundleError, match=r"onnx/first/fp32 must be one file computing leaf 0's chain"):
+    with pytest.raises(BundleError, match=r"onnx/fp32/first must be one file computing leaf 0's chain"):
         read_manifest(bundle, verify_files=False)
 
 
@@ -137,7 +137,7 @@ def test_first_leaf_file_with_exports_is_refused(bundle):
 
 def test_first_leaf_file_alone_is_not_a_plan(bundle):
     edit(bundle, lambda d: d.update(files=[f for f in d["files"] if f["plan"] in ("first", "weights")]))
-    with pytest.raises(BundleError, match=r"onnx/first/fp32 is an add-on to a full plan; expected onnx/segments/fp32"):
+    with pytest.raises(BundleError, match=r"onnx/fp32/first is an add-on to a full plan; expected onnx/fp32/segments"):
         read_manifest(bundle, verify_files=False)
 
 

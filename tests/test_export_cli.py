@@ -15,7 +15,7 @@ def test_export_verify_inspect(tiny_bundle, tmp_path):
                    "--precision", "fp32", "--plan", "segments", "--batch", "1:2:4", "--no-torch-weights")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "exported 34 file(s)" in proc.stdout  # 16 segments + the export-free first leaf, per precision
-    assert "onnx/segments/fp32, onnx/segments/fp16, onnx/first/fp32, onnx/first/fp16" in proc.stdout
+    assert "onnx/fp32/segments, onnx/fp16/segments, onnx/fp32/first, onnx/fp16/first" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["input"]["batch"] == [1, 2, 4]
     assert manifest["model"]["class_names"][:2] == ["c0", "c1"]
@@ -29,9 +29,11 @@ def test_export_verify_inspect(tiny_bundle, tmp_path):
 
     proc = run_cli("inspect", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "onnx/segments/fp16: 16 file(s)" in proc.stdout
+    assert "onnx/fp16/segments: 16 file(s)" in proc.stdout  # named as the folders on disk (issue 15)
     assert "leaf  0  onnx/fp16/segments/leaf00.onnx" in proc.stdout and "MACs" in proc.stdout
-    assert "onnx/first/fp16: 1 file(s)" in proc.stdout
+    assert "onnx/fp16/first: 1 file(s)" in proc.stdout
+    assert re.search(r"mean \[[-0-9.e]+(, [-0-9.e]+)*\] std \[", proc.stdout)  # 4 significant digits, not 17
+    assert not re.search(r"\d\.\d{8,}", proc.stdout.split("provenance")[0])
 
 
 def test_existing_output_is_refused(tiny_bundle, tmp_path):

@@ -87,7 +87,7 @@ def test_engine_entries_make_a_valid_manifest(tiny_bundle, tmp_path):
     data = json.loads((bundle / "manifest.json").read_text())
     data["files"] = [f for f in data["files"] if not f["path"].endswith("leaf03.plan")]
     (bundle / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(BundleError, match=r"tensorrt/segments/fp32 must have exactly one file per leaf"):
+    with pytest.raises(BundleError, match=r"tensorrt/fp32/segments must have exactly one file per leaf"):
         read_manifest(bundle)
 
 

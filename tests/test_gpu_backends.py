@@ -557,7 +557,7 @@ def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, 
     with pytest.raises(BundleError, match=r"built with TensorRT 10.3.0; this device has TensorRT 10.8.0"):
         AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", load_profile=False)
     fake.__version__ = "10.3.0"
-    with pytest.raises(BundleError, match="no tensorrt/segments/fp16 model files.*rebuild the engines"):
+    with pytest.raises(BundleError, match="no tensorrt/fp16/segments model files.*rebuild the engines"):
         AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", precision="fp16", load_profile=False)
 
 

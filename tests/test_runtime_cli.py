@@ -57,3 +57,19 @@ def test_profile_and_bench(cli_bundle, tmp_path):
     assert [lv["n"] for lv in data["levels"]] == list(range(1, 17))
     assert {"median_ms", "p95_ms", "accuracy", "macs"} <= set(data["levels"][0])
     assert (out / "bench.png").is_file() and "accuracy" in proc.stdout
+
+
+def test_run_output_speaks_one_vocabulary(cli_bundle, tmp_path):
+    """Issue 15: --json budget_ms carried float noise, label was a name but label_true an index, the text said
+    "ok" for a correct answer (an app says "ok" for a met budget), and the summary had no count of misses."""
+    rng = np.random.default_rng(0)
+    spec_x = rng.standard_normal((6, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "f.npz", x=spec_x, y=np.array([0, 1, 2, 3, 4, 5]))
+    proc = run_cli("run", str(cli_bundle / "b"), str(tmp_path / "f.npz"), "--budget-ms", "0.3", "--json", check=True)
+    records = json.loads(proc.stdout)
+    assert all(r["budget_ms"] == 0.3 for r in records), [r["budget_ms"] for r in records]
+    for r in records:
+        assert isinstance(r["class_true"], int) and isinstance(r["label_true"], str) and isinstance(r["label"], str)
+    text = run_cli("run", str(cli_bundle / "b"), str(tmp_path / "f.npz"), "--budget-ms", "0.3", check=True).stdout
+    assert "  ok" not in text and ("  correct" in text or "WRONG" in text)
+    assert "budget misses " in text.splitlines()[-1] and "/6 samples" in text.splitlines()[-1]

@@ -105,13 +105,13 @@ def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify
     )
     if progress:
         click.echo("\r\033[K", err=True, nl=False)  # clear the status line
-    from ..bundle import read_manifest
+    from ..bundle import read_manifest, variant_label
 
     manifest = read_manifest(path)
     total = sum(f.bytes for f in manifest.files)
     click.echo(
         f"exported {len(manifest.files)} file(s), {total / 1e6:.2f} MB, "
-        f"{', '.join('/'.join(v) for v in manifest.variants())}"
+        f"{', '.join(variant_label(*v) for v in manifest.variants())}"
         f"{'' if no_verify else ' (verified against PyTorch)'} -> {path}"
     )
 
@@ -179,6 +179,8 @@ def _macs(m: int) -> str:
 
 def format_manifest(manifest, bundle: Path) -> str:
     """Human-readable view of a manifest: header, provenance, then each variant as a tree or list."""
+    from ..bundle import variant_label
+
     tree, inp = manifest.tree, manifest.input
     prov = manifest.provenance
     lines = [
@@ -186,14 +188,15 @@ def format_manifest(manifest, bundle: Path) -> str:
         f"  model {manifest.model_name}: {tree.num_leaves} leaves, branching {list(tree.branching)}, "
         f"{manifest.num_classes} classes",
         f"  input {inp.name} [{', '.join(map(str, inp.shape))}] {inp.dtype} {inp.layout}, "
-        f"batch {':'.join(map(str, inp.batch))}, mean {list(inp.mean)} std {list(inp.std)}",
+        f"batch {':'.join(map(str, inp.batch))}, mean [{', '.join(f'{v:.4g}' for v in inp.mean)}] "
+        f"std [{', '.join(f'{v:.4g}' for v in inp.std)}]",
         f"  MACs per sample: one leaf {_macs(manifest.prefix_macs()[0])}, all leaves {_macs(manifest.prefix_macs()[-1])}",
         "  provenance: " + ", ".join(f"{k} {v}" for k, v in prov.items()),
     ]
     for fmt, plan, precision in manifest.variants():
         files = manifest.files_for(plan, precision, fmt)
         total = sum(f.bytes for f in files)
-        lines += ["", f"{fmt}/{plan}/{precision}: {len(files)} file(s), {_size(total)}"]
+        lines += ["", f"{variant_label(fmt, plan, precision)}: {len(files)} file(s), {_size(total)}"]
         if files[0].build:
             b = files[0].build
             lines.append(

@@ -229,8 +229,10 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
                 for k, s in enumerate(d.pop("samples")):
                     idx = start + k
                     rec = {"input": source, "index": idx, **s, **d, "total_leaves": runner.num_leaves}
-                    if y is not None:
-                        rec["label_true"] = int(y[idx])
+                    if y is not None:  # "class" is an index and "label" its name, for the truth as for the answer
+                        rec["class_true"] = int(y[idx])
+                        names = runner.class_names
+                        rec["label_true"] = names[int(y[idx])] if int(y[idx]) < len(names) else str(int(y[idx]))
                         rec["correct"] = int(y[idx]) == s["class"]
                     records.append(rec)
     if as_json:
@@ -244,10 +246,14 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
         if budget_ms is not None and not rec["met_budget"]:
             line += "  (over budget" + (", forced leaves" if rec["overran_min_leaves"] else "") + ")"
         if "correct" in rec:
-            line += "  ok" if rec["correct"] else f"  WRONG (true {rec['label_true']})"
+            line += "  correct" if rec["correct"] else f"  WRONG (true {printable(rec['label_true'])})"
         click.echo(line)
     if any("correct" in r for r in records):
         scored = [r for r in records if "correct" in r]
         click.echo(f"accuracy {sum(r['correct'] for r in scored) / len(scored):.4f} over {len(scored)} samples", err=False)
     if len(records) > 1:
         click.echo(f"mean leaves {np.mean([r['leaves'] for r in records]):.2f}", file=sys.stdout)
+    if budget_ms is not None and records:
+        late = [r for r in records if not r["met_budget"]]
+        forced = sum(r["overran_min_leaves"] for r in late)
+        click.echo(f"budget misses {len(late)}/{len(records)} samples ({forced} forced: the minimum leaves did not fit)")

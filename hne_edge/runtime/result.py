@@ -112,8 +112,9 @@ class AnytimeResult:
     def to_dict(self, per_sample: bool = True) -> dict:
         out = {
             "leaves": self.leaves,
-            "elapsed_ms": self.elapsed_ms,
-            "budget_ms": self.budget_ms,
+            # ns resolution: the budget is re-derived from a clock deadline and carries float noise
+            "elapsed_ms": round(self.elapsed_ms, 6),
+            "budget_ms": None if self.budget_ms is None else round(self.budget_ms, 6),
             "met_budget": self.met_budget,
             "overran_min_leaves": self.overran_min_leaves,
             "stopped_by": self.stopped_by,
