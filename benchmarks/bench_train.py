@@ -53,12 +53,11 @@ def _device_name(device: str) -> str:
 
 
 class GpuSampler:
-    """Samples ``nvidia-smi``'s utilisation.gpu every ``period`` s while ``recording`` is set."""
+    """Samples ``nvidia-smi``'s utilisation.gpu every ``period`` s while it is entered."""
 
     def __init__(self, index: int, period: float = 0.2) -> None:
         self.index, self.period = index, period
         self.samples: list[float] = []
-        self.recording = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.available = shutil.which("nvidia-smi") is not None
@@ -66,11 +65,10 @@ class GpuSampler:
     def _loop(self) -> None:
         cmd = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", str(self.index)]
         while not self._stop.wait(self.period):
-            if self.recording.is_set():
-                try:
-                    self.samples.append(float(subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()))
-                except (ValueError, subprocess.SubprocessError, OSError):
-                    pass
+            try:
+                self.samples.append(float(subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()))
+            except (ValueError, subprocess.SubprocessError, OSError):
+                pass
 
     def __enter__(self) -> "GpuSampler":
         if self.available:
@@ -135,7 +133,6 @@ def main() -> None:
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
     with tempfile.TemporaryDirectory() as tmp, GpuSampler(torch.device(device).index or 0) as sampler:
         config["out"] = tmp
-        sampler.recording.set()  # samples of the first 1/epochs of the run (the warm-up epoch) are dropped below
         started = time.time()
         result = fit(TrainConfig.from_dict(config))
         wall = time.time() - started
@@ -144,7 +141,7 @@ def main() -> None:
     img_s = last["train_images_per_s"]
     tflops = img_s * 6 * macs / 1e12
     n = len(sampler.samples)
-    util = statistics.median(sampler.samples[n // args.epochs:]) if n else None
+    util = statistics.median(sampler.samples[n // args.epochs:]) if n else None  # the warm-up epoch's samples dropped
     flags = [f for f, on in (("bf16/fp16 autocast", device != "cpu" and not args.no_amp), ("torch.compile", args.compile),
                              ("channels_last", device != "cpu" and not args.no_channels_last)) if on]
     lines = [

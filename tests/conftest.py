@@ -115,3 +115,18 @@ def tiny_bundle(tmp_path_factory) -> TinyBundle:
         torch_weights=True,
     )
     return TinyBundle(bundle_dir=bundle, model=model, checkpoint_path=checkpoint)
+
+
+@pytest.fixture(scope="module")
+def reference64(tiny_bundle):
+    """A fixed input batch and the float64 fused model's leaf logits on it: the independent reference."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    x = np.random.default_rng(3).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    model = copy.deepcopy(tiny_bundle.model).double().eval()
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x).double()).numpy()  # (B, N, classes)
+    return x, ref

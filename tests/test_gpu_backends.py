@@ -641,18 +641,6 @@ def fake_torch_cuda(monkeypatch):
     return devices
 
 
-@pytest.fixture(scope="module")
-def reference64(tiny_bundle):
-    import copy
-
-    import torch
-
-    x = np.random.default_rng(5).standard_normal((3, 3, 16, 16)).astype(np.float32)
-    model = copy.deepcopy(tiny_bundle.model).double().eval()
-    with torch.no_grad():
-        ref = model(torch.from_numpy(x).double()).numpy()  # (B, N, classes)
-    return x, ref
-
 
 def _count_calls(runner, dev):
     """{phase: module calls} for every unit module of ``runner`` (eager, capture, replay)."""

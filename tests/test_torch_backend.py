@@ -18,18 +18,6 @@ FP32 = dict(rtol=1e-4, atol=1e-4)
 FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the float64 fused model, O(1) logits
 
 
-@pytest.fixture(scope="module")
-def reference64(tiny_bundle):
-    import copy
-
-    import torch
-
-    x = np.random.default_rng(3).standard_normal((3, 3, 16, 16)).astype(np.float32)
-    model = copy.deepcopy(tiny_bundle.model).double().eval()
-    with torch.no_grad():
-        ref = model(torch.from_numpy(x).double()).numpy()  # (B, N, classes)
-    return x, ref
-
 
 @pytest.mark.parametrize("plan", ["segments", "nodes"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

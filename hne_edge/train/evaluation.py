@@ -185,7 +185,9 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
     from ..models import tree_cost  # noqa: PLC0415
     from .engine import _device, predict  # noqa: PLC0415
 
-    stored = state.get("config")
+    from .config import upgrade_config  # noqa: PLC0415
+
+    stored = upgrade_config(state["config"]) if state.get("config") else None  # a 0.1 run: its weighting
     dev = _device(device)
     model = model.to(dev)
     logits, labels = predict(model, loader, dev, progress=progress)
@@ -199,7 +201,7 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
         "num_classes": model.config.num_classes,
         "branching": list(model.tree.branching),
         "loss": (stored or {}).get("loss", {}).get("kind"),
-        "weighting": (stored or {}).get("loss", {}).get("weighting", "mean-t2" if stored else None),
+        "weighting": (stored or {}).get("loss", {}).get("weighting"),
         **source,
         "epoch": state.get("epoch"),
         "mac_convention": "1 multiply-add = 1 MAC (FLOPs in the anytime-inference literature)",
