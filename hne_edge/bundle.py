@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BundleError, short_repr
+from .fileio import atomic_write_json
 from .tree import TreeSpec
 
 __all__ = [
@@ -648,9 +649,7 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> Path:
     """Write ``manifest.json`` (after checking it reads back)."""
     data = manifest.to_dict()
     Manifest.from_dict(json.loads(json.dumps(data)))  # never write what we could not read
-    path = Path(bundle_dir) / MANIFEST_NAME
-    path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return path
+    return atomic_write_json(Path(bundle_dir) / MANIFEST_NAME, data, indent=2)
 
 
 def bundle_path(bundle_dir: str | os.PathLike, model_file: ModelFile) -> Path:

@@ -9,7 +9,6 @@ a minute on 2 CPU cores.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from .fileio import atomic_write_json
 
 __all__ = ["DemoResult", "run_demo", "budget_sweep", "format_budget_table", "MARKER"]
 
@@ -202,9 +203,9 @@ def run_demo(
     echo("")
     echo(table)
     _plot_budgets(rows, out / "eval" / "anytime_budget.png")
-    (out / "demo.json").write_text(
-        json.dumps({"train": config.to_dict(), "budgets": rows, "metrics_file": str(out / "eval" / "metrics.json")}, indent=2)
-    )
+    atomic_write_json(out / "demo.json",
+                      {"train": config.to_dict(), "budgets": rows, "metrics_file": str(out / "eval" / "metrics.json")},
+                      indent=2)
     acc = metrics.get("anytime") or []
     if acc:
         echo("")

@@ -460,14 +460,14 @@ def test_profile_saved_next_to_bundle_and_reloaded(tmp_path):
 def test_profile_falls_back_to_user_cache_when_bundle_is_read_only(tmp_path, monkeypatch):
     b = make_fake_bundle(tmp_path / "b", classes=CLASSES)
     monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))
-    real = cm._write_json_atomic
+    real = cm.atomic_write_json
 
     def refuse_bundle(path, data):
         if str(path).startswith(str(b)):
             raise PermissionError(13, "Permission denied")
         real(path, data)
 
-    monkeypatch.setattr(cm, "_write_json_atomic", refuse_bundle)
+    monkeypatch.setattr(cm, "atomic_write_json", refuse_bundle)
     runner, _ = fake_runner(b)
     with pytest.warns(UserWarning, match="is not writable.*saved the profile to"):
         runner.profile(warmup=0, repeats=3)

@@ -9,19 +9,16 @@ check never leaves a half bundle where a runtime would find it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as _dt
-import glob
 import os
-import secrets
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..bundle import MANIFEST_NAME, PRECISIONS
 from ..errors import ExportError, short_repr
+from ..fileio import remove_stale, scratch_path, swap_dir_into_place
 
 __all__ = [
     "ShapeError",
@@ -164,50 +161,6 @@ def provenance(**extra) -> dict:
     return data
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def scratch_path(target: Path, kind: str) -> Path:
-    """A fresh sibling name ``.NAME.KIND-PID-RANDOM`` (the pid lets a later run tell a dead writer's leftovers)."""
-    return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def remove_stale(target: Path, kinds: Sequence[str] = ("partial", "old")) -> None:
-    """Remove ``.NAME.KIND-PID-*`` siblings of ``target`` whose writer process is gone (a killed export)."""
-    try:
-        candidates = [p for kind in kinds for p in target.parent.glob(f".{glob.escape(target.name)}.{kind}-*")]
-    except OSError:
-        return
-    for p in candidates:
-        pid = p.name.rsplit("-", 2)[-2] if p.name.count("-") >= 2 else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    if sys.platform != "linux":
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
 def check_replaceable(out: Path, keep: Sequence[str | os.PathLike] = ()) -> None:
     """Refuse to ``--force``-replace anything but a bundle: ``out`` must hold ``manifest.json`` (or be empty),
     and must not be or contain the current directory or any path in ``keep`` (the export's source)."""
@@ -257,13 +210,4 @@ def atomic_output_dir(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists() and _exchange(tmp, out):  # out now holds the new bundle, tmp the old one
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
-    old = None
-    if out.exists():  # no atomic exchange here: move the old bundle aside first so the swap is two renames
-        old = scratch_path(out, "old")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    swap_dir_into_place(tmp, out)

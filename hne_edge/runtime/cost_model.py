@@ -85,7 +85,6 @@ import json
 import math
 import os
 import platform
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -95,6 +94,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import HNEError
+from ..fileio import atomic_write_json
 
 __all__ = [
     "Profile",
@@ -302,22 +302,6 @@ def host_info() -> dict[str, Any]:
     return {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def cache_profile_path(profile: Profile) -> Path:
     return user_cache_dir() / "profiles" / profile.manifest_sha256[:16] / profile.filename
 
@@ -341,12 +325,12 @@ def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path,
     why = _outside(bundle_dir, target)
     if why is None:
         try:
-            _write_json_atomic(target, profile.to_dict())
+            atomic_write_json(target, profile.to_dict())
             return target, False
         except OSError as exc:
             why = f"bundle directory {bundle_dir} is not writable ({exc.strerror or exc})"
     fallback = cache_profile_path(profile)
-    _write_json_atomic(fallback, profile.to_dict())
+    atomic_write_json(fallback, profile.to_dict())
     warnings.warn(f"{why}; saved the profile to {fallback}", stacklevel=2)
     return fallback, True
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..fileio import atomic_file
 from ..models import HNE, build_model
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "model_from_checkpoint"]
@@ -74,20 +75,8 @@ def save_checkpoint(
         "config": config,
         "extra": extra or {},
     }
-    from ..exporters.base import remove_stale, scratch_path
-
-    remove_stale(path, ("tmp",))  # a killed writer's leftovers
-    tmp = scratch_path(path, "tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's mode, not mkstemp's 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb") as f:
+        torch.save(state, f)
     return path
 
 

@@ -25,7 +25,6 @@ BatchNorm statistics stay per process (as in the paper's recipes).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -40,6 +39,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..fileio import atomic_write_json, atomic_write_text
 from ..models import HNE, create_model
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LossConfig, ModelSpec, TrainConfig, upgrade_config
@@ -394,7 +394,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
               file=sys.stderr, flush=True)
     if main_process:
         out.mkdir(parents=True, exist_ok=True)
-        _write_text(out / "config.yaml", config.to_yaml())
+        atomic_write_text(out / "config.yaml", config.to_yaml())
     log_path = out / LOG_NAME
     epochs_run = 0
     for epoch in range(start_epoch, opt.epochs):
@@ -423,8 +423,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                 optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), epoch=epoch + 1,
                 config=config.to_dict(), extra=extra,
             )
-            _write_json(log_path, {"config": config.to_dict(), "world_size": world_size, "epochs": history,
-                                   "step_losses": step_losses})
+            atomic_write_json(log_path, {"config": config.to_dict(), "world_size": world_size, "epochs": history,
+                                   "step_losses": step_losses}, allow_nan=True)
             if not config.quiet:
                 val = f"  val acc n=1 {record['val_acc_first']:.4f}  n={tree.num_leaves} {record['val_acc']:.4f}" if "val_acc" in record else ""
                 print(f"epoch {epoch + 1}/{opt.epochs}  loss {record['train_loss']:.4f}  train acc {record['train_acc']:.4f}"
@@ -434,12 +434,3 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     return FitResult(out_dir=out, checkpoint=ckpt_path, log=log_path, history=history)
 
 
-def _write_json(path: Path, data: dict) -> None:
-    _write_text(path, json.dumps(data, indent=1))
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write aside, then rename into place: a killed run never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

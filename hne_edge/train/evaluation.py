@@ -17,7 +17,6 @@ writes ``metrics.json`` and three PNGs in the style of the paper's figures.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CheckpointError, InputError
+from ..fileio import atomic_write_json
 from .losses import ensemble_logits
 
 __all__ = [
@@ -209,10 +209,7 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
         **metrics,
     }
     out = Path(out_dir) if out_dir is not None else path.parent
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=1))
-    os.replace(tmp, out / "metrics.json")
+    atomic_write_json(out / "metrics.json", metrics, allow_nan=True)
     if plots:
         metrics["plots"] = [str(p) for p in plot_metrics(metrics, out)]
     return metrics

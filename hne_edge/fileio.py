@@ -1,0 +1,138 @@
+"""One home for writing files so that a crash never leaves half of one (stdlib only).
+
+Every writer in the package (checkpoints, JSON records, profiles, metrics,
+manifests, bundles) goes through these helpers: the bytes go to a hidden
+sibling ``.NAME.KIND-PID-RANDOM``, are flushed and fsync'ed, and are renamed
+over the target in one step. A reader therefore sees the old file or the new
+one, never a prefix. The PID in the scratch name lets a later writer remove
+the leftovers of a killed one (:func:`remove_stale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import json
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+__all__ = [
+    "scratch_path",
+    "remove_stale",
+    "atomic_file",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "swap_dir_into_place",
+]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def scratch_path(target: Path, kind: str) -> Path:
+    """A fresh sibling name ``.NAME.KIND-PID-RANDOM`` (the pid lets a later run tell a dead writer's leftovers)."""
+    return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def remove_stale(target: Path, kinds: Sequence[str] = ("partial", "old")) -> None:
+    """Remove ``.NAME.KIND-PID-*`` siblings of ``target`` whose writer process is gone (a killed writer)."""
+    try:
+        candidates = [p for kind in kinds for p in target.parent.glob(f".{glob.escape(target.name)}.{kind}-*")]
+    except OSError:
+        return
+    for p in candidates:
+        pid = p.name.rsplit("-", 2)[-2] if p.name.count("-") >= 2 else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb", *, encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Open a scratch sibling of ``path`` for writing; on a clean exit it replaces ``path``, on an error it is removed.
+
+    The file gets the umask's mode (not ``mkstemp``'s 0600), and its bytes
+    reach the disk (fsync) before the rename, so a power cut after the
+    rename cannot leave an empty file.
+    """
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_file mode: received {mode!r}; expected 'wb' or 'w'")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target, ("tmp",))
+    tmp = scratch_path(target, "tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, mode, encoding=encoding if mode == "w" else None) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_file(path, "wb") as f:
+        f.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return Path(path)
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1, allow_nan: bool = False) -> Path:
+    """Newline-terminated JSON, written atomically; strict by default (NaN/Infinity, which other parsers
+    reject, raise ``ValueError``). Records of a run that may hold a diverged loss pass ``allow_nan=True``."""
+    return atomic_write_text(path, json.dumps(data, indent=indent, allow_nan=allow_nan) + "\n")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def swap_dir_into_place(tmp: Path, out: Path) -> None:
+    """Make the complete directory ``tmp`` appear at ``out``, replacing what is there.
+
+    One atomic exchange where the OS has one (Linux), so a crash leaves the
+    old directory or the new one at ``out``; elsewhere two renames.
+    """
+    if out.exists() and _exchange(tmp, out):  # out now holds the new tree, tmp the old one
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    old = None
+    if out.exists():
+        old = scratch_path(out, "old")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

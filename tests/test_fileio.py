@@ -1,0 +1,49 @@
+"""The one atomic-write helper: a failed write leaves the old file and no scratch; a killed writer's leftovers go."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hne_edge.fileio import atomic_file, atomic_write_json, atomic_write_text, remove_stale, scratch_path
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_scratch(tmp_path):
+    target = tmp_path / "record.json"
+    atomic_write_json(target, {"v": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_file(target, "w") as f:
+            f.write('{"v": 2')  # half a record
+            raise RuntimeError("killed mid-write")
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+
+
+def test_json_is_strict_unless_asked(tmp_path):
+    with pytest.raises(ValueError):
+        atomic_write_json(tmp_path / "a.json", {"loss": float("nan")})
+    assert not any(tmp_path.iterdir())  # nothing half-written
+    atomic_write_json(tmp_path / "b.json", {"loss": float("nan")}, allow_nan=True)
+    assert (tmp_path / "b.json").read_text().endswith("\n")
+
+
+def test_written_file_gets_the_umask_mode(tmp_path):
+    path = atomic_write_text(tmp_path / "t.txt", "x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_remove_stale_takes_a_dead_writers_scratch_but_not_a_live_ones(tmp_path):
+    target = tmp_path / "ckpt.pt"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    dead_scratch = tmp_path / f".ckpt.pt.tmp-{dead_pid}-abcd1234"
+    dead_scratch.write_bytes(b"half")
+    live_scratch = scratch_path(target, "tmp")  # this process: alive
+    live_scratch.write_bytes(b"in progress")
+    remove_stale(target, ("tmp",))
+    assert not dead_scratch.exists()
+    assert live_scratch.exists()
