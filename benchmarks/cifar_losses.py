@@ -118,7 +118,7 @@ def _table(runs: list[str], results: list[dict], paper: tuple | None, what: str)
 
 
 def summarize(args: argparse.Namespace) -> None:
-    from hne_edge.train.evaluation import plot_metrics
+    from hne_edge.plots import plot_metrics
 
     out = Path(args.out)
     lines = []

@@ -77,29 +77,6 @@ def format_budget_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _plot_budgets(rows: list[dict[str, Any]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    timed = [r for r in rows if r["budget_ms"] is not None]
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    x = [r["budget_ms"] for r in timed]
-    ax.plot(x, [100 * r["accuracy"] for r in timed], "o-", color="tab:blue", label="accuracy")
-    ax.set_xlabel("per-frame budget (ms)")
-    ax.set_ylabel("accuracy (%)", color="tab:blue")
-    ax2 = ax.twinx()
-    ax2.plot(x, [r["mean_leaves"] for r in timed], "s--", color="tab:orange", label="leaves")
-    ax2.set_ylabel("mean leaves evaluated", color="tab:orange")
-    ax.set_title("Anytime inference under a per-frame budget", fontsize=10)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def _prepare_out(out: Path, force: bool) -> None:
     if out.exists():
         if not (force or (out / MARKER).exists()):
@@ -128,7 +105,7 @@ def run_demo(
     """Run the whole pipeline into ``out_dir`` (see the module docstring)."""
     from .exporters import export_onnx, verify_bundle
     from .models import tree_cost
-    from .plots import plot_tree
+    from .plots import plot_budget_sweep, plot_tree
     from .runtime import AnytimeRunner
     from .train import TrainConfig, evaluate_checkpoint, fit, model_from_checkpoint
     from .train.data import load_data
@@ -202,7 +179,7 @@ def run_demo(
     table = format_budget_table(rows)
     echo("")
     echo(table)
-    _plot_budgets(rows, out / "eval" / "anytime_budget.png")
+    plot_budget_sweep(rows, out / "eval" / "anytime_budget.png", fused.tree.num_leaves)
     atomic_write_json(out / "demo.json",
                       {"train": config.to_dict(), "budgets": rows, "metrics_file": str(out / "eval" / "metrics.json")},
                       indent=2)

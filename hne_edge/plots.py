@@ -1,37 +1,61 @@
-"""Pictures the tool makes of itself (matplotlib, imported lazily; torch-free)."""
+"""Every picture the tool draws (matplotlib, imported lazily; torch-free).
+
+Each picture has a builder that returns the matplotlib ``Figure``
+(``*_figure``: what tests and notebooks inspect) and a writer that saves it
+through :mod:`hne_edge.fileio` (``plot_*``). Figures are made with
+``matplotlib.figure.Figure``, not pyplot: no global state, no backend switch
+in the caller's process, nothing left open.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
+from .fileio import atomic_file
 from .tree import TreeSpec
 
-__all__ = ["plot_tree"]
+__all__ = [
+    "tree_figure",
+    "plot_tree",
+    "budget_sweep_figure",
+    "plot_budget_sweep",
+    "metrics_figures",
+    "plot_metrics",
+    "bench_figure",
+    "plot_bench",
+]
 
 
-def plot_tree(
-    tree: TreeSpec,
-    path: str | os.PathLike,
-    node_macs: Mapping[str, int] | None = None,
-    title: str | None = None,
-) -> Path:
-    """Draw the tree: blocks left to right, leaves numbered in depth-first (anytime) order.
+def _figure(figsize: tuple[float, float], dpi: float = 110, nrows: int = 1, **subplots: Any):
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    fig = Figure(figsize=figsize, dpi=dpi)
+    return fig, fig.subplots(nrows, 1, **subplots)
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=fig.dpi)
+    return path
+
+
+# -- the tree ------------------------------------------------------------------------------------------------------
+
+
+def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, title: str | None = None):
+    """The tree: blocks left to right, leaves numbered in depth-first (anytime) order.
 
     The first leaf's path is highlighted: it is what a one-leaf anytime answer costs.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = tree.num_leaves
     y = {}
     for node in tree.nodes:  # a node sits at the middle of the leaves below it
         y[node.id] = -(node.leaves[0] + node.leaves[-1]) / 2
     first = set(tree.path(0))
-    fig, ax = plt.subplots(figsize=(2.0 + 1.6 * tree.num_blocks, 1.0 + 0.32 * n))
+    fig, ax = _figure((2.0 + 1.6 * tree.num_blocks, 1.0 + 0.32 * n))
     ax.plot([-0.8], [-(n - 1) / 2], marker="s", color="0.3", markersize=10)
     ax.annotate("image", (-0.8, -(n - 1) / 2), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
     for node in tree.nodes:
@@ -57,8 +81,127 @@ def plot_tree(
     ax.set_xlim(-1.2, tree.num_blocks - 0.2)
     ax.set_title(title or f"HNE tree, branching {tree.branching}: {n} networks; red = the first leaf's path", fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def plot_tree(
+    tree: TreeSpec,
+    path: str | os.PathLike,
+    node_macs: Mapping[str, int] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Write :func:`tree_figure` to ``path`` (PNG)."""
+    return _save(tree_figure(tree, node_macs, title), path)
+
+
+# -- the demo's budget sweep ---------------------------------------------------------------------------------------
+
+
+def budget_sweep_figure(rows: Sequence[Mapping[str, Any]], num_leaves: int | None = None):
+    """Accuracy and mean leaves against the per-frame budget (rows of :func:`hne_edge.demo.budget_sweep`)."""
+    timed = [r for r in rows if r["budget_ms"] is not None]
+    fig, ax = _figure((5.5, 3.6))
+    x = [r["budget_ms"] for r in timed]
+    ax.plot(x, [100 * r["accuracy"] for r in timed], "o-", color="tab:blue", label="accuracy")
+    ax.set_xlabel("per-frame budget (ms)")
+    ax.set_ylabel("accuracy (%)", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(x, [r["mean_leaves"] for r in timed], "s--", color="tab:orange", label="leaves")
+    ax2.set_ylabel("mean leaves evaluated", color="tab:orange")
+    ax.set_title("Anytime inference under a per-frame budget", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_budget_sweep(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, num_leaves: int | None = None) -> Path:
+    """Write :func:`budget_sweep_figure` to ``path`` (PNG)."""
+    return _save(budget_sweep_figure(rows, num_leaves), path)
+
+
+# -- evaluation (metrics.json) -------------------------------------------------------------------------------------
+
+
+def metrics_figures(metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None):
+    """``{file name: Figure}``: accuracy vs MACs, logit std vs MACs, per-leaf accuracy bars (paper style).
+
+    ``metrics`` may be a list (one per run, e.g. one per loss) to draw the runs side by side.
+    """
+    import matplotlib.ticker  # noqa: PLC0415
+
+    runs = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+    labels = labels or [r.get("loss") or r.get("model", "model") for r in runs]
+    figures = {}
+
+    def curve(key: str, ylabel: str, name: str, scale: float = 1.0) -> None:
+        fig, ax = _figure((5, 3.6), dpi=120)
+        for run, label in zip(runs, labels):
+            rows = run["anytime"]
+            x = [r.get("macs", r["n"]) / 1e6 for r in rows]
+            ax.plot(x, [r[key] * scale for r in rows], marker="o", ms=3, label=label)
+        ax.set_xscale("log")
+        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(fmt)
+        ax.xaxis.set_minor_formatter(fmt)
+        ax.tick_params(axis="x", which="minor", labelsize=7)
+        ax.set_title(f"{runs[0].get('model', '')} on {runs[0].get('data', '')} ({runs[0].get('split', '')})", fontsize=9)
+        ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        figures[name] = fig
+
+    curve("accuracy", "accuracy (%)", "accuracy_vs_macs.png", 100.0)
+    curve("diversity", "logit std across members", "diversity_vs_macs.png")
+    fig, ax = _figure((6, 3.4), dpi=120)
+    width = 0.8 / len(runs)
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        leaves = run["leaves"]
+        ax.bar([r["leaf"] + (k - (len(runs) - 1) / 2) * width for r in leaves], [100 * r["accuracy"] for r in leaves],
+               width=width, label=label)
+    ax.set_xlabel("leaf (depth-first order)")
+    ax.set_ylabel("accuracy (%)")
+    lo = min(100 * r["accuracy"] for run in runs for r in run["leaves"])
+    ax.set_ylim(max(0.0, lo - 10), None)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    figures["leaf_accuracy.png"] = fig
+    return figures
+
+
+def plot_metrics(metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], out_dir: str | os.PathLike,
+                 labels: Sequence[str] | None = None) -> list[Path]:
+    """Write :func:`metrics_figures` into ``out_dir``; returns the paths."""
+    out = Path(out_dir)
+    return [_save(fig, out / name) for name, fig in metrics_figures(metrics, labels).items()]
+
+
+# -- hne-edge bench ------------------------------------------------------------------------------------------------
+
+
+def bench_figure(result: Mapping[str, Any]):
+    """Latency of every anytime level, or accuracy against latency when the levels carry accuracy (``bench.json``)."""
+    levels = result["levels"]
+    fig, ax = _figure((5, 3.5), dpi=120)
+    lat = [lv["median_ms"] for lv in levels]
+    if "accuracy" in levels[0]:
+        ax.plot(lat, [lv["accuracy"] for lv in levels], "o-")
+        ax.set_xlabel("median latency (ms)")
+        ax.set_ylabel("top-1 accuracy")
+    else:
+        ns = [lv["n"] for lv in levels]
+        ax.plot(ns, lat, "o-", label="median")
+        ax.plot(ns, [lv["p95_ms"] for lv in levels], "--", label="p95")
+        ax.set_xlabel("leaves evaluated (n)")
+        ax.set_ylabel("latency (ms)")
+        ax.legend()
+    ax.set_title(f"{result['model']} {result['backend']}/{result['device']} batch {result['batch_size']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bench(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write :func:`bench_figure` to ``path`` (PNG)."""
+    return _save(bench_figure(result), path)

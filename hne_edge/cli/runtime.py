@@ -126,7 +126,12 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
         out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
-    png = _plot(levels, accuracy is not None, out_dir / "bench.png", result)
+    try:
+        from ..plots import plot_bench
+
+        png = plot_bench(result, out_dir / "bench.png")
+    except ImportError:  # matplotlib is not part of the runtime's dependencies
+        png = None
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -139,35 +144,6 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
             line += f"  {level['accuracy']:8.4f}"
         click.echo(line)
     click.echo(f"wrote {out_dir / 'bench.json'}" + (f" and {png}" if png else " (matplotlib not installed: no PNG)"))
-
-
-def _plot(levels, with_accuracy, path, meta):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
-    lat = [lv["median_ms"] for lv in levels]
-    if with_accuracy:
-        ax.plot(lat, [lv["accuracy"] for lv in levels], "o-")
-        ax.set_xlabel("median latency (ms)")
-        ax.set_ylabel("top-1 accuracy")
-    else:
-        ns = [lv["n"] for lv in levels]
-        ax.plot(ns, lat, "o-", label="median")
-        ax.plot(ns, [lv["p95_ms"] for lv in levels], "--", label="p95")
-        ax.set_xlabel("leaves evaluated (n)")
-        ax.set_ylabel("latency (ms)")
-        ax.legend()
-    ax.set_title(f"{meta['model']} {meta['backend']}/{meta['device']} batch {meta['batch_size']}", fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def _load_inputs(paths, runner):

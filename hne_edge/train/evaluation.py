@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_json
+from ..plots import plot_metrics  # its home is hne_edge.plots; importable from here as before
 from .losses import ensemble_logits
 
 __all__ = [
@@ -213,61 +214,3 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
     if plots:
         metrics["plots"] = [str(p) for p in plot_metrics(metrics, out)]
     return metrics
-
-
-def plot_metrics(metrics: dict[str, Any] | list[dict[str, Any]], out_dir: str | os.PathLike,
-                 labels: list[str] | None = None) -> list[Path]:
-    """Paper-style PNGs: accuracy vs MACs, logit std vs MACs, per-leaf accuracy bars.
-
-    ``metrics`` may be a list (one per run, e.g. one per loss) to draw the runs side by side.
-    """
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    import matplotlib.ticker  # noqa: PLC0415
-
-    runs = metrics if isinstance(metrics, list) else [metrics]
-    labels = labels or [r.get("loss") or r.get("model", "model") for r in runs]
-    out = Path(out_dir)
-    written = []
-
-    def curve(key: str, ylabel: str, name: str, scale: float = 1.0) -> None:
-        fig, ax = plt.subplots(figsize=(5, 3.6), dpi=120)
-        for run, label in zip(runs, labels):
-            rows = run["anytime"]
-            x = [r.get("macs", r["n"]) / 1e6 for r in rows]
-            ax.plot(x, [r[key] * scale for r in rows], marker="o", ms=3, label=label)
-        ax.set_xscale("log")
-        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-        ax.xaxis.set_major_formatter(fmt)
-        ax.xaxis.set_minor_formatter(fmt)
-        ax.tick_params(axis="x", which="minor", labelsize=7)
-        ax.set_title(f"{runs[0].get('model', '')} on {runs[0].get('data', '')} ({runs[0].get('split', '')})", fontsize=9)
-        ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / name)
-        plt.close(fig)
-        written.append(out / name)
-
-    curve("accuracy", "accuracy (%)", "accuracy_vs_macs.png", 100.0)
-    curve("diversity", "logit std across members", "diversity_vs_macs.png")
-    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=120)
-    width = 0.8 / len(runs)
-    for k, (run, label) in enumerate(zip(runs, labels)):
-        leaves = run["leaves"]
-        ax.bar([r["leaf"] + (k - (len(runs) - 1) / 2) * width for r in leaves], [100 * r["accuracy"] for r in leaves],
-               width=width, label=label)
-    ax.set_xlabel("leaf (depth-first order)")
-    ax.set_ylabel("accuracy (%)")
-    lo = min(100 * r["accuracy"] for run in runs for r in run["leaves"])
-    ax.set_ylim(max(0.0, lo - 10), None)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "leaf_accuracy.png")
-    plt.close(fig)
-    written.append(out / "leaf_accuracy.png")
-    return written
