@@ -109,29 +109,32 @@ def simulate(runner: AnytimeRunner, x: np.ndarray, y, period_ms: float, seed: in
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def timeline_figure(rows: list[dict]):
+    """The timeline as a matplotlib Figure: budget and answer latency per frame, leaves on time and after refining."""
+    from matplotlib.figure import Figure  # no pyplot: nothing global, no backend switch
 
     f = [r["frame"] for r in rows]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True)
+    fig = Figure(figsize=(8, 4.5), dpi=110)
+    a1, a2 = fig.subplots(2, 1, sharex=True)
     a1.plot(f, [r["budget_ms"] for r in rows], label="perception budget", color="tab:blue")
     a1.plot(f, [r["first_latency_ms"] for r in rows], label="answer latency", color="tab:green", lw=0.8)
     late = [r for r in rows if not r["first_met_budget"]]
     a1.scatter([r["frame"] for r in late], [r["first_latency_ms"] for r in late], color="red", s=12, label="late", zorder=3)
     a1.set_ylabel("ms")
-    a1.legend(fontsize=7, loc="upper right")
+    outside = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0}  # off the data
+    a1.legend(**outside)
     a2.step(f, [r["first_leaves"] for r in rows], where="mid", label="leaves on time", color="tab:blue")
     a2.step(f, [r["final_leaves"] for r in rows], where="mid", label="after refining in slack", color="tab:orange", lw=0.8)
     a2.set_ylabel("leaves")
     a2.set_xlabel("frame")
-    a2.legend(fontsize=7, loc="upper right")
+    a2.legend(**outside)
     fig.suptitle("Anytime perception under a varying load", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    timeline_figure(rows).savefig(path)
 
 
 def main(argv: list[str] | None = None) -> int:

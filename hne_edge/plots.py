@@ -35,6 +35,52 @@ def _figure(figsize: tuple[float, float], dpi: float = 110, nrows: int = 1, **su
     return fig, fig.subplots(nrows, 1, **subplots)
 
 
+def _accuracy_limits(percents: Sequence[float], min_span: float = 20.0) -> tuple[float, float]:
+    """Y limits for accuracies in percent: inside [0, 100], and at least ``min_span`` points tall.
+
+    Autoscaling stretches 0.4 points of run-to-run noise over the whole axis;
+    a floor on the span keeps a flat curve flat.
+    """
+    lo, hi = min(percents), max(percents)
+    span = max(hi - lo, min_span)
+    mid, half = (lo + hi) / 2, 0.54 * span  # 4% padding on each side
+    bottom, top = mid - half, mid + half
+    if top > 100:
+        bottom, top = bottom - (top - 100), 100.0
+    if bottom < 0:
+        bottom, top = 0.0, min(100.0, top - bottom)
+    return bottom, top
+
+
+def _tick_text(v: float) -> str:
+    return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
+
+
+def _label_log_x(ax, xs: Sequence[float]) -> None:
+    """Log x axis whose every tick is labelled: the data's ends (one leaf, all leaves) and round values between.
+
+    matplotlib's log locator labels decades only, so a curve spanning less than a
+    decade (0.13 .. 0.67 MMACs) starts before any label.
+    """
+    import math  # noqa: PLC0415
+
+    from matplotlib.ticker import NullLocator  # noqa: PLC0415
+
+    lo, hi = min(xs), max(xs)
+    ax.set_xscale("log")
+    ticks = [lo] if hi <= lo else [lo, hi]
+    decades = math.log10(hi / lo) if hi > lo else 1.0
+    for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
+        for m in (1, 2, 5):
+            v = m * 10.0**k
+            # round values inside the data, not crowding an end's label (8% of the axis)
+            if lo < v < hi and all(abs(math.log10(v / t)) > 0.08 * decades for t in ticks):
+                ticks.append(v)
+    ticks.sort()
+    ax.set_xticks(ticks, [_tick_text(v) for v in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
 def _save(fig, path: str | os.PathLike) -> Path:
     path = Path(path)
     with atomic_file(path, "wb") as f:
@@ -67,9 +113,9 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
         ax.scatter([node.depth], [y[node.id]], s=60, color="tab:red" if on_first else "tab:blue", zorder=2)
         label = node.id
         if node_macs is not None:
-            label += f"\n{node_macs[node.id] / 1e6:.2f}M"
+            label += f"\n{node_macs[node.id] / 1e6:.3g} M MACs"
         if node.is_leaf:
-            ax.annotate(f"leaf {node.leaves[0] + 1}", (node.depth, y[node.id]), textcoords="offset points",
+            ax.annotate(f"leaf {node.leaves[0]}", (node.depth, y[node.id]), textcoords="offset points",
                         xytext=(8, -3), fontsize=7)
         elif len(node.leaves) >= n / 2 or tree.num_blocks <= 3:
             ax.annotate(label, (node.depth, y[node.id]), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
@@ -79,7 +125,7 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
     ax.set_xlim(-1.2, tree.num_blocks - 0.2)
-    ax.set_title(title or f"HNE tree, branching {tree.branching}: {n} networks; red = the first leaf's path", fontsize=9)
+    ax.set_title(title or f"HNE tree, branching {tree.branching}: {n} networks; red = leaf 0's path", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -98,18 +144,39 @@ def plot_tree(
 
 
 def budget_sweep_figure(rows: Sequence[Mapping[str, Any]], num_leaves: int | None = None):
-    """Accuracy and mean leaves against the per-frame budget (rows of :func:`hne_edge.demo.budget_sweep`)."""
+    """Accuracy (top) and mean leaves (bottom) against the per-frame budget.
+
+    ``rows`` are :func:`hne_edge.demo.budget_sweep`'s (``budget_ms``,
+    ``accuracy`` 0..1, ``mean_leaves``); a row with ``budget_ms`` None (no
+    budget) is drawn as a dashed reference line in both panels. The leaves axis
+    runs from 0 to ``num_leaves`` (default: the most any row evaluated).
+    """
+    import math  # noqa: PLC0415
+
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    if not rows:
+        raise ValueError("budget sweep: received no rows; expected at least one {budget_ms, accuracy, mean_leaves}")
     timed = [r for r in rows if r["budget_ms"] is not None]
-    fig, ax = _figure((5.5, 3.6))
+    free = [r for r in rows if r["budget_ms"] is None]
+    fig, (acc, leaves) = _figure((5.5, 5.0), nrows=2, sharex=True)
     x = [r["budget_ms"] for r in timed]
-    ax.plot(x, [100 * r["accuracy"] for r in timed], "o-", color="tab:blue", label="accuracy")
-    ax.set_xlabel("per-frame budget (ms)")
-    ax.set_ylabel("accuracy (%)", color="tab:blue")
-    ax2 = ax.twinx()
-    ax2.plot(x, [r["mean_leaves"] for r in timed], "s--", color="tab:orange", label="leaves")
-    ax2.set_ylabel("mean leaves evaluated", color="tab:orange")
-    ax.set_title("Anytime inference under a per-frame budget", fontsize=10)
-    ax.grid(alpha=0.3)
+    acc.plot(x, [100 * r["accuracy"] for r in timed], "o-", color="tab:blue", label="accuracy", clip_on=False)
+    leaves.plot(x, [r["mean_leaves"] for r in timed], "s-", color="tab:orange", label="mean leaves")
+    for r in free[:1]:
+        acc.axhline(100 * r["accuracy"], ls="--", color="0.4", lw=1, label=f"no budget: {r['accuracy']:.1%}")
+        leaves.axhline(r["mean_leaves"], ls="--", color="0.4", lw=1, label=f"no budget: {r['mean_leaves']:.3g} leaves")
+    acc.set_ylim(*_accuracy_limits([100 * r["accuracy"] for r in rows]))
+    acc.set_ylabel("accuracy (%)")
+    top = num_leaves or math.ceil(max(r["mean_leaves"] for r in rows))
+    leaves.set_ylim(0, top * 1.06)
+    leaves.yaxis.set_major_locator(MaxNLocator(integer=True))
+    leaves.set_ylabel("mean leaves evaluated")
+    leaves.set_xlabel("per-frame budget (ms)")
+    for ax in (acc, leaves):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    acc.set_title("Anytime inference under a per-frame budget", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -127,27 +194,30 @@ def metrics_figures(metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], la
 
     ``metrics`` may be a list (one per run, e.g. one per loss) to draw the runs side by side.
     """
-    import matplotlib.ticker  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     runs = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
     labels = labels or [r.get("loss") or r.get("model", "model") for r in runs]
     figures = {}
+    about = f"{runs[0].get('model', '')} on {runs[0].get('data', '')} ({runs[0].get('split', '')})"
 
     def curve(key: str, ylabel: str, name: str, scale: float = 1.0) -> None:
         fig, ax = _figure((5, 3.6), dpi=120)
+        xs, ys = [], []
         for run, label in zip(runs, labels):
             rows = run["anytime"]
-            x = [r.get("macs", r["n"]) / 1e6 for r in rows]
-            ax.plot(x, [r[key] * scale for r in rows], marker="o", ms=3, label=label)
-        ax.set_xscale("log")
-        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-        ax.xaxis.set_major_formatter(fmt)
-        ax.xaxis.set_minor_formatter(fmt)
-        ax.tick_params(axis="x", which="minor", labelsize=7)
-        ax.set_title(f"{runs[0].get('model', '')} on {runs[0].get('data', '')} ({runs[0].get('split', '')})", fontsize=9)
-        ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n")
+            x = [r["macs"] / 1e6 if "macs" in r else r["n"] for r in rows]
+            y = [r[key] * scale for r in rows]
+            ax.plot(x, y, marker="o", ms=3, label=label, clip_on=False)
+            xs += x
+            ys += y
+        _label_log_x(ax, xs)
+        if key == "accuracy":
+            ax.set_ylim(*_accuracy_limits(ys))
+        ax.set_title(about, fontsize=9)
+        ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n (leaves)")
         ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
         figures[name] = fig
@@ -162,8 +232,9 @@ def metrics_figures(metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], la
                width=width, label=label)
     ax.set_xlabel("leaf (depth-first order)")
     ax.set_ylabel("accuracy (%)")
-    lo = min(100 * r["accuracy"] for run in runs for r in run["leaves"])
-    ax.set_ylim(max(0.0, lo - 10), None)
+    ax.set_ylim(*_accuracy_limits([100 * r["accuracy"] for run in runs for r in run["leaves"]]))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"each leaf alone: {about}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     figures["leaf_accuracy.png"] = fig
@@ -186,9 +257,14 @@ def bench_figure(result: Mapping[str, Any]):
     fig, ax = _figure((5, 3.5), dpi=120)
     lat = [lv["median_ms"] for lv in levels]
     if "accuracy" in levels[0]:
-        ax.plot(lat, [lv["accuracy"] for lv in levels], "o-")
+        acc = [100 * lv["accuracy"] for lv in levels]
+        ax.plot(lat, acc, "o-", clip_on=False)
+        for lv, x, y in zip(levels, lat, acc):  # which ensemble size each point is
+            ax.annotate(f"n={lv['n']}" if lv is levels[0] else str(lv["n"]), (x, y), textcoords="offset points",
+                        xytext=(3, -9), fontsize=7)
+        ax.set_ylim(*_accuracy_limits(acc))
         ax.set_xlabel("median latency (ms)")
-        ax.set_ylabel("top-1 accuracy")
+        ax.set_ylabel("top-1 accuracy (%)")
     else:
         ns = [lv["n"] for lv in levels]
         ax.plot(ns, lat, "o-", label="median")

@@ -1,0 +1,218 @@
+"""The pictures, read back from the matplotlib Figures that draw them (limits, ticks, legends, titles, labels)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, blocking_env
+
+pytest.importorskip("matplotlib")
+
+from hne_edge import plots  # noqa: E402
+from hne_edge.tree import TreeSpec  # noqa: E402
+
+
+def _texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def _legend(ax) -> list[str]:
+    legend = ax.get_legend()
+    return [] if legend is None else [t.get_text() for t in legend.get_texts()]
+
+
+def _by_ylabel(fig, word: str):
+    [ax] = [ax for ax in fig.axes if word in ax.get_ylabel()]
+    return ax
+
+
+def _draw(fig):
+    """Render ``fig`` as the PNG writer does (ticks and text placed); returns the renderer."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _visible_ticks(ax) -> list[tuple[float, str]]:
+    """(location, label) of every x tick inside the view, major and minor, after drawing."""
+    _draw(ax.figure)
+    lo, hi = sorted(ax.get_xlim())
+    out = []
+    for ticks in (ax.xaxis.get_major_ticks(), ax.xaxis.get_minor_ticks()):
+        for tick in ticks:
+            loc = tick.get_loc()
+            if tick.get_visible() and tick.tick1line.get_visible() and lo <= loc <= hi:
+                out.append((loc, tick.label1.get_text()))
+    return sorted(out)
+
+
+def test_plots_module_imports_without_torch_or_matplotlib(tmp_path):
+    """The plotting home is torch-free and imports matplotlib only when it draws."""
+    env = blocking_env(tmp_path, "torch")
+    code = "import sys, hne_edge.plots as p; assert 'matplotlib' not in sys.modules; print(sorted(p.__all__))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- the demo's budget sweep (anytime_budget.png) -----------------------------------------------------------------
+
+NOISY_SWEEP = [  # a flat sweep: the accuracy and leaves differ only by noise, plus the unbounded row
+    {"budget_ms": b, "mean_leaves": l, "accuracy": a}
+    for b, l, a in [(0.04, 1.0, 0.970), (0.08, 1.0, 0.972), (0.12, 1.005, 0.968), (0.2, 1.0, 0.970),
+                    (0.3, 1.002, 0.971), (0.41, 1.0, 0.970), (None, 16.0, 0.99)]
+]
+
+
+def test_budget_sweep_axes_do_not_magnify_noise():
+    fig = plots.budget_sweep_figure(NOISY_SWEEP, num_leaves=16)
+    acc, leaves = _by_ylabel(fig, "accuracy"), _by_ylabel(fig, "leaves")
+    lo, hi = acc.get_ylim()
+    assert 0 <= lo and hi <= 100 and hi - lo >= 20, (lo, hi)  # 0.4 points of noise stay a wiggle
+    lo, hi = leaves.get_ylim()
+    assert 0 <= lo <= 1 and hi >= 16, (lo, hi)  # the leaves axis spans what the tree can run
+
+
+def test_budget_sweep_lines_do_not_hide_each_other_and_have_legends():
+    fig = plots.budget_sweep_figure(NOISY_SWEEP, num_leaves=16)
+    acc, leaves = _by_ylabel(fig, "accuracy"), _by_ylabel(fig, "leaves")
+    assert acc is not leaves
+    a, b = acc.get_position(), leaves.get_position()
+    assert a.y1 <= b.y0 or b.y1 <= a.y0, "accuracy and leaves share one plotting area (twin axes draw over each other)"
+    assert _legend(acc) and _legend(leaves)
+
+
+def test_budget_sweep_shows_the_unbounded_row():
+    fig = plots.budget_sweep_figure(NOISY_SWEEP, num_leaves=16)
+    for word, value in (("accuracy", 99.0), ("leaves", 16.0)):
+        ax = _by_ylabel(fig, word)
+        [entry] = [t for t in _legend(ax) if "no budget" in t]
+        [line] = [ln for ln in ax.get_lines() if ln.get_label() == entry]
+        assert np.allclose(line.get_ydata(), value)
+    timed_only = plots.budget_sweep_figure(NOISY_SWEEP[:-1], num_leaves=16)
+    assert not any("no budget" in t for ax in timed_only.axes for t in _legend(ax))
+
+
+def test_budget_sweep_writes_a_png(tmp_path):
+    path = plots.plot_budget_sweep(NOISY_SWEEP, tmp_path / "sub" / "anytime_budget.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in path.parent.iterdir()] == ["anytime_budget.png"]  # no scratch file left behind
+
+
+# -- evaluation (metrics.json) -------------------------------------------------------------------------------------
+
+
+def _metrics(top: float = 1.0, macs: bool = True) -> dict:
+    """An eval run whose larger ensembles reach ``top`` accuracy; MACs like hne_tiny's (0.13 .. 0.67 MMACs)."""
+    prefix = np.linspace(127_552, 669_696, 16).astype(int)
+    acc = np.minimum(top, np.linspace(0.93, 1.0, 16))
+    rows = [{"n": i + 1, "accuracy": float(acc[i]), "diversity": 0.1 * i} for i in range(16)]
+    if macs:
+        for row, m in zip(rows, prefix):
+            row["macs"] = int(m)
+    return {"model": "hne_tiny", "data": "digits", "split": "val", "loss": "hne", "anytime": rows,
+            "leaves": [{"leaf": i, "accuracy": 1.0 if i % 3 == 0 else 0.95} for i in range(16)]}
+
+
+def test_accuracy_plots_stop_at_100_percent():
+    figs = plots.metrics_figures(_metrics(top=1.0))
+    for name in ("accuracy_vs_macs.png", "leaf_accuracy.png"):
+        [ax] = figs[name].axes
+        lo, hi = ax.get_ylim()
+        assert 0 <= lo and hi <= 100, (name, lo, hi)
+
+
+@pytest.mark.parametrize("macs", [True, False])
+def test_log_x_axis_labels_its_first_tick(macs):
+    figs = plots.metrics_figures(_metrics(macs=macs))
+    for name in ("accuracy_vs_macs.png", "diversity_vs_macs.png"):
+        [ax] = figs[name].axes
+        assert ax.get_xscale() == "log"
+        ticks = _visible_ticks(ax)
+        first_x = min(ax.get_lines()[0].get_xdata())
+        assert len([t for t in ticks if t[1]]) >= 3, (name, ticks)
+        assert all(label for _, label in ticks), f"{name}: unlabelled ticks {ticks}"
+        assert ticks[0][0] <= first_x * 1.001, f"{name}: the curve starts at {first_x} before any labelled tick {ticks}"
+
+
+def test_leaf_accuracy_has_a_title_and_leaves_from_0():
+    ax = plots.metrics_figures(_metrics())["leaf_accuracy.png"].axes[0]
+    assert "leaf" in ax.get_title().lower() and "hne_tiny" in ax.get_title()
+    assert sorted(round(p.get_x() + p.get_width() / 2) for p in ax.patches) == list(range(16))
+
+
+def test_plot_metrics_is_still_importable_from_evaluation():
+    pytest.importorskip("torch")
+    from hne_edge.train.evaluation import plot_metrics
+
+    assert plot_metrics is plots.plot_metrics
+
+
+# -- hne-edge bench ------------------------------------------------------------------------------------------------
+
+
+def _bench(with_accuracy: bool) -> dict:
+    levels = [{"n": n, "macs": 40_000 * n, "median_ms": 0.05 * n, "p95_ms": 0.06 * n} for n in range(1, 17)]
+    if with_accuracy:
+        for lv in levels:
+            lv["accuracy"] = min(1.0, 0.9 + 0.01 * lv["n"])
+    return {"model": "hne_tiny", "backend": "onnxruntime", "device": "cpu", "batch_size": 1, "levels": levels}
+
+
+def test_bench_accuracy_is_in_percent_and_points_name_n():
+    ax = plots.bench_figure(_bench(True)).axes[0]
+    assert "%" in ax.get_ylabel()
+    [line] = ax.get_lines()
+    assert np.allclose(line.get_ydata(), [100 * lv["accuracy"] for lv in _bench(True)["levels"]])
+    assert ax.get_ylim()[1] <= 100
+    assert sorted(_texts(ax), key=lambda t: int(t.removeprefix("n="))) == ["n=1"] + [str(n) for n in range(2, 17)]
+
+
+def test_bench_latency_only():
+    ax = plots.bench_figure(_bench(False)).axes[0]
+    assert ax.get_xlabel().startswith("leaves evaluated") and _legend(ax) == ["median", "p95"]
+
+
+# -- the tree ------------------------------------------------------------------------------------------------------
+
+
+def test_tree_labels_carry_units_and_leaves_count_from_0():
+    tree = TreeSpec((1, 2, 2, 2, 2))
+    macs = {node.id: 31_000 * (1 + node.depth) for node in tree.nodes}
+    [ax] = plots.tree_figure(tree, macs).axes
+    texts = _texts(ax)
+    assert sorted(t for t in texts if t.startswith("leaf")) == sorted(f"leaf {i}" for i in range(16))
+    cost = [t.splitlines()[-1] for t in texts if "\n" in t]
+    assert cost and all(c.endswith(" M MACs") for c in cost), cost
+    assert "0.031 M MACs" in cost  # the root: 31,000 MACs
+
+
+# -- the example's timeline ----------------------------------------------------------------------------------------
+
+
+def test_timeline_legends_do_not_cover_the_data():
+    spec = importlib.util.spec_from_file_location("autonomous_stack", REPO / "examples" / "autonomous_stack.py")
+    stack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stack)
+    rng = np.random.default_rng(0)
+    rows = []
+    for t in range(300):
+        budget = 0.4 + 0.3 * np.sin(t / 20) + (0.3 if t % 50 < 5 else 0)
+        leaves = int(np.clip(round(16 * budget / 1.0), 1, 16))
+        latency = budget * rng.uniform(0.8, 1.1)
+        rows.append({"frame": t, "budget_ms": budget, "first_latency_ms": latency, "first_met_budget": int(latency <= budget),
+                     "first_leaves": leaves, "final_leaves": min(16, leaves + int(rng.integers(0, 6)))})
+    fig = stack.timeline_figure(rows)
+    renderer = _draw(fig)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    assert legends
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent(renderer)), "a legend is drawn over a plotting area"
