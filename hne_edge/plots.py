@@ -118,7 +118,8 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
             ax.annotate(f"leaf {node.leaves[0]}", (node.depth, y[node.id]), textcoords="offset points",
                         xytext=(8, -3), fontsize=7)
         elif len(node.leaves) >= n / 2 or tree.num_blocks <= 3:
-            ax.annotate(label, (node.depth, y[node.id]), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
+            ax.annotate(label, (node.depth, y[node.id]), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7,
+                        bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5})  # readable over the edges
     ax.set_xticks(range(tree.num_blocks), [f"block {d}\n{tree.width(d)} node{'s' if tree.width(d) > 1 else ''}"
                                            for d in range(tree.num_blocks)], fontsize=8)
     ax.set_yticks([])
