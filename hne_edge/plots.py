@@ -9,12 +9,16 @@ in the caller's process, nothing left open.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .fileio import atomic_file
 from .tree import TreeSpec
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "tree_figure",
@@ -62,8 +66,6 @@ def _label_log_x(ax, xs: Sequence[float]) -> None:
     matplotlib's log locator labels decades only, so a curve spanning less than a
     decade (0.13 .. 0.67 MMACs) starts before any label.
     """
-    import math  # noqa: PLC0415
-
     from matplotlib.ticker import NullLocator  # noqa: PLC0415
 
     lo, hi = min(xs), max(xs)
@@ -91,7 +93,7 @@ def _save(fig, path: str | os.PathLike) -> Path:
 # -- the tree ------------------------------------------------------------------------------------------------------
 
 
-def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, title: str | None = None):
+def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, title: str | None = None) -> Figure:
     """The tree: blocks left to right, leaves numbered in depth-first (anytime) order.
 
     The first leaf's path is highlighted: it is what a one-leaf anytime answer costs.
@@ -144,7 +146,7 @@ def plot_tree(
 # -- the demo's budget sweep ---------------------------------------------------------------------------------------
 
 
-def budget_sweep_figure(rows: Sequence[Mapping[str, Any]], num_leaves: int | None = None):
+def budget_sweep_figure(rows: Sequence[Mapping[str, Any]], num_leaves: int | None = None) -> Figure:
     """Accuracy (top) and mean leaves (bottom) against the per-frame budget.
 
     ``rows`` are :func:`hne_edge.demo.budget_sweep`'s (``budget_ms``,
@@ -152,8 +154,6 @@ def budget_sweep_figure(rows: Sequence[Mapping[str, Any]], num_leaves: int | Non
     budget) is drawn as a dashed reference line in both panels. The leaves axis
     runs from 0 to ``num_leaves`` (default: the most any row evaluated).
     """
-    import math  # noqa: PLC0415
-
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     if not rows:
@@ -182,7 +182,9 @@ def budget_sweep_figure(rows: Sequence[Mapping[str, Any]], num_leaves: int | Non
     return fig
 
 
-def plot_budget_sweep(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, num_leaves: int | None = None) -> Path:
+def plot_budget_sweep(
+    rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, num_leaves: int | None = None
+) -> Path:
     """Write :func:`budget_sweep_figure` to ``path`` (PNG)."""
     return _save(budget_sweep_figure(rows, num_leaves), path)
 
@@ -190,7 +192,9 @@ def plot_budget_sweep(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike
 # -- evaluation (metrics.json) -------------------------------------------------------------------------------------
 
 
-def metrics_figures(metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None):
+def metrics_figures(
+    metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None
+) -> dict[str, Figure]:
     """``{file name: Figure}``: accuracy vs MACs, logit std vs MACs, per-leaf accuracy bars (paper style).
 
     ``metrics`` may be a list (one per run, e.g. one per loss) to draw the runs side by side.
@@ -252,7 +256,7 @@ def plot_metrics(metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], out_d
 # -- hne-edge bench ------------------------------------------------------------------------------------------------
 
 
-def bench_figure(result: Mapping[str, Any]):
+def bench_figure(result: Mapping[str, Any]) -> Figure:
     """Latency of every anytime level, or accuracy against latency when the levels carry accuracy (``bench.json``)."""
     levels = result["levels"]
     fig, ax = _figure((5, 3.5), dpi=120)

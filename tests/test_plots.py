@@ -206,7 +206,8 @@ def test_timeline_legends_do_not_cover_the_data():
         budget = 0.4 + 0.3 * np.sin(t / 20) + (0.3 if t % 50 < 5 else 0)
         leaves = int(np.clip(round(16 * budget / 1.0), 1, 16))
         latency = budget * rng.uniform(0.8, 1.1)
-        rows.append({"frame": t, "budget_ms": budget, "first_latency_ms": latency, "first_met_budget": int(latency <= budget),
+        rows.append({"frame": t, "budget_ms": budget, "first_latency_ms": latency,
+                     "first_met_budget": int(latency <= budget),
                      "first_leaves": leaves, "final_leaves": min(16, leaves + int(rng.integers(0, 6)))})
     fig = stack.timeline_figure(rows)
     renderer = _draw(fig)
