@@ -239,8 +239,11 @@ def metrics_figures(
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(*_accuracy_limits([100 * r["accuracy"] for run in runs for r in run["leaves"]]))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"each leaf alone: {about}", fontsize=9)
-    ax.legend(fontsize=8)
+    if len(runs) == 1:  # the bars fill the plotting area: name the run in the title, or the runs beside it
+        ax.set_title(f"each leaf alone: {about}, {labels[0]}", fontsize=9)
+    else:
+        ax.set_title(f"each leaf alone: {about}", fontsize=9)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     figures["leaf_accuracy.png"] = fig
     return figures

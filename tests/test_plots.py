@@ -147,6 +147,21 @@ def test_leaf_accuracy_has_a_title_and_leaves_from_0():
     assert sorted(round(p.get_x() + p.get_width() / 2) for p in ax.patches) == list(range(16))
 
 
+@pytest.mark.parametrize("runs", [1, 2])
+def test_leaf_bars_are_not_covered_by_the_legend(runs):
+    """Bars fill the whole plotting area, so the runs are named in the title (one run) or beside it (several)."""
+    metrics = [_metrics()] if runs == 1 else [dict(_metrics(), loss="hne"), dict(_metrics(), loss="independent")]
+    fig = plots.metrics_figures(metrics)["leaf_accuracy.png"]
+    renderer = _draw(fig)
+    [ax] = fig.axes
+    legend = ax.get_legend()
+    if runs == 1:
+        assert legend is None and "hne" in ax.get_title()
+    else:
+        assert _legend(ax) == ["hne", "independent"]
+        assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+
+
 def test_plot_metrics_is_still_importable_from_evaluation():
     pytest.importorskip("torch")
     from hne_edge.train.evaluation import plot_metrics
