@@ -267,9 +267,6 @@ def bench_figure(result: Mapping[str, Any]) -> Figure:
     if "accuracy" in levels[0]:
         acc = [100 * lv["accuracy"] for lv in levels]
         ax.plot(lat, acc, "o-", clip_on=False)
-        for lv, x, y in zip(levels, lat, acc):  # which ensemble size each point is
-            ax.annotate(f"n={lv['n']}" if lv is levels[0] else str(lv["n"]), (x, y), textcoords="offset points",
-                        xytext=(3, -9), fontsize=7)
         ax.set_ylim(*_accuracy_limits(acc))
         ax.set_xlabel("median latency (ms)")
         ax.set_ylabel("top-1 accuracy (%)")
@@ -283,7 +280,31 @@ def bench_figure(result: Mapping[str, Any]) -> Figure:
     ax.set_title(f"{result['model']} {result['backend']}/{result['device']} batch {result['batch_size']}", fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    if "accuracy" in levels[0]:  # after the layout: the labels are placed in the final axes
+        _label_points(ax, lat, [100 * lv["accuracy"] for lv in levels],
+                      [f"n={lv['n']}" if k == 0 else str(lv["n"]) for k, lv in enumerate(levels)])
     return fig
+
+
+def _label_points(ax, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str], fontsize: float = 7) -> None:
+    """Write ``texts[i]`` below-right of point i, leaving out a label that would overlap one already placed.
+
+    Latencies measured on a busy machine bunch up, and overlapping numbers
+    read as none; the first and the last point are labelled first.
+    """
+    fig = ax.figure
+    box = ax.get_position()
+    width, height = fig.get_figwidth() * 72 * box.width, fig.get_figheight() * 72 * box.height  # in points
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    placed: dict[int, tuple[float, float, float, float]] = {}
+    for i in dict.fromkeys([0, len(xs) - 1, *range(len(xs))]):
+        px, py = (xs[i] - x0) / (x1 - x0) * width, (ys[i] - y0) / (y1 - y0) * height
+        w, h = 0.75 * fontsize * len(texts[i]) + 1, 1.3 * fontsize  # a generous estimate of the text's box
+        new = (px + 3, py - 3 - h, px + 3 + w, py - 3)
+        if all(new[2] < b[0] or b[2] < new[0] or new[3] < b[1] or b[3] < new[1] for b in placed.values()):
+            placed[i] = new
+    for i in sorted(placed):
+        ax.annotate(texts[i], (xs[i], ys[i]), textcoords="offset points", xytext=(3, -3), va="top", fontsize=fontsize)
 
 
 def plot_bench(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
