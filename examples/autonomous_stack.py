@@ -109,22 +109,33 @@ def simulate(runner: AnytimeRunner, x: np.ndarray, y, period_ms: float, seed: in
     return rows
 
 
-def timeline_figure(rows: list[dict]):
+def timeline_figure(rows: list[dict], num_leaves: int | None = None):
     """The timeline as a matplotlib Figure: budget and answer latency per frame, leaves on time and after refining."""
     from matplotlib.figure import Figure  # no pyplot: nothing global, no backend switch
+    from matplotlib.ticker import MaxNLocator
 
     f = [r["frame"] for r in rows]
     fig = Figure(figsize=(8, 4.5), dpi=110)
     a1, a2 = fig.subplots(2, 1, sharex=True)
     a1.plot(f, [r["budget_ms"] for r in rows], label="perception budget", color="tab:blue")
-    a1.plot(f, [r["first_latency_ms"] for r in rows], label="answer latency", color="tab:green", lw=0.8)
-    late = [r for r in rows if not r["first_met_budget"]]
+    # one pre-emption stall (tens of ms) would flatten every budget on a shared scale: cap the axis, mark the stalls
+    top = 3 * max(r["budget_ms"] for r in rows)
+    a1.plot(f, [min(r["first_latency_ms"], top) for r in rows], label="answer latency", color="tab:green", lw=0.8)
+    late = [r for r in rows if not r["first_met_budget"] and r["first_latency_ms"] <= top]
+    off = [r for r in rows if r["first_latency_ms"] > top]
     a1.scatter([r["frame"] for r in late], [r["first_latency_ms"] for r in late], color="red", s=12, label="late", zorder=3)
+    if off:
+        worst = max(r["first_latency_ms"] for r in off)
+        a1.scatter([r["frame"] for r in off], [top] * len(off), color="red", marker="^", s=30, zorder=3, clip_on=False,
+                   label=f"late, off the scale (up to {worst:.0f} ms)")
+    a1.set_ylim(0, top)
     a1.set_ylabel("ms")
     outside = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0}  # off the data
     a1.legend(**outside)
     a2.step(f, [r["first_leaves"] for r in rows], where="mid", label="leaves on time", color="tab:blue")
     a2.step(f, [r["final_leaves"] for r in rows], where="mid", label="after refining in slack", color="tab:orange", lw=0.8)
+    a2.set_ylim(0, (num_leaves or max(r["final_leaves"] for r in rows)) + 0.5)
+    a2.yaxis.set_major_locator(MaxNLocator(integer=True))
     a2.set_ylabel("leaves")
     a2.set_xlabel("frame")
     a2.legend(**outside)
@@ -133,8 +144,8 @@ def timeline_figure(rows: list[dict]):
     return fig
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    timeline_figure(rows).savefig(path)
+def plot(rows: list[dict], path: Path, num_leaves: int | None = None) -> None:
+    timeline_figure(rows, num_leaves).savefig(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out / "timeline.png")
+    plot(rows, out / "timeline.png", runner.num_leaves)
     n = len(rows)
     misses = sum(1 - r["first_met_budget"] for r in rows)
     print(f"{n} frames at {period_ms:.3f} ms period (full tree {full_ms:.3f} ms)")

@@ -232,10 +232,29 @@ def test_tree_labels_carry_units_and_leaves_count_from_0():
 # -- the example's timeline ----------------------------------------------------------------------------------------
 
 
-def test_timeline_legends_do_not_cover_the_data():
+def _stack_example():
     spec = importlib.util.spec_from_file_location("autonomous_stack", REPO / "examples" / "autonomous_stack.py")
     stack = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stack)
+    return stack
+
+
+def test_timeline_a_stall_does_not_flatten_the_rest():
+    """A real run on a loaded machine: budgets ~0.4 ms, one 52 ms stall, 1..3 leaves of 16."""
+    rows = [{"frame": t, "budget_ms": 0.4, "first_latency_ms": 52.0 if t == 2 else 0.35, "first_met_budget": int(t != 2),
+             "first_leaves": 3 if t == 140 else 1, "final_leaves": 3 if t == 140 else 1} for t in range(180)]
+    fig = _stack_example().timeline_figure(rows, num_leaves=16)
+    ms, leaves = fig.axes
+    assert ms.get_ylim()[1] < 5, ms.get_ylim()  # the budget line stays readable
+    assert any("off the scale" in t and "52" in t for t in _legend(ms)), _legend(ms)
+    lo, hi = leaves.get_ylim()
+    assert lo <= 1 and hi >= 16
+    _draw(fig)
+    assert all(float(t.get_text().replace("−", "-")).is_integer() for t in leaves.get_yticklabels() if t.get_text())
+
+
+def test_timeline_legends_do_not_cover_the_data():
+    stack = _stack_example()
     rng = np.random.default_rng(0)
     rows = []
     for t in range(300):
