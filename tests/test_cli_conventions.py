@@ -122,6 +122,8 @@ def test_verify_batch_sizes_outside_the_bundles_range(work):
         (("bench", "{b}", "--limit", "0"), ("--limit", "0")),
         (("bench", "{b}", "--limit", "-5"), ("--limit", "-5")),
         (("run", "{b}", "{notes_png}"), ("notes.png", "expected a readable image file")),
+        (("run", "{b}", "{notes_npz}"), ("notes.npz", "cannot read")),
+        (("bench", "{b}", "--frames", "{notes_npz}"), ("notes.npz", "cannot read")),
         (("info", "hne_tiny", "--tree", "1,x"), ("--tree", "'1,x'", "branching factors")),
         (("info", "hne_tiny", "--tree", "3,0"), ("branching",)),
         (("info", "no_such_model"), ("no_such_model", "hne_tiny")),
@@ -134,8 +136,9 @@ def test_verify_batch_sizes_outside_the_bundles_range(work):
     ],
 )
 def test_user_errors_are_one_line_hne_errors(work, tiny_bundle, tmp_path, args, fragments):
-    shutil.copy(work / "notes.txt", tmp_path / "notes.png")
-    values = {"b": str(work / "b"), "frames": str(work / "frames.npz"), "notes_png": str(tmp_path / "notes.png"),
+    for suffix in (".png", ".npz"):
+        shutil.copy(work / "notes.txt", tmp_path / f"notes{suffix}")
+    values = {"notes_npz": str(tmp_path / "notes.npz"), "b": str(work / "b"), "frames": str(work / "frames.npz"), "notes_png": str(tmp_path / "notes.png"),
               "ckpt": str(tiny_bundle.checkpoint_path), "tmp": str(tmp_path)}
     proc = run_cli(*(a.format(**values) for a in args), cwd=tmp_path)
     _one_line_error(proc, *fragments)

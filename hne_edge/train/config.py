@@ -101,6 +101,12 @@ class ModelSpec:
 
         _expect(self.name in list_models(), "model.name", self.name, f"one of {', '.join(list_models())}")
         _expect(isinstance(self.overrides, dict), "model.overrides", self.overrides, "a mapping of config fields")
+        from ..models.zoo import model_config  # noqa: PLC0415 - torch-free too
+
+        try:  # the overrides build a valid model config (the data's classes/channels/size are checked at fit)
+            model_config(self.name, **copy.deepcopy(self.overrides))
+        except TypeError as exc:  # a value of the wrong kind inside a config's own checks
+            raise InputError(f"model.overrides: received {self.overrides!r}; {exc}") from None
 
 
 @dataclass
