@@ -12,6 +12,8 @@ import click
 from ..bundle import PRECISIONS
 from ..exporters.base import PLAN_CHOICES
 from ..exporters.checkpoint import EXPORT_FORMATS
+from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
+from ..exporters.tensorrt import HARDWARE_LEVELS
 from .options import batch_sizes_option, quiet_option
 
 
@@ -34,10 +36,10 @@ from .options import batch_sizes_option, quiet_option
 @click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
 @click.option("--no-first-leaf", is_flag=True,
               help="Do not write the export-free first-leaf file (frames that stop after leaf 0 then run its segment).")
-@click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
+@click.option("--exporter", type=click.Choice(EXPORTERS), default="torchscript", show_default=True,
               help="torch.onnx exporter path.")
 @click.option("--workspace-mb", type=int, default=None, help="TensorRT builder workspace limit.")
-@click.option("--hardware-compat", type=click.Choice(["none", "same_compute_capability", "ampere_plus"]),
+@click.option("--hardware-compat", type=click.Choice(HARDWARE_LEVELS),
               default="none", show_default=True, help="TensorRT hardware compatibility level.")
 @click.option("--version-compatible", is_flag=True, help="TensorRT VERSION_COMPATIBLE engines.")
 @quiet_option

@@ -15,8 +15,10 @@ from ..fileio import atomic_write_json, check_output_dir
 from . import printable
 from .options import batch_sizes_option, device_option, threads_option
 
+from ..runtime.backends import BACKENDS
+
 # the names a user picks; "<backend>-cuda" are the GPU implementations that --device cuda selects
-_BACKENDS = ("onnxruntime", "torch", "tensorrt")
+_BACKENDS = tuple(name for name in BACKENDS if not name.endswith("-cuda"))
 
 
 class _BackendChoice(click.Choice):

@@ -42,7 +42,7 @@ from .options import config_device_option, device_option, quiet_option, threads_
 @config_device_option
 @threads_option("torch")
 @quiet_option
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
+@click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
 def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, epochs, batch_size, lr, weight_decay, accum_steps,
           seed, val_split, limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
     """Train an HNE; with no options, hne_tiny on the bundled digits (~20 s on a CPU).
