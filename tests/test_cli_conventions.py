@@ -238,3 +238,22 @@ def test_export_checkpoint_is_a_library_function(tiny_bundle, tmp_path):
     manifest = read_manifest(path)
     assert manifest.provenance["checkpoint"] == str(tiny_bundle.checkpoint_path)
     assert {v[1] for v in manifest.variants()} == {"segments"}
+
+
+def test_device_auto_resolves_per_backend(monkeypatch):
+    import onnxruntime
+
+    from hne_edge.runtime.backends import cuda
+    from hne_edge.runtime.devices import resolve_device
+
+    gpus = {"n": 0}
+    monkeypatch.setattr(cuda, "probe_cuda", lambda: cuda.CudaProbe(device_count=gpus["n"]))
+    assert resolve_device("onnxruntime", "cuda:1") == "cuda:1" and resolve_device("torch", "cpu") == "cpu"
+    assert resolve_device("tensorrt", "auto") == "cuda"  # it has no CPU path
+    assert resolve_device("torch", "auto") == "cpu"
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    gpus["n"] = 1
+    assert resolve_device("onnxruntime", "auto") == "cpu"  # the CPU package cannot use the GPU
+    assert resolve_device("torch", "auto") == "cuda"
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert resolve_device("onnxruntime", "auto") == "cuda"
