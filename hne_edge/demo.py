@@ -197,7 +197,7 @@ def run_demo(
     echo(f"  frames      {out / 'frames.npz'} (the validation images, uint8 NHWC, with labels)")
     echo("next:")
     echo(f"  hne-edge inspect {bundle}")
-    echo(f"  hne-edge bench {bundle} --data {out / 'frames.npz'} --out {out / 'bench'}")
+    echo(f"  hne-edge bench {bundle} --frames {out / 'frames.npz'} --out {out / 'bench'}")
     echo(f"  hne-edge run {bundle} {out / 'frames.npz'} --budget-ms {rows[3]['budget_ms']:.3f}")
     echo(f"  python examples/embedded_app.py {bundle} --frames {out / 'frames.npz'}")
     echo(f"  python examples/autonomous_stack.py {bundle} --frames {out / 'frames.npz'} --out {out / 'stack'}")

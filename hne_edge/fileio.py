@@ -29,6 +29,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "swap_dir_into_place",
+    "check_output_dir",
 ]
 
 
@@ -40,6 +41,16 @@ def _alive(pid: int) -> bool:
     except OSError:  # exists, owned by someone else
         return True
     return True
+
+
+def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """Refuse, before any work, an output folder that is an existing file (writing into it could only fail later)."""
+    from .errors import InputError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{what} {path}: received an existing file; expected a folder (new or existing)")
+    return path
 
 
 def scratch_path(target: Path, kind: str) -> Path:

@@ -27,9 +27,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
-from .errors import short_repr
+from .errors import InputError, short_repr
 
-__all__ = ["Node", "Segment", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree", "MAX_LEAVES", "MAX_BLOCKS"]
+__all__ = [
+    "Node", "Segment", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree", "TREE_PRESETS", "parse_tree",
+    "resolve_tree", "MAX_LEAVES", "MAX_BLOCKS",
+]
 
 # Bounds on what a file may ask for. An HNE has tens of leaves (the paper: 16); 1024 leaves of even the
 # smallest zoo model is hours of training, and the spec's node tables stay a few MB at these bounds.
@@ -90,17 +93,17 @@ class TreeSpec:
     def __post_init__(self) -> None:
         branching = tuple(self.branching) if not isinstance(self.branching, tuple) else self.branching
         if len(branching) == 0:
-            raise ValueError("TreeSpec.branching must have one factor per block (at least one block); received ()")
+            raise InputError("TreeSpec.branching must have one factor per block (at least one block); received ()")
         bad = [(d, f) for d, f in enumerate(branching) if not isinstance(f, int) or isinstance(f, bool) or f < 1]
         if bad:
-            raise ValueError(
+            raise InputError(
                 f"TreeSpec.branching must hold positive integers, one per block; received {short_repr(branching)} "
                 f"(invalid at block(s) {', '.join(f'{d}: {short_repr(f, 40)}' for d, f in bad[:5])}"
                 f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''})"
             )
         # bounds before anything is built: a file naming a 2^30-leaf tree must fail here, not in the allocator
         if len(branching) > MAX_BLOCKS:
-            raise ValueError(
+            raise InputError(
                 f"TreeSpec.branching has {len(branching)} blocks; expected at most {MAX_BLOCKS} "
                 f"(received {short_repr(branching)})"
             )
@@ -108,7 +111,7 @@ class TreeSpec:
         for f in branching:
             leaves *= f
             if leaves > MAX_LEAVES:
-                raise ValueError(
+                raise InputError(
                     f"TreeSpec.branching {short_repr(branching)} has more than {MAX_LEAVES} leaves (the product of "
                     f"the branching factors); expected at most {MAX_LEAVES}"
                 )
@@ -229,7 +232,7 @@ class TreeSpec:
 
     def _check_n(self, n: int) -> None:
         if not 1 <= n <= self.num_leaves:
-            raise ValueError(f"ensemble size n must be in 1..{self.num_leaves}; received {n}")
+            raise InputError(f"ensemble size n must be in 1..{self.num_leaves}; received {n}")
 
     # -- serialisation -----------------------------------------------------
     def to_dict(self) -> dict:
@@ -238,7 +241,7 @@ class TreeSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "TreeSpec":
         if not isinstance(data, dict) or set(data) != {"branching"} or not isinstance(data["branching"], (list, tuple)):
-            raise ValueError(f"a tree spec is {{'branching': [...]}}; received {short_repr(data)}")
+            raise InputError(f"a tree spec is {{'branching': [...]}}; received {short_repr(data)}")
         return cls(tuple(data["branching"]))
 
     def describe(self, label: "Callable[[Node], str] | None" = None) -> str:
@@ -279,5 +282,46 @@ def independent_tree(num_blocks: int = 5, num_leaves: int = 16) -> TreeSpec:
 def multi_branch_tree(num_blocks: int = 5, split_block: int = 3, num_leaves: int = 16) -> TreeSpec:
     """Baseline: a shared backbone for blocks ``0..split_block-1``, then ``num_leaves`` branches."""
     if not 0 < split_block < num_blocks:
-        raise ValueError(f"split_block must be in 1..{num_blocks - 1}; received {split_block}")
+        raise InputError(f"split_block must be in 1..{num_blocks - 1}; received {split_block}")
     return TreeSpec(tuple(num_leaves if d == split_block else 1 for d in range(num_blocks)))
+
+
+# The named trees a model's ``tree`` option accepts; the paper's baselines come from the same entrypoints.
+TREE_PRESETS = ("hne", "independent", "multi_branch")
+
+
+def parse_tree(value: "str | tuple[int, ...] | list[int] | TreeSpec | None", name: str = "tree"):
+    """The one parser of a ``tree`` option (CLI ``--tree``, YAML ``model.overrides.tree``).
+
+    ``"hne"`` / ``"independent"`` / ``"multi_branch"`` stay names, ``"1,2,2,2,2"`` (or a list) becomes a tuple
+    of branching factors, a :class:`TreeSpec` or ``None`` passes through; the factors themselves are checked
+    by :class:`TreeSpec` once the model's number of blocks is known. ``name`` is what errors call the option.
+    """
+    if value is None or isinstance(value, TreeSpec) or value in TREE_PRESETS:
+        return value
+    try:
+        parts = value.split(",") if isinstance(value, str) else list(value)
+        factors = tuple(int(v) for v in parts)
+        if not factors or any(isinstance(v, (bool, float)) for v in parts):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InputError(
+            f"{name}: received {short_repr(value)}; expected {', '.join(TREE_PRESETS)} or branching factors like 1,2,2,2,2"
+        ) from None
+    return factors
+
+
+def resolve_tree(value, num_blocks: int) -> TreeSpec:
+    """``value`` (anything :func:`parse_tree` accepts) as the spec of a model with ``num_blocks`` blocks."""
+    tree = parse_tree(value)
+    if isinstance(tree, TreeSpec):
+        return tree
+    if isinstance(tree, tuple):
+        return TreeSpec(tree)
+    if tree == "hne":
+        return hne_tree(num_blocks - 1)
+    if tree == "independent":
+        return independent_tree(num_blocks)
+    if tree == "multi_branch":
+        return multi_branch_tree(num_blocks, split_block=num_blocks - 2)
+    raise InputError(f"tree: received {short_repr(value)}; expected {', '.join(TREE_PRESETS)} or branching factors")

@@ -88,13 +88,12 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
 
 
 def test_tree_option_parsing():
-    import click
+    from hne_edge.errors import InputError
+    from hne_edge.tree import parse_tree
 
-    from hne_edge.cli.train import _tree
-
-    assert _tree("independent") == "independent" and _tree("1,2,2,2,2") == [1, 2, 2, 2, 2]
-    with pytest.raises(click.BadParameter, match="received '1,x'"):
-        _tree("1,x")
+    assert parse_tree("independent") == "independent" and parse_tree("1,2,2,2,2") == (1, 2, 2, 2, 2)
+    with pytest.raises(InputError, match="received '1,x'"):
+        parse_tree("1,x")
 
 
 # -- evaluation on the user's own test set (--test-data) ------------------------------------------------

@@ -38,7 +38,12 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        command = getattr(importlib.import_module(module), attr)
+        if not any(p.name == "debug" for p in command.params):  # `hne-edge run ... --debug` works too
+            from .options import debug_option
+
+            command.params.append(debug_option())
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_) for name, (_, _, help_) in COMMANDS.items()]
@@ -61,11 +66,12 @@ class LazyGroup(click.Group):
                 raise
             click.echo("Interrupted", err=True)
             sys.exit(130)
-        except Exception as exc:  # every failure: one line, exit 2 (--debug: the traceback)
+        except (HNEError, OSError) as exc:  # the user's input or the file system: one line, exit 2
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             click.echo(f"Error: {one_line(exc)}", err=True)
             sys.exit(2)
+        # anything else is a bug in hne-edge: Python's traceback and exit 1, never dressed up as a user error
 
 
 def printable(text: object) -> str:
@@ -77,15 +83,13 @@ def printable(text: object) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """The CLI's message for ``exc``: its text on one printable line (unexpected errors name their type)."""
+    """The CLI's message for a user error ``exc`` (an :class:`HNEError` or an ``OSError``): one printable line."""
     if isinstance(exc, KeyError) and exc.args:
         message = str(exc.args[0])
     elif isinstance(exc, OSError) and exc.strerror:  # e.g. ENOSPC: "No space left on device: 'out/...'"
         message = exc.strerror + (f": {exc.filename}" if exc.filename else "")
     else:
         message = str(exc) or type(exc).__name__
-    if not isinstance(exc, (HNEError, ValueError, OSError, KeyError)):
-        message = f"{type(exc).__name__}: {message} (unexpected; rerun with --debug for the traceback)"
     return printable(" ".join(message.split()))
 
 

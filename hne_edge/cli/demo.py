@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
+from ..train.config import DATASETS
+
 
 @click.command("demo")
 @click.option("--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (a previous demo's folder is replaced).")
 @click.option("--data", default="digits", show_default=True,
-              type=click.Choice(["digits", "cifar10", "cifar100", "npz", "imagefolder"]),
+              type=click.Choice(DATASETS),
               help="Dataset; digits ships with scikit-learn (no download).")
 @click.option("--data-dir", default=None, help="Dataset folder or .npz file (for cifar10/100, npz, imagefolder).")
 @click.option("--model", default=None, help="Zoo model (default: hne_tiny).")

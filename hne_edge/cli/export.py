@@ -9,104 +9,80 @@ from pathlib import Path
 import click
 
 
-def _precisions(values: tuple[str, ...]) -> tuple[str, ...]:
-    from ..exporters.base import parse_precisions
-
-    return parse_precisions(list(values) or ["fp32"])
+from ..bundle import PRECISIONS
+from ..exporters.base import PLAN_CHOICES
+from ..exporters.checkpoint import EXPORT_FORMATS
+from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
+from ..exporters.tensorrt import HARDWARE_LEVELS
+from .options import batch_sizes_option, quiet_option
 
 
 @click.command("export")
 @click.argument("source", type=click.Path(exists=True, path_type=Path), metavar="CHECKPOINT")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Bundle directory to write (required for a checkpoint; refused if it exists without --force).")
-@click.option("--format", "fmt", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="onnx", show_default=True,
               help="onnx: the portable bundle. tensorrt: ONNX plus engines built on this GPU.")
-@click.option("--precision", "precision", multiple=True, metavar="fp32|fp16",
+@click.option("--precision", "precision", multiple=True, metavar="|".join(PRECISIONS),
               help="Repeat or comma-separate for several (e.g. --precision fp32,fp16). Default fp32.")
-@click.option("--batch", default="1:1:16", show_default=True, metavar="MIN:OPT:MAX",
-              help="Batch range the bundle is built and verified for (engines: the optimization profile).")
+@click.option("--batch-range", "batch", default="1:1:16", show_default=True, metavar="MIN:OPT:MAX",
+              help="Batch sizes the bundle is built and verified for (engines: the optimization profile).")
+@click.option("--batch", "batch_alias", default=None, hidden=True)  # deprecated spelling of --batch-range
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 17, parsed by TensorRT 8.6+ and 10).")
-@click.option("--plan", type=click.Choice(["nodes", "segments", "both"]), default="both", show_default=True,
+@click.option("--plan", type=click.Choice(PLAN_CHOICES), default="both", show_default=True,
               help="nodes: one file per tree node; segments: one file per leaf (the fast path).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-verify", is_flag=True, help="Skip the comparison with PyTorch (not recommended).")
 @click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
 @click.option("--no-first-leaf", is_flag=True,
               help="Do not write the export-free first-leaf file (frames that stop after leaf 0 then run its segment).")
-@click.option("--exporter", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
+@click.option("--exporter", type=click.Choice(EXPORTERS), default="torchscript", show_default=True,
               help="torch.onnx exporter path.")
 @click.option("--workspace-mb", type=int, default=None, help="TensorRT builder workspace limit.")
-@click.option("--hardware-compat", type=click.Choice(["none", "same_compute_capability", "ampere_plus"]),
+@click.option("--hardware-compat", type=click.Choice(HARDWARE_LEVELS),
               default="none", show_default=True, help="TensorRT hardware compatibility level.")
 @click.option("--version-compatible", is_flag=True, help="TensorRT VERSION_COMPATIBLE engines.")
-def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify, no_torch_weights, no_first_leaf,
-           exporter, workspace_mb, hardware_compat, version_compatible) -> None:  # fmt: skip
+@quiet_option
+def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, force, no_verify, no_torch_weights,
+           no_first_leaf, exporter, workspace_mb, hardware_compat, version_compatible, quiet) -> None:  # fmt: skip
     """Export CHECKPOINT to a verified bundle at --out.
 
     With --format tensorrt, CHECKPOINT may also be an existing bundle
     directory: engines are then built from its ONNX files and added to it
     (the usual flow on a Jetson, which needs no PyTorch).
     """
-    from ..exporters.base import DEFAULT_OPSET, parse_batch
+    from ..bundle import read_manifest, variant_label
+    from ..exporters.base import parse_batch, parse_precisions
 
-    precisions = _precisions(precision)
-    batch_range = parse_batch(batch)
+    precisions = parse_precisions(list(precision) or ["fp32"])
+    batch_range = parse_batch(batch_alias or batch)
     trt_options = dict(workspace_mb=workspace_mb, hardware_compatibility=hardware_compat,
                        version_compatible=version_compatible)  # fmt: skip
-    if fmt == "tensorrt":
-        from ..exporters.tensorrt import build_engines, device_info, load_tensorrt
-
-        load_tensorrt()  # fail before any work: clear message + install hint, exit 2
-        device_info()
     if source.is_dir():
         if fmt != "tensorrt":
             raise click.UsageError(f"{source} is a directory; export needs a checkpoint file (a bundle is only "
                                    "accepted with --format tensorrt, to add engines to it)")  # fmt: skip
-        plans = None if plan == "both" else (plan,)
-        entries = build_engines(source, precisions=precisions, plans=plans, batch=batch_range, **trt_options)
+        from ..exporters.tensorrt import build_engines, device_info, load_tensorrt
+
+        load_tensorrt()  # fail before any work: clear message + install hint, exit 2
+        device_info()
+        entries = build_engines(source, precisions=precisions, plans=None if plan == "both" else (plan,),
+                                batch=batch_range, **trt_options)  # fmt: skip
         click.echo(f"built {len(entries)} TensorRT engine(s) into {source}")
         return
     if out_dir is None:
         raise click.UsageError("--out DIR is required when exporting a checkpoint")
 
-    from ..exporters import export_onnx
-    from ..exporters.base import _version
-    from ..bundle import sha256_file
-    from ..train.checkpoint import model_from_checkpoint
+    from ..exporters import export_checkpoint
 
-    model, state = model_from_checkpoint(source)
-    post = None
-    if fmt == "tensorrt":
-        plans = None if plan == "both" else (plan,)
-
-        def post(tmp: Path) -> None:
-            build_engines(tmp, precisions=precisions, plans=plans, batch=batch_range, **trt_options)
-
-    progress = _progress()
-    path = export_onnx(
-        model,
-        out_dir,
-        class_names=state["class_names"],
-        normalization=state["normalization"],
-        precisions=precisions,
-        plan=plan,
-        batch=batch_range,
-        opset=opset or DEFAULT_OPSET,
-        force=force,
-        verify=not no_verify,
-        torch_weights=not no_torch_weights,
-        first_leaf=not no_first_leaf,
-        exporter=exporter,
-        progress=progress,
-        extra_provenance={"checkpoint": str(source), "checkpoint_sha256": sha256_file(source),
-                          "tensorrt": _version("tensorrt") if fmt == "tensorrt" else None},  # fmt: skip
-        post_export=post,
-        keep=(source,),
+    progress = None if quiet else _progress()
+    path = export_checkpoint(
+        source, out_dir, format=fmt, precisions=precisions, plan=plan, batch=batch_range, opset=opset, force=force,
+        verify=not no_verify, torch_weights=not no_torch_weights, first_leaf=not no_first_leaf, exporter=exporter,
+        tensorrt_options=trt_options, progress=progress,
     )
     if progress:
         click.echo("\r\033[K", err=True, nl=False)  # clear the status line
-    from ..bundle import read_manifest, variant_label
-
     manifest = read_manifest(path)
     total = sum(f.bytes for f in manifest.files)
     click.echo(
@@ -120,25 +96,24 @@ def export(source, out_dir, fmt, precision, batch, opset, plan, force, no_verify
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Compare every file and anytime prefix with this checkpoint's PyTorch model.")
-@click.option("--batch-sizes", default=None, metavar="N[,N...]", help="Batch sizes to run (default: min and up to 4).")
-def verify(bundle: Path, checkpoint: Path | None, batch_sizes: str | None) -> None:
+@batch_sizes_option(None, "Batch sizes to run, within the bundle's batch range (default: its min and up to 4).")
+def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] | None) -> None:
     """Check BUNDLE: manifest, sha256, ONNX Runtime loads, plans agree (and vs PyTorch with --checkpoint)."""
+    from ..bundle import read_manifest
     from ..exporters.verify import verify_bundle
 
+    if batch_sizes:
+        low, _, high = read_manifest(bundle, verify_files=False).input.batch
+        outside = [b for b in batch_sizes if not low <= b <= high]
+        if outside:
+            raise click.BadParameter(f"received {','.join(map(str, outside))}; expected sizes in {low}..{high}, the "
+                                     f"batch range {bundle} was exported for", param_hint="--batch-sizes")  # fmt: skip
     model = None
     if checkpoint is not None:
         from ..train.checkpoint import model_from_checkpoint
 
         model, _ = model_from_checkpoint(checkpoint)
-    sizes = None
-    if batch_sizes:
-        try:
-            sizes = sorted({int(v) for v in batch_sizes.split(",")})
-        except ValueError:
-            sizes = []
-        if not sizes or sizes[0] < 1:
-            raise click.BadParameter(f"received {batch_sizes!r}; expected comma-separated integers >= 1", param_hint="--batch-sizes")
-    report = verify_bundle(bundle, model=model, batch_sizes=sizes)
+    report = verify_bundle(bundle, model=model, batch_sizes=list(batch_sizes) if batch_sizes else None)
     click.echo(_printable_lines(report.format_table()))
     report.raise_for_failures()
 

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from ..tree import TREE_PRESETS
+
 
 @click.command("info")
 @click.argument("model_name", metavar="MODEL")
@@ -15,7 +17,7 @@ import click
     "tree",
     default="hne",
     show_default=True,
-    help="hne | independent | multi_branch | comma-separated branching factors (e.g. 1,2,2,2,2).",
+    help=f"{' | '.join(TREE_PRESETS)} | comma-separated branching factors (e.g. 1,2,2,2,2).",
 )
 @click.option("--input-size", type=int, default=None, help="Square input side (default: the model's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -26,8 +28,9 @@ def info(
     """Print MODEL's tree, per-node MACs/params and the anytime cost curve."""
     from ..models import create_model, tree_cost
     from ..models.cost import format_cost
+    from ..tree import parse_tree
 
-    overrides = {"tree": parse_tree_option(tree)}
+    overrides = {"tree": parse_tree(tree, "--tree")}
     if input_size is not None:
         overrides["input_size"] = input_size
     model = create_model(model_name, num_classes=num_classes, **overrides).eval()
@@ -51,10 +54,3 @@ def info(
     click.echo(model.tree.describe())
     click.echo()
     click.echo(format_cost(cost, model.tree))
-
-
-def parse_tree_option(value: str):
-    """``hne`` / ``independent`` / ``multi_branch`` or ``1,2,2,2,2``."""
-    if value.replace(",", "").replace(" ", "").isdigit():
-        return tuple(int(v) for v in value.split(","))
-    return value

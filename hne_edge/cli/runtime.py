@@ -9,29 +9,46 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import path_component
+from ..bundle import PLANS, PRECISIONS, path_component
 from ..errors import InputError
+from ..fileio import atomic_write_json, check_output_dir
 from . import printable
+from .options import batch_sizes_option, device_option, threads_option
 
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+from ..runtime.backends import BACKENDS
+
+# the names a user picks; "<backend>-cuda" are the GPU implementations that --device cuda selects
+_BACKENDS = tuple(name for name in BACKENDS if not name.endswith("-cuda"))
+
+
+class _BackendChoice(click.Choice):
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.endswith("-cuda") and value[: -len("-cuda")] in self.choices:
+            self.fail(f"received {value!r}; expected one of {', '.join(self.choices)} "
+                      f"(for the GPU: --backend {value[: -len('-cuda')]} --device cuda)", param, ctx)  # fmt: skip
+        return super().convert(value, param, ctx)
 
 
 def _runner_options(f):
     f = click.option("--cuda-graph", type=click.Choice(["on", "off"]), default=None, is_flag=False, flag_value="on",
                      help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others off).")(f)
-    f = click.option("--threads", type=int, default=None, help="Intra-op threads (default: the backend's).")(f)
-    f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16"]))(f)
-    f = click.option("--plan", default="segments", show_default=True, type=click.Choice(["segments", "nodes"]))(f)
-    f = click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N")(f)
-    f = click.option("--backend", default="onnxruntime", show_default=True, help="onnxruntime | torch | tensorrt")(f)
+    f = threads_option("Intra-op")(f)
+    f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS))(f)
+    f = click.option("--plan", default="segments", show_default=True,
+                     type=click.Choice([p for p in PLANS if p in ("segments", "nodes")]))(f)  # the runnable plans
+    f = device_option(f)
+    f = click.option("--backend", default="onnxruntime", show_default=True, type=_BackendChoice(_BACKENDS),
+                     help="onnxruntime (CPU or CUDA) | torch (needs torch/model.pt) | tensorrt (engines in the bundle).")(f)
     return f
 
 
 def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
     from ..runtime import AnytimeRunner
+    from ..runtime.devices import resolve_device
 
     options = {} if cuda_graph is None else {"cuda_graph": cuda_graph == "on"}  # CPU backends refuse it with a clear error
-    return AnytimeRunner(bundle, backend=backend, device=device, plan=plan, precision=precision, threads=threads, **options)
+    return AnytimeRunner(bundle, backend=backend, device=resolve_device(backend, device), plan=plan, precision=precision,
+                         threads=threads or None, **options)  # fmt: skip
 
 
 def _check_labels(source, x: np.ndarray, y: np.ndarray) -> None:
@@ -42,19 +59,9 @@ def _check_labels(source, x: np.ndarray, y: np.ndarray) -> None:
         )
 
 
-def _parse_sizes(value: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"received {value!r}; expected comma-separated ints like 1,8") from None
-    if not sizes:
-        raise click.BadParameter(f"received {value!r}; expected at least one batch size")
-    return sizes
-
-
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@click.option("--batch-sizes", default="1", show_default=True, help="Comma-separated batch sizes to profile.")
+@batch_sizes_option("1", "Batch sizes to profile.")
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=50, show_default=True, type=click.IntRange(min=1))
 @_runner_options
@@ -62,7 +69,7 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
     """Measure each leaf step and model file; save the cost model next to the bundle."""
     import warnings
 
-    sizes = _parse_sizes(batch_sizes)
+    sizes = batch_sizes
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -71,7 +78,7 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
             click.echo(f"note: {w.message}")
         for b in sizes:
             data = prof.batches[b]
-            click.echo(f"{runner.manifest.model_name}  {backend}/{device}  plan={plan}  {precision}  batch={b}")
+            click.echo(f"{runner.manifest.model_name}  {backend}/{runner.device}  plan={plan}  {precision}  batch={b}")
             click.echo(f"{'leaf':>4}  {'median ms':>9}  {'p95 ms':>8}  {'n leaves: median ms':>20}  {'p95 ms':>8}")
             for leaf, level in zip(data["leaves"], data["levels"]):
                 click.echo(
@@ -86,14 +93,19 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1))
-@click.option("--data", type=click.Path(exists=True, dir_okay=False), help=".npz with x (and y) for accuracy-vs-latency.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most this many samples of --data.")
+@click.option("--frames", "frames", type=click.Path(exists=True, dir_okay=False), metavar="PATH.npz",
+              help="Frames with labels (x: N,H,W,C uint8 or N,C,H,W float; y: N) for accuracy per level.")
+@click.option("--data", "frames_alias", type=click.Path(exists=True, dir_okay=False), hidden=True)  # old --frames
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most this many of --frames.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder (default: bench-<model>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @_runner_options
-def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backend, device, plan, precision, threads, cuda_graph):
+def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out, as_json, backend, device, plan, precision,
+          threads, cuda_graph):  # fmt: skip
     """Latency of every anytime level n = 1..N (median / p95); JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
+
+    data = frames or frames_alias
 
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats)
@@ -101,7 +113,7 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
         if data:
             x, y = load_arrays(data)
             if y is None:
-                raise click.BadParameter(f"{data}: received no 'y'; expected labels for accuracy", param_hint="--data")
+                raise click.BadParameter(f"{data}: received no 'y'; expected labels for accuracy", param_hint="--frames")
             _check_labels(data, x, y)
             if limit:
                 x, y = x[:limit], y[:limit]
@@ -114,7 +126,7 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
             "model": runner.manifest.model_name,
             "bundle": str(Path(bundle).resolve()),
             "backend": backend,
-            "device": device,
+            "device": runner.device,
             "plan": plan,
             "precision": precision,
             "threads": threads,
@@ -124,8 +136,7 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
             "levels": levels,
         }
         out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
+    atomic_write_json(check_output_dir(out_dir, "--out") / "bench.json", result)
     try:
         from ..plots import plot_bench
 
@@ -135,7 +146,7 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
-    click.echo(f"{result['model']}  {backend}/{device}  plan={plan}  {precision}  batch={batch_size}  ({repeats} repeats)")
+    click.echo(f"{result['model']}  {backend}/{result['device']}  plan={plan}  {precision}  batch={batch_size}  ({repeats} repeats)")
     head = f"{'n':>3}  {'MMACs':>8}  {'median ms':>9}  {'p95 ms':>8}" + ("  accuracy" if accuracy else "")
     click.echo(head)
     for level in levels:
@@ -148,6 +159,8 @@ def bench(bundle, batch_size, warmup, repeats, data, limit, out, as_json, backen
 
 def _load_inputs(paths, runner):
     """[(source name, x float NCHW, y or None)] from image files and .npy/.npz files."""
+    from ..runtime.images import is_image_path, read_image
+
     items = []
     for p in paths:
         path = Path(p)
@@ -163,18 +176,8 @@ def _load_inputs(paths, runner):
             elif x.ndim == 3:
                 x = x[None]
             items.append((path.name, x, y))
-        elif path.suffix.lower() in _IMAGE_SUFFIXES:
-            try:
-                from PIL import Image
-            except ImportError:
-                raise click.UsageError(f"{path}: reading images needs Pillow (pip install pillow); or pass .npy/.npz") from None
-            mode = "L" if runner.input_spec.channels == 1 else "RGB"
-            try:
-                with Image.open(path) as im:
-                    arr = np.asarray(im.convert(mode))
-            except (OSError, ValueError, Image.DecompressionBombError) as exc:  # UnidentifiedImageError is an OSError
-                raise InputError(f"{path}: cannot decode the image ({type(exc).__name__}); expected a readable image file") from None
-            items.append((path.name, runner.preprocess(arr), None))
+        elif is_image_path(path):
+            items.append((path.name, runner.preprocess(read_image(path, runner.input_spec.channels)), None))
         else:
             raise click.BadParameter(f"{path}: received suffix {path.suffix!r}; expected an image or .npy/.npz")
     return items
@@ -186,7 +189,8 @@ def _load_inputs(paths, runner):
 @click.option("--budget-ms", type=float, default=None, help="Per-frame time budget in milliseconds.")
 @click.option("--max-leaves", type=int, default=None)
 @click.option("--min-leaves", type=int, default=1, show_default=True)
-@click.option("--agreement", type=float, default=None, help="Stop early when this fraction of >= 2 leaves agree.")
+@click.option("--agreement", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Stop early when this fraction of >= 2 leaves agree.")
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1), help="Samples per frame.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines.")
 @_runner_options

@@ -3,35 +3,24 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
 
 import click
 
-DATA_CHOICES = ("digits", "cifar10", "cifar100", "npz", "imagefolder")
-LOSS_CHOICES = ("independent", "structured", "distill", "hierarchical")
-WEIGHTINGS = ("paper", "mean-t2")  # hne_edge.train.losses.WEIGHTINGS (the CLI imports no torch for --help)
-# the preset a bare `--data X` starts from
-_DEFAULT_PRESET = {"digits": "digits", "cifar10": "cifar", "cifar100": "cifar", "npz": "cifar", "imagefolder": "imagenet"}
-
-
-def _tree(value: str | None):
-    if value is None or value in ("hne", "independent", "multi_branch"):
-        return value
-    try:
-        return [int(v) for v in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"received {value!r}; expected hne, independent, multi_branch or branching factors like 1,2,2,2,2") from None
-
+from ..train.config import DATASETS, LOSSES, PRESETS, WEIGHTINGS  # torch-free: --help stays instant
+from ..tree import TREE_PRESETS
+from .options import config_device_option, device_option, quiet_option, threads_option
 
 @click.command("train")
-@click.option("--data", type=click.Choice(DATA_CHOICES), default=None, help="Dataset (default: digits, bundled with scikit-learn).")
+@click.option("--data", type=click.Choice(DATASETS), default=None, help="Dataset (default: digits, bundled with scikit-learn).")
 @click.option("--data-dir", default=None, help="CIFAR root, ImageFolder root, or .npz file (x: N,H,W,C uint8; y: N).")
 @click.option("--download", is_flag=True, default=None, help="Download CIFAR-10/100 into --data-dir.")
 @click.option("--model", default=None, help="Zoo model (hne-edge info lists them).")
-@click.option("--tree", default=None, help="hne | independent | multi_branch | branching factors, e.g. 1,2,2,2,2.")
-@click.option("--loss", type=click.Choice(LOSS_CHOICES), default=None, help="Training objective (default hierarchical: L^I + L^HD).")
+@click.option("--tree", default=None, help=f"{' | '.join(TREE_PRESETS)} | branching factors, e.g. 1,2,2,2,2.")
+@click.option("--loss", type=click.Choice(LOSSES), default=None, help="Training objective (default hierarchical: L^I + L^HD).")
 @click.option("--alpha", type=float, default=None, help="Weight of the distillation term (default 0.5).")
 @click.option("--temperature", type=float, default=None, help="Soft-label temperature T (default 2).")
 @click.option("--weighting", type=click.Choice(WEIGHTINGS), default=None,
@@ -49,10 +38,10 @@ def _tree(value: str | None):
 @click.option("--out", default=None, help="Output folder (checkpoint.pt, train_log.json, config.yaml).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out exactly where it stopped.")
 @click.option("--config", "config_path", default=None, help="YAML config (may name a preset); flags override it.")
-@click.option("--preset", type=click.Choice(["digits", "cifar", "imagenet"]), default=None, help="Paper recipe to start from.")
-@click.option("--device", default=None, help="auto | cpu | cuda[:i].")
-@click.option("--threads", type=int, default=None, help="torch CPU threads (0: torch's default).")
-@click.option("--quiet", is_flag=True, default=None, help="No progress bar or per-epoch lines.")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None, help="Paper recipe to start from.")
+@config_device_option
+@threads_option("torch")
+@quiet_option
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
 def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, epochs, batch_size, lr, weight_decay, accum_steps,
           seed, val_split, limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
@@ -61,11 +50,12 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     With only --data, the run starts from the matching paper preset (cifar10/cifar100/npz: cifar,
     imagefolder: imagenet). --resume without --config/--preset continues the stored config.
     """
-    from ..train.config import TrainConfig, merge, preset_dict, upgrade_config
-    from ..train.checkpoint import load_checkpoint
+    from ..errors import InputError
+    from ..train.config import TrainConfig, merge, upgrade_config
+    from ..tree import parse_tree
 
     if config_path and preset:
-        raise ValueError("--config and --preset contradict each other: give one (a YAML config may say `preset: NAME`)")
+        raise InputError("--config and --preset contradict each other: give one (a YAML config may say `preset: NAME`)")
     overrides: dict = {}
 
     def put(section: str | None, key: str, value) -> None:
@@ -76,7 +66,7 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
         put("data", key, value)
     put("model", "name", model)
     if tree is not None:
-        overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = _tree(tree)
+        overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = parse_tree(tree, "--tree")
     for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature), ("weighting", weighting),
                        ("temperature_squared", temperature_squared)):
         put("loss", key, value)
@@ -90,20 +80,19 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     elif preset:
         config = TrainConfig.from_preset(preset, overrides)
     elif resume:
+        from ..train.checkpoint import load_checkpoint
+
         if out is None:
-            raise ValueError("--resume needs --out (the folder of the run to continue)")
+            raise InputError("--resume needs --out (the folder of the run to continue)")
         stored = load_checkpoint(Path(out) / "checkpoint.pt").get("config")
         if not stored:
-            raise ValueError(f"{out}/checkpoint.pt records no training config; pass --config or --preset")
+            raise InputError(f"{out}/checkpoint.pt records no training config; pass --config or --preset")
         config = TrainConfig.from_dict(merge(upgrade_config(stored), overrides))
-    else:
-        base = preset_dict(_DEFAULT_PRESET[data or "digits"])  # fit's first line names the model and epochs it chose
-        if data and data != base["data"]["name"]:
-            base["data"] = {k: v for k, v in base["data"].items() if k in ("val_split", "num_workers")}
-        config = TrainConfig.from_dict(merge(base, overrides))
+    else:  # fit's first line names the model and epochs the preset chose
+        config = TrainConfig.for_data(data, overrides)
 
     if nproc_per_node < 1:
-        raise ValueError(f"--nproc-per-node: received {nproc_per_node}; expected >= 1")
+        raise InputError(f"--nproc-per-node: received {nproc_per_node}; expected >= 1")
     if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         return _spawn_torchrun(nproc_per_node, config, resume)
 
@@ -151,18 +140,17 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
 @click.option("--test-data", type=click.Path(dir_okay=False), default=None,
               help="Evaluate on this .npz instead (x: N,H,W,C uint8; y: N; optional classes), e.g. your own test set.")
 @click.option("--data-dir", default=None, help="Where the run's data lives now, if it moved.")
-@click.option("--batch-size", type=int, default=256, show_default=True)
-@click.option("--device", default="auto", show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@device_option
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
-@click.option("--quiet", is_flag=True, help="Print only the output path.")
+@functools.partial(quiet_option, help="No progress bar; print only the output path.")
 def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_plots, quiet):
     """Accuracy, NLL, ECE, logit diversity and MACs for every ensemble size n = 1..N."""
+    from ..errors import InputError
     from ..train.evaluation import evaluate_checkpoint
 
-    if batch_size < 1:
-        raise ValueError(f"--batch-size: received {batch_size}; expected >= 1")
     if test_data and split:
-        raise ValueError(f"--test-data and --split {split} contradict each other: --test-data names the images to use")
+        raise InputError(f"--test-data and --split {split} contradict each other: --test-data names the images to use")
     metrics = evaluate_checkpoint(
         checkpoint, out, split=split or "val", test_data=test_data, data={"data_dir": data_dir} if data_dir else None, batch_size=batch_size,
         device=device, plots=not no_plots, progress=not quiet and sys.stderr.isatty(),

@@ -4,8 +4,9 @@ One module per format, sharing :mod:`.base`; heavy imports (torch, onnx,
 TensorRT) happen when a function is first used, so importing this package
 is cheap and works without them.
 
-    from hne_edge.exporters import export_onnx
+    from hne_edge.exporters import export_checkpoint, export_onnx
     export_onnx(model, "bundle/", precisions=("fp32", "fp16"), plan="both", batch=(1, 1, 16))
+    export_checkpoint("runs/digits/checkpoint.pt", "bundle/")   # what `hne-edge export` runs
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "OutputMismatchError",
     "Tolerance",
     "TOLERANCES",
+    "export_checkpoint",
     "export_onnx",
     "export_standalone_network",
     "fold_batchnorm",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "export_checkpoint": ".checkpoint",
     "export_onnx": ".onnx",
     "export_standalone_network": ".onnx",
     "fold_batchnorm": ".onnx",

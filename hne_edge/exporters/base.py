@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..bundle import MANIFEST_NAME, PRECISIONS
-from ..errors import ExportError, short_repr
+from ..errors import ExportError, InputError, short_repr
 from ..fileio import remove_stale, scratch_path, swap_dir_into_place
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "check_opset",
     "check_normalization",
     "provenance",
+    "package_version",
     "atomic_output_dir",
     "check_replaceable",
 ]
@@ -89,7 +90,7 @@ def parse_precisions(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...
     items = [p.strip().lower() for p in items if p.strip()]
     bad = [p for p in items if p not in PRECISIONS]
     if bad or not items:
-        raise ValueError(f"precision must be one or more of {list(PRECISIONS)}; received {value!r}")
+        raise InputError(f"precision must be one or more of {list(PRECISIONS)}; received {value!r}")
     return tuple(p for p in PRECISIONS if p in items)
 
 
@@ -102,19 +103,19 @@ def parse_batch(value: str | tuple[int, int, int] | list[int]) -> tuple[int, int
     if len(parts) == 1:
         parts = parts * 3
     if len(parts) != 3 or not 1 <= parts[0] <= parts[1] <= parts[2]:
-        raise ValueError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX; received {value!r}")
+        raise InputError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX; received {value!r}")
     return parts[0], parts[1], parts[2]
 
 
 def parse_plan(value: str) -> tuple[str, ...]:
     if value not in PLAN_CHOICES:
-        raise ValueError(f"plan must be one of {list(PLAN_CHOICES)}; received {value!r}")
+        raise InputError(f"plan must be one of {list(PLAN_CHOICES)}; received {value!r}")
     return ("nodes", "segments") if value == "both" else (value,)
 
 
 def check_opset(opset: int) -> int:
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ValueError(f"opset must be an integer in {MIN_OPSET}..{MAX_OPSET}; received {opset!r}")
+        raise InputError(f"opset must be an integer in {MIN_OPSET}..{MAX_OPSET}; received {opset!r}")
     return opset
 
 
@@ -131,13 +132,14 @@ def check_normalization(normalization: dict, channels: int) -> None:
             for v in (mean, std)
         ) and all(x > 0 for x in std)  # fmt: skip
     if not ok:
-        raise ValueError(
+        raise InputError(
             f"normalization must be {{'mean': [...], 'std': [...]}} with {channels} finite values each and std > 0; "
             f"received {short_repr(normalization)}"
         )
 
 
-def _version(module: str) -> str | None:
+def package_version(module: str) -> str | None:
+    """The installed version of ``module``'s distribution, or None when it is not installed."""
     try:
         from importlib.metadata import version
 
@@ -152,9 +154,9 @@ def provenance(**extra) -> dict:
 
     data = {
         "hne_edge": __version__,
-        "torch": _version("torch"),
-        "onnx": _version("onnx"),
-        "onnxruntime": _version("onnxruntime"),
+        "torch": package_version("torch"),
+        "onnx": package_version("onnx"),
+        "onnxruntime": package_version("onnxruntime"),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     data.update({k: v for k, v in extra.items() if v is not None})
@@ -195,10 +197,10 @@ def atomic_output_dir(
     umask mode (not ``mkdtemp``'s 0700).
     """
     out = Path(out_dir).absolute()
+    if out.exists() and not out.is_dir():  # first: --force would not help, so do not suggest it
+        raise ExportError(f"output path {out} exists and is not a directory; expected a new or bundle folder")
     if out.exists() and not force:
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"output path {out} exists and is not a directory; refusing to replace it")
     if out.exists():
         check_replaceable(out, keep)
     out.parent.mkdir(parents=True, exist_ok=True)

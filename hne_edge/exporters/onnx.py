@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import InputSpec, Manifest, ModelFile, TensorSpec, activation_name, read_manifest, sha256_file, write_manifest
-from ..errors import ExportError
+from ..errors import ExportError, InputError
 from .base import (
     DEFAULT_OPSET,
     DTYPE_OF,
@@ -104,7 +104,7 @@ def export_module(
     import torch
 
     if exporter not in EXPORTERS:
-        raise ValueError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
+        raise InputError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
@@ -301,7 +301,7 @@ def export_onnx(
     if class_names is None:
         class_names = [str(i) for i in range(config.num_classes)]
     if len(class_names) != config.num_classes:
-        raise ValueError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
+        raise InputError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
     check_normalization(normalization, config.in_chans)
 
@@ -453,12 +453,12 @@ def export_standalone_network(
 
     precisions = parse_precisions(precision)
     if len(precisions) != 1:
-        raise ValueError(f"export_standalone_network writes one precision; received {precision!r}")
+        raise InputError(f"export_standalone_network writes one precision; received {precision!r}")
     precision = precisions[0]
     check_opset(opset)
     model = copy.deepcopy(model).eval().float().cpu()
     if not 0 <= leaf < model.num_leaves:
-        raise IndexError(f"leaf must be in 0..{model.num_leaves - 1}; received {leaf}")
+        raise InputError(f"leaf must be in 0..{model.num_leaves - 1}; received {leaf}")
     module = fold_batchnorm(model.path_module(leaf))
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial")

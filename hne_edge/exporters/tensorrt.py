@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..bundle import MANIFEST_NAME, Manifest, ModelFile, bundle_path, read_manifest, sha256_file, write_manifest
-from ..errors import BackendUnavailable, ExportError
+from ..errors import BackendUnavailable, ExportError, InputError
 
 __all__ = [
     "INSTALL_HINT",
@@ -67,13 +67,13 @@ def normalize_compute_capability(cc: str | Sequence[int] | float) -> str:
         return text
     if re.fullmatch(r"\d{2,3}", text):  # "87" -> 8.7, "100" -> 10.0, "121" -> 12.1
         return f"{text[:-1]}.{text[-1]}"
-    raise ValueError(f"compute capability must look like 8.7, sm_87 or (8, 7); received {cc!r}")
+    raise InputError(f"compute capability must look like 8.7, sm_87 or (8, 7); received {cc!r}")
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = re.findall(r"\d+", str(version))
     if len(parts) < 2:
-        raise ValueError(f"TensorRT version must look like 10.3.0; received {version!r}")
+        raise InputError(f"TensorRT version must look like 10.3.0; received {version!r}")
     return tuple(int(p) for p in parts[:3]) + (0,) * (3 - min(3, len(parts)))
 
 
@@ -98,10 +98,10 @@ def engine_path(
     base = f"{engine_dir(trt_version, compute_capability)}/{precision}/{plan}"
     if plan == "nodes":
         if node is None:
-            raise ValueError("engine_path(plan='nodes') needs node=")
+            raise InputError("engine_path(plan='nodes') needs node=")
         return f"{base}/{node}.plan"
     if leaf is None:
-        raise ValueError("engine_path(plan='segments') needs leaf=")
+        raise InputError("engine_path(plan='segments') needs leaf=")
     return f"{base}/leaf{leaf:0{max(2, len(str(num_leaves - 1)))}d}.plan"
 
 
@@ -252,7 +252,7 @@ def build_engines(
         version_compatible: set ``VERSION_COMPATIBLE`` (later TensorRT of the same major can run it).
     """
     if hardware_compatibility not in HARDWARE_LEVELS:
-        raise ValueError(f"hardware_compatibility must be one of {list(HARDWARE_LEVELS)}; received {hardware_compatibility!r}")
+        raise InputError(f"hardware_compatibility must be one of {list(HARDWARE_LEVELS)}; received {hardware_compatibility!r}")
     trt = load_tensorrt()
     gpu, cc = device_info()
     bundle_dir = Path(bundle_dir)

@@ -1,7 +1,16 @@
-"""HNE models: branch-parallel layers, the fused model, the zoo and cost accounting (needs torch)."""
+"""HNE models: branch-parallel layers, the fused model, the zoo and cost accounting.
 
-from .cost import NodeCost, TreeCost, tree_cost
-from .hne import HNE, HNEConfig, MobileNetV2HNEConfig, NodeModule, ResNetHNEConfig, SegmentModule, config_from_dict
+The zoo's registry and the model configs are torch-free (a training config can
+be validated without torch); the model, its layers and the cost counter need
+torch and are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .configs import HNEConfig, MobileNetV2HNEConfig, ResNetHNEConfig, config_from_dict
 from .zoo import build_model, create_model, list_models, model_config, register_model
 
 __all__ = [
@@ -21,3 +30,12 @@ __all__ = [
     "model_config",
     "register_model",
 ]
+
+_LAZY = {"HNE": ".hne", "NodeModule": ".hne", "SegmentModule": ".hne", "NodeCost": ".cost", "TreeCost": ".cost",
+         "tree_cost": ".cost"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

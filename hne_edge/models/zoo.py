@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import fields, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..tree import TreeSpec, hne_tree, independent_tree, multi_branch_tree
-from .hne import HNE, HNEConfig, MobileNetV2HNEConfig, ResNetHNEConfig, config_from_dict
+from ..errors import InputError
+from ..tree import hne_tree, resolve_tree
+from .configs import HNEConfig, MobileNetV2HNEConfig, ResNetHNEConfig, config_from_dict
+
+if TYPE_CHECKING:
+    from .hne import HNE
 
 __all__ = ["register_model", "list_models", "create_model", "model_config", "build_model"]
 
@@ -44,37 +48,24 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(name for name in _REGISTRY if fnmatch.fnmatch(name, pattern))
 
 
-def _resolve_tree(tree: Any, num_blocks: int) -> TreeSpec:
-    if isinstance(tree, TreeSpec):
-        return tree
-    if isinstance(tree, (tuple, list)):
-        return TreeSpec(tuple(tree))
-    named = {
-        "hne": lambda: hne_tree(num_blocks - 1),
-        "independent": lambda: independent_tree(num_blocks),
-        "multi_branch": lambda: multi_branch_tree(num_blocks, split_block=num_blocks - 2),
-    }
-    if tree in named:
-        return named[tree]()
-    raise ValueError(f"tree must be a TreeSpec, a tuple of branching factors or one of {sorted(named)}; received {tree!r}")
-
-
 def model_config(name: str, **overrides: Any) -> HNEConfig:
     """The config of zoo model ``name`` with ``overrides`` applied (validated)."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; available: {', '.join(list_models())}")
+        raise InputError(f"unknown model {name!r}; available: {', '.join(list_models())}")
     config = _REGISTRY[name]()
     known = {f.name for f in fields(config)} - {"name"}
     unknown = set(overrides) - known
     if unknown:
-        raise ValueError(f"{name}: unknown option(s) {sorted(unknown)}; accepted: {sorted(known)}")
+        raise InputError(f"{name}: unknown option(s) {sorted(unknown)}; accepted: {sorted(known)}")
     if "tree" in overrides:
-        overrides["tree"] = _resolve_tree(overrides["tree"], config.tree.num_blocks)
+        overrides["tree"] = resolve_tree(overrides["tree"], config.tree.num_blocks)
     return replace(config, **overrides)
 
 
 def build_model(config: HNEConfig | dict) -> HNE:
     """An HNE from a config object or its ``to_dict()`` form."""
+    from .hne import HNE  # noqa: PLC0415
+
     return HNE(config_from_dict(config) if isinstance(config, dict) else config)
 
 
@@ -82,6 +73,8 @@ def create_model(name: str, num_classes: int | None = None, **overrides: Any) ->
     """Build zoo model ``name`` (see :func:`list_models`)."""
     if num_classes is not None:
         overrides["num_classes"] = num_classes
+    from .hne import HNE  # noqa: PLC0415 - the registry and configs need no torch; the model does
+
     return HNE(model_config(name, **overrides))
 
 

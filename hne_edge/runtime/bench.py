@@ -47,12 +47,15 @@ def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_si
 
 def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``)."""
-    data: Any = np.load(path, allow_pickle=False)
+    from ..errors import InputError
+
+    try:
+        data: Any = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, OSError) as exc:  # not numpy, truncated, pickled objects
+        raise InputError(f"{path}: cannot read as a numpy .npy/.npz file ({type(exc).__name__}); expected x (and y)") from exc
     if isinstance(data, np.ndarray):
         return data, None
     with data:
         if "x" not in data.files:
-            from ..errors import InputError
-
             raise InputError(f"{path}: received arrays {data.files}; expected 'x' (and optionally 'y')")
         return data["x"], (data["y"] if "y" in data.files else None)

@@ -1,17 +1,21 @@
-"""Training: losses, data, the training loop, checkpoints and evaluation (needs torch).
+"""Training: losses, data, the training loop, checkpoints and evaluation.
 
     from hne_edge.train import TrainConfig, fit
     from hne_edge.train.evaluation import evaluate_checkpoint
 
     result = fit(TrainConfig.from_preset("digits", {"out": "runs/digits"}))
     metrics = evaluate_checkpoint(result.checkpoint)
+
+The config (:mod:`.config`) is torch-free, so a config can be validated on a
+machine without torch; everything else needs torch and is imported on first use.
 """
 
-from .checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .config import DataConfig, LossConfig, ModelSpec, OptimConfig, TrainConfig
-from .engine import FitResult, evaluate, fit, train_one_epoch
-from .evaluation import evaluate_checkpoint
-from .losses import hne_loss
 
 __all__ = [
     "save_checkpoint",
@@ -29,3 +33,21 @@ __all__ = [
     "evaluate_checkpoint",
     "hne_loss",
 ]
+
+_LAZY = {
+    "save_checkpoint": ".checkpoint",
+    "load_checkpoint": ".checkpoint",
+    "model_from_checkpoint": ".checkpoint",
+    "FitResult": ".engine",
+    "fit": ".engine",
+    "train_one_epoch": ".engine",
+    "evaluate": ".engine",
+    "evaluate_checkpoint": ".evaluation",
+    "hne_loss": ".losses",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

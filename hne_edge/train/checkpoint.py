@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InputError
 from ..fileio import atomic_file
 from ..models import HNE, build_model
 
@@ -58,7 +58,7 @@ def save_checkpoint(
     num_classes = model.config.num_classes
     class_names = list(class_names) if class_names is not None else [str(i) for i in range(num_classes)]
     if len(class_names) != num_classes:
-        raise ValueError(f"class_names has {len(class_names)} entries; the model has {num_classes} classes")
+        raise InputError(f"class_names has {len(class_names)} entries; the model has {num_classes} classes")
     if normalization is None:
         normalization = {"mean": [0.0] * model.config.in_chans, "std": [1.0] * model.config.in_chans}
     state = {

@@ -22,18 +22,20 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .losses import LOSSES, WEIGHTINGS
+from ..errors import InputError
 
-__all__ = ["DATASETS", "SCHEDULES", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
+__all__ = ["DATASETS", "LOSSES", "WEIGHTINGS", "SCHEDULES", "DEFAULT_PRESET", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "npz", "imagefolder")
+LOSSES = ("independent", "structured", "distill", "hierarchical")  # see hne_edge.train.losses
+WEIGHTINGS = ("paper", "mean-t2")
 SCHEDULES = ("cosine", "step", "constant")
 AMP_DTYPES = ("auto", "bfloat16", "float16")
 
 
 def _expect(cond: bool, field_name: str, value: Any, expected: str) -> None:
     if not cond:
-        raise ValueError(f"{field_name}: received {value!r}; expected {expected}")
+        raise InputError(f"{field_name}: received {value!r}; expected {expected}")
 
 
 def _is_int(v: Any) -> bool:
@@ -74,9 +76,9 @@ class DataConfig:
         _expect(self.limit is None or (_is_int(self.limit) and self.limit > 0), "data.limit", self.limit, "a positive integer or null")
         _expect(_is_int(self.num_workers) and self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
         if self.name in ("npz", "imagefolder") and not self.data_dir:
-            raise ValueError(f"data.name={self.name!r} needs data.data_dir (--data-dir); received none")
+            raise InputError(f"data.name={self.name!r} needs data.data_dir (--data-dir); received none")
         if self.download and self.name not in ("cifar10", "cifar100"):
-            raise ValueError(f"data.download is only for cifar10/cifar100; received data.name={self.name!r} with --download")
+            raise InputError(f"data.download is only for cifar10/cifar100; received data.name={self.name!r} with --download")
         if self.data_dir is not None:
             self.data_dir = str(self.data_dir)
 
@@ -95,10 +97,16 @@ class ModelSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from ..models import list_models  # noqa: PLC0415 - torch import only when validating
+        from ..models.zoo import list_models  # noqa: PLC0415 - the registry is torch-free
 
         _expect(self.name in list_models(), "model.name", self.name, f"one of {', '.join(list_models())}")
         _expect(isinstance(self.overrides, dict), "model.overrides", self.overrides, "a mapping of config fields")
+        from ..models.zoo import model_config  # noqa: PLC0415 - torch-free too
+
+        try:  # the overrides build a valid model config (the data's classes/channels/size are checked at fit)
+            model_config(self.name, **copy.deepcopy(self.overrides))
+        except TypeError as exc:  # a value of the wrong kind inside a config's own checks
+            raise InputError(f"model.overrides: received {self.overrides!r}; {exc}") from None
 
 
 @dataclass
@@ -161,9 +169,9 @@ class OptimConfig:
         _expect(self.schedule in SCHEDULES, "optim.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
         _expect(_is_int(self.accum_steps) and self.accum_steps > 0, "optim.accum_steps", self.accum_steps, "a positive integer")
         if self.nesterov and self.momentum == 0:
-            raise ValueError("optim.nesterov=True needs optim.momentum > 0; received momentum=0")
+            raise InputError("optim.nesterov=True needs optim.momentum > 0; received momentum=0")
         if self.batch_size % self.accum_steps:
-            raise ValueError(
+            raise InputError(
                 f"optim.batch_size={self.batch_size} must be divisible by optim.accum_steps={self.accum_steps}"
             )
 
@@ -209,7 +217,7 @@ class TrainConfig:
             if isinstance(value, dict):
                 setattr(self, name, _build(cls, value, name))
             elif not isinstance(value, cls):
-                raise ValueError(f"{name}: received {type(value).__name__}; expected a mapping of {cls.__name__} fields")
+                raise InputError(f"{name}: received {type(value).__name__}; expected a mapping of {cls.__name__} fields")
         _expect(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _expect(self.device == "auto" or self.device == "cpu" or str(self.device).startswith("cuda"), "device", self.device, "auto, cpu or cuda[:i]")
         _expect(_is_int(self.threads) and self.threads >= 0, "threads", self.threads, "an integer >= 0")
@@ -224,11 +232,24 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         """Build from a nested mapping; ``preset: NAME`` starts from that preset."""
         if not isinstance(data, dict):
-            raise ValueError(f"a training config is a mapping; received {type(data).__name__}")
+            raise InputError(f"a training config is a mapping; received {type(data).__name__}")
         data = copy.deepcopy(data)
         preset = data.pop("preset", None)
         base = preset_dict(preset) if preset is not None else {}
         return _build(cls, merge(base, data), "config")
+
+    @classmethod
+    def for_data(cls, data: str | None, overrides: dict[str, Any] | None = None) -> "TrainConfig":
+        """The run ``hne-edge train --data DATA`` starts: the paper preset for that kind of data (see
+        :data:`DEFAULT_PRESET`; ``None`` is digits), its dataset replaced by ``data``, then ``overrides``."""
+        name = data or "digits"
+        if name not in DEFAULT_PRESET:
+            raise InputError(f"data.name: received {name!r}; expected one of {', '.join(DATASETS)}")
+        base = preset_dict(DEFAULT_PRESET[name])
+        if name != base["data"]["name"]:  # e.g. npz on the cifar recipe: keep only the split settings
+            base["data"] = {k: v for k, v in base["data"].items() if k in ("val_split", "num_workers")}
+            base["data"]["name"] = name
+        return cls.from_dict(merge(base, overrides or {}))
 
     @classmethod
     def from_preset(cls, name: str, overrides: dict[str, Any] | None = None) -> "TrainConfig":
@@ -244,9 +265,9 @@ class TrainConfig:
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc})".replace("\n", " ")) from exc
+            raise InputError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc})".replace("\n", " ")) from exc
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: a training config is a YAML mapping; received {type(data).__name__}")
+            raise InputError(f"{path}: a training config is a YAML mapping; received {type(data).__name__}")
         return cls.from_dict(merge(data, overrides or {}))
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,11 +281,11 @@ class TrainConfig:
 
 def _build(cls: type, data: dict[str, Any], where: str):
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: received {type(data).__name__}; expected a mapping")
+        raise InputError(f"{where}: received {type(data).__name__}; expected a mapping")
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{where}: unknown option(s) {unknown}; accepted: {sorted(known)}")
+        raise InputError(f"{where}: unknown option(s) {unknown}; accepted: {sorted(known)}")
     return cls(**data)
 
 
@@ -305,6 +326,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# the preset a bare ``--data X`` starts from: the paper recipe for that kind of data
+DEFAULT_PRESET = {"digits": "digits", "cifar10": "cifar", "cifar100": "cifar", "npz": "cifar", "imagefolder": "imagenet"}
+
+
 def upgrade_config(stored: dict[str, Any]) -> dict[str, Any]:
     """A config dict saved by an earlier release, with the fields it lacked set to what that release did.
 
@@ -321,5 +346,5 @@ def upgrade_config(stored: dict[str, Any]) -> dict[str, Any]:
 
 def preset_dict(name: str) -> dict[str, Any]:
     if name not in PRESETS:
-        raise ValueError(f"preset: received {name!r}; expected one of {', '.join(PRESETS)}")
+        raise InputError(f"preset: received {name!r}; expected one of {', '.join(PRESETS)}")
     return copy.deepcopy(PRESETS[name])

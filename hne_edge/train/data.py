@@ -152,7 +152,7 @@ class BatchLoader:
         device: torch.device | str | None = None,
     ) -> None:
         if batch_size % world_size:
-            raise ValueError(f"batch_size={batch_size} must be divisible by the number of processes ({world_size})")
+            raise InputError(f"batch_size={batch_size} must be divisible by the number of processes ({world_size})")
         if device is not None and torch.device(device) != dataset.images.device:
             dataset = dataset.to(device)
         self.dataset = dataset
@@ -313,7 +313,7 @@ def load_data(cfg: DataConfig, *, seed: int, split: str = "train") -> DataBundle
             (the official test set as ``val``; cifar10/100 and imagefolder ``val/`` only).
     """
     if split not in ("train", "test"):
-        raise ValueError(f"split: received {split!r}; expected train or test")
+        raise InputError(f"split: received {split!r}; expected train or test")
     if cfg.name == "imagefolder":
         return _load_folder(cfg, seed=seed, split=split)
     if split == "test" and cfg.name not in ("cifar10", "cifar100"):
@@ -367,7 +367,7 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
         classes = (train.dataset if isinstance(train, Subset) else train).classes
     else:
         if split == "test":
-            raise ValueError(f"split='test' needs {root}/val; the folder has no train/ and val/ subfolders")
+            raise InputError(f"split='test' needs {root}/val; the folder has no train/ and val/ subfolders")
         train_full = datasets.ImageFolder(root, transform=train_tf)
         eval_full = datasets.ImageFolder(root, transform=eval_tf)
         train_idx, val_idx = split_indices(len(train_full), cfg.val_split, seed, cfg.limit)
@@ -386,7 +386,7 @@ class _FolderLoader:
     def __init__(self, dataset, batch_size: int, *, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, drop_last: bool = False) -> None:
         if batch_size % world_size:
-            raise ValueError(f"batch_size={batch_size} must be divisible by the number of processes ({world_size})")
+            raise InputError(f"batch_size={batch_size} must be divisible by the number of processes ({world_size})")
         self.dataset, self.batch_size, self.shuffle, self.seed = dataset, batch_size, shuffle, seed
         self.rank, self.world_size, self.num_workers, self.drop_last = rank, world_size, num_workers, drop_last
         self.epoch = 0

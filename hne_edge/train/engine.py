@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_json, atomic_write_text
 from ..models import HNE, create_model
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -78,7 +78,7 @@ def build_model_for_data(spec: ModelSpec, bundle: DataBundle) -> HNE:
     from_data = {"num_classes": len(bundle.class_names), "in_chans": bundle.in_chans, "input_size": bundle.input_size}
     for key, value in from_data.items():
         if key in overrides and overrides[key] != value:
-            raise ValueError(
+            raise InputError(
                 f"model.overrides.{key}={overrides[key]!r} contradicts the data ({key}={value}); "
                 f"remove the override or use matching data"
             )
@@ -128,11 +128,12 @@ class _Schedule:
         return 1.0
 
 
-def _device(name: str) -> torch.device:
+def torch_device(name: str) -> torch.device:
+    """``auto`` (CUDA when available, else the CPU), ``cpu`` or ``cuda[:i]`` as a torch device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device: received {name!r}; no CUDA device is available (use cpu or auto)")
+        raise InputError(f"device: received {name!r}; no CUDA device is available (use cpu or auto)")
     return torch.device(name)
 
 
@@ -325,8 +326,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                 raise CheckpointError(f"{ckpt_path}: no {key} state to resume from (a weights-only checkpoint, not a training run)")
         diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
         if diffs:
-            raise ValueError(f"--resume with a different config: {'; '.join(diffs)}")
-    device = _device(config.device)
+            raise InputError(f"--resume with a different config: {'; '.join(diffs)}")
+    device = torch_device(config.device)
     threads = config.threads or (min(4, os.cpu_count() or 1) if device.type == "cuda" else 0)
     if threads:  # on CUDA the CPU only feeds the GPU: a few threads, so that several runs can share one machine
         torch.set_num_threads(threads)
@@ -354,7 +355,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         num_workers=config.data.num_workers, device=data_device,
     )
     if len(train_loader) == 0:
-        raise ValueError(
+        raise InputError(
             f"optim.batch_size={config.optim.batch_size} is larger than the {len(bundle.train)} training images; "
             "lower --batch-size or raise --limit"
         )

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CheckpointError, InputError
-from ..fileio import atomic_write_json
+from ..fileio import atomic_write_json, check_output_dir
 from ..plots import plot_metrics  # its home is hne_edge.plots; importable from here as before
 from .losses import ensemble_logits
 
@@ -74,7 +74,7 @@ def anytime_metrics(logits: torch.Tensor, labels: torch.Tensor, macs: list[int] 
                     n_bins: int = 15) -> dict[str, Any]:
     """Per-n and per-leaf metrics of leaf logits ``(M, N, classes)``; ``macs[n-1]`` is the cost of n leaves."""
     if logits.dim() != 3 or labels.shape != (logits.shape[0],):
-        raise ValueError(f"logits must be (M, N, classes) and labels (M,); received {tuple(logits.shape)} and {tuple(labels.shape)}")
+        raise InputError(f"logits must be (M, N, classes) and labels (M,); received {tuple(logits.shape)} and {tuple(labels.shape)}")
     n_leaves = logits.shape[1]
     anytime = []
     for n in range(1, n_leaves + 1):
@@ -127,7 +127,9 @@ def evaluate_checkpoint(
     from .data import BatchLoader, load_data  # noqa: PLC0415
 
     if split not in ("val", "test"):
-        raise ValueError(f"split: received {split!r}; expected val or test")
+        raise InputError(f"split: received {split!r}; expected val or test")
+    if out_dir is not None:
+        check_output_dir(out_dir, "--out")
     path = Path(path)
     model, state = model_from_checkpoint(path)
     if test_data is not None:
@@ -141,9 +143,9 @@ def evaluate_checkpoint(
         TrainConfig.from_dict({**stored, "data": data_cfg.__dict__})  # validate the stored config as a whole
     bundle = load_data(data_cfg, seed=seed, split="test" if split == "test" else "train")
     if bundle.val is None:
-        raise ValueError(f"the run held out no validation images (data.val_split={data_cfg.val_split}); use split='test', evaluate on your own images with test_data (--test-data PATH.npz), or set val_split")
+        raise InputError(f"the run held out no validation images (data.val_split={data_cfg.val_split}); use split='test', evaluate on your own images with test_data (--test-data PATH.npz), or set val_split")
     if len(bundle.class_names) != model.config.num_classes or bundle.in_chans != model.config.in_chans:
-        raise ValueError(
+        raise InputError(
             f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels) does not match the "
             f"checkpoint's model ({model.config.num_classes} classes, {model.config.in_chans} channels)"
         )
@@ -184,12 +186,12 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
              progress: bool) -> dict[str, Any]:
     """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares."""
     from ..models import tree_cost  # noqa: PLC0415
-    from .engine import _device, predict  # noqa: PLC0415
+    from .engine import predict, torch_device  # noqa: PLC0415
 
     from .config import upgrade_config  # noqa: PLC0415
 
     stored = upgrade_config(state["config"]) if state.get("config") else None  # a 0.1 run: its weighting
-    dev = _device(device)
+    dev = torch_device(device)
     model = model.to(dev)
     logits, labels = predict(model, loader, dev, progress=progress)
     cost = tree_cost(model.cpu())

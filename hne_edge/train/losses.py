@@ -44,7 +44,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..errors import InputError
 from ..tree import TreeSpec
+from .config import LOSSES, WEIGHTINGS  # the names a config accepts live with the torch-free config
 
 __all__ = [
     "LOSSES",
@@ -57,28 +59,25 @@ __all__ = [
     "hne_loss",
 ]
 
-LOSSES = ("independent", "structured", "distill", "hierarchical")
-WEIGHTINGS = ("paper", "mean-t2")
-
 
 def _check(logits: torch.Tensor, tree: TreeSpec | None = None) -> None:
     if logits.dim() != 3:
-        raise ValueError(f"leaf logits must be (batch, N, classes); received shape {tuple(logits.shape)}")
+        raise InputError(f"leaf logits must be (batch, N, classes); received shape {tuple(logits.shape)}")
     if tree is not None and logits.shape[1] != tree.num_leaves:
-        raise ValueError(
+        raise InputError(
             f"leaf logits have {logits.shape[1]} leaves; expected {tree.num_leaves} (tree branching {tree.branching})"
         )
 
 
 def _check_weighting(weighting: str) -> None:
     if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}; received {weighting!r}")
+        raise InputError(f"weighting must be one of {', '.join(WEIGHTINGS)}; received {weighting!r}")
 
 
 def ensemble_logits(logits: torch.Tensor, n: int) -> torch.Tensor:
     """The anytime sub-ensemble of the first ``n`` leaves: mean of their logits, ``(batch, classes)``."""
     if not 1 <= n <= logits.shape[1]:
-        raise ValueError(f"ensemble size n must be in 1..{logits.shape[1]}; received {n}")
+        raise InputError(f"ensemble size n must be in 1..{logits.shape[1]}; received {n}")
     return logits[:, :n].mean(dim=1)
 
 
@@ -189,4 +188,4 @@ def hne_loss(
         return (1 - alpha) * independent_loss(logits, targets) + alpha * hierarchical_distillation_loss(
             logits, tree, temperature, **options
         )
-    raise ValueError(f"loss must be one of {', '.join(LOSSES)}; received {kind!r}")
+    raise InputError(f"loss must be one of {', '.join(LOSSES)}; received {kind!r}")

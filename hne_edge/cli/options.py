@@ -1,0 +1,69 @@
+"""The options several commands share, defined once so that one concept has one flag and one meaning.
+
+Conventions (README, "CLI conventions"):
+
+* ``--batch-size N``: one batch size; ``--batch-sizes N[,N...]``: a list of them; ``export --batch-range
+  MIN:OPT:MAX``: the range a bundle is built for (trtexec's min/opt/max shapes).
+* ``--device``: ``auto`` everywhere (a GPU when the command's backend can use one here, else the CPU).
+* ``--threads N``: CPU threads; ``0`` (the default) leaves the library's default.
+* ``--quiet``: no progress output, on every command that prints progress.
+* ``--debug``: tracebacks instead of one-line errors, before or after the command name.
+* Input files: a bundle and frames (``.npz``/``.npy``/images) are arguments of ``run``; elsewhere frames are
+  ``--frames PATH.npz`` and a dataset is ``--data NAME`` (with ``--data-dir``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import click
+
+DEVICE_HELP = "auto (a GPU when one can be used here, else the CPU) | cpu | cuda[:N]."
+
+
+def device_option(f: Callable) -> Callable:
+    return click.option("--device", default="auto", show_default=True, help=DEVICE_HELP)(f)
+
+
+def config_device_option(f: Callable) -> Callable:
+    """``--device`` for a command whose config file may set the device: unset keeps the config's (auto by default)."""
+    return click.option("--device", default=None, help=DEVICE_HELP[:-1] + " [default: auto, or the config's]")(f)
+
+
+def threads_option(what: str) -> Callable[[Callable], Callable]:
+    return click.option("--threads", type=click.IntRange(min=0), default=None,
+                        help=f"{what} CPU threads (0 or unset: the default).")  # fmt: skip
+
+
+def quiet_option(f: Callable, help: str = "No progress output.") -> Callable:
+    return click.option("--quiet", is_flag=True, default=None, help=help)(f)
+
+
+def parse_sizes(value: str | None, param: str) -> tuple[int, ...] | None:
+    """``"1,8"`` -> ``(1, 8)`` (sorted, unique); every size >= 1."""
+    if value is None:
+        return None
+    try:
+        sizes = tuple(sorted({int(v) for v in value.split(",") if v.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise click.BadParameter(f"received {value!r}; expected comma-separated integers >= 1 like 1,8",
+                                 param_hint=param)  # fmt: skip
+    return sizes
+
+
+def batch_sizes_option(default: str | None, help: str) -> Callable[[Callable], Callable]:
+    return click.option("--batch-sizes", default=default, show_default=default is not None, metavar="N[,N...]",
+                        callback=lambda ctx, param, value: parse_sizes(value, "--batch-sizes"), help=help)  # fmt: skip
+
+
+def debug_option() -> click.Option:
+    """``--debug`` after the command name: the same switch as ``hne-edge --debug COMMAND``."""
+
+    def turn_on(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value and isinstance(ctx.obj, dict):
+            ctx.obj["debug"] = True  # the group's dict, shared with every sub-context
+
+    return click.Option(["--debug"], is_flag=True, expose_value=False, callback=turn_on,
+                        help="Show full tracebacks instead of one-line errors.")  # fmt: skip

@@ -1,0 +1,38 @@
+"""Image files -> uint8 arrays for :meth:`AnytimeRunner.preprocess` (numpy + Pillow; no torch).
+
+Pillow is imported when the first image is read, so the runtime imports
+without it; a machine that only feeds arrays never needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendUnavailable, InputError
+
+__all__ = ["IMAGE_SUFFIXES", "is_image_path", "read_image"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+def is_image_path(path: str | os.PathLike) -> bool:
+    """Whether ``path``'s suffix names an image format :func:`read_image` reads."""
+    return Path(path).suffix.lower() in IMAGE_SUFFIXES
+
+
+def read_image(path: str | os.PathLike, channels: int) -> np.ndarray:
+    """The image at ``path`` as uint8 ``(H, W)`` (``channels == 1``, grayscale) or ``(H, W, 3)`` (RGB)."""
+    if channels not in (1, 3):
+        raise InputError(f"read_image: received channels={channels!r}; expected 1 (grayscale) or 3 (RGB)")
+    try:
+        from PIL import Image
+    except ImportError:
+        raise BackendUnavailable(f"{path}: reading images needs Pillow (pip install pillow); or pass .npy/.npz") from None
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("L" if channels == 1 else "RGB"))
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # UnidentifiedImageError is an OSError
+        raise InputError(f"{path}: cannot decode the image ({type(exc).__name__}); expected a readable image file") from None

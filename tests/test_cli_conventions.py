@@ -1,0 +1,259 @@
+"""One voice across ``hne-edge`` subcommands (issue 15 item 4) and a thin CLI (issue 14 item 4).
+
+Every check runs the real command in a subprocess, as a user would, except
+the exit-code contract for unexpected exceptions, which needs a command that
+raises one on purpose (click's in-process runner).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, blocking_env, run_cli
+
+
+@pytest.fixture(scope="module")
+def work(tiny_bundle, tmp_path_factory):
+    root = tmp_path_factory.mktemp("conventions")
+    shutil.copytree(tiny_bundle.bundle_dir, root / "b")
+    rng = np.random.default_rng(0)
+    np.savez(root / "frames.npz", x=rng.integers(0, 256, (4, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 4))
+    np.savez(root / "test.npz", x=rng.integers(0, 256, (4, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 4),
+             classes=np.array([f"c{i}" for i in range(10)]))
+    (root / "notes.txt").write_text("not a folder\n")
+    return root
+
+
+def _one_line_error(proc, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("Error: ") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
+
+
+# -- conventions: one flag per concept -------------------------------------------------------------------
+def _help(command: str) -> str:
+    return run_cli(command, "--help", check=True).stdout
+
+
+def test_batch_flags_follow_one_scheme():
+    """--batch-size N where one size is meant, --batch-sizes N,N for lists, --batch-range MIN:OPT:MAX for export."""
+    for command in ("run", "bench", "eval", "train"):
+        assert "--batch-size " in _help(command), command
+    for command in ("profile", "verify"):
+        assert "--batch-sizes N[,N...]" in _help(command), command
+    export = _help("export")
+    assert "--batch-range MIN:OPT:MAX" in export and "--batch " not in export  # the old spelling is a hidden alias
+
+
+def test_every_progress_printing_command_has_quiet_and_every_device_defaults_to_auto():
+    for command in ("train", "eval", "demo", "export"):
+        assert "--quiet" in _help(command), command
+    for command in ("train", "eval", "run", "bench", "profile"):  # demo runs on the CPU (no --device)
+        text = " ".join(_help(command).split())
+        assert "--device" in text and "default: auto" in text.split("--device", 1)[1].split("--", 1)[0], command
+
+
+def test_backend_choices_are_the_public_names_and_gpu_names_point_to_device(work):
+    assert "[onnxruntime|torch|tensorrt]" in " ".join(_help("run").split())
+    proc = run_cli("run", str(work / "b"), str(work / "frames.npz"), "--backend", "onnxruntime-cuda")
+    _one_line_error(proc, "'onnxruntime-cuda'", "--backend onnxruntime --device cuda")
+
+
+def test_threads_zero_means_the_backends_default_everywhere(work):
+    proc = run_cli("run", str(work / "b"), str(work / "frames.npz"), "--threads", "0", "--max-leaves", "1", check=True)
+    assert "accuracy" in proc.stdout
+    _one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--threads", "-1"), "--threads", "-1")
+    _one_line_error(run_cli("train", "--threads", "-1", "--epochs", "1"), "--threads", "-1")
+
+
+def test_bench_reads_frames_not_data(work, tmp_path):
+    assert "--frames PATH.npz" in _help("bench") and "--data " not in _help("bench")
+    proc = run_cli("bench", str(work / "b"), "--frames", str(work / "frames.npz"), "--repeats", "1", "--warmup", "0",
+                   "--out", str(tmp_path / "bench"), "--json", check=True)
+    assert json.loads(proc.stdout)["samples"] == 4
+
+
+def test_debug_works_after_the_subcommand(work, tmp_path):
+    (tmp_path / "empty").mkdir()
+    quiet = run_cli("inspect", str(tmp_path / "empty"))
+    _one_line_error(quiet)
+    for args in (("--debug", "inspect", str(tmp_path / "empty")), ("inspect", str(tmp_path / "empty"), "--debug")):
+        proc = run_cli(*args)
+        assert proc.returncode != 0 and "Traceback (most recent call last)" in proc.stderr, args
+
+
+# -- errors: one line, what was received and what was expected, exit 2, nothing written ------------------
+def test_export_onto_a_file_names_the_real_reason_with_or_without_force(tiny_bundle, work):
+    for extra in ((), ("--force",)):
+        proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(work / "notes.txt"), *extra)
+        err = _one_line_error(proc, "notes.txt", "not a directory")
+        assert "pass --force" not in err
+    assert (work / "notes.txt").read_text() == "not a folder\n"
+
+
+def test_eval_onto_a_file_is_one_line(tiny_bundle, work):
+    proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(work / "test.npz"), "--out",
+                   str(work / "notes.txt"), "--no-plots")
+    err = _one_line_error(proc, "notes.txt", "expected a folder")
+    assert "Errno" not in err
+    assert (work / "notes.txt").read_text() == "not a folder\n"
+
+
+def test_verify_batch_sizes_outside_the_bundles_range(work):
+    proc = run_cli("verify", str(work / "b"), "--batch-sizes", "99")
+    _one_line_error(proc, "--batch-sizes", "99", "1..8")
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (("run", "{b}", "{frames}", "--batch-size", "0"), ("--batch-size", "0")),
+        (("run", "{b}", "{frames}", "--batch-size", "-1"), ("--batch-size", "-1")),
+        (("bench", "{b}", "--repeats", "0"), ("--repeats", "0")),
+        (("bench", "{b}", "--warmup", "-1"), ("--warmup", "-1")),
+        (("bench", "{b}", "--limit", "0"), ("--limit", "0")),
+        (("bench", "{b}", "--limit", "-5"), ("--limit", "-5")),
+        (("run", "{b}", "{notes_png}"), ("notes.png", "expected a readable image file")),
+        (("run", "{b}", "{notes_npz}"), ("notes.npz", "cannot read")),
+        (("bench", "{b}", "--frames", "{notes_npz}"), ("notes.npz", "cannot read")),
+        (("info", "hne_tiny", "--tree", "1,x"), ("--tree", "'1,x'", "branching factors")),
+        (("info", "hne_tiny", "--tree", "3,0"), ("branching",)),
+        (("info", "no_such_model"), ("no_such_model", "hne_tiny")),
+        (("export", "{ckpt}", "--out", "{tmp}/o", "--batch-range", "4:2:1"), ("4:2:1", "MIN:OPT:MAX")),
+        (("export", "{ckpt}", "--out", "{tmp}/o", "--precision", "fp8"), ("fp8", "fp32")),
+        (("export", "{tmp}/missing.pt", "--out", "{tmp}/o"), ("missing.pt",)),
+        (("train", "--data", "npz", "--epochs", "1"), ("data_dir",)),
+        (("train", "--epochs", "0"), ("optim.epochs", "positive")),
+        (("train", "--model", "nope", "--epochs", "1"), ("model.name", "nope")),
+    ],
+)
+def test_user_errors_are_one_line_hne_errors(work, tiny_bundle, tmp_path, args, fragments):
+    for suffix in (".png", ".npz"):
+        shutil.copy(work / "notes.txt", tmp_path / f"notes{suffix}")
+    values = {"notes_npz": str(tmp_path / "notes.npz"), "b": str(work / "b"), "frames": str(work / "frames.npz"), "notes_png": str(tmp_path / "notes.png"),
+              "ckpt": str(tiny_bundle.checkpoint_path), "tmp": str(tmp_path)}
+    proc = run_cli(*(a.format(**values) for a in args), cwd=tmp_path)
+    _one_line_error(proc, *fragments)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()
+
+
+def test_only_hne_errors_are_one_line_other_exceptions_are_bugs(monkeypatch):
+    """An InputError is the user's: one line, exit 2. A plain ValueError is ours: the traceback, exit 1."""
+    import click
+    from click.testing import CliRunner
+
+    from hne_edge import cli
+    from hne_edge.errors import InputError
+
+    @click.command("boom")
+    @click.option("--kind")
+    def boom(kind):
+        raise (InputError if kind == "input" else ValueError)(f"received {kind}")
+
+    module = type(sys)("hne_edge_test_boom")
+    module.boom = boom
+    monkeypatch.setitem(sys.modules, "hne_edge_test_boom", module)
+    monkeypatch.setitem(cli.COMMANDS, "boom", ("hne_edge_test_boom", "boom", "test"))
+    result = CliRunner().invoke(cli.main, ["boom", "--kind", "input"])
+    assert result.exit_code == 2 and result.output.strip() == "Error: received input"
+    result = CliRunner().invoke(cli.main, ["boom", "--kind", "value"])
+    assert result.exit_code == 1 and isinstance(result.exception, ValueError)
+
+
+# -- one home per rule ------------------------------------------------------------------------------------
+def test_one_tree_option_parser():
+    from hne_edge.errors import InputError
+    from hne_edge.tree import TREE_PRESETS, parse_tree
+
+    assert TREE_PRESETS == ("hne", "independent", "multi_branch")
+    assert parse_tree("independent") == "independent" and parse_tree("1, 2,2,2,2") == (1, 2, 2, 2, 2)
+    assert parse_tree((1, 4)) == (1, 4) and parse_tree(None) is None
+    for bad in ("1,x", "", "hne2", "1,,2"):
+        with pytest.raises(InputError, match="expected hne, independent, multi_branch or branching factors"):
+            parse_tree(bad)
+
+
+def test_train_config_validates_without_torch(tmp_path):
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from hne_edge.train.config import TrainConfig\n"
+        "c = TrainConfig.from_preset('cifar', {'optim': {'epochs': 3}})\n"
+        "assert c.model.name == 'hne_resnet' and c.optim.epochs == 3, c\n"
+        "try:\n"
+        "    TrainConfig.from_preset('digits', {'model': {'name': 'nope'}})\n"
+        "except ValueError as exc:\n"
+        "    assert 'hne_tiny' in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('a bad model name validated')\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**__import__("os").environ, **blocking_env(tmp_path, "torch")})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_train_config_resolves_the_default_preset_for_a_dataset():
+    from hne_edge.train.config import TrainConfig
+
+    assert TrainConfig.for_data(None).model.name == "hne_tiny"  # digits
+    config = TrainConfig.for_data("npz", {"data": {"data_dir": "x.npz"}, "optim": {"epochs": 1}})
+    assert (config.data.name, config.model.name, config.optim.epochs) == ("npz", "hne_resnet", 1)
+    assert TrainConfig.for_data("cifar100").data.name == "cifar100"
+
+
+def test_image_decoding_is_a_torch_free_library_function(tmp_path):
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    from hne_edge.errors import InputError
+    from hne_edge.runtime.images import IMAGE_SUFFIXES, read_image
+
+    assert ".png" in IMAGE_SUFFIXES
+    Image.fromarray(np.full((5, 4, 3), 200, np.uint8)).save(tmp_path / "a.png")
+    gray = read_image(tmp_path / "a.png", channels=1)
+    assert gray.shape == (5, 4) and gray.dtype == np.uint8 and gray[0, 0] == 200
+    assert read_image(tmp_path / "a.png", channels=3).shape == (5, 4, 3)
+    (tmp_path / "b.png").write_text("no")
+    with pytest.raises(InputError, match="b.png: cannot decode"):
+        read_image(tmp_path / "b.png", channels=3)
+
+
+def test_export_checkpoint_is_a_library_function(tiny_bundle, tmp_path):
+    from hne_edge.bundle import read_manifest
+    from hne_edge.exporters import export_checkpoint
+
+    path = export_checkpoint(tiny_bundle.checkpoint_path, tmp_path / "b", plan="segments", batch=(1, 1, 2),
+                             torch_weights=False, first_leaf=False)
+    manifest = read_manifest(path)
+    assert manifest.provenance["checkpoint"] == str(tiny_bundle.checkpoint_path)
+    assert {v[1] for v in manifest.variants()} == {"segments"}
+
+
+def test_device_auto_resolves_per_backend(monkeypatch):
+    import onnxruntime
+
+    from hne_edge.runtime.backends import cuda
+    from hne_edge.runtime.devices import resolve_device
+
+    gpus = {"n": 0}
+    monkeypatch.setattr(cuda, "probe_cuda", lambda: cuda.CudaProbe(device_count=gpus["n"]))
+    assert resolve_device("onnxruntime", "cuda:1") == "cuda:1" and resolve_device("torch", "cpu") == "cpu"
+    assert resolve_device("tensorrt", "auto") == "cuda"  # it has no CPU path
+    assert resolve_device("torch", "auto") == "cpu"
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    gpus["n"] = 1
+    assert resolve_device("onnxruntime", "auto") == "cpu"  # the CPU package cannot use the GPU
+    assert resolve_device("torch", "auto") == "cuda"
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert resolve_device("onnxruntime", "auto") == "cuda"
