@@ -19,14 +19,8 @@ from .backends import BACKENDS, Backend, Runner, Unit, create_backend
 from .cost_model import CostModel, Profile
 from .inputs import check_input, preprocess
 from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax
-from .scheduler import (
-    AnytimeRunner,
-    AnytimeSession,
-    ConcurrentUseError,
-    NoResultError,
-    RunnerClosedError,
-    SessionCancelled,
-)
+from .runner import AnytimeRunner, ConcurrentUseError
+from .session import AnytimeSession, NoResultError, RunnerClosedError, SessionCancelled
 
 __all__ = [
     "AnytimeRunner",
