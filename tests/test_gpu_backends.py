@@ -479,7 +479,6 @@ def _fake_trt(manifest, tree, classes, dev, log):
 @pytest.fixture
 def fake_trt_bundle(tmp_path, monkeypatch):
     """A fake bundle whose files are "engines" built with TensorRT 10.3.0 for sm_87, plus the fakes."""
-    import hne_edge.exporters.tensorrt as exporter
     import hne_edge.runtime.backends.tensorrt as trt_backend
 
     root = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4, plans=("segments", "nodes", "first"))
@@ -493,9 +492,9 @@ def fake_trt_bundle(tmp_path, monkeypatch):
     fake = _fake_trt(manifest, manifest.tree, 4, dev, log)
     fake.Logger = lambda level: None
     fake.Logger.WARNING, fake.Logger.VERBOSE = 1, 0
-    monkeypatch.setattr(exporter, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_backend, "load_tensorrt", lambda: fake)
     monkeypatch.setattr(trt_backend, "require_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(trt_backend, "_compute_capability", lambda i: ("FakeGPU", "8.7"))
+    monkeypatch.setattr(trt_backend, "device_info", lambda i: ("FakeGPU", "8.7"))
     monkeypatch.setattr(trt_backend, "open_device", lambda i, memory: dev)
     return types.SimpleNamespace(root=root, manifest=manifest, dev=dev, log=log, tree=manifest.tree)
 
@@ -550,9 +549,9 @@ def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
 
 
 def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, monkeypatch):
-    import hne_edge.exporters.tensorrt as exporter
+    import hne_edge.runtime.backends.tensorrt as trt_backend
 
-    fake = exporter.load_tensorrt()
+    fake = trt_backend.load_tensorrt()
     fake.__version__ = "10.8.0"
     with pytest.raises(BundleError, match=r"built with TensorRT 10.3.0; this device has TensorRT 10.8.0"):
         AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", load_profile=False)

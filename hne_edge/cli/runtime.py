@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import path_component
+from ..bundle import ANYTIME_PLANS, path_component
 from ..errors import InputError
 from . import printable
 
@@ -21,7 +21,7 @@ def _runner_options(f):
                      help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others off).")(f)
     f = click.option("--threads", type=int, default=None, help="Intra-op threads (default: the backend's).")(f)
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16"]))(f)
-    f = click.option("--plan", default="segments", show_default=True, type=click.Choice(["segments", "nodes"]))(f)
+    f = click.option("--plan", default="segments", show_default=True, type=click.Choice(ANYTIME_PLANS))(f)
     f = click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N")(f)
     f = click.option("--backend", default="onnxruntime", show_default=True, help="onnxruntime | torch | tensorrt")(f)
     return f

@@ -29,7 +29,6 @@ __all__ = [
     "VerifyReport",
     "build_engines",
     "engine_compatibility",
-    "engine_path",
 ]
 
 _LAZY = {
@@ -40,7 +39,6 @@ _LAZY = {
     "VerifyReport": ".verify",
     "build_engines": ".tensorrt",
     "engine_compatibility": ".tensorrt",
-    "engine_path": ".tensorrt",
 }
 
 

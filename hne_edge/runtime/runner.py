@@ -15,14 +15,13 @@ input check).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..bundle import MANIFEST_NAME, read_manifest
+from ..bundle import ANYTIME_PLANS, MANIFEST_NAME, read_manifest, sha256_bytes
 from ..errors import BundleError, HNEError, InputError
 from . import profiler
 from .backends import Backend, create_backend
@@ -42,8 +41,6 @@ from .session import (
 )
 
 __all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClosedError", "NoResultError", "SessionCancelled"]
-
-PLANS = ("segments", "nodes")
 
 
 class ConcurrentUseError(HNEError, RuntimeError):
@@ -99,12 +96,12 @@ class AnytimeRunner:
         self._closed = True  # until fully built
         self._runners: list[Any] = []
         self._first_runner: Any = None
-        if plan not in PLANS:
-            raise InputError(f"plan: received {plan!r}; expected one of {list(PLANS)}")
+        if plan not in ANYTIME_PLANS:
+            raise InputError(f"plan: received {plan!r}; expected one of {list(ANYTIME_PLANS)}")
         self.bundle_dir = Path(bundle_dir)
         # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
         self.manifest = read_manifest(self.bundle_dir, verify_files=False)
-        self.manifest_sha256 = hashlib.sha256((self.bundle_dir / MANIFEST_NAME).read_bytes()).hexdigest()
+        self.manifest_sha256 = sha256_bytes((self.bundle_dir / MANIFEST_NAME).read_bytes())
         self.plan, self.precision = plan, precision
         if threads is not None:
             backend_options["threads"] = threads

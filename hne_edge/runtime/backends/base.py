@@ -41,7 +41,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ...bundle import Manifest, ModelFile, TensorSpec, activation_name, bundle_path, read_verified
+from ...bundle import DTYPE_OF, Manifest, ModelFile, TensorSpec, activation_name, bundle_path, read_verified
 from ...errors import BackendUnavailable, BundleError, HNEError, InputError
 
 __all__ = ["Handle", "Unit", "Runner", "RunnerInactiveError", "Backend", "units_from_files", "units_from_tree"]
@@ -89,7 +89,7 @@ def units_from_tree(manifest: Manifest, plan: str, precision: str, name: str, pa
 
     Activation shapes are unknown without the model (``shape=()``, not checked).
     """
-    dtype = "float16" if precision == "fp16" else "float32"
+    dtype = DTYPE_OF[precision]
     tree = manifest.tree
 
     def spec(node: str | None, logits: bool = False) -> TensorSpec:

@@ -1,12 +1,12 @@
 """TensorRT backend: ``AnytimeRunner(bundle, backend="tensorrt", device="cuda")``.
 
 Runs the bundle's engines (``format: "tensorrt"``, built on the target by
-:func:`hne_edge.exporters.tensorrt.build_engines`):
+``hne-edge export BUNDLE --format tensorrt``; this module never imports the exporters):
 
 * **Compatibility first.** Before anything is deserialized, every engine's
   recorded ``build`` (TensorRT version, compute capability, flags) is checked
   against this TensorRT and this GPU with
-  :func:`~hne_edge.exporters.tensorrt.engine_compatibility`; a mismatch is a
+  :func:`~hne_edge.tensorrt_compat.engine_compatibility` (the rule the exporter records); a mismatch is a
   :class:`~hne_edge.errors.BundleError` that names both sides and says how to
   rebuild.
 * **One execution context per engine, one shared scratch allocation.** Contexts
@@ -43,12 +43,12 @@ newer call are used as soon as they have it):
 * setting it: ``context.set_device_memory(ptr, size)`` (10.1+; the only one in
   11), else the ``context.device_memory = ptr`` property.
 * network creation flags and the strongly typed builds are the exporter's
-  business (:mod:`hne_edge.exporters.tensorrt`); engines are deserialized the
+  business (the TensorRT exporter); engines are deserialized the
   same way in both.
 
-Not run on real hardware in the session that wrote it (no GPU, no TensorRT):
-the compatibility checks, error paths and the 10/11 API selection are tested
-with fakes; tests/test_gpu_backends.py holds the real GPU tests.
+The compatibility checks, error paths and the 10/11 API selection are tested
+with fakes; tests/test_gpu_backends.py also holds the real GPU tests (skipped
+without TensorRT and a GPU).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ import numpy as np
 
 from ...bundle import Manifest, ModelFile
 from ...errors import BackendUnavailable, BundleError, DeviceError
+from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt
 from .base import Backend, Handle, Runner, Unit, units_from_files
 from .cuda import (
     CudaTimingMixin,
@@ -95,8 +96,6 @@ REBUILD_HINT = (
 
 def check_engine_files(files: Sequence[ModelFile], trt_version: str, compute_capability: str) -> None:
     """Refuse engines built for another TensorRT version or GPU; the message names both sides."""
-    from ...exporters.tensorrt import engine_compatibility
-
     problems: dict[str, list[str]] = {}
     for f in files:
         reason = engine_compatibility(f.build or {}, trt_version, compute_capability)
@@ -139,28 +138,6 @@ def set_context_memory(context: Any, ptr: int, size: int) -> None:
         context.set_device_memory(ptr, size)
     else:
         context.device_memory = ptr
-
-
-def _compute_capability(device_id: int) -> tuple[str, str]:
-    """(GPU name, "8.7") of CUDA device ``device_id``."""
-    from ...exporters.tensorrt import device_info, normalize_compute_capability
-
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(device_id), normalize_compute_capability(torch.cuda.get_device_capability(device_id))
-    except ImportError:
-        pass
-    if device_id == 0:
-        return device_info()
-    from .cuda import _import_cudart
-
-    err, prop = _import_cudart().cudaGetDeviceProperties(device_id)
-    if int(err) != 0:
-        raise BackendUnavailable(f"cudaGetDeviceProperties({device_id}) failed: {err}")
-    name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
-    return name.strip("\x00 "), f"{prop.major}.{prop.minor}"
 
 
 # -- runner ---------------------------------------------------------------------------------------
@@ -278,13 +255,11 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         verbose: bool = False,
         threads: int | None = None,  # accepted for symmetry with the CPU backends; unused
     ) -> None:
-        from ...exporters.tensorrt import load_tensorrt
-
         self.device_id = parse_device(self.name, device, self.devices)
         self.device = "cuda" if self.device_id == 0 else f"cuda:{self.device_id}"
         self.trt = trt = load_tensorrt()  # BackendUnavailable with the install hint
         require_cuda(self.name, self.device_id, f" (TensorRT {trt.__version__} is installed)")
-        self.gpu, self.compute_capability = _compute_capability(self.device_id)
+        self.gpu, self.compute_capability = device_info(self.device_id)
         self.cuda = open_device(self.device_id, memory)
         self.logger = trt.Logger(trt.Logger.VERBOSE if verbose else trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
