@@ -42,9 +42,9 @@ FP32 = dict(rtol=1e-4, atol=1e-4)
 FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
 
 GPU_BACKENDS = {
-    "onnxruntime-cuda": ("onnxruntime_cuda", "OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner"),
-    "torch-cuda": ("torch_cuda", "TorchCudaBackend", "TorchCudaRunner"),
-    "tensorrt": ("tensorrt", "TensorRTBackend", "TensorRTRunner"),
+    ("onnxruntime", "cuda"): ("onnxruntime_cuda", "OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner"),
+    ("torch", "cuda"): ("torch_cuda", "TorchCudaBackend", "TorchCudaRunner"),
+    ("tensorrt", "cuda"): ("tensorrt", "TensorRTBackend", "TensorRTRunner"),
 }
 
 
@@ -168,7 +168,7 @@ def test_onnxruntime_cuda_falls_back_to_cpu_only_when_asked(tiny_bundle, caplog)
         runner = AnytimeRunner(tiny_bundle.bundle_dir, device="cuda", fallback_to_cpu=True, load_profile=False)
     with runner:
         assert runner.device == "cpu" and runner.backend.fallback_reason
-        assert "falling back to the CPU provider" in caplog.text
+        assert "onnxruntime: cuda requested but unusable, falling back to the CPU" in caplog.text
         r = runner.run(ref_x, max_leaves=5)
         np.testing.assert_allclose(r.logits, ref[:, :5].mean(1), rtol=1e-4, atol=1e-4)
 
@@ -518,7 +518,7 @@ def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
                 assert {e[1] for e in fx.log if e[0] == "execute"} == {"onnx/fp32/first/leaf00.onnx"}
         # one scratch allocation, sized to the largest engine (the first-leaf one included), shared by every context
         mem = {(p, s) for k, _, p, s in (e for e in fx.log if e[0] == "memory")}
-        engines = [*runner.backend.units(fx.manifest, fx.root, plan, "fp32"), runner._first_runner.unit]
+        engines = [*runner.backend.load(fx.manifest, fx.root, plan, "fp32").units, runner._first_runner.unit]
         assert len(mem) == 1 and mem.pop()[1] == max(1000 * len(u.nodes) for u in engines)
         shapes_before = sum(e[0] == "shape" for e in fx.log)
         assert shapes_before == n_units + 1  # set_input_shape once per context (+ the first-leaf one) while the batch stays
@@ -635,7 +635,7 @@ def fake_torch_cuda(monkeypatch):
         devices.append(FakeTorchCuda(device_id))
         return devices[-1]
 
-    monkeypatch.setattr(tc, "require_torch_cuda", lambda torch, device_id: None)
+    monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
     monkeypatch.setattr(tc, "TorchCuda", make)
     return devices
 

@@ -482,7 +482,7 @@ def test_library_errors_share_one_base_class(tiny_bundle):
     del held
     with pytest.raises(HNEError, match="memory: received 'x'"):
         open_device(0, prefer="x")
-    unit = Unit(name="u", nodes=("b0.0",), leaf=None, inputs=(), outputs=(), macs=0)
+    unit = Unit(name="u", nodes=("b0.0",), leaf=None, inputs=(), outputs=(), macs=0, kind="node", key="b0.0")
     with pytest.raises(HNEError, match="not active"):
         OnnxRuntimeRunner(unit, OnnxRuntimeBackend()).run(())
 

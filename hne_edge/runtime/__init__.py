@@ -15,7 +15,7 @@ TensorRT / torch backends are imported only when chosen.
 
 from __future__ import annotations
 
-from .backends import BACKENDS, Backend, Runner, Unit, create_backend
+from .backends import BACKENDS, Backend, LoadedPlan, Runner, Unit, create_backend
 from .cost_model import CostModel, Profile
 from .inputs import check_input, preprocess
 from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax
@@ -36,6 +36,7 @@ __all__ = [
     "CostModel",
     "Profile",
     "Backend",
+    "LoadedPlan",
     "Runner",
     "Unit",
     "BACKENDS",

@@ -115,13 +115,13 @@ class AnytimeRunner:
         self.num_classes = self.manifest.num_classes
         self.input_spec = self.manifest.input
         try:
-            units = self.backend.units(self.manifest, self.bundle_dir, plan, precision)
-            self._runners = [self.backend.create_runner(u, self.manifest, self.bundle_dir) for u in units]
+            loaded = self.backend.load(self.manifest, self.bundle_dir, plan, precision)
+            self._runners = [self.backend.create_runner(u, loaded) for u in loaded.units]
             for r in self._runners:
                 r.activate()
             if first_leaf and (self.backend.format, "first", precision) in self.manifest.variants():
-                (first,) = self.backend.units(self.manifest, self.bundle_dir, "first", precision)
-                self._first_runner = self.backend.create_runner(first, self.manifest, self.bundle_dir).activate()
+                first = self.backend.load(self.manifest, self.bundle_dir, "first", precision)
+                self._first_runner = self.backend.create_runner(first.units[0], first).activate()
             try:
                 self._program: Program = compile_program(tree, self._runners, self._first_runner)
             except BundleError as exc:
@@ -133,7 +133,7 @@ class AnytimeRunner:
         self._to_host = self.backend.to_host
         self._from_host = self.backend.from_host
         # the boundary cast: check_input accepts the manifest's input dtype; the files may read another (fp16)
-        image_dtype = np.dtype(next(u.inputs[0].dtype for u in units if u.inputs[0].node is None))
+        image_dtype = np.dtype(loaded.image_dtype)
         if image_dtype == np.dtype(self.input_spec.dtype):
             self._upload = self._from_host
         else:

@@ -26,7 +26,8 @@ class Named(Runner):
 def unit(name, nodes, src, exports, leaf):
     spec = lambda node, logits=False: TensorSpec("logits" if logits else f"act_{node}", node, "float32", ())  # noqa: E731
     outs = tuple(spec(e) for e in exports) + ((spec(nodes[-1], logits=True),) if leaf is not None else ())
-    return Named(Unit(name=name, nodes=tuple(nodes), leaf=leaf, inputs=(spec(src),), outputs=outs, macs=1))
+    kind, key = ("segment", leaf) if name.startswith(("seg", "first")) else ("node", nodes[0])
+    return Named(Unit(name=name, nodes=tuple(nodes), leaf=leaf, inputs=(spec(src),), outputs=outs, macs=1, kind=kind, key=key))
 
 
 # slots by hand: image 0, then the nodes breadth-first, then the logits

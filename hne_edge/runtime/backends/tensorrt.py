@@ -62,17 +62,8 @@ import numpy as np
 from ...bundle import Manifest, ModelFile
 from ...errors import BackendUnavailable, BundleError, DeviceError
 from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt
-from .base import Backend, Handle, Runner, Unit, units_from_files
-from .cuda import (
-    CudaTimingMixin,
-    DeviceArray,
-    GraphCache,
-    Slot,
-    SlotPool,
-    open_device,
-    parse_device,
-    require_cuda,
-)
+from .base import Backend, Handle, LoadedPlan, Runner, Unit
+from .cuda import CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, open_device, require_cuda
 
 __all__ = [
     "TensorRTBackend",
@@ -255,8 +246,7 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         verbose: bool = False,
         threads: int | None = None,  # accepted for symmetry with the CPU backends; unused
     ) -> None:
-        self.device_id = parse_device(self.name, device, self.devices)
-        self.device = "cuda" if self.device_id == 0 else f"cuda:{self.device_id}"
+        super().__init__(device)
         self.trt = trt = load_tensorrt()  # BackendUnavailable with the install hint
         require_cuda(self.name, self.device_id, f" (TensorRT {trt.__version__} is installed)")
         self.gpu, self.compute_capability = device_info(self.device_id)
@@ -270,21 +260,18 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         self._scratch_need = 0
         self._staging = SlotPool()
         self._fixed: set[int] = set()
-        self._image_dtype: np.dtype | None = None
 
     # -- bundle -----------------------------------------------------------------------------------
-    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
+    def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
+        """The engines of ``plan``, refused before anything is deserialized when built for another TensorRT / GPU."""
         try:
             files = manifest.files_for(plan, precision, "tensorrt")
         except BundleError as exc:
             raise BundleError(f"{exc}; {REBUILD_HINT}") from None
         check_engine_files(files, self.trt.__version__, self.compute_capability)
-        units = units_from_files(manifest, bundle_dir, plan, precision, self.format)
-        roots = [u for u in units if u.inputs[0].node is None]
-        self._image_dtype = np.dtype(roots[0].inputs[0].dtype) if roots else None
-        return units
+        return super().load(manifest, bundle_dir, plan, precision)
 
-    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
+    def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
         return TensorRTRunner(unit, self)
 
     # -- memory -----------------------------------------------------------------------------------
@@ -308,8 +295,7 @@ class TensorRTBackend(CudaTimingMixin, Backend):
 
     # -- handles ----------------------------------------------------------------------------------
     def from_host(self, array: np.ndarray) -> Handle:
-        if self._image_dtype is not None and array.dtype != self._image_dtype:
-            array = array.astype(self._image_dtype)
+        """Stage the image (already in the engines' dtype: the runner casts it, see LoadedPlan.image_dtype)."""
         array = np.ascontiguousarray(array)
         _, slot = self._staging.acquire(array.shape, lambda: Slot((self.alloc(array.shape, array.dtype),)))
         self.cuda.upload(slot.handles[0].ptr, array)
