@@ -93,12 +93,13 @@ def paired(fa, fb, repeats: int) -> tuple[float, float]:
 # -- baselines ------------------------------------------------------------------------------------
 
 
-def torch_call(backend, module, x: np.ndarray, graph: bool):
+def torch_call(backend, module, x: np.ndarray, graph: bool, half: bool = False):
     """One call of ``module`` prepared as the runner's units are (``backend.prepare``): the image uploaded
-    (``backend.from_host``, as every runner frame does), then one eager call or one graph replay, logits
-    to the host."""
+    (``backend.from_host``, as every runner frame does, in the units' dtype), then one eager call or one
+    graph replay, logits to the host."""
     torch = backend.torch
-    module = backend.prepare(module)
+    module = backend.prepare(module, half)
+    x = x.astype(np.float16) if half else x
     policy = getattr(backend, "policy", contextlib.nullcontext())
     stream = backend.cuda.stream_context if hasattr(backend, "cuda") else contextlib.nullcontext
     if not graph:
@@ -199,8 +200,9 @@ def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int,
     x = rng.standard_normal((b, spec.channels, *spec.spatial)).astype(np.float32)
     N = runner.num_leaves
     if backend == "torch":
-        one = torch_call(runner.backend, model.path_module(0), x, graph)
-        fused = torch_call(runner.backend, model, x, graph)
+        half = runner.precision == "fp16"
+        one = torch_call(runner.backend, model.path_module(0), x, graph, half)
+        fused = torch_call(runner.backend, model, x, graph, half)
     elif backend == "onnxruntime":
         one, fused = ort_standalone(single, x, model.config.num_classes, graph), None
     else:

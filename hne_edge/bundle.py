@@ -32,7 +32,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,15 @@ from .fileio import atomic_write_json
 from .tree import TreeSpec
 
 __all__ = [
+    "PLANS",
+    "ANYTIME_PLANS",
+    "PRECISIONS",
+    "DTYPES",
+    "DTYPE_OF",
+    "file_path",
+    "engine_dir",
+    "update_manifest",
+    "sha256_bytes",
     "variant_label",
     "SCHEMA_VERSION",
     "MANIFEST_NAME",
@@ -65,13 +74,66 @@ FORMATS = ("onnx", "tensorrt", "torch")
 # after the first leaf never reads and which cost up to ~10% (layout reorders, no fusion across them).
 # "weights": one torch file holding the fused state_dict.
 PLANS = ("nodes", "segments", "first", "weights")
+# the plans that run the whole tree (what a runtime and `hne-edge run --plan` choose from); default first
+ANYTIME_PLANS = ("segments", "nodes")
 PRECISIONS = ("fp32", "fp16")
 DTYPES = ("float32", "float16")
+DTYPE_OF = dict(zip(PRECISIONS, DTYPES))  # a precision's tensor dtype: {"fp32": "float32", "fp16": "float16"}
+_SUFFIX = {"onnx": ".onnx", "tensorrt": ".plan"}
 
 
 def activation_name(node_id: str | None) -> str:
     """Tensor name of a node's activation (``None``: the image)."""
     return "image" if node_id is None else f"act_{node_id}"
+
+
+def file_path(
+    fmt: str,
+    precision: str,
+    plan: str,
+    *,
+    node: str | None = None,
+    leaf: int | None = None,
+    num_leaves: int = 16,
+    engine_dir: str | None = None,
+) -> str:
+    """Bundle-relative path of a model file (the one layout rule; see the module docstring).
+
+    ``onnx/fp32/nodes/b1.0.onnx``, ``onnx/fp16/segments/leaf03.onnx``, ``onnx/fp32/first/leaf00.onnx``,
+    ``tensorrt/trt10.3_sm87/fp16/segments/leaf00.plan`` (``engine_dir``: from :func:`engine_dir`),
+    ``torch/model.pt`` (plan "weights"). Leaves are zero-padded to at least 2 digits.
+    """
+    if fmt == "torch" and plan == "weights":
+        return "torch/model.pt"
+    if fmt not in _SUFFIX or plan not in PLANS or plan == "weights" or precision not in PRECISIONS:
+        raise ValueError(
+            f"file_path: received format {fmt!r}, plan {plan!r}, precision {precision!r}; expected a format of "
+            f"{list(_SUFFIX)}, a plan of {list(PLANS[:3])} and a precision of {list(PRECISIONS)} (or torch weights)"
+        )
+    if fmt == "tensorrt" and engine_dir is None:
+        raise ValueError("file_path(format='tensorrt') needs engine_dir= (see bundle.engine_dir)")
+    base = f"{engine_dir if fmt == 'tensorrt' else fmt}/{precision}/{plan}"
+    if plan == "nodes":
+        if node is None:
+            raise ValueError("file_path(plan='nodes') needs node=")
+        return f"{base}/{node}{_SUFFIX[fmt]}"
+    if leaf is None:
+        raise ValueError(f"file_path(plan={plan!r}) needs leaf=")
+    return f"{base}/leaf{leaf:0{max(2, len(str(num_leaves - 1)))}d}{_SUFFIX[fmt]}"
+
+
+def engine_dir(trt_version: str, compute_capability: Any) -> str:
+    """``tensorrt/trt10.3_sm87``: engines of one TensorRT minor version and one GPU architecture."""
+    from .tensorrt_compat import normalize_compute_capability, version_tuple
+
+    major, minor, _ = version_tuple(trt_version)
+    cc = normalize_compute_capability(compute_capability).replace(".", "")
+    return f"tensorrt/trt{major}.{minor}_sm{cc}"
+
+
+def sha256_bytes(data: bytes) -> str:
+    """The sha256 of bytes already in memory (a file's, as loaded or as written)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -456,7 +518,7 @@ class Manifest:
                     )
                 if [o.name for o in group[0].outputs] != ["logits"]:
                     raise BundleError(f"manifest: {group[0].path} outputs {[o.name for o in group[0].outputs]}; expected ['logits']")
-                if not any((fmt, p, precision) in variants for p in ("nodes", "segments")):
+                if not any((fmt, p, precision) in variants for p in ANYTIME_PLANS):
                     raise BundleError(f"manifest: {label} is an add-on to a full plan; expected {variant_label(fmt, 'segments', precision)} "
                                       f"or {variant_label(fmt, 'nodes', precision)} beside it")
             elif plan == "nodes":
@@ -571,7 +633,7 @@ def read_verified(path: str | os.PathLike, model_file: ModelFile | None) -> byte
     """
     data = Path(path).read_bytes()
     if model_file is not None:
-        _check_digest(model_file, hashlib.sha256(data).hexdigest(), "sha256 at load")
+        _check_digest(model_file, sha256_bytes(data), "sha256 at load")
     return data
 
 
@@ -650,6 +712,27 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> Path:
     data = manifest.to_dict()
     Manifest.from_dict(json.loads(json.dumps(data)))  # never write what we could not read
     return atomic_write_json(Path(bundle_dir) / MANIFEST_NAME, data, indent=2)
+
+
+def update_manifest(bundle_dir: str | os.PathLike, entries: "list[ModelFile] | tuple[ModelFile, ...]") -> Manifest:
+    """Add (or replace, by path) ``entries`` in a bundle's manifest, written atomically; returns the new manifest.
+
+    Hashes nothing: each entry's sha256 is the one computed when its file was written (from the
+    bytes written), and the files already listed were verified by whoever read them. The new
+    manifest is validated once - the structure by :func:`write_manifest`'s read-back, the paths
+    and the presence of every file by :func:`read_manifest` - and only then replaces the old one.
+    """
+    bundle_dir = Path(bundle_dir)
+    manifest = read_manifest(bundle_dir, verify_files=False)
+    new_paths = {e.path for e in entries}
+    files = tuple(f for f in manifest.files if f.path not in new_paths) + tuple(entries)
+    updated = replace(manifest, files=files)
+    for i, f in enumerate(updated.files):
+        target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
+        if not target.is_file():
+            raise BundleError(f"bundle file missing: {f.path} (files[{i}]) would be listed in the manifest but is not on disk")
+    write_manifest(bundle_dir, updated)
+    return updated
 
 
 def bundle_path(bundle_dir: str | os.PathLike, model_file: ModelFile) -> Path:

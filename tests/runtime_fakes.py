@@ -153,7 +153,7 @@ class FakeBackend(Backend):
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
 
-    def create_runner(self, unit, manifest, bundle_dir):
+    def create_runner(self, unit, loaded):
         return FakeRunner(unit, self)
 
     def close(self) -> None:

@@ -147,3 +147,47 @@ def test_not_json_and_no_manifest(bundle, tmp_path):
         read_manifest(bundle)
     with pytest.raises(BundleError, match=r"is not a bundle: manifest.json is missing"):
         read_manifest(tmp_path)
+
+
+def test_file_path_is_the_one_layout():
+    from hne_edge.bundle import engine_dir, file_path
+
+    assert file_path("onnx", "fp32", "nodes", node="b1.0") == "onnx/fp32/nodes/b1.0.onnx"
+    assert file_path("onnx", "fp16", "segments", leaf=3, num_leaves=16) == "onnx/fp16/segments/leaf03.onnx"
+    assert file_path("onnx", "fp32", "segments", leaf=3, num_leaves=128) == "onnx/fp32/segments/leaf003.onnx"
+    assert file_path("onnx", "fp32", "first", leaf=0) == "onnx/fp32/first/leaf00.onnx"
+    assert file_path("torch", "fp32", "weights") == "torch/model.pt"
+    trt = engine_dir("10.3.0.26", "sm_87")
+    assert file_path("tensorrt", "fp16", "nodes", node="b2.1", engine_dir=trt) == "tensorrt/trt10.3_sm87/fp16/nodes/b2.1.plan"
+    with pytest.raises(ValueError, match="needs engine_dir="):
+        file_path("tensorrt", "fp16", "segments", leaf=0)
+    with pytest.raises(ValueError, match=r"received format 'onnx', plan 'weights'"):
+        file_path("onnx", "fp32", "weights")
+
+
+def test_every_file_of_an_export_is_where_file_path_puts_it(tiny_bundle):
+    from hne_edge.bundle import file_path
+
+    manifest = read_manifest(tiny_bundle.bundle_dir, verify_files=False)
+    for f in manifest.files:
+        node = f.nodes[0] if f.plan == "nodes" else None
+        assert f.path == file_path(f.format, f.precision, f.plan, node=node, leaf=f.leaf,
+                                   num_leaves=manifest.tree.num_leaves)  # fmt: skip
+
+
+def test_update_manifest_replaces_by_path_and_refuses_a_missing_file(bundle):
+    import dataclasses
+
+    from hne_edge.bundle import sha256_file, update_manifest
+
+    manifest = read_manifest(bundle)
+    old = manifest.files[0]
+    (bundle / old.path).write_bytes(b"changed")
+    new = dataclasses.replace(old, sha256=sha256_file(bundle / old.path), bytes=7)
+    updated = update_manifest(bundle, [new])
+    assert read_manifest(bundle, verify_files=True) == updated and len(updated.files) == len(manifest.files)
+    before = (bundle / MANIFEST_NAME).read_bytes()
+    ghost = dataclasses.replace(old, path=old.path.replace(".onnx", "_ghost.onnx"))
+    with pytest.raises(BundleError, match=r"bundle file missing: .*ghost.* would be listed in the manifest but is not on disk"):
+        update_manifest(bundle, [ghost])
+    assert (bundle / MANIFEST_NAME).read_bytes() == before  # refused before anything was written

@@ -9,16 +9,10 @@ import sys
 
 import pytest
 
-from hne_edge.bundle import read_manifest
+from hne_edge.bundle import engine_dir, file_path, read_manifest, update_manifest
 from hne_edge.errors import BackendUnavailable, BundleError, ExportError
-from hne_edge.exporters.tensorrt import (
-    add_files,
-    build_engines,
-    engine_compatibility,
-    engine_entry,
-    engine_path,
-    normalize_compute_capability,
-)
+from hne_edge.exporters.tensorrt import build_engines, engine_entry
+from hne_edge.tensorrt_compat import engine_compatibility, normalize_compute_capability
 
 BUILD = {
     "tensorrt_version": "10.3.0",
@@ -28,6 +22,10 @@ BUILD = {
     "batch_profile": [1, 1, 8],
     "hardware_compatibility": "none",
 }
+
+
+def engine_path(version, cc, precision, plan, **kw):
+    return file_path("tensorrt", precision, plan, engine_dir=engine_dir(version, cc), **kw)
 
 
 def test_engine_path_naming():
@@ -75,9 +73,11 @@ def test_engine_entries_make_a_valid_manifest(tiny_bundle, tmp_path):
     for source in manifest.files_for("segments", "fp32"):
         rel = engine_path("10.3.0", "8.7", "fp32", "segments", leaf=source.leaf)
         (bundle / rel).parent.mkdir(parents=True, exist_ok=True)
-        (bundle / rel).write_bytes(b"engine for " + source.path.encode())
-        entries.append(engine_entry(bundle, source, rel, BUILD))
-    updated = add_files(bundle, entries)
+        data = b"engine for " + source.path.encode()
+        (bundle / rel).write_bytes(data)
+        entries.append(engine_entry(source, rel, BUILD, data))
+    updated = update_manifest(bundle, entries)
+    assert read_manifest(bundle, verify_files=True) == updated  # the hashes of the bytes written are the files' 
     engines = updated.files_for("segments", "fp32", "tensorrt")
     assert len(engines) == 16 and engines[0].source == "onnx/fp32/segments/leaf00.onnx"
     assert engines[0].build["compute_capability"] == "8.7"
@@ -149,10 +149,10 @@ class _FakeTRT:
                 self.network = network
                 self.num_errors = 0
 
-            def parse_from_file(self, path):
+            def parse(self, model, path=None):  # TensorRT's OnnxParser.parse(model: bytes, path: str = None)
                 import onnx
 
-                g = onnx.load(path).graph
+                g = onnx.load_from_string(model).graph
                 for v in g.input:
                     dims = [d.dim_value or -1 for d in v.type.tensor_type.shape.dim]
                     self.network.inputs.append(Tensor(v.name, tuple(dims)))
@@ -238,3 +238,39 @@ def test_build_engines_against_the_documented_api(tiny_bundle, tmp_path, monkeyp
     # asking for a precision the bundle has no ONNX for is a clear error
     with pytest.raises(ExportError, match=r"no ONNX source for TensorRT engine\(s\) \['segments/fp16'\]"):
         build_engines(bundle, plans=("segments",), precisions=("fp16",))
+
+
+def test_export_with_engines_hashes_each_file_once_per_step_that_needs_it(tiny_bundle, tmp_path, monkeypatch):
+    """`hne-edge export --format tensorrt`'s flow: ONNX export, its verification, engines, manifest update.
+
+    Each ONNX file is hashed 3 times (written, the verification gate, read as an engine source) and each
+    engine once (from the bytes written); the manifest updates hash nothing (was 5 and 2 per file).
+    """
+    import hashlib
+
+    import hne_edge.bundle as bundle_mod
+    from hne_edge.exporters import export_onnx
+    from hne_edge.exporters import tensorrt as trt_mod
+
+    fake = _FakeTRT("10.3.0")
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
+    counted = []
+
+    class CountingHashlib:
+        @staticmethod
+        def sha256(data=b""):
+            counted.append(1)
+            return hashlib.sha256(data)
+
+    monkeypatch.setattr(bundle_mod, "hashlib", CountingHashlib)  # every bundle file is hashed through hne_edge.bundle
+    out = export_onnx(tiny_bundle.model, tmp_path / "out", class_names=[f"c{i}" for i in range(10)],
+                      normalization={"mean": [0.5] * 3, "std": [0.25] * 3}, plan="segments", batch=(1, 1, 4),
+                      torch_weights=False, post_export=lambda tmp: trt_mod.build_engines(tmp))  # fmt: skip
+    monkeypatch.undo()
+    manifest = read_manifest(out)  # every sha256 in the manifest is the file's
+    onnx = [f for f in manifest.files if f.format == "onnx"]
+    engines = [f for f in manifest.files if f.format == "tensorrt"]
+    assert len(onnx) == len(engines) == 17  # 16 segments and the first leaf
+    # + 1: manifest.json itself, hashed by the AnytimeRunner the verification drives (profiles are keyed by it)
+    assert len(counted) == 3 * len(onnx) + len(engines) + 1

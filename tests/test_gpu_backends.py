@@ -42,9 +42,9 @@ FP32 = dict(rtol=1e-4, atol=1e-4)
 FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
 
 GPU_BACKENDS = {
-    "onnxruntime-cuda": ("onnxruntime_cuda", "OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner"),
-    "torch-cuda": ("torch_cuda", "TorchCudaBackend", "TorchCudaRunner"),
-    "tensorrt": ("tensorrt", "TensorRTBackend", "TensorRTRunner"),
+    ("onnxruntime", "cuda"): ("onnxruntime_cuda", "OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner"),
+    ("torch", "cuda"): ("torch_cuda", "TorchCudaBackend", "TorchCudaRunner"),
+    ("tensorrt", "cuda"): ("tensorrt", "TensorRTBackend", "TensorRTRunner"),
 }
 
 
@@ -168,7 +168,7 @@ def test_onnxruntime_cuda_falls_back_to_cpu_only_when_asked(tiny_bundle, caplog)
         runner = AnytimeRunner(tiny_bundle.bundle_dir, device="cuda", fallback_to_cpu=True, load_profile=False)
     with runner:
         assert runner.device == "cpu" and runner.backend.fallback_reason
-        assert "falling back to the CPU provider" in caplog.text
+        assert "onnxruntime: cuda requested but unusable, falling back to the CPU" in caplog.text
         r = runner.run(ref_x, max_leaves=5)
         np.testing.assert_allclose(r.logits, ref[:, :5].mean(1), rtol=1e-4, atol=1e-4)
 
@@ -479,7 +479,6 @@ def _fake_trt(manifest, tree, classes, dev, log):
 @pytest.fixture
 def fake_trt_bundle(tmp_path, monkeypatch):
     """A fake bundle whose files are "engines" built with TensorRT 10.3.0 for sm_87, plus the fakes."""
-    import hne_edge.exporters.tensorrt as exporter
     import hne_edge.runtime.backends.tensorrt as trt_backend
 
     root = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4, plans=("segments", "nodes", "first"))
@@ -493,9 +492,9 @@ def fake_trt_bundle(tmp_path, monkeypatch):
     fake = _fake_trt(manifest, manifest.tree, 4, dev, log)
     fake.Logger = lambda level: None
     fake.Logger.WARNING, fake.Logger.VERBOSE = 1, 0
-    monkeypatch.setattr(exporter, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_backend, "load_tensorrt", lambda: fake)
     monkeypatch.setattr(trt_backend, "require_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(trt_backend, "_compute_capability", lambda i: ("FakeGPU", "8.7"))
+    monkeypatch.setattr(trt_backend, "device_info", lambda i: ("FakeGPU", "8.7"))
     monkeypatch.setattr(trt_backend, "open_device", lambda i, memory: dev)
     return types.SimpleNamespace(root=root, manifest=manifest, dev=dev, log=log, tree=manifest.tree)
 
@@ -519,7 +518,7 @@ def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
                 assert {e[1] for e in fx.log if e[0] == "execute"} == {"onnx/fp32/first/leaf00.onnx"}
         # one scratch allocation, sized to the largest engine (the first-leaf one included), shared by every context
         mem = {(p, s) for k, _, p, s in (e for e in fx.log if e[0] == "memory")}
-        engines = [*runner.backend.units(fx.manifest, fx.root, plan, "fp32"), runner._first_runner.unit]
+        engines = [*runner.backend.load(fx.manifest, fx.root, plan, "fp32").units, runner._first_runner.unit]
         assert len(mem) == 1 and mem.pop()[1] == max(1000 * len(u.nodes) for u in engines)
         shapes_before = sum(e[0] == "shape" for e in fx.log)
         assert shapes_before == n_units + 1  # set_input_shape once per context (+ the first-leaf one) while the batch stays
@@ -550,9 +549,9 @@ def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
 
 
 def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, monkeypatch):
-    import hne_edge.exporters.tensorrt as exporter
+    import hne_edge.runtime.backends.tensorrt as trt_backend
 
-    fake = exporter.load_tensorrt()
+    fake = trt_backend.load_tensorrt()
     fake.__version__ = "10.8.0"
     with pytest.raises(BundleError, match=r"built with TensorRT 10.3.0; this device has TensorRT 10.8.0"):
         AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", load_profile=False)
@@ -636,7 +635,7 @@ def fake_torch_cuda(monkeypatch):
         devices.append(FakeTorchCuda(device_id))
         return devices[-1]
 
-    monkeypatch.setattr(tc, "require_torch_cuda", lambda torch, device_id: None)
+    monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
     monkeypatch.setattr(tc, "TorchCuda", make)
     return devices
 

@@ -90,18 +90,18 @@ def _flip_a_weight(path: Path) -> None:
                                           ("torch", "torch/model.pt")])  # fmt: skip
 def test_a_file_swapped_after_the_manifest_check_is_refused(tiny_bundle, tmp_path, monkeypatch, backend, rel):
     from hne_edge.errors import BundleError
-    from hne_edge.runtime import AnytimeRunner, scheduler
+    from hne_edge.runtime import AnytimeRunner, runner as runner_module
 
     bundle = tmp_path / "b"
     shutil.copytree(tiny_bundle.bundle_dir, bundle)
-    real = scheduler.read_manifest
+    real = runner_module.read_manifest
 
     def read_then_swap(*args, **kwargs):
         manifest = real(bundle, verify_files=True)  # the check passes on the original file ...
         _flip_a_weight(bundle / rel)  # ... which an attacker swaps right after
         return manifest
 
-    monkeypatch.setattr(scheduler, "read_manifest", read_then_swap)
+    monkeypatch.setattr(runner_module, "read_manifest", read_then_swap)
     with pytest.raises(BundleError, match=rf"bundle file {rel} \(sha256 at load\) does not match the manifest"):
         AnytimeRunner(bundle, backend=backend, load_profile=False, warmup=0)
 
@@ -482,7 +482,7 @@ def test_library_errors_share_one_base_class(tiny_bundle):
     del held
     with pytest.raises(HNEError, match="memory: received 'x'"):
         open_device(0, prefer="x")
-    unit = Unit(name="u", nodes=("b0.0",), leaf=None, inputs=(), outputs=(), macs=0)
+    unit = Unit(name="u", nodes=("b0.0",), leaf=None, inputs=(), outputs=(), macs=0, kind="node", key="b0.0")
     with pytest.raises(HNEError, match="not active"):
         OnnxRuntimeRunner(unit, OnnxRuntimeBackend()).run(())
 

@@ -365,7 +365,7 @@ def test_close_releases_everything_and_use_after_close_is_an_error(bundle):
 def test_unknown_backend_and_device_and_plan(bundle):
     with pytest.raises(BackendUnavailable, match=r"received backend 'tpu'; expected one of"):
         AnytimeRunner(bundle, backend="tpu")
-    with pytest.raises(BackendUnavailable, match=r"received device 'npu'; expected one of \['cpu'\]"):
+    with pytest.raises(BackendUnavailable, match=r"received device 'npu'; expected one of \['cpu', 'cuda'\] or 'cuda:N'"):
         create_backend("onnxruntime", device="npu")
     with pytest.raises(InputError, match=r"plan: received 'weights'; expected one of"):
         AnytimeRunner(bundle, plan="weights")

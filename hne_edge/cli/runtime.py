@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import PLANS, PRECISIONS, path_component
+from ..bundle import ANYTIME_PLANS, PRECISIONS, path_component
 from ..errors import InputError
 from ..fileio import atomic_write_json, check_output_dir
 from . import printable
@@ -34,8 +34,7 @@ def _runner_options(f):
                      help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others off).")(f)
     f = threads_option("Intra-op")(f)
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS))(f)
-    f = click.option("--plan", default="segments", show_default=True,
-                     type=click.Choice([p for p in PLANS if p in ("segments", "nodes")]))(f)  # the runnable plans
+    f = click.option("--plan", default="segments", show_default=True, type=click.Choice(ANYTIME_PLANS))(f)
     f = device_option(f)
     f = click.option("--backend", default="onnxruntime", show_default=True, type=_BackendChoice(_BACKENDS),
                      help="onnxruntime (CPU or CUDA) | torch (needs torch/model.pt) | tensorrt (engines in the bundle).")(f)

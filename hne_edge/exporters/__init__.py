@@ -31,7 +31,6 @@ __all__ = [
     "VerifyReport",
     "build_engines",
     "engine_compatibility",
-    "engine_path",
 ]
 
 _LAZY = {
@@ -43,7 +42,6 @@ _LAZY = {
     "VerifyReport": ".verify",
     "build_engines": ".tensorrt",
     "engine_compatibility": ".tensorrt",
-    "engine_path": ".tensorrt",
 }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..bundle import MANIFEST_NAME, PRECISIONS
+from ..bundle import ANYTIME_PLANS, MANIFEST_NAME, PLANS, PRECISIONS
 from ..errors import ExportError, InputError, short_repr
 from ..fileio import remove_stale, scratch_path, swap_dir_into_place
 
@@ -43,8 +43,8 @@ __all__ = [
 # >= 1.14 read, and the TorchScript exporter emits it natively (no version conversion).
 DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 13, 20
-PLAN_CHOICES = ("nodes", "segments", "both")
-DTYPE_OF = {"fp32": "float32", "fp16": "float16"}
+# what `export --plan` accepts: each plan that runs the whole tree (in the manifest's order), or both
+PLAN_CHOICES = tuple(p for p in PLANS if p in ANYTIME_PLANS) + ("both",)
 
 
 class ShapeError(ExportError):
@@ -110,7 +110,7 @@ def parse_batch(value: str | tuple[int, int, int] | list[int]) -> tuple[int, int
 def parse_plan(value: str) -> tuple[str, ...]:
     if value not in PLAN_CHOICES:
         raise InputError(f"plan must be one of {list(PLAN_CHOICES)}; received {value!r}")
-    return ("nodes", "segments") if value == "both" else (value,)
+    return PLAN_CHOICES[:-1] if value == "both" else (value,)
 
 
 def check_opset(opset: int) -> int:

@@ -54,7 +54,7 @@ def export_checkpoint(
         raise InputError(f"format: received {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
     precisions, batch = parse_precisions(precisions), parse_batch(batch)
     checkpoint = Path(checkpoint)
-    post = None
+    build_after_verify: Callable[[Path], None] | None = None  # TensorRT: engines built in the unpublished folder
     if format == "tensorrt":
         from .tensorrt import build_engines, device_info, load_tensorrt
 
@@ -62,8 +62,10 @@ def export_checkpoint(
         device_info()
         plans = None if plan == "both" else (plan,)
 
-        def post(tmp: Path) -> None:
+        def build_engines_into(tmp: Path) -> None:
             build_engines(tmp, precisions=precisions, plans=plans, batch=batch, **(tensorrt_options or {}))
+
+        build_after_verify = build_engines_into
 
     from ..bundle import sha256_file
     from ..train.checkpoint import model_from_checkpoint
@@ -87,6 +89,6 @@ def export_checkpoint(
         progress=progress,
         extra_provenance={"checkpoint": str(checkpoint), "checkpoint_sha256": sha256_file(checkpoint),
                           "tensorrt": package_version("tensorrt") if format == "tensorrt" else None},  # fmt: skip
-        post_export=post,
+        post_export=build_after_verify,
         keep=(checkpoint,),
     )

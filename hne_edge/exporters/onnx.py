@@ -23,11 +23,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..bundle import InputSpec, Manifest, ModelFile, TensorSpec, activation_name, read_manifest, sha256_file, write_manifest
+from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activation_name, file_path, read_manifest, sha256_file, write_manifest
 from ..errors import ExportError, InputError
 from .base import (
     DEFAULT_OPSET,
-    DTYPE_OF,
     ShapeError,
     atomic_output_dir,
     check_normalization,
@@ -49,22 +48,12 @@ __all__ = [
     "export_standalone_network",
     "export_module",
     "fold_batchnorm",
-    "onnx_path",
     "EXPORTERS",
 ]
 
 EXPORTERS = ("torchscript", "dynamo")
 BATCH_DIM = "batch"
 EXAMPLE_BATCH = 2  # > 1, so an exporter that specialised the batch dim would be caught by the check below
-
-
-def onnx_path(precision: str, plan: str, *, node: str | None = None, leaf: int | None = None, num_leaves: int = 16) -> str:
-    """Bundle-relative path of an ONNX file: ``onnx/fp32/nodes/b1.0.onnx``, ``onnx/fp16/segments/leaf03.onnx``,
-    ``onnx/fp32/first/leaf00.onnx``."""
-    if plan == "nodes":
-        return f"onnx/{precision}/nodes/{node}.onnx"
-    width = max(2, len(str(num_leaves - 1)))
-    return f"onnx/{precision}/{plan}/leaf{leaf:0{width}d}.onnx"
 
 
 # -- torch side -------------------------------------------------------------------------------------
@@ -351,7 +340,7 @@ def export_onnx(
             meta = {"hne_edge.model": config.name, "hne_edge.precision": precision}
             if "nodes" in plans:
                 for node in tree.nodes:
-                    rel = onnx_path(precision, "nodes", node=node.id)
+                    rel = file_path("onnx", precision, "nodes", node=node.id)
                     out_spec = spec(node.id, dtype, is_logits=node.is_leaf)
                     in_spec = spec(node.parent, dtype)
                     export_module(
@@ -366,7 +355,7 @@ def export_onnx(
                 from ..models import SegmentModule
 
                 for seg in tree.segments:
-                    rel = onnx_path(precision, "segments", leaf=seg.leaf, num_leaves=tree.num_leaves)
+                    rel = file_path("onnx", precision, "segments", leaf=seg.leaf, num_leaves=tree.num_leaves)
                     module = SegmentModule(seg, [folded[n] for n in seg.nodes]).eval()
                     outputs = [spec(n, dtype) for n in seg.exports] + [spec(seg.nodes[-1], dtype, is_logits=True)]
                     in_spec = spec(seg.input, dtype)
@@ -380,7 +369,7 @@ def export_onnx(
                     say(f"exported {rel} ({len(files)} files)")
             if first_leaf:
                 seg = tree.segments[0]
-                rel = onnx_path(precision, "first", leaf=0, num_leaves=tree.num_leaves)
+                rel = file_path("onnx", precision, "first", leaf=0, num_leaves=tree.num_leaves)
                 out_spec, in_spec = spec(seg.nodes[-1], dtype, is_logits=True), spec(None, dtype)
                 export_module(
                     torch.nn.Sequential(*(folded[n] for n in seg.nodes)).eval(), tmp / rel, examples[None],
@@ -391,7 +380,7 @@ def export_onnx(
                     [in_spec], [out_spec], opset)  # fmt: skip
                 say(f"exported {rel} ({len(files)} files)")
         if torch_weights:
-            rel = "torch/model.pt"
+            rel = file_path("torch", "fp32", "weights")
             (tmp / "torch").mkdir()
             # plain dict of tensors: loads with torch.load(weights_only=True); architecture is in the manifest
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp / rel)
@@ -420,7 +409,9 @@ def export_onnx(
             ),
         )
         write_manifest(tmp, manifest)
-        read_manifest(tmp, verify_files=True)  # the runtime's reader must accept what we publish
+        # the runtime's reader must accept what we publish; the sha256s were just computed from these files
+        # and the verification below (or the user's `hne-edge verify`) checks them once more
+        read_manifest(tmp, verify_files=False)
         if verify:
             from .verify import verify_bundle
 

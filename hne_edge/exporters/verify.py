@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..bundle import Manifest, ModelFile, bundle_path, read_manifest
-from .base import DTYPE_OF, TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
+from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, read_manifest
+from .base import TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..models import HNE
@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
-ANYTIME_PLANS = ("nodes", "segments")  # plans that run the whole tree ("first" is leaf 0 alone)
 
 
 # -- loaders / runners ------------------------------------------------------------------------------
@@ -249,7 +248,7 @@ def verify_bundle(
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
     variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
     chains, firsts = {}, {}
-    for p, q in sorted(variants, key=lambda v: ANYTIME_PLANS.index(v[0])):  # leaf 0 of "nodes" first, as before
+    for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
         per_batch, first = run_anytime(bundle_dir, p, q, images, threads)
         chains.update({(p, q, b): leaves for b, leaves in per_batch.items()})
         if first is not None:
@@ -281,7 +280,7 @@ def verify_bundle(
             worst = _merge(checks)
             worst.check = f"== {full} plan leaf 0 (runtime, max_leaves=1)"
             report.checks.append(worst)
-    for plan in ("nodes", "segments"):
+    for plan in sorted(ANYTIME_PLANS, key=PLANS.index):
         if (plan, "fp32") in variants and (plan, "fp16") in variants:
             checks = [
                 compare_outputs("", "", h, s, "fp16")

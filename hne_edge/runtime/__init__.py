@@ -15,18 +15,12 @@ TensorRT / torch backends are imported only when chosen.
 
 from __future__ import annotations
 
-from .backends import BACKENDS, Backend, Runner, Unit, create_backend
+from .backends import BACKENDS, Backend, LoadedPlan, Runner, Unit, create_backend
 from .cost_model import CostModel, Profile
 from .inputs import check_input, preprocess
 from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax
-from .scheduler import (
-    AnytimeRunner,
-    AnytimeSession,
-    ConcurrentUseError,
-    NoResultError,
-    RunnerClosedError,
-    SessionCancelled,
-)
+from .runner import AnytimeRunner, ConcurrentUseError
+from .session import AnytimeSession, NoResultError, RunnerClosedError, SessionCancelled
 
 __all__ = [
     "AnytimeRunner",
@@ -42,6 +36,7 @@ __all__ = [
     "CostModel",
     "Profile",
     "Backend",
+    "LoadedPlan",
     "Runner",
     "Unit",
     "BACKENDS",

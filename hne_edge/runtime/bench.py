@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .cost_model import summarize
-from .scheduler import AnytimeRunner
+from .runner import AnytimeRunner
 
 __all__ = ["level_latencies", "level_accuracy", "load_arrays"]
 
@@ -19,7 +19,7 @@ def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repe
     """
     spec = runner.input_spec
     x = np.random.default_rng(seed).standard_normal((batch, spec.channels, *spec.spatial)).astype(spec.dtype)
-    clock = runner._clock
+    clock = runner.backend.clock
     n_levels = runner.num_leaves
     times: list[list[float]] = [[] for _ in range(n_levels)]
     for rep in range(warmup + repeats):

@@ -4,36 +4,48 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 from typing import Any
 
 from ...errors import BackendUnavailable, InputError
-from .base import Backend, Handle, Runner, Unit
+from .base import Backend, Handle, LoadedPlan, Runner, Unit, parse_device
 
-__all__ = ["BACKENDS", "Backend", "Handle", "Runner", "Unit", "create_backend"]
+__all__ = ["BACKENDS", "Backend", "Handle", "LoadedPlan", "Runner", "Unit", "create_backend"]
 
-# name -> "module:class"; modules are imported on first use so torch / TensorRT
+log = logging.getLogger("hne_edge.runtime.gpu")
+
+# (name, device kind) -> "module:class"; modules are imported on first use so torch / TensorRT
 # are never imported unless that backend is chosen.
-BACKENDS: dict[str, str] = {
-    "onnxruntime": "hne_edge.runtime.backends.onnxruntime:OnnxRuntimeBackend",
-    "torch": "hne_edge.runtime.backends.torch:TorchBackend",
-    # GPU backends: create_backend("onnxruntime", device="cuda") picks "onnxruntime-cuda" (see below)
-    "onnxruntime-cuda": "hne_edge.runtime.backends.onnxruntime_cuda:OnnxRuntimeCudaBackend",
-    "torch-cuda": "hne_edge.runtime.backends.torch_cuda:TorchCudaBackend",
-    "tensorrt": "hne_edge.runtime.backends.tensorrt:TensorRTBackend",
+BACKENDS: dict[tuple[str, str], str] = {
+    ("onnxruntime", "cpu"): "hne_edge.runtime.backends.onnxruntime:OnnxRuntimeBackend",
+    ("torch", "cpu"): "hne_edge.runtime.backends.torch:TorchBackend",
+    ("onnxruntime", "cuda"): "hne_edge.runtime.backends.onnxruntime_cuda:OnnxRuntimeCudaBackend",
+    ("torch", "cuda"): "hne_edge.runtime.backends.torch_cuda:TorchCudaBackend",
+    ("tensorrt", "cuda"): "hne_edge.runtime.backends.tensorrt:TensorRTBackend",
 }
 
 
-def create_backend(name: str | Backend, device: str = "cpu", **options: Any) -> Backend:
-    """The backend ``name`` (or an already built :class:`Backend`, returned as is)."""
+def _backend_class(name: str, kind: str) -> type[Backend]:
+    module, attr = BACKENDS[(name, kind)].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu: bool = False, **options: Any) -> Backend:
+    """The backend ``name`` for ``device`` (or an already built :class:`Backend`, returned as is).
+
+    ``fallback_to_cpu``: when the GPU backend is unusable here (:class:`BackendUnavailable`), log the
+    reason (warning) and return the same backend on the CPU, with ``fallback_reason`` set. Off by
+    default: asking for CUDA and getting the CPU silently would break every latency budget.
+    """
     if isinstance(name, Backend):
         return name
-    gpu = f"{name}-{str(device).split(':')[0]}"  # ("onnxruntime", "cuda:1") -> "onnxruntime-cuda"
-    if device != "cpu" and gpu in BACKENDS:
-        name = gpu
-    if name not in BACKENDS:
-        raise BackendUnavailable(f"received backend {name!r}; expected one of {sorted(BACKENDS)}")
-    module, attr = BACKENDS[name].split(":")
-    cls = getattr(importlib.import_module(module), attr)
+    kinds = [k for n, k in BACKENDS if n == name]
+    if not kinds:
+        raise BackendUnavailable(f"received backend {name!r}; expected one of {sorted({n for n, _ in BACKENDS})}")
+    kind = str(device).partition(":")[0]
+    if kind not in kinds:
+        parse_device(name, device, tuple(kinds))  # raises: names the devices this backend runs on
+    cls = _backend_class(name, kind)
     accepted = [p for p in inspect.signature(cls).parameters if p != "device"]
     unknown = sorted(k for k in options if k not in accepted)
     if unknown:
@@ -41,4 +53,16 @@ def create_backend(name: str | Backend, device: str = "cpu", **options: Any) -> 
             f"backend {name!r} on device {device!r}: received option(s) {unknown}; expected some of {accepted}"
             + (" (cuda_graph needs a GPU backend: device='cuda')" if "cuda_graph" in unknown else "")
         )
-    return cls(device=device, **options)
+    try:
+        return cls(device=device, **options)
+    except BackendUnavailable as exc:
+        if kind == "cpu" or (name, "cpu") not in BACKENDS:
+            raise
+        if not fallback_to_cpu:
+            raise BackendUnavailable(f"{exc} (or pass fallback_to_cpu=True to run on the CPU)") from None
+        cpu = _backend_class(name, "cpu")
+        cpu_options = {k: v for k, v in options.items() if k in inspect.signature(cpu).parameters}
+        log.warning("%s: %s requested but unusable, falling back to the CPU: %s", name, device, exc)
+        backend = cpu(device="cpu", **cpu_options)
+        backend.fallback_reason = str(exc)
+        return backend

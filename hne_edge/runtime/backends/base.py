@@ -4,7 +4,8 @@ Two small classes, in the manner of Polygraphy's runners:
 
 * :class:`Backend` - one per :class:`~hne_edge.runtime.AnytimeRunner`. It
   knows which bundle files it reads (``format``), turns the bundle's plan
-  into execution :class:`Unit` s, creates one :class:`Runner` per unit, and
+  into execution :class:`Unit` s (``load`` returns them in a :class:`LoadedPlan`,
+  with the image dtype and weights), creates one :class:`Runner` per unit, and
   moves tensors between host numpy and its own *handles*
   (``from_host`` / ``to_host``). It also owns the clock the scheduler reads
   and a ``synchronize()`` hook for asynchronous devices.
@@ -23,12 +24,14 @@ unit's metadata (for host arrays), but the scheduler calls ``run_impl``
 directly - it checked the image at the boundary, and every other input is a
 handle that a runner of the same backend produced.
 
-To add a backend (ONNX Runtime CUDA, TensorRT, torch CUDA): subclass
-:class:`Backend` (set ``name``, ``format``, ``devices``; implement
-``create_runner``; override ``from_host`` / ``to_host`` / ``synchronize``
-when handles live on the device) and :class:`Runner` (``activate_impl``,
-``run_impl``, ``release_impl``), then register it in
-``hne_edge.runtime.backends.BACKENDS``. The scheduler needs no change.
+To add a backend: subclass :class:`Backend` (set ``name``, ``format``,
+``devices``; call ``Backend.__init__``, which parses the device once;
+implement ``create_runner``; override ``load`` when the units are not the
+bundle's files of ``format``, and ``from_host`` / ``to_host`` /
+``synchronize`` when handles live on the device) and :class:`Runner`
+(``activate_impl``, ``run_impl``, ``release_impl``), then register it in
+``hne_edge.runtime.backends.BACKENDS`` under ``(name, device kind)``. The
+scheduler needs no change.
 """
 
 from __future__ import annotations
@@ -41,10 +44,22 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ...bundle import Manifest, ModelFile, TensorSpec, activation_name, bundle_path, read_verified
+from ...bundle import ANYTIME_PLANS, DTYPE_OF, Manifest, ModelFile, TensorSpec, activation_name, bundle_path, read_verified
 from ...errors import BackendUnavailable, BundleError, HNEError, InputError
 
-__all__ = ["Handle", "Unit", "Runner", "RunnerInactiveError", "Backend", "units_from_files", "units_from_tree"]
+__all__ = [
+    "Handle",
+    "Unit",
+    "LoadedPlan",
+    "Runner",
+    "RunnerInactiveError",
+    "Backend",
+    "device_name",
+    "parse_device",
+    "image_dtype",
+    "units_from_files",
+    "units_from_tree",
+]
 
 Handle = Any  # a backend's tensor: numpy array (CPU backends), OrtValue, torch tensor, device pointer...
 
@@ -63,25 +78,57 @@ class Unit:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     macs: int  # per sample
+    kind: str  # "segment" (a leaf's chain, plans "segments" / "first") or "node" (plan "nodes")
+    key: int | str  # the segment's leaf or the node's id: what model.segment_module / node_module take
     path: Path | None = None  # absolute path of the file it loads
     file: ModelFile | None = None
 
 
+@dataclass(frozen=True)
+class LoadedPlan:
+    """What :meth:`Backend.load` returns: everything later calls need, explicitly (no hidden backend state)."""
+
+    plan: str
+    precision: str
+    units: tuple[Unit, ...]  # in the manifest's execution order
+    image_dtype: str  # what the root units read: the runner casts the checked image to it before from_host
+    weights: ModelFile | None = None  # the weights file the units are views of (torch backends), else None
+    model: Any = None  # the module built from ``weights`` (torch backends), else None
+
+
+def device_name(kind: str, index: int | None) -> str:
+    """``("cpu", None)`` -> "cpu", ``("cuda", 0)`` -> "cuda", ``("cuda", 1)`` -> "cuda:1" (profiles are keyed by it)."""
+    return kind if not index else f"{kind}:{index}"
+
+
+def parse_device(backend: str, device: str, devices: Sequence[str]) -> int:
+    """``"cuda"`` -> 0, ``"cuda:1"`` -> 1, ``"cpu"`` -> 0; anything not of ``devices``: BackendUnavailable naming them."""
+    if device in devices:
+        return 0
+    kind, _, index = str(device).partition(":")
+    if kind in devices and kind != "cpu" and index.isdigit():
+        return int(index)
+    cuda = " or 'cuda:N'" if "cuda" in devices else ""
+    raise BackendUnavailable(
+        f"backend {backend!r}: received device {device!r}; expected one of {list(devices)}{cuda}"
+        + (" (e.g. device='cuda')" if cuda else " (GPU devices come with the GPU backends)")
+    )
+
+
+def image_dtype(units: Sequence[Unit], manifest: Manifest) -> str:
+    """The dtype the root units read (fp16 files read fp16); the manifest's input dtype when no unit reads the image."""
+    return next((u.inputs[0].dtype for u in units if u.inputs[0].node is None), manifest.input.dtype)
+
+
+def _unit_of_file(f: ModelFile, bundle_dir: Path) -> Unit:
+    kind, key = ("node", f.nodes[0]) if f.plan == "nodes" else ("segment", f.leaf)
+    return Unit(name=f.path, nodes=f.nodes, leaf=f.leaf, inputs=f.inputs, outputs=f.outputs, macs=f.macs,
+                kind=kind, key=key, path=bundle_path(bundle_dir, f), file=f)  # fmt: skip
+
+
 def units_from_files(manifest: Manifest, bundle_dir: Path, plan: str, precision: str, format: str) -> list[Unit]:
     """One unit per model file of ``format/plan/precision`` (the manifest's validated files)."""
-    return [
-        Unit(
-            name=f.path,
-            nodes=f.nodes,
-            leaf=f.leaf,
-            inputs=f.inputs,
-            outputs=f.outputs,
-            macs=f.macs,
-            path=bundle_path(bundle_dir, f),
-            file=f,
-        )
-        for f in manifest.files_for(plan, precision, format)
-    ]
+    return [_unit_of_file(f, bundle_dir) for f in manifest.files_for(plan, precision, format)]
 
 
 def units_from_tree(manifest: Manifest, plan: str, precision: str, name: str, path: Path | None) -> list[Unit]:
@@ -89,37 +136,39 @@ def units_from_tree(manifest: Manifest, plan: str, precision: str, name: str, pa
 
     Activation shapes are unknown without the model (``shape=()``, not checked).
     """
-    dtype = "float16" if precision == "fp16" else "float32"
+    dtype = DTYPE_OF[precision]
     tree = manifest.tree
 
     def spec(node: str | None, logits: bool = False) -> TensorSpec:
-        if node is None:
-            return TensorSpec(manifest.input.name, None, manifest.input.dtype, manifest.input.shape)
+        if node is None:  # the image, in the units' dtype (the runner casts it)
+            return TensorSpec(manifest.input.name, None, dtype, manifest.input.shape)
         return TensorSpec("logits" if logits else activation_name(node), node, dtype, ())
 
     if plan == "segments":
-        chains = [(seg.nodes, seg.input, seg.exports, seg.leaf, f"segment{seg.leaf}") for seg in tree.segments]
+        chains = [(seg.nodes, seg.input, seg.exports, seg.leaf, "segment", seg.leaf) for seg in tree.segments]
     elif plan == "nodes":
         chains = []
         for node in tree.nodes:
             leaf = node.leaves[0] if node.is_leaf else None
             exports = () if node.is_leaf else (node.id,)
-            chains.append(((node.id,), node.parent, exports, leaf, node.id))
+            chains.append(((node.id,), node.parent, exports, leaf, "node", node.id))
     else:
-        raise BundleError(f"plan must be 'segments' or 'nodes' for this backend; received {plan!r}")
+        raise BundleError(f"plan must be one of {list(ANYTIME_PLANS)} for this backend; received {plan!r}")
     units = []
-    for nodes, src, exports, leaf, label in chains:
+    for nodes, src, exports, leaf, kind, key in chains:
         outputs = tuple(spec(e) for e in exports)
         if leaf is not None:
             outputs += (spec(nodes[-1], logits=True),)
         units.append(
             Unit(
-                name=f"{name}#{label}",
+                name=f"{name}#{kind if kind == 'segment' else ''}{key}",
                 nodes=tuple(nodes),
                 leaf=leaf,
                 inputs=(spec(src),),
                 outputs=outputs,
                 macs=sum(manifest.node_macs[n] for n in nodes),
+                kind=kind,
+                key=key,
                 path=path,
             )
         )
@@ -223,12 +272,13 @@ class Backend(ABC):
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     def __init__(self, device: str = "cpu") -> None:
-        if device not in self.devices:
-            raise BackendUnavailable(
-                f"backend {self.name!r}: received device {device!r}; expected one of {list(self.devices)} "
-                "(GPU devices come with the GPU backends)"
-            )
-        self.device = device
+        """Parses ``device`` once: ``device_kind`` ("cpu" | "cuda"), ``device_id`` and the canonical ``device`` name."""
+        self.device_id = parse_device(self.name, device, self.devices)
+        self.device_kind = str(device).partition(":")[0]
+        self.device = device_name(self.device_kind, self.device_id)
+
+    #: Why this CPU backend stands in for the GPU one asked for (``create_backend(..., fallback_to_cpu=True)``).
+    fallback_reason: str | None = None
 
     #: Check each model file's sha256 on the very bytes handed to the device runtime
     #: (``AnytimeRunner(verify=...)`` sets it); a file is never reopened by path after its check.
@@ -238,13 +288,14 @@ class Backend(ABC):
         """The bytes a runner loads: read once, checked against the manifest's sha256 when ``verify``."""
         return read_verified(path, model_file if self.verify else None)
 
-    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
-        """The execution units of ``plan`` (default: the bundle's files of this backend's format)."""
-        return units_from_files(manifest, bundle_dir, plan, precision, self.format)
+    def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
+        """The units of ``plan`` and what running them needs (default: the bundle's files of this backend's format)."""
+        units = tuple(units_from_files(manifest, bundle_dir, plan, precision, self.format))
+        return LoadedPlan(plan, precision, units, image_dtype(units, manifest))
 
     @abstractmethod
-    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
-        """A (not yet active) runner for ``unit``."""
+    def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
+        """A (not yet active) runner for ``unit`` of ``loaded``."""
 
     def from_host(self, array: np.ndarray) -> Handle:
         """Upload a validated host array (the image); CPU backends pass it through."""

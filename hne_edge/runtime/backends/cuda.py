@@ -3,9 +3,10 @@
 Nothing here imports torch, cuda-python or TensorRT at module import time:
 the GPU libraries are imported when a GPU backend is constructed.
 
-* :func:`probe_cuda` / :func:`require_cuda` - is there a CUDA device, and if
-  not, a :class:`~hne_edge.errors.BackendUnavailable` that names what is
-  missing and what was expected.
+* :func:`probe_cuda` / :func:`require_cuda` - the one place that asks torch
+  and cuda-python for CUDA devices, and if there is none, a
+  :class:`~hne_edge.errors.BackendUnavailable` that names what is missing and
+  what was expected.
 * :class:`CudaDevice` - the few device operations the backends need (one
   stream, allocations, copies, CUDA events, graph capture), implemented on
   **torch** when it is installed with CUDA (:class:`TorchCuda`) and on
@@ -42,6 +43,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted
+from .base import device_name, parse_device  # noqa: F401 - parse_device: the GPU backends' name for it
 
 __all__ = [
     "CudaProbe",
@@ -64,25 +66,15 @@ log = logging.getLogger("hne_edge.runtime.gpu")
 # -- detection ------------------------------------------------------------------------------------
 
 
-def parse_device(backend: str, device: str, devices: Sequence[str]) -> int:
-    """``"cuda"`` -> 0, ``"cuda:1"`` -> 1; anything else: BackendUnavailable naming what was expected."""
-    if device in devices:
-        return 0
-    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
-        return int(device[5:])
-    raise BackendUnavailable(
-        f"backend {backend!r}: received device {device!r}; expected one of {list(devices)} or 'cuda:N' (e.g. device='cuda')"
-    )
-
-
 @dataclass
 class CudaProbe:
     """What this machine offers for CUDA (filled without failing; see :func:`probe_cuda`)."""
 
     torch: str | None = None  # torch version, when importable
     torch_cuda_build: str | None = None  # torch.version.cuda (None: CPU-only build)
+    torch_devices: int = 0  # CUDA devices torch sees
     cuda_python: bool = False
-    device_count: int = 0
+    device_count: int = 0  # CUDA devices torch or cuda-python sees
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -112,7 +104,7 @@ def probe_cuda() -> CudaProbe:
         p.torch = torch.__version__
         p.torch_cuda_build = torch.version.cuda
         if p.torch_cuda_build is not None:
-            p.device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            p.torch_devices = p.device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except ImportError:
         pass
     try:
@@ -129,17 +121,36 @@ def probe_cuda() -> CudaProbe:
     return p
 
 
-def require_cuda(backend: str, device_id: int, what: str = "") -> CudaProbe:
-    """The probe, or BackendUnavailable saying what is missing and what was expected."""
+def require_cuda(backend: str, device_id: int, what: str = "", *, torch: bool = False) -> CudaProbe:
+    """The probe, or BackendUnavailable saying what is missing and what was expected.
+
+    ``torch=True``: the device must be seen by torch itself (the torch CUDA backend runs torch kernels).
+    """
     p = probe_cuda()
+    device = device_name("cuda", device_id)
+    if torch:
+        if p.torch is None:
+            found = "torch is not installed"
+        elif p.torch_cuda_build is None:
+            found = f"torch {p.torch} is a CPU-only build (torch.version.cuda is None)"
+        elif p.torch_devices == 0:
+            found = f"torch {p.torch} (CUDA {p.torch_cuda_build}) sees no CUDA device (torch.cuda.is_available() is False)"
+        elif p.torch_devices <= device_id:
+            found = f"torch {p.torch} sees {p.torch_devices} CUDA device(s)"
+        else:
+            return p
+        raise BackendUnavailable(
+            f"backend {backend!r} on device {device!r}: {found}; expected a CUDA build of torch and an NVIDIA GPU "
+            f"{device_id} with a working driver (or use device='cpu'){what}"
+        )
     if p.device_count <= device_id:
         expected = (
             f"an NVIDIA GPU with a working driver (CUDA device {device_id}), seen through torch with CUDA "
             "or cuda-python (pip install 'hne-edge[gpu]')"
         )
         raise BackendUnavailable(
-            f"backend {backend!r} on device 'cuda{'' if device_id == 0 else f':{device_id}'}': no CUDA device "
-            f"{device_id} found ({p.explain()}); expected {expected}{what}"
+            f"backend {backend!r} on device {device!r}: no CUDA device {device_id} found ({p.explain()}); "
+            f"expected {expected}{what}"
         )
     return p
 
@@ -394,14 +405,10 @@ def open_device(device_id: int, prefer: str = "auto") -> CudaDevice:
         raise InputError(f"memory: received {prefer!r}; expected 'auto', 'torch' or 'cuda-python'")
     errors = []
     if prefer in ("auto", "torch"):
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                return TorchCuda(device_id)
-            errors.append(f"torch {torch.__version__} has no CUDA device")
-        except ImportError as exc:
-            errors.append(f"torch: {exc}")
+        probe = probe_cuda()  # the one place that asks torch / cuda-python about devices
+        if probe.torch_devices > device_id:
+            return TorchCuda(device_id)
+        errors.append("torch is not installed" if probe.torch is None else f"torch {probe.torch} has no CUDA device {device_id}")
     if prefer in ("auto", "cuda-python"):
         try:
             return CudaPython(device_id)

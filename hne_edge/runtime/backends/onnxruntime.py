@@ -1,4 +1,4 @@
-"""ONNX Runtime backend (CPU execution provider in this release).
+"""ONNX Runtime backend on the CPU execution provider (the CUDA one: :mod:`.onnxruntime_cuda`).
 
 One ``InferenceSession`` per model file, tuned for low-latency small batches:
 graph optimisation level ALL, sequential execution, a configurable number of
@@ -7,18 +7,17 @@ cores) and inter-op threads 1. Sessions are thread-safe for ``run``; the
 runtime's per-session activation cache is not, which is why
 :class:`~hne_edge.runtime.AnytimeRunner` refuses concurrent use.
 
-Handles are host numpy arrays. A CUDA variant would keep activations on the
-device with ``OrtValue`` / IOBinding and override ``from_host`` / ``to_host``.
+Handles are host numpy arrays (the CUDA variant keeps activations on the
+device as ``OrtValue`` s bound with IOBinding).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
-from ...bundle import Manifest, onnx_external_data
+from ...bundle import onnx_external_data
 from ...errors import BackendUnavailable, BundleError, InputError
-from .base import Backend, Handle, Runner, Unit
+from .base import Backend, Handle, LoadedPlan, Runner, Unit
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeRunner"]
 
@@ -137,11 +136,11 @@ class OnnxRuntimeBackend(Backend):
         options.log_severity_level = 3
         return options
 
-    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
+    def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
         return OnnxRuntimeRunner(unit, self)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        info = {
             "backend": self.name,
             "device": self.device,
             "onnxruntime": self.ort.__version__,
@@ -149,3 +148,6 @@ class OnnxRuntimeBackend(Backend):
             "threads": self.threads,
             "spinning": self.spinning,
         }
+        if self.fallback_reason is not None:
+            info["fallback_reason"] = self.fallback_reason
+        return info

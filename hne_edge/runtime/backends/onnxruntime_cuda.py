@@ -21,32 +21,27 @@
   device-to-device copies. When a paused session still holds slot 0, or the
   input is not a fixed buffer, that run goes without the graph
   (``gpu_graph_id=-1``). Every node must run on the CUDA EP for graphs.
-* ``fallback_to_cpu=True``: when CUDA is not usable, log the reason (warning)
-  and run the CPU execution provider instead (``device`` becomes "cpu", so
-  profiles are keyed correctly). Off by default: asking for CUDA and getting
-  the CPU silently would break every latency budget.
+* CPU fallback is not this class's business:
+  ``create_backend("onnxruntime", "cuda", fallback_to_cpu=True)`` returns the
+  CPU backend (with ``fallback_reason``) when this one is unusable.
 
-Not run on real hardware in the session that wrote it (no GPU was available):
-the CPU-side logic is tested; tests/test_gpu_backends.py holds the GPU tests.
+The CPU-side logic (IOBinding, fixed buffers, graph selection) is tested on
+CPU OrtValues; tests/test_gpu_backends.py also holds the real GPU tests.
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ...bundle import Manifest
 from ...errors import BackendUnavailable
-from .base import Handle, Runner, Unit
-from .cuda import CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, parse_device, require_cuda
-from .onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, open_session
+from .base import Handle, LoadedPlan, Runner, Unit
+from .cuda import CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, require_cuda
+from .onnxruntime import OnnxRuntimeBackend, open_session
 
 __all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
 
-log = logging.getLogger("hne_edge.runtime.gpu")
 CUDA_EP = "CUDAExecutionProvider"
 CONV_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
 
@@ -166,9 +161,8 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         cudnn_conv_algo_search: "EXHAUSTIVE" (default), "HEURISTIC" or "DEFAULT".
         cuda_graph: capture one CUDA graph per model file and batch size (fixed shapes only).
         max_graphs: graphs kept per model file (batch sizes); the least recently used is dropped.
-        fallback_to_cpu: use the CPU execution provider, with a logged warning, when CUDA is unusable.
         memory: "auto" | "torch" | "cuda-python": who creates the shared stream.
-        threads, spinning: CPU provider options (used only after a fallback).
+        threads, spinning: the CPU provider's options (for the nodes ONNX Runtime places there).
         provider_options: extra CUDA provider options (strings), e.g. {"arena_extend_strategy": "kSameAsRequested"}.
     """
 
@@ -187,35 +181,18 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         cudnn_conv_algo_search: str = "EXHAUSTIVE",
         cuda_graph: bool = False,
         max_graphs: int = 4,
-        fallback_to_cpu: bool = False,
         memory: str = "auto",
         threads: int | None = None,
         spinning: bool | None = None,
         provider_options: dict[str, str] | None = None,
     ) -> None:
-        self.device_id = parse_device(self.name, device, self.devices)
         if cudnn_conv_algo_search not in CONV_SEARCH:
             raise ValueError(f"cudnn_conv_algo_search: received {cudnn_conv_algo_search!r}; expected one of {list(CONV_SEARCH)}")
-        OnnxRuntimeBackend.__init__(self, "cuda", threads=threads, spinning=spinning)  # sets ort and the CPU options
-        self.fallback_reason: str | None = None
+        OnnxRuntimeBackend.__init__(self, device, threads=threads, spinning=spinning)  # the device, ort, the CPU options
         self.cuda_graph = bool(cuda_graph)
         self.max_graphs = int(max_graphs)
         self.conv_search = cudnn_conv_algo_search
-        try:
-            self._setup_cuda(memory, provider_options or {})
-        except BackendUnavailable as exc:
-            if not fallback_to_cpu:
-                raise BackendUnavailable(f"{exc} (or pass fallback_to_cpu=True to run on the CPU provider)") from None
-            self.fallback_reason = str(exc)
-            log.warning("onnxruntime: CUDA requested but unusable, falling back to the CPU provider: %s", exc)
-            self.device = "cpu"
-            self.providers = ["CPUExecutionProvider"]
-            self.cuda = None
-            return
-        self.device = "cuda" if self.device_id == 0 else f"cuda:{self.device_id}"
-
-    def _setup_cuda(self, memory: str, extra: dict[str, str]) -> None:
-        self.cuda, self.providers = self._open_cuda(memory, extra)
+        self.cuda, self.providers = self._open_cuda(memory, provider_options or {})
         self.run_config = {"disable_synchronize_execution_providers": "1"}
         self.run_options = self._run_options(self.run_config)
         self.run_options_no_graph = self._run_options({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
@@ -252,23 +229,11 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         return ro
 
     # -- runners and handles ----------------------------------------------------------------------
-    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
-        units = super().units(manifest, bundle_dir, plan, precision)
-        roots = [u for u in units if u.inputs[0].node is None]
-        self._image_dtype = np.dtype(roots[0].inputs[0].dtype) if roots else None
-        return units
-
-    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
-        if self.cuda is None:
-            return OnnxRuntimeRunner(unit, self)
+    def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
         return OnnxRuntimeCudaRunner(unit, self)
 
     def from_host(self, array: np.ndarray) -> Handle:
-        if self.cuda is None:
-            return array
-        dtype = getattr(self, "_image_dtype", None)
-        if dtype is not None and array.dtype != dtype:
-            array = array.astype(dtype)
+        """Upload the image (already in the root units' dtype: the runner casts it, see LoadedPlan.image_dtype)."""
         array = np.ascontiguousarray(array)
         if not self.cuda_graph:
             value = self.ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, self.device_id)
@@ -285,8 +250,6 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         return value
 
     def to_host(self, handle: Handle) -> np.ndarray:
-        if self.cuda is None:
-            return handle
         self.cuda.synchronize()  # ORT copies on its own stream; our stream's work must be finished first
         return handle.numpy()
 
@@ -295,19 +258,6 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         a staged image, or a runner's slot-0 output."""
         return value.data_ptr() in self._fixed
 
-    def synchronize(self) -> None:
-        if self.cuda is not None:
-            self.cuda.synchronize()
-
-    def timed_run(self, run_impl, inputs):
-        if self.cuda is None:
-            import time
-
-            t0 = time.perf_counter()
-            outs = run_impl(inputs)
-            return outs, time.perf_counter() - t0
-        return CudaTimingMixin.timed_run(self, run_impl, inputs)
-
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(
@@ -315,13 +265,11 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
                 "device": self.device,
                 "cuda_graph": self.cuda_graph,
                 "cudnn_conv_algo_search": self.conv_search,
-                "fallback_reason": self.fallback_reason,
-                "stream_from": None if self.cuda is None else self.cuda.kind,
+                "stream_from": self.cuda.kind,
             }
         )
         return info
 
     def close(self) -> None:
-        if self.cuda is not None:
-            self._staging.clear()
-            self._fixed.clear()
+        self._staging.clear()
+        self._fixed.clear()

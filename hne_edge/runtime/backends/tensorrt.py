@@ -1,12 +1,12 @@
 """TensorRT backend: ``AnytimeRunner(bundle, backend="tensorrt", device="cuda")``.
 
 Runs the bundle's engines (``format: "tensorrt"``, built on the target by
-:func:`hne_edge.exporters.tensorrt.build_engines`):
+``hne-edge export BUNDLE --format tensorrt``; this module never imports the exporters):
 
 * **Compatibility first.** Before anything is deserialized, every engine's
   recorded ``build`` (TensorRT version, compute capability, flags) is checked
   against this TensorRT and this GPU with
-  :func:`~hne_edge.exporters.tensorrt.engine_compatibility`; a mismatch is a
+  :func:`~hne_edge.tensorrt_compat.engine_compatibility` (the rule the exporter records); a mismatch is a
   :class:`~hne_edge.errors.BundleError` that names both sides and says how to
   rebuild.
 * **One execution context per engine, one shared scratch allocation.** Contexts
@@ -43,12 +43,12 @@ newer call are used as soon as they have it):
 * setting it: ``context.set_device_memory(ptr, size)`` (10.1+; the only one in
   11), else the ``context.device_memory = ptr`` property.
 * network creation flags and the strongly typed builds are the exporter's
-  business (:mod:`hne_edge.exporters.tensorrt`); engines are deserialized the
+  business (the TensorRT exporter); engines are deserialized the
   same way in both.
 
-Not run on real hardware in the session that wrote it (no GPU, no TensorRT):
-the compatibility checks, error paths and the 10/11 API selection are tested
-with fakes; tests/test_gpu_backends.py holds the real GPU tests.
+The compatibility checks, error paths and the 10/11 API selection are tested
+with fakes; tests/test_gpu_backends.py also holds the real GPU tests (skipped
+without TensorRT and a GPU).
 """
 
 from __future__ import annotations
@@ -61,17 +61,9 @@ import numpy as np
 
 from ...bundle import Manifest, ModelFile
 from ...errors import BackendUnavailable, BundleError, DeviceError
-from .base import Backend, Handle, Runner, Unit, units_from_files
-from .cuda import (
-    CudaTimingMixin,
-    DeviceArray,
-    GraphCache,
-    Slot,
-    SlotPool,
-    open_device,
-    parse_device,
-    require_cuda,
-)
+from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt
+from .base import Backend, Handle, LoadedPlan, Runner, Unit
+from .cuda import CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, open_device, require_cuda
 
 __all__ = [
     "TensorRTBackend",
@@ -95,8 +87,6 @@ REBUILD_HINT = (
 
 def check_engine_files(files: Sequence[ModelFile], trt_version: str, compute_capability: str) -> None:
     """Refuse engines built for another TensorRT version or GPU; the message names both sides."""
-    from ...exporters.tensorrt import engine_compatibility
-
     problems: dict[str, list[str]] = {}
     for f in files:
         reason = engine_compatibility(f.build or {}, trt_version, compute_capability)
@@ -139,28 +129,6 @@ def set_context_memory(context: Any, ptr: int, size: int) -> None:
         context.set_device_memory(ptr, size)
     else:
         context.device_memory = ptr
-
-
-def _compute_capability(device_id: int) -> tuple[str, str]:
-    """(GPU name, "8.7") of CUDA device ``device_id``."""
-    from ...exporters.tensorrt import device_info, normalize_compute_capability
-
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(device_id), normalize_compute_capability(torch.cuda.get_device_capability(device_id))
-    except ImportError:
-        pass
-    if device_id == 0:
-        return device_info()
-    from .cuda import _import_cudart
-
-    err, prop = _import_cudart().cudaGetDeviceProperties(device_id)
-    if int(err) != 0:
-        raise BackendUnavailable(f"cudaGetDeviceProperties({device_id}) failed: {err}")
-    name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
-    return name.strip("\x00 "), f"{prop.major}.{prop.minor}"
 
 
 # -- runner ---------------------------------------------------------------------------------------
@@ -278,13 +246,10 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         verbose: bool = False,
         threads: int | None = None,  # accepted for symmetry with the CPU backends; unused
     ) -> None:
-        from ...exporters.tensorrt import load_tensorrt
-
-        self.device_id = parse_device(self.name, device, self.devices)
-        self.device = "cuda" if self.device_id == 0 else f"cuda:{self.device_id}"
+        super().__init__(device)
         self.trt = trt = load_tensorrt()  # BackendUnavailable with the install hint
         require_cuda(self.name, self.device_id, f" (TensorRT {trt.__version__} is installed)")
-        self.gpu, self.compute_capability = _compute_capability(self.device_id)
+        self.gpu, self.compute_capability = device_info(self.device_id)
         self.cuda = open_device(self.device_id, memory)
         self.logger = trt.Logger(trt.Logger.VERBOSE if verbose else trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
@@ -295,21 +260,18 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         self._scratch_need = 0
         self._staging = SlotPool()
         self._fixed: set[int] = set()
-        self._image_dtype: np.dtype | None = None
 
     # -- bundle -----------------------------------------------------------------------------------
-    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
+    def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
+        """The engines of ``plan``, refused before anything is deserialized when built for another TensorRT / GPU."""
         try:
             files = manifest.files_for(plan, precision, "tensorrt")
         except BundleError as exc:
             raise BundleError(f"{exc}; {REBUILD_HINT}") from None
         check_engine_files(files, self.trt.__version__, self.compute_capability)
-        units = units_from_files(manifest, bundle_dir, plan, precision, self.format)
-        roots = [u for u in units if u.inputs[0].node is None]
-        self._image_dtype = np.dtype(roots[0].inputs[0].dtype) if roots else None
-        return units
+        return super().load(manifest, bundle_dir, plan, precision)
 
-    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
+    def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
         return TensorRTRunner(unit, self)
 
     # -- memory -----------------------------------------------------------------------------------
@@ -333,8 +295,7 @@ class TensorRTBackend(CudaTimingMixin, Backend):
 
     # -- handles ----------------------------------------------------------------------------------
     def from_host(self, array: np.ndarray) -> Handle:
-        if self._image_dtype is not None and array.dtype != self._image_dtype:
-            array = array.astype(self._image_dtype)
+        """Stage the image (already in the engines' dtype: the runner casts it, see LoadedPlan.image_dtype)."""
         array = np.ascontiguousarray(array)
         _, slot = self._staging.acquire(array.shape, lambda: Slot((self.alloc(array.shape, array.dtype),)))
         self.cuda.upload(slot.handles[0].ptr, array)

@@ -7,9 +7,12 @@ is loaded with ``weights_only=True``; units are ``model.segment_module(i)``
 ``fold_batchnorm=True``), then cast to fp16 for ``precision="fp16"``. Bundles
 carry fp32 torch weights only, so fp16 always converts them; on the CPU torch
 runs fp16 convolutions correctly but slower than fp32 (a numerics check, not a
-speed-up; BENCHMARKS.md). Handles are torch tensors; ``from_host`` wraps the
-numpy image without a copy (cast to fp16 when needed) and ``to_host`` returns
-fp32 logits as numpy. The CUDA variant (:mod:`.torch_cuda`) moves the modules
+speed-up; BENCHMARKS.md). :meth:`TorchBackend.load` reads the weights once (the
+checked bytes) and builds the model; its :class:`~.base.LoadedPlan` carries the
+units (``kind`` "segment" or "node", ``key`` the leaf or node id), the image
+dtype (fp16 for ``precision="fp16"``: the runner casts the image) and the weights
+file. Handles are torch tensors; ``from_host`` wraps the numpy image without a
+copy and ``to_host`` returns fp32 logits as numpy. The CUDA variant (:mod:`.torch_cuda`) moves the modules
 to the GPU.
 """
 
@@ -23,7 +26,7 @@ import numpy as np
 
 from ...bundle import Manifest, bundle_path
 from ...errors import BackendUnavailable, BundleError
-from .base import Backend, Handle, Runner, Unit, units_from_tree
+from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
 
 __all__ = ["TorchBackend", "TorchRunner"]
 
@@ -37,19 +40,19 @@ def _import_torch():
 
 
 class TorchRunner(Runner):
-    def __init__(self, unit: Unit, backend: "TorchBackend", kind: str, key: Any) -> None:
+    def __init__(self, unit: Unit, backend: "TorchBackend", loaded: LoadedPlan) -> None:
         super().__init__(unit)
         self._backend = backend
-        self._kind = kind
-        self._key = key
+        self._model = loaded.model
+        self._half = loaded.precision == "fp16"
         self.module = None
 
     def activate_impl(self) -> None:
-        model = self._backend.model
-        module = model.segment_module(self._key) if self._kind == "segment" else model.node_module(self._key)
-        self.module = self._backend.prepare(module)
+        unit, model = self.unit, self._model
+        module = model.segment_module(unit.key) if unit.kind == "segment" else model.node_module(unit.key)
+        self.module = self._backend.prepare(module, half=self._half)
         self._torch = self._backend.torch
-        self._tuple = self._kind == "segment"
+        self._tuple = unit.kind == "segment"
 
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
         with self._torch.inference_mode():
@@ -79,64 +82,53 @@ class TorchBackend(Backend):
             self.torch.set_num_threads(int(threads))
         self.threads = threads
         self.fold_batchnorm = bool(fold_batchnorm)
-        self.half = False
-        self.model = None
-        self._weights: Path | None = None
 
-    def units(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> list[Unit]:
-        self.half = precision == "fp16"
+    def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
+        """Units from the tree over the bundle's (fp32) weights, read once and built into the model here."""
         try:
             (weights,) = manifest.files_for("weights", precision, "torch")
         except BundleError:
             if precision != "fp16":
                 raise
             (weights,) = manifest.files_for("weights", "fp32", "torch")  # converted by prepare()
-        self._weights = bundle_path(bundle_dir, weights)
-        self._weights_file = weights
-        return units_from_tree(manifest, plan, precision, weights.path, self._weights)
+        path = bundle_path(bundle_dir, weights)
+        units = tuple(units_from_tree(manifest, plan, precision, weights.path, path))
+        model = self._build(manifest, path, self.read_file(path, weights))  # the checked bytes, not the path again
+        return LoadedPlan(plan, precision, units, image_dtype(units, manifest), weights, model)
 
-    def prepare(self, module: Any) -> Any:
-        """A unit's module as it runs: BatchNorm folded (in fp32, before any cast), then fp16 if asked."""
+    def prepare(self, module: Any, half: bool) -> Any:
+        """A unit's module as it runs: BatchNorm folded (in fp32, before any cast), then fp16 if ``half``."""
         from ...models.layers import fold_batchnorm
 
         module = module.float().eval()
         if self.fold_batchnorm:
             module = fold_batchnorm(module)
-        return module.half() if self.half else module
+        return module.half() if half else module
 
-    def _load(self, manifest: Manifest) -> None:
+    def _build(self, manifest: Manifest, path: Path, data: bytes) -> Any:
         from ...models import build_model
 
-        torch = self.torch
         try:
-            data = self.read_file(self._weights, self._weights_file)  # the checked bytes, not the path again
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except BundleError:
-            raise
+            state = self.torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise BundleError(f"{self._weights}: not a loadable torch state_dict ({exc})") from None
+            raise BundleError(f"{path}: not a loadable torch state_dict ({exc})") from None
         if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
             state = state["model"]  # tolerate a checkpoint-shaped file
         model = build_model(manifest.model_config)
         try:
             model.load_state_dict(state)
         except RuntimeError as exc:
-            raise BundleError(f"{self._weights}: weights do not match model.config: {exc}") from None
-        self.model = model.eval()
+            raise BundleError(f"{path}: weights do not match model.config: {exc}") from None
+        return model.eval()
 
-    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
-        if self.model is None:
-            self._load(manifest)
-        if unit.name.rsplit("#", 1)[-1].startswith("segment"):
-            return TorchRunner(unit, self, "segment", unit.leaf)
-        return TorchRunner(unit, self, "node", unit.nodes[0])
+    def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
+        return TorchRunner(unit, self, loaded)
 
     def from_host(self, array: np.ndarray) -> Handle:
-        x = self.torch.from_numpy(array)
-        return x.half() if self.half else x
+        return self.torch.from_numpy(array)  # already in the units' dtype (the runner casts it)
 
     def to_host(self, handle: Handle) -> np.ndarray:
-        return (handle.float() if self.half else handle).numpy()
+        return handle.float().numpy()  # fp16 logits as fp32; no copy when already fp32
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -144,9 +136,5 @@ class TorchBackend(Backend):
             "device": self.device,
             "torch": self.torch.__version__,
             "threads": self.threads,
-            "fp16": self.half,
             "fold_batchnorm": self.fold_batchnorm,
         }
-
-    def close(self) -> None:
-        self.model = None

@@ -38,35 +38,15 @@ Uses no torch API newer than 2.11; the TF32 flags go through the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ...bundle import Manifest
-from ...errors import BackendUnavailable
-from .base import Handle, Runner, Unit
-from .cuda import CudaTimingMixin, GraphCache, Slot, TorchCuda, _refcounts, parse_device
-from .torch import TorchBackend, TorchRunner, _import_torch
+from .base import Handle, LoadedPlan, Runner, Unit
+from .cuda import CudaTimingMixin, GraphCache, Slot, TorchCuda, _refcounts, require_cuda
+from .torch import TorchBackend, TorchRunner
 
-__all__ = ["Fp32Policy", "TorchCudaBackend", "TorchCudaRunner", "require_torch_cuda"]
-
-
-def require_torch_cuda(torch: Any, device_id: int) -> None:
-    """BackendUnavailable naming what torch lacks, unless CUDA device ``device_id`` is usable."""
-    build = torch.version.cuda
-    if build is None:
-        found = f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
-    elif not torch.cuda.is_available():
-        found = f"torch {torch.__version__} (CUDA {build}) sees no CUDA device (torch.cuda.is_available() is False)"
-    elif torch.cuda.device_count() <= device_id:
-        found = f"torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s)"
-    else:
-        return
-    raise BackendUnavailable(
-        f"backend 'torch' on device 'cuda{'' if device_id == 0 else f':{device_id}'}': {found}; expected a CUDA "
-        f"build of torch and an NVIDIA GPU {device_id} with a working driver (or use device='cpu')"
-    )
+__all__ = ["Fp32Policy", "TorchCudaBackend", "TorchCudaRunner"]
 
 
 class Fp32Policy:
@@ -204,39 +184,32 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         fold_batchnorm: bool = True,
         threads: int | None = None,
     ) -> None:
-        device_id = parse_device(self.name, device, self.devices)
-        torch = _import_torch()
-        require_torch_cuda(torch, device_id)
         if int(graph_warmup) < 1:
             raise ValueError(f"graph_warmup: received {graph_warmup}; expected >= 1 (the first call of a shape is one)")
-        TorchBackend.__init__(self, "cuda", threads=threads, fold_batchnorm=fold_batchnorm)
-        self.device_id = device_id
-        self.device = "cuda" if device_id == 0 else f"cuda:{device_id}"
-        self.cuda = TorchCuda(device_id)
+        TorchBackend.__init__(self, device, threads=threads, fold_batchnorm=fold_batchnorm)  # the device; torch
+        require_cuda(self.name, self.device_id, torch=True)
+        self.cuda = TorchCuda(self.device_id)
         self.channels_last = bool(channels_last)
         self.cuda_graph = bool(cuda_graph)
         self.max_graphs = int(max_graphs)
         self.graph_warmup = int(graph_warmup)
         self.allow_tf32 = bool(allow_tf32)
         self.cudnn_benchmark = cudnn_benchmark
-        self.policy = Fp32Policy(torch, self.allow_tf32, cudnn_benchmark)
+        self.policy = Fp32Policy(self.torch, self.allow_tf32, cudnn_benchmark)
 
-    def prepare(self, module: Any) -> Any:
-        module = super().prepare(module).to(self.cuda.device)
+    def prepare(self, module: Any, half: bool) -> Any:
+        module = super().prepare(module, half).to(self.cuda.device)
         if self.channels_last:
             module = module.to(memory_format=self.torch.channels_last)
         return module
 
-    def create_runner(self, unit: Unit, manifest: Manifest, bundle_dir: Path) -> Runner:
-        base = super().create_runner(unit, manifest, bundle_dir)
-        return TorchCudaRunner(unit, self, base._kind, base._key)
+    def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
+        return TorchCudaRunner(unit, self, loaded)
 
     def from_host(self, array: np.ndarray) -> Handle:
         torch = self.torch
         with self.cuda.stream_context():
-            x = torch.from_numpy(np.ascontiguousarray(array)).to(self.cuda.device)
-            if self.half:
-                x = x.half()
+            x = torch.from_numpy(np.ascontiguousarray(array)).to(self.cuda.device)  # in the units' dtype already
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
         return x
@@ -255,7 +228,6 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
             "cuda": torch.version.cuda,
             "gpu": self.cuda.gpu_name(),
             "channels_last": self.channels_last,
-            "fp16": self.half,
             "fold_batchnorm": self.fold_batchnorm,
             "cuda_graph": self.cuda_graph,
             "allow_tf32": self.allow_tf32,

@@ -1,0 +1,366 @@
+"""``AnytimeRunner``: loads a bundle once and owns the runners' lifecycle and the one-call-at-a-time lock.
+
+It loads one backend runner per model file, compiles the tree's depth-first
+schedule (:func:`~.program.compile_program`) and opens sessions over it:
+``run(x)`` is ``start`` + :meth:`AnytimeSession.advance` + ``result``, in
+one locked call. Sessions (:mod:`.session`) hold one frame's state; the
+profiler (:mod:`.profiler`) times the same loop through its unit hook.
+
+Time: every time value (``deadline``, the budget, the cost model) is in
+seconds of the backend's clock, ``time.perf_counter()`` for the real
+backends. ``deadline`` is therefore an absolute ``time.perf_counter()``
+value; ``budget_ms`` counts from the call's entry (``run``: including the
+input check).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..bundle import ANYTIME_PLANS, MANIFEST_NAME, read_manifest, sha256_bytes
+from ..errors import BundleError, HNEError, InputError
+from . import profiler
+from .backends import Backend, create_backend
+from .cost_model import CostModel, Profile, find_profile, host_info, save_profile
+from .inputs import check_input, preprocess
+from .program import Program, compile_program
+from .result import AnytimeResult
+from .session import (
+    UNOBSERVED,
+    AnytimeSession,
+    NoResultError,
+    RunnerClosedError,
+    SessionCancelled,
+    check_count,
+    check_limits,
+    check_stop_at,
+)
+
+__all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClosedError", "NoResultError", "SessionCancelled"]
+
+
+class ConcurrentUseError(HNEError, RuntimeError):
+    """Two threads used one AnytimeRunner at the same time."""
+
+
+class AnytimeRunner:
+    """Anytime inference over an exported bundle.
+
+    Args:
+        bundle_dir: the bundle (see :mod:`hne_edge.bundle`); read and validated once.
+        backend: "onnxruntime" (default), "torch", or a :class:`Backend` instance.
+        device: "cpu", "cuda" or "cuda:N" (GPU backends; see the README's GPU section).
+        plan: "segments" (one model file per leaf chain; fewer calls) or "nodes" (one per node).
+        precision: "fp32" or "fp16" (what the bundle holds).
+        threads: intra-op threads for the backend (None: its default).
+        load_profile: load a matching saved cost profile (see :mod:`.cost_model`).
+        quantile: the cost model's prediction quantile.
+        verify: check the sha256 of every file this runner loads, on the bytes it loads (the same bytes
+            go to the backend; a file swapped after the check is never what runs).
+        first_leaf: when a frame stops after leaf 0 (``max_leaves=1``), run the bundle's export-free
+            first-leaf file (plan "first") if it has one for this backend and precision: it costs what a
+            standalone network costs, up to ~10% less than leaf 0's exporting segment (one more session).
+        warmup: full passes over the tree at the bundle's optimal batch size on construction, so
+            the first real frame does not pay for lazy allocations (not recorded by the cost model).
+        **backend_options: passed to the backend (e.g. ``spinning`` for onnxruntime).
+
+    Thread safety: a runner serves one call at a time. A call while another
+    thread is inside ``run`` / ``start`` / ``step`` / ``refine`` / ``profile``
+    raises :class:`ConcurrentUseError` (backend buffers and contexts are per
+    runner); use one runner per thread. ``session.cancel()`` is meant for
+    another thread, and so is ``close()``: it refuses new calls at once
+    (:class:`RunnerClosedError`) and waits for a running call to finish
+    before it frees anything.
+    """
+
+    def __init__(
+        self,
+        bundle_dir: str | Path,
+        backend: str | Backend = "onnxruntime",
+        device: str = "cpu",
+        plan: str = "segments",
+        precision: str = "fp32",
+        *,
+        threads: int | None = None,
+        load_profile: bool = True,
+        quantile: float = 0.99,
+        verify: bool = True,
+        warmup: int = 1,
+        first_leaf: bool = True,
+        **backend_options: Any,
+    ) -> None:
+        self._closed = True  # until fully built
+        self._runners: list[Any] = []
+        self._first_runner: Any = None
+        if plan not in ANYTIME_PLANS:
+            raise InputError(f"plan: received {plan!r}; expected one of {list(ANYTIME_PLANS)}")
+        self.bundle_dir = Path(bundle_dir)
+        # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
+        self.manifest = read_manifest(self.bundle_dir, verify_files=False)
+        self.manifest_sha256 = sha256_bytes((self.bundle_dir / MANIFEST_NAME).read_bytes())
+        self.plan, self.precision = plan, precision
+        if threads is not None:
+            backend_options["threads"] = threads
+        self.backend = create_backend(backend, device, **backend_options)
+        self.backend.verify = verify
+        self.device = self.backend.device
+        tree = self.manifest.tree
+        self.tree = tree
+        self.num_leaves = tree.num_leaves
+        self.class_names = self.manifest.class_names
+        self.num_classes = self.manifest.num_classes
+        self.input_spec = self.manifest.input
+        try:
+            loaded = self.backend.load(self.manifest, self.bundle_dir, plan, precision)
+            self._runners = [self.backend.create_runner(u, loaded) for u in loaded.units]
+            for r in self._runners:
+                r.activate()
+            if first_leaf and (self.backend.format, "first", precision) in self.manifest.variants():
+                first = self.backend.load(self.manifest, self.bundle_dir, "first", precision)
+                self._first_runner = self.backend.create_runner(first.units[0], first).activate()
+            try:
+                self._program: Program = compile_program(tree, self._runners, self._first_runner)
+            except BundleError as exc:
+                raise BundleError(f"{plan}: {exc}") from None
+        except BaseException:
+            self._release_all()
+            raise
+        self._clock = self.backend.clock
+        self._to_host = self.backend.to_host
+        self._from_host = self.backend.from_host
+        # the boundary cast: check_input accepts the manifest's input dtype; the files may read another (fp16)
+        image_dtype = np.dtype(loaded.image_dtype)
+        if image_dtype == np.dtype(self.input_spec.dtype):
+            self._upload = self._from_host
+        else:
+            self._upload = lambda x, up=self._from_host, dt=image_dtype: up(x.astype(dt))
+        self._lock = threading.Lock()
+        self._owner: str | None = None
+        self.leaf_macs = [sum(self.manifest.node_macs[n] for n in seg.nodes) for seg in tree.segments]
+        self.profile_data: Profile | None = None
+        self.profile_path: Path | None = None
+        self.profile_status = "not loaded"
+        if load_profile:
+            self.profile_data, self.profile_path, self.profile_status = find_profile(
+                self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision, self.num_leaves
+            )
+        self.quantile = quantile
+        self.cost = CostModel(self.leaf_macs, self.profile_data, quantile=quantile)
+        self._closed = False
+        if warmup:
+            spec = self.input_spec
+            x = np.zeros((spec.batch[1], spec.channels, *spec.spatial), dtype=spec.dtype)
+            for _ in range(warmup):
+                self._session(self._upload(x), len(x), UNOBSERVED).advance(self._clock(), None, None, self.num_leaves, self.num_leaves)
+                if self._first_runner is not None:
+                    self._to_host(self._first_runner.run_logits_impl((self._upload(x),)))
+
+    # -- construction ----------------------------------------------------------
+    def _session(self, handle: Any, batch: int, model: Any = None) -> AnytimeSession:
+        """A session over an uploaded image (``model``: the cost model it feeds; default this batch's)."""
+        return AnytimeSession(
+            self._program,
+            handle,
+            batch,
+            num_classes=self.num_classes,
+            class_names=self.class_names,
+            model=self.cost.for_batch(batch) if model is None else model,
+            clock=self._clock,
+            to_host=self._to_host,
+            guard=(self._acquire, self._release),
+        )
+
+    @property
+    def first_leaf_file(self) -> str | None:
+        """The export-free file that frames stopping after leaf 0 run (None: they run leaf 0's segment)."""
+        return None if self._first_runner is None else self._first_runner.name
+
+    # -- locking / lifecycle ---------------------------------------------------
+    def _acquire(self) -> None:
+        if self._closed:
+            raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
+        if not self._lock.acquire(blocking=False):
+            if self._closed:  # close() holds the lock to free the runner
+                raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
+            raise ConcurrentUseError(
+                f"AnytimeRunner is busy: received a call from thread {threading.current_thread().name!r} while "
+                f"thread {getattr(self._owner, 'name', None)!r} is running it; expected one call at a time (a runner's backend buffers "
+                "and caches serve one thread): use one runner per thread, or serialize calls with a lock"
+            )
+        if self._closed:  # closed between the check above and the lock
+            self._lock.release()
+            raise RunnerClosedError("AnytimeRunner is closed; create a new runner")
+        self._owner = threading.current_thread()
+
+    def _release(self) -> None:
+        self._owner = None
+        if self._closed:  # close() was called from inside this call (a stop_when callback): free now
+            self._free()
+        self._lock.release()
+
+    def _free(self) -> None:
+        if self._runners or self._first_runner is not None:
+            self._release_all()
+            self.backend.close()
+
+    def _release_all(self) -> None:
+        for r in [*self._runners, self._first_runner]:
+            if r is None:
+                continue
+            try:
+                r.release()
+            except Exception:  # pragma: no cover - best effort
+                pass
+        self._runners = []
+        self._first_runner = None
+
+    def close(self) -> None:
+        """Release every session/engine; later calls raise :class:`RunnerClosedError`. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True  # from now on every call raises RunnerClosedError
+        if self._owner is threading.current_thread():
+            return  # called from inside a running call: its _release frees
+        with self._lock:  # wait for a running call (another thread's) to finish; never free under it
+            self._free()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "AnytimeRunner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            if not self._closed:
+                self._closed = True
+                self._release_all()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._runners)} runners"
+        return (
+            f"AnytimeRunner({str(self.bundle_dir)!r}, backend={self.backend.name!r}, device={self.device!r}, "
+            f"plan={self.plan!r}, precision={self.precision!r}; {self.num_leaves} leaves, {state})"
+        )
+
+    # -- inference -------------------------------------------------------------
+    def preprocess(self, images: Any) -> np.ndarray:
+        """uint8 HWC / NHWC images (or a list) -> normalised NCHW input (manifest mean/std)."""
+        return preprocess(images, self.input_spec)
+
+    def start(self, x: np.ndarray) -> AnytimeSession:
+        """Check ``x`` and open a session (no leaf evaluated yet) that owns a copy of ``x``."""
+        self._acquire()
+        try:
+            checked = check_input(x, self.input_spec)
+            handle = self._upload(checked)
+            if isinstance(handle, np.ndarray) and np.may_share_memory(handle, x):
+                handle = handle.copy()  # the session outlives this call: the caller may reuse x (a camera buffer)
+            return self._session(handle, checked.shape[0])
+        finally:
+            self._release()
+
+    def run(
+        self,
+        x: np.ndarray,
+        budget_ms: float | None = None,
+        deadline: float | None = None,
+        max_leaves: int | None = None,
+        min_leaves: int = 1,
+        stop_when: Callable[[np.ndarray], bool] | None = None,
+    ) -> AnytimeResult:
+        """Evaluate the first leaves of the ensemble on ``x`` (normalised NCHW float, batch first).
+
+        Args:
+            x: input batch; checked once (dtype, rank, channels, size, batch range, finite).
+            budget_ms: time budget from this call's entry; a leaf starts only if its
+                predicted cost fits in the time left.
+            deadline: absolute ``time.perf_counter()`` value; with ``budget_ms`` the earlier wins.
+            max_leaves: stop after this many leaves (default: all).
+            min_leaves: always evaluate at least this many (>= 1), budget or not.
+            stop_when: e.g. ``Agreement(...)``; called between leaves with the leaf logits so far.
+        """
+        t0 = self._clock()
+        stop_at, budget = check_stop_at(t0, budget_ms, deadline)
+        n_stop, n_min = check_limits(self.num_leaves, max_leaves, min_leaves)
+        if n_min < 1:
+            raise InputError(f"min_leaves: received {min_leaves}; expected >= 1 (a result needs a leaf)")
+        self._acquire()
+        try:
+            x = check_input(x, self.input_spec)
+            session = self._session(self._upload(x), x.shape[0])  # start, without a copy: it ends in this call
+            session.advance(t0, stop_at, budget, n_stop, n_min, stop_when, final=True)
+        finally:
+            self._release()
+        return session.result()
+
+    __call__ = run
+
+    # -- cost model --------------------------------------------------------------
+    def predicted_ms(self, batch: int = 1) -> list[float]:
+        """The cost model's current per-leaf predictions (ms) for ``batch``."""
+        return [p * 1e3 for p in self.cost.predict(batch)]
+
+    def profile(
+        self,
+        batch_sizes: Sequence[int] = (1,),
+        warmup: int = 10,
+        repeats: int = 50,
+        save: bool = True,
+        seed: int = 0,
+    ) -> Profile:
+        """Measure every leaf step and unit on this device (median/p90/p95 after warm-up); use and save it.
+
+        Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
+        (or the user cache if the bundle is read-only; ``self.profile_path`` says where).
+        """
+        lo, _, hi = self.input_spec.batch
+        sizes = [check_count(b, "batch_sizes[]", lo, hi) for b in batch_sizes]
+        if not sizes:
+            raise InputError("batch_sizes: received an empty list; expected at least one batch size")
+        check_count(repeats, "repeats", 1, 10**6)
+        check_count(warmup, "warmup", 0, 10**6)
+        self._acquire()
+        try:
+            batches = profiler.measure(
+                lambda x: self._session(self._upload(x), len(x), UNOBSERVED),
+                self.backend,
+                self.input_spec,
+                [r.name for r in self._runners],
+                sizes,
+                warmup,
+                repeats,
+                seed,
+            )
+        finally:
+            self._release()
+        profile = Profile(
+            model_name=self.manifest.model_name,
+            manifest_sha256=self.manifest_sha256,
+            backend=self.backend.name,
+            device=self.device,
+            plan=self.plan,
+            precision=self.precision,
+            batches=batches,
+            backend_info=self.backend.describe(),
+            host=host_info(),
+        )
+        if self.profile_data is not None:  # keep other batch sizes of the loaded profile
+            for b, v in self.profile_data.batches.items():
+                profile.batches.setdefault(b, v)
+        if save:
+            self.profile_path, fell_back = save_profile(profile, self.bundle_dir)
+            self.profile_status = f"saved {self.profile_path}" + (" (bundle dir not writable)" if fell_back else "")
+        self.profile_data = profile
+        self.cost = CostModel(self.leaf_macs, profile, quantile=self.quantile)
+        return profile

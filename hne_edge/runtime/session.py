@@ -1,0 +1,357 @@
+"""One frame's anytime evaluation: the one depth-first loop over a compiled :class:`~.program.Program`.
+
+A session holds a frame's state: the cached activations of the current
+path, the leaf logits so far, and the cancel flag. Everything that
+evaluates leaves goes through :meth:`AnytimeSession.advance` -
+``AnytimeRunner.run``, ``refine``, ``step``, the warm-up and the profiler
+(which times each unit through the ``on_unit`` hook).
+
+The loop only indexes the program's per-leaf calls ``(run, input slot,
+output slots)``: no validation, no dict building, no allocation beyond
+what the backend returns.
+
+Time: every time value (``deadline``, the budget, the cost model) is in
+seconds of the backend's clock, ``time.perf_counter()`` for the real
+backends.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import HNEError, InputError
+from .program import Call, Program
+from .result import AnytimeResult
+
+__all__ = [
+    "AnytimeSession",
+    "NoResultError",
+    "RunnerClosedError",
+    "SessionCancelled",
+    "UnitHook",
+    "check_count",
+    "check_limits",
+    "check_stop_at",
+]
+
+#: ``on_unit(call, inputs) -> outputs``: runs ``call.run(inputs)`` (e.g. timing it) in place of the loop.
+UnitHook = Callable[[Call, tuple[Any, ...]], Sequence[Any]]
+
+
+class RunnerClosedError(HNEError, RuntimeError):
+    """The runner (or the session's runner) was closed."""
+
+
+class NoResultError(HNEError, RuntimeError):
+    """A session was asked for a result before any leaf was evaluated."""
+
+
+class SessionCancelled(NoResultError):
+    """``cancel()`` came before the session's first leaf, so it has no result (and evaluates nothing more)."""
+
+
+# -- argument checks (at the boundary) ---------------------------------------------------------------
+
+
+def check_count(value: Any, name: str, lo: int, hi: int) -> int:
+    if type(value) is int and lo <= value <= hi:  # the common case, fast
+        return value
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not lo <= value <= hi:
+        raise InputError(f"{name}: received {value!r}; expected an int in {lo}..{hi}")
+    return int(value)
+
+
+def check_stop_at(t0: float, budget_ms: float | None, deadline: float | None) -> tuple[float | None, float | None]:
+    """(absolute stop time or None, the budget in ms that leaves from ``t0`` or None)."""
+    stop_at = None
+    if budget_ms is not None:
+        if isinstance(budget_ms, (bool, np.bool_)) or not isinstance(budget_ms, numbers.Real) or not budget_ms > 0 or not math.isfinite(budget_ms):
+            raise InputError(f"budget_ms: received {budget_ms!r}; expected a positive finite number of milliseconds")
+        stop_at = t0 + float(budget_ms) / 1e3
+    if deadline is not None:
+        if isinstance(deadline, (bool, np.bool_)) or not isinstance(deadline, numbers.Real) or not math.isfinite(deadline):
+            raise InputError(f"deadline: received {deadline!r}; expected an absolute time.perf_counter() value")
+        stop_at = float(deadline) if stop_at is None else min(stop_at, float(deadline))
+    return stop_at, (None if stop_at is None else (stop_at - t0) * 1e3)
+
+
+def check_limits(num_leaves: int, max_leaves: int | None, min_leaves: int) -> tuple[int, int]:
+    """(leaves to stop at, leaves forced), checked against each other and the tree."""
+    n = num_leaves
+    n_stop = n if max_leaves is None else check_count(max_leaves, "max_leaves", 1, n)
+    n_min = check_count(min_leaves, "min_leaves", 0, n)
+    if n_min > n_stop:
+        raise InputError(f"min_leaves: received {n_min} with max_leaves={n_stop}; expected min_leaves <= max_leaves")
+    return n_stop, n_min
+
+
+class _Unobserved:
+    """The cost model of warm-up and profiling passes: predicts nothing, learns nothing."""
+
+    pred = None
+
+    @staticmethod
+    def observe(leaf: int, seconds: float) -> None:
+        pass
+
+
+UNOBSERVED = _Unobserved()
+
+
+class AnytimeSession:
+    """One frame's anytime evaluation: interrupt, inspect, resume.
+
+    Created by :meth:`AnytimeRunner.start`. ``step()`` adds one leaf,
+    ``refine(budget_ms=...)`` adds leaves under a budget, ``result()`` is
+    valid once a leaf is evaluated, ``cancel()`` (any thread) stops the
+    evaluation at the next leaf boundary and keeps what was done; a
+    cancelled session evaluates nothing more. A session cancelled before its
+    first leaf has no result: ``refine()`` and ``result()`` raise
+    :class:`SessionCancelled` (an :class:`~hne_edge.errors.HNEError`).
+    ``close()`` frees the cache.
+
+    The session owns a copy of the input made by ``start(x)``: the caller may
+    reuse ``x`` (a camera buffer) at once.
+
+    Args (given by the runner):
+        program: the compiled schedule; handle: the uploaded image; batch: its batch size.
+        num_classes, class_names: of the bundle.
+        model: the cost model for this batch (``pred`` list, ``observe(leaf, seconds)``).
+        clock: the backend's clock (seconds); to_host: the backend's blocking download.
+        guard: ``(acquire, release)`` of the runner's one-call-at-a-time lock.
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        handle: Any,
+        batch: int,
+        *,
+        num_classes: int,
+        class_names: Sequence[str],
+        model: Any,
+        clock: Callable[[], float],
+        to_host: Callable[[Any], np.ndarray],
+        guard: tuple[Callable[[], None], Callable[[], None]],
+    ) -> None:
+        self._program = program
+        self._num_leaves = program.num_leaves
+        self.batch = batch
+        self._class_names = class_names
+        self._model = model
+        self._clock, self._to_host = clock, to_host
+        self._acquire, self._release = guard
+        self._cache: list[Any] | None = [None] * program.num_slots
+        self._cache[0] = handle
+        self._leaf_logits = np.empty((self._num_leaves, batch, num_classes), dtype=np.float32)
+        self._leaf_s = [0.0] * self._num_leaves  # wall time of each leaf step
+        self._next = 0
+        self._cancelled = False
+        self._elapsed = 0.0
+        self._status = (True, False, None, "step")  # met_budget, overran_min_leaves, budget_ms, stopped_by
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def num_leaves(self) -> int:
+        """Leaves of the tree (the most a session evaluates)."""
+        return self._num_leaves
+
+    @property
+    def leaves(self) -> int:
+        """Leaves evaluated so far."""
+        return self._next
+
+    @property
+    def done(self) -> bool:
+        """True when no more leaves will be evaluated (all done, cancelled or closed)."""
+        return self._next >= self._num_leaves or self._cancelled or self._cache is None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def cached_nodes(self) -> tuple[str, ...]:
+        """Tree nodes whose activations the session currently holds (the current path)."""
+        if self._cache is None:
+            return ()
+        return tuple(nid for nid, s in self._program.slots.items() if nid is not None and self._cache[s] is not None)
+
+    @property
+    def leaf_seconds(self) -> list[float]:
+        """Wall time of each leaf evaluated so far, up to its logits on the host (seconds)."""
+        return self._leaf_s[: self._next]
+
+    # -- control -------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop at the next leaf boundary (safe from any thread); keeps the leaves already done."""
+        self._cancelled = True
+
+    def close(self) -> None:
+        """Drop the cached activations (the result stays readable)."""
+        self._cache = None
+
+    def step(self) -> bool:
+        """Evaluate the next leaf. Returns False (evaluating nothing) when the session is done."""
+        if self.done:
+            return False
+        self._acquire()
+        try:
+            t0 = self._clock()
+            self._loop(None, self._next + 1, 0, None)
+            self._elapsed += self._clock() - t0
+        finally:
+            self._release()
+        self._status = (True, False, None, "step")
+        return True
+
+    def refine(
+        self,
+        budget_ms: float | None = None,
+        deadline: float | None = None,
+        max_leaves: int | None = None,
+        min_leaves: int | None = None,
+        stop_when: Callable[[np.ndarray], bool] | None = None,
+    ) -> AnytimeResult:
+        """Continue from the cached activations; same options as :meth:`AnytimeRunner.run`.
+
+        ``max_leaves`` / ``min_leaves`` count all leaves of the session (not
+        just this call); ``min_leaves`` defaults to 1 so a result always exists.
+        """
+        t0 = self._clock()
+        stop_at, budget = check_stop_at(t0, budget_ms, deadline)
+        n_stop, n_min = check_limits(self._num_leaves, max_leaves, 1 if min_leaves is None else min_leaves)
+        if self._cancelled and self._next == 0:
+            raise SessionCancelled("session was cancelled before its first leaf: it has no result; start a new one")
+        if self._cache is None and self._next == 0:
+            raise RunnerClosedError("session is closed and has no leaf; start a new one with runner.start(x)")
+        self._acquire()
+        try:
+            self.advance(t0, stop_at, budget, n_stop, n_min, stop_when)
+        finally:
+            self._release()
+        return self.result()
+
+    def result(self) -> AnytimeResult:
+        """The ensemble of the leaves evaluated so far (at least one)."""
+        n = self._next
+        if n == 0 and self._cancelled:
+            raise SessionCancelled("session.result(): cancelled before its first leaf, so there is no result")
+        if n == 0:
+            raise NoResultError("session.result(): no leaf evaluated yet; call step() or refine() first")
+        met, overran, budget, reason = self._status
+        return AnytimeResult(
+            leaf_logits=self._leaf_logits[:n],
+            elapsed_ms=self._elapsed * 1e3,
+            met_budget=met,
+            overran_min_leaves=overran,
+            budget_ms=budget,
+            stopped_by=reason,
+            class_names=self._class_names,
+            leaf_ms=[t * 1e3 for t in self._leaf_s[:n]],
+        )
+
+    # -- the loop ------------------------------------------------------------
+    def advance(
+        self,
+        t0: float,
+        stop_at: float | None,
+        budget_ms: float | None,
+        n_stop: int,
+        n_min: int,
+        stop_when: Callable[[np.ndarray], bool] | None = None,
+        *,
+        final: bool = False,
+        on_unit: UnitHook | None = None,
+    ) -> None:
+        """Evaluate leaves up to ``n_stop`` (arguments already checked) and record the outcome for :meth:`result`.
+
+        The caller holds the runner's lock. ``t0``: when the call began (its elapsed time and budget count
+        from there). ``final``: the session ends at ``n_stop`` (``run``), so its last leaf skips the exports.
+        ``on_unit``: called in place of each unit call, e.g. to time it.
+        """
+        if self.done:
+            reason = "cancelled" if self._cancelled else ("complete" if self._next >= self._num_leaves else "closed")
+            t_forced = t0
+        else:
+            reason, t_forced = self._loop(stop_at, n_stop, n_min, stop_when, final, on_unit)
+        if final:
+            self._cache = None
+        t1 = self._clock()
+        self._elapsed += t1 - t0
+        self._status = (
+            stop_at is None or t1 <= stop_at,
+            stop_at is not None and t_forced > stop_at,
+            budget_ms,
+            reason,
+        )
+
+    def _loop(
+        self,
+        stop_at: float | None,
+        n_stop: int,
+        n_min: int,
+        stop_when: Callable[[np.ndarray], bool] | None,
+        final: bool = False,
+        on_unit: UnitHook | None = None,
+    ) -> tuple[str, float]:
+        """Evaluate leaves ``self._next .. n_stop-1``; return (why it stopped, time the forced leaves ended).
+
+        Leaf ``i`` is started only if ``i < n_min`` (forced) or all of: not
+        cancelled, ``stop_when`` does not fire, and ``now + predicted[i] <= stop_at``.
+        """
+        cache = self._cache
+        if cache is None:
+            raise RunnerClosedError("session is closed; its cached activations were dropped")
+        program = self._program
+        calls, finals, drops, logits_slot = program.calls, program.finals, program.drops, program.logits_slot
+        if on_unit is not None:  # the same loop, each call routed through the hook
+            calls, finals = ([[Call(lambda inputs, c=c: on_unit(c, inputs), *c[1:]) for c in leaf] for leaf in table]
+                             for table in (calls, finals))  # fmt: skip
+        num_leaves, last = self._num_leaves, (n_stop - 1 if final else -1)
+        # the export-free first-leaf file costs less than leaf 0's segment: not a sample of the segment's cost
+        unobserved = 0 if last == 0 and program.first_leaf else -1
+        to_host, clock = self._to_host, self._clock
+        out = self._leaf_logits
+        pred, observe = self._model.pred, self._model.observe
+        leaf_s = self._leaf_s
+        i = self._next
+        now = clock()
+        t_forced = now
+        reason = "max_leaves" if n_stop < num_leaves else "complete"
+        while i < n_stop:
+            if i >= n_min:
+                if self._cancelled:
+                    reason = "cancelled"
+                    break
+                if stop_when is not None and i and stop_when(out[:i]):
+                    reason = "stop_when"
+                    break
+                if stop_at is not None and now + pred[i] > stop_at:
+                    reason = "budget"
+                    break
+            for run, src, dsts, _ in finals[i] if i == last else calls[i]:
+                outs = run((cache[src],))
+                for d, o in zip(dsts, outs):
+                    cache[d] = o
+            out[i] = to_host(cache[logits_slot])
+            for d in drops[i]:
+                cache[d] = None
+            t = clock()
+            leaf_s[i] = t - now
+            if i != unobserved:
+                observe(i, t - now)
+            now = t
+            i += 1
+            self._next = i
+            if i == n_min:
+                t_forced = now
+        if self._cancelled and reason != "cancelled" and i < num_leaves and i >= n_min:
+            reason = "cancelled"
+        if i >= num_leaves:
+            self._cache = None  # nothing left to compute: free the image too
+        return reason, t_forced

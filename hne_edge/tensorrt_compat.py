@@ -1,0 +1,141 @@
+"""TensorRT compatibility rules and device info, shared by the exporter and the runtime (no torch, no TensorRT).
+
+* :func:`load_tensorrt` - ``import tensorrt`` or :class:`BackendUnavailable` with the install hint;
+* :func:`normalize_compute_capability`, :func:`version_tuple` - the spellings both sides accept;
+* :func:`engine_compatibility` - why an engine built with one TensorRT / GPU cannot run on another;
+* :func:`device_info` - (GPU name, compute capability) of a CUDA device, without torch if possible.
+
+Engines are built by :mod:`hne_edge.exporters.tensorrt` and run by
+:mod:`hne_edge.runtime.backends.tensorrt`; the rules both apply live here,
+so the runtime never imports the exporters.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from typing import Any, Sequence
+
+from .errors import BackendUnavailable, InputError
+
+__all__ = [
+    "INSTALL_HINT",
+    "load_tensorrt",
+    "normalize_compute_capability",
+    "version_tuple",
+    "engine_compatibility",
+    "device_info",
+]
+
+INSTALL_HINT = (
+    "TensorRT is not available: install it on the target (x86_64: pip install 'hne-edge[tensorrt]'; "
+    "Jetson: the JetPack 6 python3-libnvinfer package) and run on a machine with an NVIDIA GPU"
+)
+
+
+def load_tensorrt() -> Any:
+    """``import tensorrt``, or :class:`BackendUnavailable` with the install hint."""
+    try:
+        import tensorrt as trt  # noqa: PLC0415
+    except ImportError as exc:
+        raise BackendUnavailable(f"{INSTALL_HINT} (import tensorrt failed: {exc})") from None
+    return trt
+
+
+def normalize_compute_capability(cc: str | Sequence[int] | float) -> str:
+    """``(8, 7)``, ``"8.7"``, ``"sm_87"``, ``"sm87"``, ``87`` -> ``"8.7"``."""
+    if isinstance(cc, (tuple, list)) and len(cc) == 2:
+        return f"{int(cc[0])}.{int(cc[1])}"
+    text = str(cc).strip().lower().removeprefix("sm").lstrip("_")
+    if re.fullmatch(r"\d+\.\d+", text):
+        return text
+    if re.fullmatch(r"\d{2,3}", text):  # "87" -> 8.7, "100" -> 10.0, "121" -> 12.1
+        return f"{text[:-1]}.{text[-1]}"
+    raise InputError(f"compute capability must look like 8.7, sm_87 or (8, 7); received {cc!r}")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"10.3.0.26"`` -> ``(10, 3, 0)`` (major, minor, patch; the build number is not part of any rule)."""
+    parts = re.findall(r"\d+", str(version))
+    if len(parts) < 2:
+        raise InputError(f"TensorRT version must look like 10.3.0; received {version!r}")
+    return tuple(int(p) for p in parts[:3]) + (0,) * (3 - min(3, len(parts)))
+
+
+def engine_compatibility(build_info: dict, trt_version: str, compute_capability: str | Sequence[int]) -> str | None:
+    """Why an engine cannot run here (``None``: it can).
+
+    Rules (TensorRT documentation, "Engine Compatibility"):
+      * version: by default only the exact TensorRT version that built it
+        (major.minor.patch); built with ``VERSION_COMPATIBLE``, any later
+        version of the same major.
+      * hardware: by default only the same compute capability;
+        ``ampere_plus`` engines run on any GPU of compute capability >= 8.0.
+    """
+    try:
+        built = version_tuple(build_info["tensorrt_version"])
+        built_cc = normalize_compute_capability(build_info["compute_capability"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"engine build info is incomplete or malformed ({exc}); rebuild the engines"
+    here = version_tuple(trt_version)
+    here_cc = normalize_compute_capability(compute_capability)
+    flags = {str(f).upper() for f in build_info.get("flags", [])}
+    v_built, v_here = ".".join(map(str, built)), ".".join(map(str, here))
+    if "VERSION_COMPATIBLE" in flags:
+        if here[0] != built[0] or here < built:
+            return (
+                f"engine built with TensorRT {v_built} (version-compatible) needs TensorRT {built[0]}.x >= {v_built}; "
+                f"this device has {v_here}"
+            )
+    elif here != built:
+        return f"engine built with TensorRT {v_built}; this device has TensorRT {v_here} (engines need the exact version)"
+    level = str(build_info.get("hardware_compatibility", "none")).lower()
+    if level == "ampere_plus":
+        if float(here_cc) < 8.0:
+            return f"engine built for Ampere and newer (compute capability >= 8.0); this GPU is sm_{here_cc.replace('.', '')}"
+    elif here_cc != built_cc:
+        return (
+            f"engine built for compute capability {built_cc} (sm_{built_cc.replace('.', '')}); "
+            f"this GPU is {here_cc} (sm_{here_cc.replace('.', '')})"
+        )
+    return None
+
+
+def _import_cudart() -> Any:
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
+        from cuda import cudart  # older cuda-python
+    return cudart
+
+
+def device_info(device_id: int = 0) -> tuple[str, str]:
+    """``(gpu name, compute capability "8.7")`` of CUDA device ``device_id``: cuda-python, nvidia-smi, then torch.
+
+    :class:`BackendUnavailable` when none of them finds the device.
+    """
+    try:
+        err, prop = _import_cudart().cudaGetDeviceProperties(device_id)
+        if int(err) == 0:
+            name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
+            return name.strip("\x00 "), f"{prop.major}.{prop.minor}"
+    except Exception:  # not installed / no device: try the next source
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={device_id}", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout.strip().splitlines()  # fmt: skip
+        if out:
+            name, cc = (s.strip() for s in out[0].rsplit(",", 1))
+            return name, normalize_compute_capability(cc)
+    except Exception:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > device_id:
+            return torch.cuda.get_device_name(device_id), normalize_compute_capability(torch.cuda.get_device_capability(device_id))
+    except Exception:
+        pass
+    raise BackendUnavailable(f"no CUDA device {device_id} was found (tried cuda-python, nvidia-smi and torch)")

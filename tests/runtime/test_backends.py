@@ -1,0 +1,84 @@
+"""The backend interface: device parsing, the (name, device kind) registry, CPU fallback, explicit load()."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from hne_edge.bundle import read_manifest
+from hne_edge.errors import BackendUnavailable
+from hne_edge.runtime.backends import BACKENDS, Backend, LoadedPlan, Runner, create_backend
+from hne_edge.runtime.backends.base import device_name, parse_device, units_from_tree
+
+from runtime_fakes import make_fake_bundle
+
+
+class Probe(Backend):
+    name, format, devices = "probe", "onnx", ("cpu", "cuda")
+
+    def create_runner(self, unit, loaded) -> Runner:  # pragma: no cover - not used
+        raise AssertionError
+
+
+@pytest.mark.parametrize("device, kind, index, name", [("cpu", "cpu", 0, "cpu"), ("cuda", "cuda", 0, "cuda"),
+                                                       ("cuda:0", "cuda", 0, "cuda"), ("cuda:2", "cuda", 2, "cuda:2")])  # fmt: skip
+def test_backend_init_parses_the_device_once(device, kind, index, name):
+    b = Probe(device)
+    assert (b.device_kind, b.device_id, b.device) == (kind, index, name)
+    assert device_name(kind, index) == name
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cpu:1", "", "cuda:-1"])
+def test_parse_device_names_what_it_expected(device):
+    with pytest.raises(BackendUnavailable, match=rf"backend 'probe': received device '{device}'; expected one of \['cpu', 'cuda'\] or 'cuda:N'"):
+        parse_device("probe", device, ("cpu", "cuda"))
+
+
+def test_registry_is_keyed_by_name_and_device_kind():
+    assert set(BACKENDS) == {("onnxruntime", "cpu"), ("torch", "cpu"), ("onnxruntime", "cuda"), ("torch", "cuda"), ("tensorrt", "cuda")}
+    assert type(create_backend("onnxruntime", "cpu")).__name__ == "OnnxRuntimeBackend"
+    with pytest.raises(BackendUnavailable, match=r"received backend 'tpu'; expected one of \['onnxruntime', 'tensorrt', 'torch'\]"):
+        create_backend("tpu")
+    with pytest.raises(BackendUnavailable, match=r"backend 'tensorrt': received device 'cpu'; expected one of \['cuda'\] or 'cuda:N'"):
+        create_backend("tensorrt", "cpu")
+
+
+def test_fallback_to_cpu_returns_the_cpu_backend_with_the_reason(monkeypatch, caplog):
+    import hne_edge.runtime.backends.onnxruntime_cuda as ort_cuda
+
+    def unusable(self, memory, extra):
+        raise BackendUnavailable("no CUDA here (test)")
+
+    monkeypatch.setattr(ort_cuda.OnnxRuntimeCudaBackend, "_open_cuda", unusable)
+    with pytest.raises(BackendUnavailable, match=r"no CUDA here \(test\) \(or pass fallback_to_cpu=True to run on the CPU\)"):
+        create_backend("onnxruntime", "cuda:1", cuda_graph=True)
+    with caplog.at_level(logging.WARNING, logger="hne_edge.runtime.gpu"):
+        b = create_backend("onnxruntime", "cuda:1", fallback_to_cpu=True, cuda_graph=True, threads=1)
+    assert type(b).__name__ == "OnnxRuntimeBackend" and b.device == "cpu" and b.threads == 1
+    assert b.fallback_reason == "no CUDA here (test)" and b.describe()["fallback_reason"] == b.fallback_reason
+    assert "onnxruntime: cuda:1 requested but unusable, falling back to the CPU: no CUDA here (test)" in caplog.text
+
+
+def test_load_returns_units_and_image_dtype_explicitly(tmp_path):
+    root = make_fake_bundle(tmp_path / "b", plans=("segments", "nodes"))
+    manifest = read_manifest(root)
+    loaded = Probe("cpu").load(manifest, root, "nodes", "fp32")
+    assert isinstance(loaded, LoadedPlan) and (loaded.plan, loaded.precision, loaded.image_dtype) == ("nodes", "fp32", "float32")
+    assert [(u.kind, u.key) for u in loaded.units] == [("node", n.id) for n in manifest.tree.nodes]
+    assert all(u.path == root / u.name for u in loaded.units) and loaded.weights is None
+    segs = Probe("cpu").load(manifest, root, "segments", "fp32").units
+    assert [(u.kind, u.key) for u in segs] == [("segment", s.leaf) for s in manifest.tree.segments]
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", "float32"), ("fp16", "float16")])
+def test_units_from_tree_say_what_they_compute(tmp_path, precision, dtype):
+    manifest = read_manifest(make_fake_bundle(tmp_path / "b"))
+    units = units_from_tree(manifest, "segments", precision, "torch/model.pt", None)
+    assert [(u.name, u.kind, u.key) for u in units] == [(f"torch/model.pt#segment{s.leaf}", "segment", s.leaf)
+                                                        for s in manifest.tree.segments]  # fmt: skip
+    assert {t.dtype for u in units for t in (*u.inputs, *u.outputs)} == {dtype}  # the image too: the runner casts it
+    nodes = units_from_tree(manifest, "nodes", precision, "torch/model.pt", None)
+    assert [(u.name, u.kind, u.key) for u in nodes] == [(f"torch/model.pt#{n.id}", "node", n.id) for n in manifest.tree.nodes]
+    assert np.dtype(nodes[0].inputs[0].dtype) == np.dtype(dtype)
