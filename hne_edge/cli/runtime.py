@@ -12,13 +12,9 @@ import numpy as np
 from ..bundle import ANYTIME_PLANS, PRECISIONS, path_component
 from ..errors import InputError
 from ..fileio import atomic_write_json, check_output_dir
+from ..runtime.backends import BACKEND_NAMES
 from . import printable
 from .options import batch_sizes_option, device_option, threads_option
-
-from ..runtime.backends import BACKENDS
-
-# the names a user picks; "<backend>-cuda" are the GPU implementations that --device cuda selects
-_BACKENDS = tuple(name for name in BACKENDS if not name.endswith("-cuda"))
 
 
 class _BackendChoice(click.Choice):
@@ -36,7 +32,7 @@ def _runner_options(f):
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS))(f)
     f = click.option("--plan", default="segments", show_default=True, type=click.Choice(ANYTIME_PLANS))(f)
     f = device_option(f)
-    f = click.option("--backend", default="onnxruntime", show_default=True, type=_BackendChoice(_BACKENDS),
+    f = click.option("--backend", default="onnxruntime", show_default=True, type=_BackendChoice(BACKEND_NAMES),
                      help="onnxruntime (CPU or CUDA) | torch (needs torch/model.pt) | tensorrt (engines in the bundle).")(f)
     return f
 

@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import BackendUnavailable, InputError
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, parse_device
 
-__all__ = ["BACKENDS", "Backend", "Handle", "LoadedPlan", "Runner", "Unit", "create_backend"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "Handle", "LoadedPlan", "Runner", "Unit", "create_backend"]
 
 log = logging.getLogger("hne_edge.runtime.gpu")
 
@@ -23,6 +23,8 @@ BACKENDS: dict[tuple[str, str], str] = {
     ("torch", "cuda"): "hne_edge.runtime.backends.torch_cuda:TorchCudaBackend",
     ("tensorrt", "cuda"): "hne_edge.runtime.backends.tensorrt:TensorRTBackend",
 }
+#: the names a user picks (the device picks the implementation), in registry order
+BACKEND_NAMES: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in BACKENDS))
 
 
 def _backend_class(name: str, kind: str) -> type[Backend]:
@@ -41,7 +43,7 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
         return name
     kinds = [k for n, k in BACKENDS if n == name]
     if not kinds:
-        raise BackendUnavailable(f"received backend {name!r}; expected one of {sorted({n for n, _ in BACKENDS})}")
+        raise BackendUnavailable(f"received backend {name!r}; expected one of {list(BACKEND_NAMES)}")
     kind = str(device).partition(":")[0]
     if kind not in kinds:
         parse_device(name, device, tuple(kinds))  # raises: names the devices this backend runs on
