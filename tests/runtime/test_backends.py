@@ -82,3 +82,23 @@ def test_units_from_tree_say_what_they_compute(tmp_path, precision, dtype):
     nodes = units_from_tree(manifest, "nodes", precision, "torch/model.pt", None)
     assert [(u.name, u.kind, u.key) for u in nodes] == [(f"torch/model.pt#{n.id}", "node", n.id) for n in manifest.tree.nodes]
     assert np.dtype(nodes[0].inputs[0].dtype) == np.dtype(dtype)
+
+
+def test_cuda_io_keeps_one_fixed_staging_buffer_per_shape_and_a_second_only_while_the_first_is_held():
+    from hne_edge.runtime.backends.cuda import CudaIO
+
+    def address(a):
+        return a.__array_interface__["data"][0]
+
+    io = CudaIO(lambda shape, dtype: np.empty(shape, dtype), address)
+    image = np.zeros((1, 3, 8, 8), np.float32)
+    first = address(io.stage(image))
+    assert address(io.stage(image)) == first  # nobody held it: the same buffer (a graph may bind it)
+    held = io.stage(image)
+    other = io.stage(image)  # a paused session still holds `held`: another buffer, never an overwrite
+    assert address(held) == first and address(other) != first
+    assert io.is_fixed(held) and io.is_fixed(other)
+    assert not io.is_fixed(np.empty((1, 3, 8, 8), np.float32))  # ORT's own outputs may move
+    assert address(io.stage(np.zeros((2, 3, 8, 8), np.float32))) not in (first, address(other))  # per batch size
+    io.clear()
+    assert not io.is_fixed(held)

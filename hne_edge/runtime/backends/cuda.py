@@ -57,6 +57,7 @@ __all__ = [
     "SlotPool",
     "GraphCache",
     "CudaTimingMixin",
+    "CudaIO",
     "parse_device",
 ]
 
@@ -488,6 +489,44 @@ class SlotPool:
 
     def clear(self) -> None:
         self.slots.clear()
+
+
+# -- host <-> device staging ----------------------------------------------------------------------
+
+
+class CudaIO:
+    """The device buffers a GPU backend owns, shared by ONNX Runtime CUDA and TensorRT.
+
+    ``alloc`` makes a buffer that stays put as long as the backend lives
+    (``is_fixed``: a CUDA graph may bind its address); ``stage`` returns the
+    fixed staging buffer for an image of this shape (one per batch size,
+    another only while a paused session still holds the first). The handle
+    type is the backend's (an ``OrtValue``, a :class:`DeviceArray`): it
+    passes how to make one and how to read its address; copying the bytes
+    in and out stays with the backend, whose handle knows how.
+    """
+
+    def __init__(self, allocate: Callable[[tuple[int, ...], np.dtype], Any], address: Callable[[Any], int]) -> None:
+        self._allocate, self._address = allocate, address
+        self._staging = SlotPool()
+        self._fixed: set[int] = set()
+
+    def alloc(self, shape: Sequence[int], dtype: Any) -> Any:
+        handle = self._allocate(tuple(int(s) for s in shape), np.dtype(dtype))
+        self._fixed.add(self._address(handle))
+        return handle
+
+    def is_fixed(self, handle: Any) -> bool:
+        return self._address(handle) in self._fixed
+
+    def stage(self, array: np.ndarray) -> Any:
+        """The staging buffer for ``array``'s shape and dtype (its contents are the caller's to write)."""
+        _, slot = self._staging.acquire((array.shape, array.dtype.str), lambda: Slot((self.alloc(array.shape, array.dtype),)))
+        return slot.handles[0]
+
+    def clear(self) -> None:
+        self._staging.clear()
+        self._fixed.clear()
 
 
 # -- CUDA graphs ----------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import numpy as np
 
 from ...errors import BackendUnavailable
 from .base import Handle, LoadedPlan, Runner, Unit
-from .cuda import CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, require_cuda
+from .cuda import CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, require_cuda
 from .onnxruntime import OnnxRuntimeBackend, open_session
 
 __all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
@@ -89,7 +89,7 @@ class OnnxRuntimeCudaRunner(Runner):
     def _make_slot(self, x: Handle) -> Slot:
         # one eager run tells the output shapes; the fixed outputs get those shapes
         shapes = [o.shape() for o in self._run_eager(x, self._backend.run_options_no_graph)]
-        outs = tuple(self._backend._alloc(s, dt) for s, dt in zip(shapes, self._out_dtypes))
+        outs = tuple(self._backend.io.alloc(s, dt) for s, dt in zip(shapes, self._out_dtypes))
         return Slot(outs)
 
     def _capture(self, key: tuple[int, int]) -> Any:
@@ -196,8 +196,10 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.run_config = {"disable_synchronize_execution_providers": "1"}
         self.run_options = self._run_options(self.run_config)
         self.run_options_no_graph = self._run_options({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
-        self._staging = SlotPool()
-        self._fixed: set[int] = set()  # addresses of buffers that live as long as the backend
+        self.io = CudaIO(
+            lambda shape, dtype: self.ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.ort_device, self.device_id),
+            lambda value: value.data_ptr(),
+        )
 
     def _open_cuda(self, memory: str, extra: dict[str, str]) -> tuple[Any, list]:
         """(the shared stream's device, the session providers); BackendUnavailable when CUDA is unusable."""
@@ -238,15 +240,9 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         if not self.cuda_graph:
             value = self.ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, self.device_id)
         else:  # a fixed staging buffer per batch size, so the root graphs can bind its address
-            _, slot = self._staging.acquire(array.shape, lambda: Slot((self._alloc(array.shape, array.dtype),)))
-            value = slot.handles[0]
+            value = self.io.stage(array)
             value.update_inplace(array)
         self.cuda.device_synchronize()  # ORT's host->device copy ran outside our stream
-        return value
-
-    def _alloc(self, shape, dtype):
-        value = self.ort.OrtValue.ortvalue_from_shape_and_type(tuple(shape), dtype, self.ort_device, self.device_id)
-        self._fixed.add(value.data_ptr())
         return value
 
     def to_host(self, handle: Handle) -> np.ndarray:
@@ -256,7 +252,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
     def is_fixed(self, value) -> bool:
         """Whether ``value`` lives in a buffer that stays put while the backend lives (a graph may bind it):
         a staged image, or a runner's slot-0 output."""
-        return value.data_ptr() in self._fixed
+        return self.io.is_fixed(value)
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
@@ -271,5 +267,4 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         return info
 
     def close(self) -> None:
-        self._staging.clear()
-        self._fixed.clear()
+        self.io.clear()

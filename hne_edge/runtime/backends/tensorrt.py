@@ -63,7 +63,7 @@ from ...bundle import Manifest, ModelFile
 from ...errors import BackendUnavailable, BundleError, DeviceError
 from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt
 from .base import Backend, Handle, LoadedPlan, Runner, Unit
-from .cuda import CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, open_device, require_cuda
+from .cuda import CudaIO, CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, open_device, require_cuda
 
 __all__ = [
     "TensorRTBackend",
@@ -195,7 +195,7 @@ class TensorRTRunner(Runner):
             for name, h in zip(self._out_names, slot.handles):
                 self.context.set_tensor_address(name, h.ptr)
             self._addresses = addresses
-        if self._graphs is not None and index == 0 and b.is_fixed(x.ptr):
+        if self._graphs is not None and index == 0 and b.is_fixed(x):
             self._graphs.get((x.shape, x.ptr))()
         else:
             self._enqueue()
@@ -258,8 +258,7 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         self.scratch: DeviceArray | None = None
         self.scratch_generation = 0
         self._scratch_need = 0
-        self._staging = SlotPool()
-        self._fixed: set[int] = set()
+        self.io = CudaIO(self._device_array, lambda array: array.ptr)
 
     # -- bundle -----------------------------------------------------------------------------------
     def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
@@ -284,22 +283,24 @@ class TensorRTBackend(CudaTimingMixin, Backend):
             self.scratch = self.alloc((max(self._scratch_need, 1),), np.uint8)
             self.scratch_generation += 1
 
-    def alloc(self, shape: Sequence[int], dtype: Any) -> DeviceArray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        ptr, owner = self.cuda.malloc(nbytes)
-        self._fixed.add(ptr)  # our buffers live as long as the runners that use them
-        return DeviceArray(ptr, tuple(shape), dtype, owner)
+    def _device_array(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceArray:
+        ptr, owner = self.cuda.malloc(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        return DeviceArray(ptr, shape, dtype, owner)
 
-    def is_fixed(self, ptr: int) -> bool:
-        return ptr in self._fixed
+    def alloc(self, shape: Sequence[int], dtype: Any) -> DeviceArray:
+        """A buffer that lives as long as the backend (a runner's outputs, the scratch, a staged image)."""
+        return self.io.alloc(shape, dtype)
+
+    def is_fixed(self, array: DeviceArray) -> bool:
+        return self.io.is_fixed(array)
 
     # -- handles ----------------------------------------------------------------------------------
     def from_host(self, array: np.ndarray) -> Handle:
         """Stage the image (already in the engines' dtype: the runner casts it, see LoadedPlan.image_dtype)."""
         array = np.ascontiguousarray(array)
-        _, slot = self._staging.acquire(array.shape, lambda: Slot((self.alloc(array.shape, array.dtype),)))
-        self.cuda.upload(slot.handles[0].ptr, array)
-        return slot.handles[0]
+        staged = self.io.stage(array)
+        self.cuda.upload(staged.ptr, array)
+        return staged
 
     def to_host(self, handle: Handle) -> np.ndarray:
         out = np.empty(handle.shape, handle.dtype)
@@ -319,6 +320,5 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         }
 
     def close(self) -> None:
-        self._staging.clear()
+        self.io.clear()
         self.scratch = None
-        self._fixed.clear()
