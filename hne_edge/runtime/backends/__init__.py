@@ -43,7 +43,7 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
         return name
     kinds = [k for n, k in BACKENDS if n == name]
     if not kinds:
-        raise BackendUnavailable(f"received backend {name!r}; expected one of {list(BACKEND_NAMES)}")
+        raise BackendUnavailable(f"received backend {name!r}; expected one of {sorted(BACKEND_NAMES)}")
     kind = str(device).partition(":")[0]
     if kind not in kinds:
         parse_device(name, device, tuple(kinds))  # raises: names the devices this backend runs on
