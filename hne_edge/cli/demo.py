@@ -8,14 +8,16 @@ import click
 @click.command("demo")
 @click.option("--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (a previous demo's folder is replaced).")
-@click.option("--data", default="digits", show_default=True,
-              type=click.Choice(["digits", "cifar10", "cifar100", "npz", "imagefolder"]),
-              help="Dataset; digits ships with scikit-learn (no download).")
+@click.option("--data", default="auto", show_default=True,
+              type=click.Choice(["auto", "digits", "cifar10", "cifar100", "npz", "imagefolder"]),
+              help="Dataset. auto: CIFAR-10 from ../shared/data/cifar10_train.npz with the shipped checkpoint if that "
+                   "file exists, else digits (scikit-learn, no download).")
 @click.option("--data-dir", default=None, help="Dataset folder or .npz file (for cifar10/100, npz, imagefolder).")
 @click.option("--model", default=None, help="Zoo model (default: hne_tiny).")
 @click.option("--epochs", type=int, default=None, help="Training epochs (default: the preset's; 3 for CIFAR on a CPU).")
 @click.option("--limit", type=int, default=None, help="Use only this many training images.")
-@click.option("--frames", type=int, default=None, help="Validation frames for the budget sweep (default: all).")
+@click.option("--frames", type=int, default=None,
+              help="Validation frames for the budget sweep (default: all for digits, 1000 otherwise).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Replace --out even if it was not written by a demo.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
@@ -26,7 +28,9 @@ def demo(out_dir, data, data_dir, model, epochs, limit, frames, seed, force, qui
     """
     from ..demo import run_demo
 
-    if data != "digits" and data_dir is None and data not in ("cifar10", "cifar100"):
+    if data in ("npz", "imagefolder") and data_dir is None:
         raise click.UsageError(f"--data {data} needs --data-dir")
+    if data in ("auto", "digits") and data_dir is not None:
+        raise click.UsageError(f"--data-dir needs --data npz, cifar10, cifar100 or imagefolder; received --data {data}")
     run_demo(out_dir, data=data, data_dir=data_dir, model=model, epochs=epochs, limit=limit, seed=seed,
              frames=frames, force=force, quiet=quiet, echo=click.echo)
