@@ -20,7 +20,7 @@ def test_demo_end_to_end(tmp_path):
     # run where ../shared/data/cifar10_train.npz does not exist: the default (--data auto) falls back to digits
     work = tmp_path / "project"
     work.mkdir()
-    out = work / "demo"
+    out = work / "runs" / "demo"  # the default --out, relative to where it runs
     proc = run_cli("demo", "--frames", "60", "--quiet", cwd=work, env=_HERE, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
