@@ -3,12 +3,24 @@
 Every step calls the same library function a user would (``fit``,
 ``evaluate_checkpoint``, ``export_onnx``, ``verify_bundle``,
 ``AnytimeRunner``); the demo only strings them together and prints one
-table. Defaults run on scikit-learn's bundled digits (no download) in about
-a minute on 2 CPU cores.
+table.
+
+Data (``--data auto``, the default): CIFAR-10 at the project's data
+convention path ``../shared/data/cifar10_train.npz`` when that file exists,
+else scikit-learn's bundled digits (no download), with a line saying which
+and why. Digits is easy (one leaf already scores ~98%), so it shows only
+the latency side of anytime inference. On CIFAR-10 the demo starts from a
+small checkpoint shipped with the package (``hne_edge/assets/``, trained by
+this project; how is recorded next to it), because the accuracy rise with
+the number of leaves needs more training than a few minutes of CPU allow.
+Any training option (``--epochs``, ``--limit``, ``--model``, a ``--seed``
+other than 0) or an explicit ``--data`` trains here instead.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,11 +29,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .errors import InputError
 from .fileio import atomic_write_json
 
-__all__ = ["DemoResult", "run_demo", "budget_sweep", "format_budget_table", "MARKER"]
+__all__ = ["DemoResult", "run_demo", "choose_data", "budget_sweep", "format_budget_table", "ensemble_rows",
+           "format_ensemble_line", "MARKER", "CIFAR10_NPZ", "PRETRAINED"]
 
 MARKER = ".hne-edge-demo"  # a folder with this file was written by the demo and may be replaced by it
+CIFAR10_NPZ = "../shared/data/cifar10_train.npz"  # the data convention: ../shared beside the project root
+ASSETS = Path(__file__).parent / "assets"
+PRETRAINED = ASSETS / "cifar10_demo.pt"  # its record: cifar10_demo.json; its config: cifar10_demo.yaml
+SWEEP_FRAMES = 1000  # default frames of the CIFAR budget sweep (batch-1 runs under 7 budgets stay ~1 minute)
 
 
 @dataclass
@@ -31,6 +49,59 @@ class DemoResult:
     bundle: Path
     metrics: dict[str, Any]
     budgets: list[dict[str, Any]]
+
+
+def choose_data(data: str, data_dir: str | None, cwd: str | Path = ".") -> tuple[str, str | None, str | None]:
+    """Resolve ``--data auto``: ``(data, data_dir, note)``; ``note`` says what was chosen and why (None if not auto)."""
+    if data != "auto":
+        return data, data_dir, None
+    if data_dir is not None:
+        raise InputError(f"--data-dir {data_dir} needs --data npz/cifar10/cifar100/imagefolder; received --data auto")
+    if (Path(cwd) / CIFAR10_NPZ).is_file():
+        return "npz", CIFAR10_NPZ, f"data: CIFAR-10 from {CIFAR10_NPZ} (found; --data digits runs the 30-second digits demo)"
+    return "digits", None, (f"data: scikit-learn digits, because {CIFAR10_NPZ} is not here (digits is easy: expect "
+                            "a flat accuracy by ensemble size; --data npz --data-dir PATH.npz to use your CIFAR-10 copy)")
+
+
+def _data_fingerprint(path: str | Path) -> str:
+    """sha256 of an npz's ``x`` then ``y`` bytes: the same images in the same order give the same split."""
+    with np.load(path, allow_pickle=False) as archive:
+        h = hashlib.sha256(np.ascontiguousarray(archive["x"]).tobytes())
+        h.update(np.ascontiguousarray(archive["y"]).astype(np.int64).tobytes())
+    return h.hexdigest()
+
+
+def pretrained_record() -> dict[str, Any]:
+    """How the shipped checkpoint was trained (``cifar10_demo.json``)."""
+    return json.loads((ASSETS / "cifar10_demo.json").read_text())
+
+
+def ensemble_rows(logits, labels, sizes: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[dict[str, Any]]:
+    """Accuracy of the first n leaves with its standard error, and the gain over n = 1 with a paired standard error.
+
+    Both are measured on the same images, so the gain's error is that of the mean per-image difference
+    (correct with n leaves minus correct with one), far smaller than the two accuracies' errors combined.
+    """
+    from .train.losses import ensemble_logits
+
+    m = labels.shape[0]
+    first = (ensemble_logits(logits, 1).argmax(-1) == labels).double()
+    rows = []
+    for n in sizes:
+        if n > logits.shape[1]:
+            break
+        correct = (ensemble_logits(logits, n).argmax(-1) == labels).double()
+        p, diff = correct.mean().item(), correct - first
+        rows.append({"n": n, "images": m, "accuracy": p, "se": (p * (1 - p) / m) ** 0.5,
+                     "gain": diff.mean().item(), "gain_se": diff.std(correction=1).item() / m**0.5 if m > 1 else 0.0})
+    return rows
+
+
+def format_ensemble_line(rows: list[dict[str, Any]]) -> str:
+    last = rows[-1]
+    return (f"validation accuracy by ensemble size ({last['images']} images, ± one standard error): "
+            + ", ".join(f"n={r['n']}: {r['accuracy']:.1%} ± {r['se']:.1%}" for r in rows)
+            + f"\n  n={last['n']} vs n=1: {last['gain'] * 100:+.1f} points ± {last['gain_se'] * 100:.1f} (paired, same images)")
 
 
 def budget_sweep(runner, images: np.ndarray, labels: np.ndarray, budgets_ms: list[float | None]) -> list[dict[str, Any]]:
@@ -77,40 +148,11 @@ def format_budget_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _prepare_out(out: Path, force: bool) -> None:
-    if out.exists():
-        if not (force or (out / MARKER).exists()):
-            raise FileExistsError(
-                f"{out} exists and was not written by hne-edge demo; choose another --out or pass --force"
-            )
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    (out / MARKER).write_text("written by hne-edge demo; the next demo run may replace this folder\n")
+def _train_config(out: Path, data: str, data_dir: str | None, model: str | None, epochs: int | None,
+                  limit: int | None, seed: int, quiet: bool):
+    """The config of a demo that trains: the dataset's preset, hne_tiny, a CPU-sized number of epochs."""
+    from .train import TrainConfig
 
-
-def run_demo(
-    out_dir: str | Path = "runs/demo",
-    *,
-    data: str = "digits",
-    data_dir: str | None = None,
-    model: str | None = None,
-    epochs: int | None = None,
-    limit: int | None = None,
-    seed: int = 0,
-    frames: int | None = None,
-    force: bool = False,
-    quiet: bool = False,
-    echo: Callable[[str], None] = print,
-) -> DemoResult:
-    """Run the whole pipeline into ``out_dir`` (see the module docstring)."""
-    from .exporters import export_onnx, verify_bundle
-    from .models import tree_cost
-    from .plots import plot_budget_sweep, plot_tree
-    from .runtime import AnytimeRunner
-    from .train import TrainConfig, evaluate_checkpoint, fit, model_from_checkpoint
-    from .train.data import load_data
-
-    out = Path(out_dir)
     overrides: dict[str, Any] = {"out": str(out / "train"), "seed": seed, "quiet": quiet}
     if data == "digits":
         preset = "digits"
@@ -129,19 +171,83 @@ def run_demo(
         overrides["optim"] = optim
     if limit is not None:
         overrides.setdefault("data", {"name": data, "data_dir": data_dir})["limit"] = limit
-    config = TrainConfig.from_preset(preset, overrides)  # validate before touching the disk
+    return TrainConfig.from_preset(preset, overrides)
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    if out.exists():
+        if not (force or (out / MARKER).exists()):
+            raise InputError(
+                f"{out} exists and was not written by hne-edge demo; expected a new folder or a previous demo's "
+                "(choose another --out, or pass --force to replace it)"
+            )
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("written by hne-edge demo; the next demo run may replace this folder\n")
+
+
+def run_demo(
+    out_dir: str | Path = "runs/demo",
+    *,
+    data: str = "auto",
+    data_dir: str | None = None,
+    model: str | None = None,
+    epochs: int | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    frames: int | None = None,
+    force: bool = False,
+    quiet: bool = False,
+    echo: Callable[[str], None] = print,
+) -> DemoResult:
+    """Run the whole pipeline into ``out_dir`` (see the module docstring)."""
+    from .exporters import export_onnx, verify_bundle
+    from .models import tree_cost
+    from .plots import plot_budget_sweep, plot_tree
+    from .runtime import AnytimeRunner
+    from .train import TrainConfig, evaluate_checkpoint, fit, load_checkpoint, model_from_checkpoint
+    from .train.config import upgrade_config
+    from .train.data import BatchLoader, load_data
+    from .train.engine import predict
+
+    out = Path(out_dir)
+    auto = data == "auto"
+    data, data_dir, note = choose_data(data, data_dir)
+    # the shipped checkpoint stands in for training only where nothing asks to train (it was trained with seed 0)
+    pretrained = auto and data == "npz" and model is None and epochs is None and limit is None and seed == 0
+    if pretrained:
+        record = pretrained_record()
+        found = _data_fingerprint(data_dir)
+        if found != record["data"]["sha256"]:  # another order or other images: the hold-out could hold training images
+            raise InputError(
+                f"{data_dir}: not the file {PRETRAINED.name} was trained on (sha256 of x and y {found[:12]}..., "
+                f"expected {record['data']['sha256'][:12]}...), so its validation split could hold training images; "
+                f"train here instead: hne-edge demo --data npz --data-dir {data_dir}"
+            )
+        stored = upgrade_config(load_checkpoint(PRETRAINED)["config"])
+        config = TrainConfig.from_dict({**stored, "data": {**stored["data"], "data_dir": data_dir}, "quiet": quiet})
+    else:
+        config = _train_config(out, data, data_dir, model, epochs, limit, seed, quiet)  # validate before touching the disk
     _prepare_out(out, force)
     t_start = time.perf_counter()
 
     def step(n: int, text: str) -> None:
         echo(f"[{n}/6 {time.perf_counter() - t_start:6.1f}s] {text}")
 
-    step(1, f"training {config.model.name} on {config.data.name} ({config.loss.kind} distillation, "
-            f"{config.optim.epochs} epochs)")
-    result = fit(config)
+    if note:
+        echo(note)
+    if pretrained:
+        step(1, f"using the checkpoint shipped with hne-edge ({PRETRAINED.name}): {record['summary']}")
+        echo(f"        it trained for {record['train_seconds'] / 60:.0f} min on {record['machine']}; command, data and "
+             f"figures: {PRETRAINED.with_suffix('.json')}. To train here instead: --epochs N (--limit 5000: 5,000 images)")
+        checkpoint = PRETRAINED
+    else:
+        step(1, f"training {config.model.name} on {config.data.name} ({config.loss.kind} loss, "
+                f"{config.optim.epochs} epochs)")
+        checkpoint = fit(config).checkpoint
     step(2, "evaluating every ensemble size n = 1..N on the validation split")
-    metrics = evaluate_checkpoint(result.checkpoint, out / "eval")
-    fused, state = model_from_checkpoint(result.checkpoint)
+    metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir})
+    fused, state = model_from_checkpoint(checkpoint)
     plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
     step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
     bundle = export_onnx(
@@ -161,8 +267,13 @@ def run_demo(
     step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
     data_bundle = load_data(config.data, seed=config.seed)
     val = data_bundle.val
+    norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
+    logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
+    by_size = ensemble_rows(logits, truth)
     images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
     labels = val.labels.numpy()
+    if frames is None and data != "digits":
+        frames = SWEEP_FRAMES
     if frames is not None:
         images, labels = images[:frames], labels[:frames]
     np.savez(out / "frames.npz", x=images, y=labels)  # for the next commands printed at the end
@@ -181,16 +292,15 @@ def run_demo(
     echo(table)
     plot_budget_sweep(rows, out / "eval" / "anytime_budget.png", fused.tree.num_leaves)
     atomic_write_json(out / "demo.json",
-                      {"train": config.to_dict(), "budgets": rows, "metrics_file": str(out / "eval" / "metrics.json")},
+                      {"train": config.to_dict(), "checkpoint": str(checkpoint), "by_ensemble_size": by_size, "budgets": rows, "metrics_file": str(out / "eval" / "metrics.json")},
                       indent=2)
-    acc = metrics.get("anytime") or []
-    if acc:
-        echo("")
-        echo("validation accuracy by ensemble size (PyTorch): "
-             + ", ".join(f"n={m['n']}: {m['accuracy']:.2%}" for m in acc if m["n"] in (1, 2, 4, 8, 16)))
+    worst_se = max((r["accuracy"] * (1 - r["accuracy"]) / r["frames"]) ** 0.5 for r in rows)
+    echo(f"(accuracy over {len(images)} frames: one standard error is at most {worst_se:.1%})")
+    echo("")
+    echo(format_ensemble_line(by_size))
     echo("")
     echo(f"done in {time.perf_counter() - t_start:.0f}s. Everything is under {out}/:")
-    echo(f"  checkpoint  {result.checkpoint}")
+    echo(f"  checkpoint  {checkpoint}")
     echo(f"  metrics     {out / 'eval' / 'metrics.json'}")
     echo(f"  plots       {out / 'eval'}/*.png (accuracy vs MACs, diversity, per-leaf accuracy, tree, budgets)")
     echo(f"  bundle      {bundle}")
@@ -201,4 +311,4 @@ def run_demo(
     echo(f"  hne-edge run {bundle} {out / 'frames.npz'} --budget-ms {rows[3]['budget_ms']:.3f}")
     echo(f"  python examples/embedded_app.py {bundle} --frames {out / 'frames.npz'}")
     echo(f"  python examples/autonomous_stack.py {bundle} --frames {out / 'frames.npz'} --out {out / 'stack'}")
-    return DemoResult(out, result.checkpoint, bundle, metrics, rows)
+    return DemoResult(out, checkpoint, bundle, metrics, rows)

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
+import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
+
+# a demo run from a folder elsewhere must still import this checkout's package
+_HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
-    out = tmp_path / "demo"
-    proc = run_cli("demo", "--out", str(out), "--frames", "60", "--quiet", timeout=900)
+    # run where ../shared/data/cifar10_train.npz does not exist: the default (--data auto) falls back to digits
+    work = tmp_path / "project"
+    work.mkdir()
+    out = work / "runs" / "demo"  # the default --out, relative to where it runs
+    proc = run_cli("demo", "--num-frames", "60", "--quiet", cwd=work, env=_HERE, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
+    assert "data: scikit-learn digits, because ../shared/data/cifar10_train.npz is not here" in text
     for step in range(1, 7):
         assert f"[{step}/6" in text
     assert "checks passed" in text
@@ -27,6 +37,17 @@ def test_demo_end_to_end(tmp_path):
     leaves = [r["mean_leaves"] for r in rows[1:-1]]
     assert leaves[0] <= leaves[-1]  # a larger budget never buys fewer leaves on average (same frames)
     assert rows[-1]["accuracy"] > 0.8  # digits is easy: a trained HNE is well above chance (10%)
+    # the ensemble-size line (n, accuracy ± SE, paired gain) agrees with the evaluation's metrics.json
+    metrics = json.loads((out / "eval" / "metrics.json").read_text())
+    by_n = {m["n"]: m["accuracy"] for m in metrics["anytime"]}
+    sizes = summary["by_ensemble_size"]
+    assert [r["n"] for r in sizes] == [1, 2, 4, 8, 16] and all(r["images"] == 180 for r in sizes)
+    for r in sizes:
+        assert r["accuracy"] == pytest.approx(by_n[r["n"]], abs=1e-6)
+        assert r["gain"] == pytest.approx(by_n[r["n"]] - by_n[1], abs=1e-6)
+    line = re.search(r"validation accuracy by ensemble size \(180 images, ± one standard error\): (.*)", text)
+    assert line and "n=1: " in line.group(1) and "n=16: " in line.group(1), text
+    assert re.search(r"n=16 vs n=1: [+-]\d+\.\d points ± \d+\.\d \(paired, same images\)", text), text
     for name in ("metrics.json", "tree.png", "anytime_budget.png"):
         assert (out / "eval" / name).is_file()
     assert (out / "bundle" / "manifest.json").is_file() and (out / "train" / "checkpoint.pt").is_file()
@@ -35,6 +56,118 @@ def test_demo_end_to_end(tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("x")
-    proc = run_cli("demo", "--out", str(foreign))
+    proc = run_cli("demo", "--data", "digits", "--out", str(foreign))
     assert proc.returncode == 2 and "was not written by hne-edge demo" in proc.stderr
     assert (foreign / "keep.txt").read_text() == "x"
+
+
+def test_auto_data_follows_the_convention_path(tmp_path):
+    from hne_edge.demo import CIFAR10_NPZ, choose_data
+
+    project = tmp_path / "project"
+    project.mkdir()
+    data, data_dir, note = choose_data("auto", None, cwd=project)
+    assert (data, data_dir) == ("digits", None) and "is not here" in note
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "shared" / "data" / "cifar10_train.npz").write_bytes(b"")
+    data, data_dir, note = choose_data("auto", None, cwd=project)
+    assert (data, data_dir) == ("npz", CIFAR10_NPZ) and "CIFAR-10" in note
+    assert choose_data("digits", None, cwd=project) == ("digits", None, None)  # explicit: no guessing, no note
+
+
+def test_data_dir_without_an_explicit_dataset_is_a_usage_error(tmp_path):
+    proc = run_cli("demo", "--data-dir", "x.npz", "--out", str(tmp_path / "d"))
+    assert proc.returncode == 2 and "--data-dir needs --data npz" in proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_another_cifar_file_is_refused_before_anything_is_written(tmp_path):
+    # the shipped checkpoint's hold-out is a seeded split of ITS file; on other images it could hold training images
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "shared" / "data" / "cifar10_train.npz",
+             x=rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8), y=np.arange(40) % 10)
+    proc = run_cli("demo", "--quiet", cwd=project, env=_HERE)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "not the file cifar10_demo.pt was trained on" in proc.stderr and "--data npz" in proc.stderr
+    assert not (project / "runs").exists()
+
+
+def test_ensemble_rows_against_hand_counts():
+    import torch
+
+    from hne_edge.demo import ensemble_rows
+
+    # 4 images, 2 leaves, 2 classes; label 0 everywhere. Leaf 0 is right on images 0, 1; the mean of both
+    # leaves is right on images 0, 1, 2 (leaf 1 outvotes leaf 0 on image 2) and wrong on image 3.
+    leaf0 = torch.tensor([[2.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    leaf1 = torch.tensor([[2.0, 0.0], [2.0, 0.0], [3.0, 0.0], [0.0, 1.0]])
+    logits, labels = torch.stack([leaf0, leaf1], 1), torch.zeros(4, dtype=torch.long)
+    one, two = ensemble_rows(logits, labels, sizes=(1, 2, 4))  # 4 > N leaves: left out
+    assert one["accuracy"] == 0.5 and one["se"] == pytest.approx((0.5 * 0.5 / 4) ** 0.5)
+    assert two["accuracy"] == 0.75 and two["se"] == pytest.approx((0.75 * 0.25 / 4) ** 0.5)
+    # per-image differences 0, 0, 1, 0: mean 0.25, sample std 0.5, standard error 0.5 / 2
+    assert two["gain"] == 0.25 and two["gain_se"] == pytest.approx(0.25)
+    assert one["gain"] == 0 and one["gain_se"] == 0
+
+
+def test_the_shipped_checkpoint_matches_its_record_and_config():
+    import yaml
+
+    from hne_edge.demo import PRETRAINED, pretrained_record
+    from hne_edge.train import load_checkpoint
+    from hne_edge.train.config import TrainConfig
+
+    state = load_checkpoint(PRETRAINED)
+    record = pretrained_record()
+    assert PRETRAINED.stat().st_size < 2_000_000  # "a few MB" at most
+    assert state["config"] == record["config"] and state["epoch"] == record["epochs"] == state["config"]["optim"]["epochs"]
+    assert not state.get("optimizer")  # weights only: nothing to resume, nothing to select
+    # the YAML beside it is the config it was trained with (apart from where the run and the data were)
+    shipped = TrainConfig.from_file(PRETRAINED.with_suffix(".yaml"), {"data": {"data_dir": state["config"]["data"]["data_dir"]}})
+    moved = {"out", "quiet"}
+    assert {k: v for k, v in shipped.to_dict().items() if k not in moved} == {
+        k: v for k, v in state["config"].items() if k not in moved}
+    assert "hne-edge train --config hne_edge/assets/cifar10_demo.yaml" in record["command"]
+    assert yaml.safe_load(PRETRAINED.with_suffix(".yaml").read_text())["preset"] == "cifar"
+
+
+@pytest.mark.slow
+def test_the_shipped_checkpoint_scores_what_its_record_says(shared_cifar10):
+    """On the real file: the held-out figures in the record are what the checkpoint scores (an independent pass)."""
+    import torch
+
+    from hne_edge.demo import PRETRAINED, pretrained_record
+    from hne_edge.train import model_from_checkpoint
+    from hne_edge.train.data import load_npz, split_indices
+
+    record = pretrained_record()
+    model, state = model_from_checkpoint(PRETRAINED)
+    full, _ = load_npz(shared_cifar10)
+    cfg = state["config"]["data"]
+    _, val = split_indices(len(full), cfg["val_split"], state["config"]["seed"], cfg["limit"])
+    x = full.images[val].float().div(255)
+    mean, std = (torch.tensor(state["normalization"][k]).view(1, -1, 1, 1) for k in ("mean", "std"))
+    with torch.no_grad():
+        logits = torch.cat([model.eval()((b - mean) / std) for b in x.split(500)])  # (M, N, classes)
+    labels = full.labels[val]
+    for row in record["held_out"]:
+        mean_logits = logits[:, : row["n"]].mean(1)  # the anytime prediction: mean of the first n leaves' logits
+        assert (mean_logits.argmax(-1) == labels).double().mean().item() == pytest.approx(row["accuracy"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_default_demo_on_cifar_uses_the_shipped_checkpoint(tmp_path, shared_cifar10):
+    out = tmp_path / "demo"
+    proc = run_cli("demo", "--out", str(out), "--num-frames", "40", "--quiet", timeout=900)  # cwd: the repo, beside ../shared
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    assert "data: CIFAR-10 from ../shared/data/cifar10_train.npz" in text
+    first_step = next(line for line in text.splitlines() if line.startswith("[1/6"))
+    assert "using the checkpoint shipped with hne-edge (cifar10_demo.pt)" in first_step
+    summary = json.loads((out / "demo.json").read_text())
+    assert [r["images"] for r in summary["by_ensemble_size"]] == [5000] * 5
+    assert "validation accuracy by ensemble size (5000 images" in text
+    assert not (out / "train").exists()  # nothing was trained
