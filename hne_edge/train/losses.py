@@ -35,7 +35,7 @@ temperature T. Two weightings (``weighting=``) turn the sums into a loss:
   distillation term is always multiplied by T^2. Relative to ``"paper"`` it
   weights L^HD by (N/B) T^2 = 16x and L^D by T^2 = 4x (N = 16, B = 4, T = 2).
 
-RESULTS.md compares the two on CIFAR-10; tests/test_losses.py pins both
+RESULTS.md compares the two on CIFAR-10; tests/train/test_losses.py pins both
 against hand computations of the equations.
 """
 

@@ -26,7 +26,7 @@
   CPU backend (with ``fallback_reason``) when this one is unusable.
 
 The CPU-side logic (IOBinding, fixed buffers, graph selection) is tested on
-CPU OrtValues; tests/test_gpu_backends.py also holds the real GPU tests.
+CPU OrtValues (tests/runtime/test_gpu_fakes.py); the real GPU tests: tests/runtime/test_gpu_hardware.py.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ newer call are used as soon as they have it):
   same way in both.
 
 The compatibility checks, error paths and the 10/11 API selection are tested
-with fakes; tests/test_gpu_backends.py also holds the real GPU tests (skipped
+with fakes; tests/runtime/test_gpu_fakes.py; the real GPU tests are in tests/runtime/test_gpu_hardware.py (skipped
 without TensorRT and a GPU).
 """
 

@@ -9,7 +9,7 @@ moved to the GPU:
 * **fp16** with ``precision="fp16"``: the bundle's fp32 weights folded, then
   converted with ``.half()``, per unit module. Expected deviation from the fp32
   fused model: |logits| error below ~1e-2 for O(1) logits
-  (tests/test_gpu_backends.py uses atol 3e-2, rtol 1e-2).
+  (tests/runtime/test_gpu_fakes.py uses atol 3e-2, rtol 1e-2).
 * **fp32 means fp32**: cuDNN runs fp32 convolutions in TF32 unless told not
   to, which moved logits by 1.5e-4 on an H200. Each eager call and each
   capture runs under :class:`Fp32Policy`: TF32 off for cuDNN convolutions
@@ -31,7 +31,7 @@ moved to the GPU:
 
 Hardware: ran on an NVIDIA H200 with torch 2.11 (issue 12: fp32 then failed
 on TF32 and fp16 on unconverted weights, both fixed here without a GPU; the
-fixes are tested on the CPU through a fake device, tests/test_gpu_backends.py).
+fixes are tested on the CPU through a fake device, tests/runtime/test_gpu_fakes.py).
 Uses no torch API newer than 2.11; the TF32 flags go through the
 ``fp32_precision`` API where torch has it and the ``allow_tf32`` flags before.
 """
