@@ -83,7 +83,7 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
     )
     if progress:
         click.echo("\r\033[K", err=True, nl=False)  # clear the status line
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, verify_files=False)  # just written and verified: only the summary is read
     total = sum(f.bytes for f in manifest.files)
     click.echo(
         f"exported {len(manifest.files)} file(s), {total / 1e6:.2f} MB, "

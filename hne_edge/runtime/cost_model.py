@@ -93,7 +93,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import HNEError
+from ..errors import HNEError, InputError
 from ..fileio import atomic_write_json
 
 __all__ = [
@@ -111,6 +111,7 @@ __all__ = [
 _INF = math.inf
 PROFILE_FORMAT = "hne-edge-profile"
 PROFILE_VERSION = 1
+MIN_LEAF_SECONDS = 1e-9  # a coarse or virtual clock may time a fast leaf at 0 s: later ratios divide by it
 
 
 def summarize(samples_s: Sequence[float]) -> dict[str, float]:
@@ -469,13 +470,14 @@ class _BatchModel:
         elif not self.known[leaf]:
             self.known[leaf] = True
             self.all_known = all(self.known)
+            seconds = max(seconds, MIN_LEAF_SECONDS)
             self.base[leaf] = base = seconds
             self.seen_t += seconds
             self.seen_m += self.macs[leaf]
             ratio = 1.0
         else:  # a re-probe: learn the leaf afresh
             self.probing[leaf] = False
-            seconds = min(seconds, self.max_ratio * base)
+            seconds = max(min(seconds, self.max_ratio * base), MIN_LEAF_SECONDS)
             ratio = seconds / base
             self.seen_t += seconds - base
             self.base[leaf] = base = seconds
@@ -569,9 +571,9 @@ class CostModel:
         probe_after: int = 500,
     ) -> None:
         if not 0.5 <= quantile <= 1.0:
-            raise ValueError(f"quantile must be in [0.5, 1]; received {quantile!r}")
+            raise InputError(f"quantile must be in [0.5, 1]; received {quantile!r}")
         if not max_ratio >= cold_margin:
-            raise ValueError(f"max_ratio must be >= cold_margin ({cold_margin}); received {max_ratio!r}")
+            raise InputError(f"max_ratio must be >= cold_margin ({cold_margin}); received {max_ratio!r}")
         self.leaf_macs = list(leaf_macs)
         self.profile = profile
         self.quantile = quantile

@@ -206,3 +206,26 @@ def test_profiles_symlinked_out_of_the_bundle_are_neither_read_nor_written(profi
     (b / "profiles" / path.name).symlink_to(outside / path.name)
     with pytest.warns(UserWarning, match="outside the bundle"):
         assert open_runner().profile_path != b / "profiles" / path.name
+
+
+def test_a_leaf_timed_at_zero_seconds_does_not_break_the_model():
+    """A coarse or virtual clock can time a fast leaf at 0 s; later observations divide by that base."""
+    import math
+
+    from hne_edge.runtime.cost_model import CostModel
+
+    cm = CostModel([100, 200, 200, 400])
+    model = cm.for_batch(1)
+    for _ in range(3):  # first sight, then the hot path (observed / base)
+        for leaf in range(4):
+            model.observe(leaf, 0.0)
+    model.observe(2, 1e-4)
+    assert all(math.isfinite(p) and p >= 0 for p in cm.predict(1))
+
+
+def test_cost_model_options_out_of_range_are_input_errors():
+    from hne_edge.errors import InputError
+    from hne_edge.runtime.cost_model import CostModel
+
+    with pytest.raises(InputError, match=r"quantile must be in \[0.5, 1\]; received 1.5"):
+        CostModel([1, 2], quantile=1.5)
