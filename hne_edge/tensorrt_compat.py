@@ -101,7 +101,8 @@ def engine_compatibility(build_info: dict, trt_version: str, compute_capability:
     return None
 
 
-def _import_cudart() -> Any:
+def import_cudart() -> Any:
+    """cuda-python's runtime module under either of its import paths (ImportError when not installed)."""
     try:
         from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
     except ImportError:
@@ -115,7 +116,7 @@ def device_info(device_id: int = 0) -> tuple[str, str]:
     :class:`BackendUnavailable` when none of them finds the device.
     """
     try:
-        err, prop = _import_cudart().cudaGetDeviceProperties(device_id)
+        err, prop = import_cudart().cudaGetDeviceProperties(device_id)
         if int(err) == 0:
             name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
             return name.strip("\x00 "), f"{prop.major}.{prop.minor}"

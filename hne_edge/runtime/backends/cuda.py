@@ -43,6 +43,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted
+from ...tensorrt_compat import import_cudart
 from .base import device_name, parse_device  # noqa: F401 - parse_device: the GPU backends' name for it
 
 __all__ = [
@@ -109,7 +110,7 @@ def probe_cuda() -> CudaProbe:
     except ImportError:
         pass
     try:
-        cudart = _import_cudart()
+        cudart = import_cudart()
         p.cuda_python = True
         if not p.device_count:
             err, n = cudart.cudaGetDeviceCount()
@@ -154,14 +155,6 @@ def require_cuda(backend: str, device_id: int, what: str = "", *, torch: bool = 
             f"expected {expected}{what}"
         )
     return p
-
-
-def _import_cudart():
-    try:
-        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
-    except ImportError:
-        from cuda import cudart  # older cuda-python
-    return cudart
 
 
 # -- device operations ----------------------------------------------------------------------------
@@ -328,7 +321,7 @@ class CudaPython(CudaDevice):
     kind = "cuda-python"
 
     def __init__(self, device_id: int = 0) -> None:
-        self.rt = rt = _import_cudart()
+        self.rt = rt = import_cudart()
         self.device_id = device_id
         _check(rt.cudaSetDevice(device_id), "cudaSetDevice")
         self.stream = _check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
@@ -455,6 +448,10 @@ class Slot:
     state: Any = None  # whatever the runner keeps with them (addresses, inputs of a captured graph, ...)
     baseline: list[int] = field(default_factory=list)  # reference counts when only the pool held them
 
+    def mark_baseline(self) -> None:
+        """Record the reference counts while only the pool holds the handles (after making or re-binding them)."""
+        self.baseline = _refcounts(self.handles)
+
     def in_use(self) -> bool:
         """True while something outside the pool (a session's cache) still holds one of the handles."""
         return any(now > base for now, base in zip(_refcounts(self.handles), self.baseline))
@@ -484,7 +481,7 @@ class SlotPool:
             )
         slot = make()
         slots.append(slot)
-        slot.baseline = _refcounts(slot.handles)
+        slot.mark_baseline()
         return len(slots) - 1, slot
 
     def clear(self) -> None:

@@ -97,7 +97,7 @@ class OnnxRuntimeCudaRunner(Runner):
         batch, _ = key
         b = self._backend
         graph_id = self._next_graph_id = getattr(self, "_next_graph_id", 0) + 1  # 0 is reserved by ORT
-        ro = b._run_options({**b.run_config, "gpu_graph_id": str(graph_id)})
+        ro = b.run_options_for({**b.run_config, "gpu_graph_id": str(graph_id)})
         io = self.session.io_binding()
         io.bind_ortvalue_input(self._in_name, self._capture_input)
         for name, value in zip(self._out_names, self._pool.slots[batch][0].handles):
@@ -194,8 +194,8 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.conv_search = cudnn_conv_algo_search
         self.cuda, self.providers = self._open_cuda(memory, provider_options or {})
         self.run_config = {"disable_synchronize_execution_providers": "1"}
-        self.run_options = self._run_options(self.run_config)
-        self.run_options_no_graph = self._run_options({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
+        self.run_options = self.run_options_for(self.run_config)
+        self.run_options_no_graph = self.run_options_for({**self.run_config, "gpu_graph_id": "-1"} if self.cuda_graph else self.run_config)
         self.io = CudaIO(
             lambda shape, dtype: self.ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.ort_device, self.device_id),
             lambda value: value.data_ptr(),
@@ -224,7 +224,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.provider_options = options
         return cuda, [(CUDA_EP, options)]
 
-    def _run_options(self, entries: dict[str, str]):
+    def run_options_for(self, entries: dict[str, str]):
         ro = self.ort.RunOptions()
         for k, v in entries.items():
             ro.add_run_config_entry(k, v)

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .base import Handle, LoadedPlan, Runner, Unit
-from .cuda import CudaTimingMixin, GraphCache, Slot, TorchCuda, _refcounts, require_cuda
+from .cuda import CudaTimingMixin, GraphCache, Slot, TorchCuda, require_cuda
 from .torch import TorchBackend, TorchRunner
 
 __all__ = ["Fp32Policy", "TorchCudaBackend", "TorchCudaRunner"]
@@ -97,7 +97,7 @@ class _Graph:
         self.static_in = static_in
         self.replay = replay
         self.slot = Slot(outputs)
-        self.slot.baseline = _refcounts(self.slot.handles)
+        self.slot.mark_baseline()
 
 
 class TorchCudaRunner(TorchRunner):
