@@ -58,6 +58,7 @@ __all__ = [
     "ModelFile",
     "Manifest",
     "read_manifest",
+    "read_manifest_and_digest",
     "write_manifest",
     "parse_json",
     "path_component",
@@ -598,13 +599,19 @@ def path_component(name: str, limit: int = 64) -> str:
 
 def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> Manifest:
     """Read and validate ``bundle_dir/manifest.json``; with ``verify_files`` also check every file's sha256."""
+    return read_manifest_and_digest(bundle_dir, verify_files)[0]
+
+
+def read_manifest_and_digest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> tuple[Manifest, str]:
+    """:func:`read_manifest`, and the sha256 of the very bytes it parsed (what a profile is keyed to)."""
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / MANIFEST_NAME
     if not bundle_dir.is_dir():
         raise BundleError(f"bundle directory not found: {bundle_dir}")
     if not path.is_file():
         raise BundleError(f"{bundle_dir} is not a bundle: {MANIFEST_NAME} is missing")
-    data = parse_json(path.read_bytes(), str(path))
+    raw = path.read_bytes()
+    data = parse_json(raw, str(path))
     manifest = Manifest.from_dict(data)
     for i, f in enumerate(manifest.files):
         target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
@@ -614,7 +621,7 @@ def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> M
             raise BundleError(f"bundle file missing: {f.path} (files[{i}]) is listed in the manifest but not on disk")
         if verify_files:
             _check_digest(f, sha256_file(target), f"files[{i}].sha256")
-    return manifest
+    return manifest, sha256_bytes(raw)
 
 
 def _check_digest(f: ModelFile, actual: str, where: str) -> None:

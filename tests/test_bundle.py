@@ -191,3 +191,17 @@ def test_update_manifest_replaces_by_path_and_refuses_a_missing_file(bundle):
     with pytest.raises(BundleError, match=r"bundle file missing: .*ghost.* would be listed in the manifest but is not on disk"):
         update_manifest(bundle, [ghost])
     assert (bundle / MANIFEST_NAME).read_bytes() == before  # refused before anything was written
+
+
+def test_manifest_digest_is_of_the_bytes_that_were_parsed(bundle):
+    """A profile is keyed to the manifest's sha256: it must be the digest of the bytes read, read once."""
+    import hashlib
+
+    from hne_edge.bundle import read_manifest_and_digest
+    from hne_edge.runtime import AnytimeRunner
+
+    manifest, digest = read_manifest_and_digest(bundle)
+    assert digest == hashlib.sha256((bundle / MANIFEST_NAME).read_bytes()).hexdigest()
+    assert manifest == read_manifest(bundle)
+    with AnytimeRunner(bundle, load_profile=False) as runner:
+        assert runner.manifest_sha256 == digest

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, MANIFEST_NAME, read_manifest, sha256_bytes
+from ..bundle import ANYTIME_PLANS, read_manifest_and_digest
 from ..errors import BundleError, HNEError, InputError
 from . import profiler
 from .backends import Backend, create_backend
@@ -100,8 +100,7 @@ class AnytimeRunner:
             raise InputError(f"plan: received {plan!r}; expected one of {list(ANYTIME_PLANS)}")
         self.bundle_dir = Path(bundle_dir)
         # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
-        self.manifest = read_manifest(self.bundle_dir, verify_files=False)
-        self.manifest_sha256 = sha256_bytes((self.bundle_dir / MANIFEST_NAME).read_bytes())
+        self.manifest, self.manifest_sha256 = read_manifest_and_digest(self.bundle_dir, verify_files=False)
         self.plan, self.precision = plan, precision
         if threads is not None:
             backend_options["threads"] = threads
