@@ -239,7 +239,8 @@ def run_demo(
     if pretrained:
         step(1, f"using the checkpoint shipped with hne-edge ({PRETRAINED.name}): {record['summary']}")
         echo(f"        it trained for {record['train_seconds'] / 60:.0f} min on {record['machine']}; command, data and "
-             f"figures: {PRETRAINED.with_suffix('.json')}. To train here instead: --epochs N (--limit 5000: 5,000 images)")
+             f"figures: {PRETRAINED.with_suffix('.json')}. To train here instead: --epochs N (and --limit N images "
+             "for a quick run)")
         checkpoint = PRETRAINED
     else:
         step(1, f"training {config.model.name} on {config.data.name} ({config.loss.kind} loss, "
