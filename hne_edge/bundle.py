@@ -599,11 +599,16 @@ def path_component(name: str, limit: int = 64) -> str:
 
 def read_manifest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> Manifest:
     """Read and validate ``bundle_dir/manifest.json``; with ``verify_files`` also check every file's sha256."""
-    return read_manifest_and_digest(bundle_dir, verify_files)[0]
+    return _read_manifest(bundle_dir, verify_files)[0]
 
 
 def read_manifest_and_digest(bundle_dir: str | os.PathLike, verify_files: bool = True) -> tuple[Manifest, str]:
     """:func:`read_manifest`, and the sha256 of the very bytes it parsed (what a profile is keyed to)."""
+    manifest, raw = _read_manifest(bundle_dir, verify_files)
+    return manifest, sha256_bytes(raw)
+
+
+def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[Manifest, bytes]:
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / MANIFEST_NAME
     if not bundle_dir.is_dir():
@@ -621,7 +626,7 @@ def read_manifest_and_digest(bundle_dir: str | os.PathLike, verify_files: bool =
             raise BundleError(f"bundle file missing: {f.path} (files[{i}]) is listed in the manifest but not on disk")
         if verify_files:
             _check_digest(f, sha256_file(target), f"files[{i}].sha256")
-    return manifest, sha256_bytes(raw)
+    return manifest, raw
 
 
 def _check_digest(f: ModelFile, actual: str, where: str) -> None:

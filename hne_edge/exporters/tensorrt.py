@@ -31,6 +31,7 @@ from typing import Sequence
 
 from ..bundle import ModelFile, bundle_path, engine_dir, file_path, read_manifest, read_verified, sha256_bytes, update_manifest
 from ..errors import ExportError, InputError
+from ..fileio import atomic_write_bytes
 from ..tensorrt_compat import (  # noqa: F401 - the exporter's public names; the rules live in tensorrt_compat
     INSTALL_HINT,
     device_info,
@@ -183,12 +184,10 @@ def build_engines(
             serialized = builder.build_serialized_network(network, config)
             if serialized is None:
                 raise ExportError(f"TensorRT failed to build an engine from {source.path} (see the TensorRT log above)")
-            target = bundle_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
             data = bytes(serialized)
-            target.write_bytes(data)
+            atomic_write_bytes(bundle_dir / rel, data)  # a killed build leaves no half engine beside the manifest
             entries.append(engine_entry(source, rel, build_info, data))
     if timing_cache is not None:
-        cache_file.write_bytes(bytes(timing_cache.serialize()))
+        atomic_write_bytes(cache_file, bytes(timing_cache.serialize()))
     update_manifest(bundle_dir, entries)
     return entries
