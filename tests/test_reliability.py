@@ -94,14 +94,14 @@ def test_a_file_swapped_after_the_manifest_check_is_refused(tiny_bundle, tmp_pat
 
     bundle = tmp_path / "b"
     shutil.copytree(tiny_bundle.bundle_dir, bundle)
-    real = runner_module.read_manifest
+    real = runner_module.read_manifest_and_digest
 
     def read_then_swap(*args, **kwargs):
-        manifest = real(bundle, verify_files=True)  # the check passes on the original file ...
+        read = real(bundle, verify_files=True)  # the check passes on the original file ...
         _flip_a_weight(bundle / rel)  # ... which an attacker swaps right after
-        return manifest
+        return read
 
-    monkeypatch.setattr(runner_module, "read_manifest", read_then_swap)
+    monkeypatch.setattr(runner_module, "read_manifest_and_digest", read_then_swap)
     with pytest.raises(BundleError, match=rf"bundle file {rel} \(sha256 at load\) does not match the manifest"):
         AnytimeRunner(bundle, backend=backend, load_profile=False, warmup=0)
 
