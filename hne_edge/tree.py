@@ -30,7 +30,7 @@ from typing import Callable
 from .errors import InputError, short_repr
 
 __all__ = [
-    "Node", "Segment", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree", "TREE_PRESETS", "parse_tree",
+    "Node", "Segment", "SubtreeUnit", "TreeSpec", "hne_tree", "independent_tree", "multi_branch_tree", "TREE_PRESETS", "parse_tree",
     "resolve_tree", "MAX_LEAVES", "MAX_BLOCKS",
 ]
 
@@ -71,6 +71,37 @@ class Segment:
     nodes: tuple[str, ...]
     input: str | None
     exports: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SubtreeUnit:
+    """One call of plan "subtrees": leaf 0's chain (``index`` 0) or one whole subtree after it.
+
+    Depth-first, the leaves after leaf 0 come in whole subtrees: for each depth
+    ``d`` from B down to 0, the siblings ``b{d}.1 .. b{d}.{f-1}`` of leaf 0's
+    ancestor ``b{d}.0`` (``f = branching[d]``), each read from leaf 0's ancestor
+    at depth ``d-1`` (the image for ``d = 0``: the other trees of a forest).
+    For the paper's binary tree that is one subtree per depth, of 1, 2, 4, ...,
+    N/2 leaves: B + 1 units, stopping points n = 1, 2, 4, ..., N.
+
+    ``nodes``: unit 0 leaf 0's path (root side first); a subtree its nodes
+    block by block (parents before children, each block's nodes in index
+    order: the branch order of the fused model's grouped convolutions).
+    ``exports`` (unit 0 only): the path's activations later units read.
+    """
+
+    index: int
+    root: str  # the first node it computes (unit 0: b0.0; else the subtree's root)
+    nodes: tuple[str, ...]
+    input: str | None  # the cached activation it reads (None: the image)
+    first_leaf: int  # depth-first position of its first leaf
+    num_leaves: int  # leaves it adds: first_leaf .. first_leaf + num_leaves - 1
+    exports: tuple[str, ...] = ()
+
+    @property
+    def end(self) -> int:
+        """The ensemble size once this unit is done (a stopping point)."""
+        return self.first_leaf + self.num_leaves
 
 
 def node_id(depth: int, index: int) -> str:
@@ -216,6 +247,35 @@ class TreeSpec:
             )
             previous = path
         return tuple(segments)
+
+    @cached_property
+    def subtree_units(self) -> tuple[SubtreeUnit, ...]:
+        """The units of plan "subtrees", in depth-first order (see :class:`SubtreeUnit`).
+
+        A factor ``f > 2`` gives ``f - 1`` sibling subtrees at that depth, one unit each (stops after each
+        of them, e.g. ``(1, 4, 2)``: n = 1, 2, 4, 6, 8); siblings sharing an input are not merged into one
+        call, so every unit is exactly one node's subtree. A forest (``branching[0] > 1``) ends with its
+        other trees, each read from the image.
+        """
+        path0 = self.path(0)
+        subtrees: list[SubtreeUnit] = []
+        for depth in range(self.last_block, -1, -1):
+            for k in range(1, self.branching[depth]):  # b{depth}.k: child k of leaf 0's ancestor at depth-1
+                root = self._nodes[node_id(depth, k)]
+                nodes = tuple(
+                    node_id(d, k * w + i)
+                    for d in range(depth, self.num_blocks)
+                    for w in (math.prod(self.branching[depth + 1 : d + 1]),)
+                    for i in range(w)
+                )
+                subtrees.append(
+                    SubtreeUnit(len(subtrees) + 1, root.id, nodes, root.parent, root.leaves[0], len(root.leaves))
+                )
+        read = {u.input for u in subtrees}
+        first = SubtreeUnit(0, path0[0], path0, None, 0, 1, tuple(n for n in path0[:-1] if n in read))
+        units = (first, *subtrees)
+        assert all(a.end == b.first_leaf for a, b in zip(units, units[1:])) and units[-1].end == self.num_leaves
+        return units
 
     # -- sub-ensembles -----------------------------------------------------
     @cached_property

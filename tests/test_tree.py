@@ -124,3 +124,48 @@ def test_round_trip_and_errors():
         tree.prefix_nodes(0)
     with pytest.raises(ValueError, match="split_block"):
         multi_branch_tree(5, split_block=0)
+
+
+def descendants(tree: TreeSpec, nid: str) -> list[str]:
+    """Independent reference: every node under ``nid`` (itself included) by recursion over the children lists."""
+    return [nid] + [d for child in tree.node(nid).children for d in descendants(tree, child)]
+
+
+def test_hne_subtree_units_are_the_papers_sub_ensembles():
+    tree = hne_tree(4)
+    units = tree.subtree_units
+    assert [(u.root, u.input, u.first_leaf, u.num_leaves) for u in units] == [
+        ("b0.0", None, 0, 1), ("b4.1", "b3.0", 1, 1), ("b3.1", "b2.0", 2, 2), ("b2.1", "b1.0", 4, 4), ("b1.1", "b0.0", 8, 8),
+    ]  # fmt: skip
+    assert [u.end for u in units] == [1, 2, 4, 8, 16] == list(tree.ensemble_sizes)  # B + 1 calls, stops at y^b
+    assert units[0].nodes == tree.path(0) and units[0].exports == ("b0.0", "b1.0", "b2.0", "b3.0")
+    assert units[2].nodes == ("b3.1", "b4.2", "b4.3")  # block by block, each block in branch order
+
+
+@pytest.mark.parametrize(
+    "branching, ends",
+    [
+        ((1, 2, 2, 2, 2), [1, 2, 4, 8, 16]),
+        ((1, 4, 2), [1, 2, 4, 6, 8]),  # a factor 4: three sibling subtrees of 2 leaves, one unit each
+        ((1, 1, 4), [1, 2, 3, 4]),
+        ((2, 2), [1, 2, 4]),  # a forest: the second tree reads the image
+        ((3, 1, 2), [1, 2, 4, 6]),
+        ((16, 1, 1, 1, 1), list(range(1, 17))),  # independent networks: one unit per network
+        ((1, 1, 1, 16, 1), list(range(1, 17))),
+        ((1,), [1]),
+    ],
+)
+def test_subtree_units_cover_the_tree_once_in_depth_first_order(branching, ends):
+    tree = TreeSpec(branching)
+    units = tree.subtree_units
+    assert [u.end for u in units] == ends and [u.index for u in units] == list(range(len(units)))
+    assert sorted(n for u in units for n in u.nodes) == sorted(n.id for n in tree.nodes)  # each node once
+    dfs = brute_force_dfs_leaves(tree)
+    for u in units[1:]:
+        assert sorted(u.nodes) == sorted(descendants(tree, u.root))  # a whole subtree
+        assert [n for n in u.nodes if tree.node(n).is_leaf] == dfs[u.first_leaf : u.end]  # its leaves, in order
+        depths = [tree.node(n).depth for n in u.nodes]
+        assert depths == sorted(depths)  # parents before children
+        assert u.input == tree.node(u.root).parent and u.exports == ()
+        assert u.input is None or u.input in units[0].exports  # read from leaf 0's path, exported by unit 0
+    assert set(units[0].exports) == {u.input for u in units[1:]} - {None}  # exactly what later units read
