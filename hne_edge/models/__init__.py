@@ -20,6 +20,7 @@ __all__ = [
     "MobileNetV2HNEConfig",
     "NodeModule",
     "SegmentModule",
+    "SubtreeModule",
     "config_from_dict",
     "NodeCost",
     "TreeCost",
@@ -31,8 +32,8 @@ __all__ = [
     "register_model",
 ]
 
-_LAZY = {"HNE": ".hne", "NodeModule": ".hne", "SegmentModule": ".hne", "NodeCost": ".cost", "TreeCost": ".cost",
-         "tree_cost": ".cost"}
+_LAZY = {"HNE": ".hne", "NodeModule": ".hne", "SegmentModule": ".hne", "SubtreeModule": ".hne", "NodeCost": ".cost",
+         "TreeCost": ".cost", "tree_cost": ".cost"}
 
 
 def __getattr__(name: str) -> Any:

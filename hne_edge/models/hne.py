@@ -7,8 +7,10 @@ block's branching factor.
 
 ``HNE.node_module(id)`` cuts one tree node out as a standalone module with
 only that node's weights; chaining node modules along a path reproduces the
-fused model's logits for that leaf. Exporters and the PyTorch runtime
-backend use these views; the trainer uses the fused model.
+fused model's logits for that leaf. ``HNE.subtree_module(root)`` cuts out a
+whole subtree, still fused (grouped convolutions over its branches), and
+``HNE.unit_module(i)`` is unit ``i`` of plan "subtrees". Exporters and the
+PyTorch runtime backend use these views; the trainer uses the fused model.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..tree import Segment
+from ..tree import Segment, SubtreeUnit
 from .configs import HNEConfig, MobileNetV2HNEConfig, ResNetHNEConfig, config_from_dict
 from .layers import copy_branch_weights, replicate_branches
 
@@ -27,6 +29,7 @@ __all__ = [
     "HNE",
     "NodeModule",
     "SegmentModule",
+    "SubtreeModule",
     "config_from_dict",
 ]
 
@@ -95,6 +98,32 @@ class HNE(nn.Module):
             segment = self.tree.segments[segment]
         return SegmentModule(segment, [self.node_module(nid) for nid in segment.nodes])
 
+    def subtree_module(self, root: str) -> "SubtreeModule":
+        """The whole subtree under node ``root``, fused: its parent's activation in, its leaves' logits out.
+
+        The nodes of a subtree are a contiguous range of branches in every block below it (``root.index * w``
+        .. ``(root.index + 1) * w - 1`` for ``w`` of its nodes in that block), so each block is the fused
+        block built for ``w`` branches with those rows of the weights (:func:`copy_branch_weights`).
+        """
+        node = self.tree.node(root)
+        blocks, width = [], 1
+        for depth in range(node.depth, self.tree.num_blocks):
+            width *= 1 if depth == node.depth else self.tree.branching[depth]
+            blocks.append(copy_branch_weights(self.blocks[depth], self.config.build_block(depth, width), node.index))
+        head = copy_branch_weights(self.head, self.config.build_head(width), node.index)
+        module = SubtreeModule(self.tree.branching, node.depth, blocks, head).to(next(self.parameters()).device)
+        return module.train(self.training)
+
+    def unit_module(self, unit: SubtreeUnit | int) -> nn.Module:
+        """Unit ``unit`` of plan "subtrees" (``tree.subtree_units``): leaf 0's chain with its exports (a
+        :class:`SegmentModule`), or a later unit's :meth:`subtree_module`. Both return a tuple of outputs."""
+        if isinstance(unit, int):
+            unit = self.tree.subtree_units[unit]
+        if unit.index == 0:
+            chain = Segment(leaf=0, nodes=unit.nodes, input=None, exports=unit.exports)
+            return SegmentModule(chain, [self.node_module(nid) for nid in unit.nodes])
+        return self.subtree_module(unit.root)
+
 
 class NodeModule(nn.Module):
     """One tree node: parent activation (or image) in, activation out; leaves output logits ``(B, classes)``."""
@@ -135,3 +164,25 @@ class SegmentModule(nn.Module):
                 outputs.append(x)
         outputs.append(x)
         return tuple(outputs)
+
+
+class SubtreeModule(nn.Module):
+    """A subtree of the fused model as one module: ``forward(x)`` returns ``(logits,)``, logits of shape
+    ``(B, leaves, classes)`` in depth-first order (the fused model's head layout).
+
+    ``x`` is the activation of the root's parent (one branch), or the image for a root in block 0.
+    """
+
+    def __init__(self, branching: tuple[int, ...], depth: int, blocks: list[nn.Module], head: nn.Module) -> None:
+        super().__init__()
+        self.factors = (1,) + tuple(branching[depth + 1 :])  # the root itself is one branch
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        branches = 1
+        for factor, block in zip(self.factors, self.blocks):
+            x = replicate_branches(x, branches, factor)  # (B, branches*factor*C, H, W)
+            branches *= factor
+            x = block(x)
+        return (self.head(x),)  # (B, leaves, classes)

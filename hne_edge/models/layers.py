@@ -178,6 +178,10 @@ def replicate_branches(x: torch.Tensor, branches: int, factor: int) -> torch.Ten
     """
     if factor == 1:
         return x
+    if torch.onnx.is_in_onnx_export():  # one Gather with constant indices: no shape arithmetic on the symbolic batch
+        per = int(x.shape[1]) // branches  # channels are fixed: a constant of the graph
+        index = [p * per + i for p in range(branches) for _ in range(factor) for i in range(per)]
+        return x.index_select(1, torch.tensor(index, dtype=torch.long, device=x.device))
     b, c, h, w = x.shape
     per = c // branches
     return x.view(b, branches, 1, per, h, w).expand(b, branches, factor, per, h, w).reshape(b, -1, h, w)

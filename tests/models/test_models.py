@@ -76,11 +76,61 @@ def test_path_and_segment_modules(name):
         assert torch.allclose(outs[-1], fused[:, seg.leaf], atol=1e-5)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("name, tree", [("hne_tiny", "hne"), ("hne_tiny", (1, 4, 1, 2, 1)), ("hne_tiny", (2, 1, 2, 1, 2)),
+                                        ("hne_resnet_small", "hne"), ("hne_mobilenetv2", "hne")])  # fmt: skip
+def test_subtree_units_match_the_fused_model(name, tree):
+    """Plan "subtrees" as modules: leaf 0's chain exports what later units read, each later unit is a whole
+    subtree still fused, and together they give every leaf's fused logits (checked in float64: exact slicing)."""
+    model = randomize_(hne_edge.create_model(name, tree=tree)).double()
+    x = torch.randn(1 if name == "hne_mobilenetv2" else 2, *model.config.input_shape, dtype=torch.double)  # 224x224: one
+    fused = model(x)
+    nodes = model.node_modules()
+    acts = {None: x}
+    for node in model.tree.nodes:
+        acts[node.id] = nodes[node.id].double()(acts[node.parent])
+    got = []
+    for unit in model.tree.subtree_units:
+        outs = model.unit_module(unit).double()(acts[unit.input])
+        if unit.index == 0:
+            assert len(outs) == len(unit.exports) + 1
+            for nid, act in zip(unit.exports, outs):
+                assert torch.equal(act, acts[nid])
+            got.append(outs[-1][:, None])
+        else:
+            assert len(outs) == 1 and outs[0].shape == (len(x), unit.num_leaves, model.config.num_classes)
+            got.append(outs[0])
+    assert (torch.cat(got, dim=1) - fused).abs().max() <= 1e-10
+    # a subtree holds exactly its nodes' weights
+    sub = model.subtree_module(model.tree.subtree_units[-1].root)
+    assert sum(p.numel() for p in sub.parameters()) == sum(
+        sum(p.numel() for p in nodes[n].parameters()) for n in model.tree.subtree_units[-1].nodes
+    )
+
+
 def test_replicate_branches_layout():
     x = torch.arange(2 * 2 * 3).float().view(1, 4, 3, 1)  # 2 branches of 2 channels
     y = replicate_branches(x, branches=2, factor=2)
     # children of branch p sit at 2p, 2p+1
     assert torch.equal(y[0, :, 0, 0], torch.tensor([0, 3, 0, 3, 6, 9, 6, 9]).float())
+
+
+def test_replicate_branches_exports_as_one_gather_with_the_same_layout(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    class Split(torch.nn.Module):
+        def forward(self, x):
+            return replicate_branches(x, branches=2, factor=3)
+
+    x = torch.randn(2, 4, 3, 5)
+    path = tmp_path / "split.onnx"
+    torch.onnx.export(Split(), (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17,
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, dynamo=False)  # fmt: skip
+    assert [n.op_type for n in onnx.load(str(path)).graph.node if n.op_type != "Constant"] == ["Gather"]
+    x3 = torch.randn(3, 4, 3, 5)  # another batch size: nothing about the batch was baked in
+    (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x3.numpy()})
+    assert torch.equal(torch.from_numpy(y), replicate_branches(x3, branches=2, factor=3))
 
 
 def test_forward_train_mode_and_grad():
