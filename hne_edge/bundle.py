@@ -7,6 +7,8 @@ A bundle is a directory::
       onnx/fp32/nodes/b0.0.onnx     # one file per tree node  (plan "nodes")
       onnx/fp32/segments/leaf00.onnx# one file per leaf chain (plan "segments")
       onnx/fp32/first/leaf00.onnx   # optional: leaf 0's chain with no exports (plan "first")
+      onnx/fp32/subtrees/unit00.onnx# leaf 0's chain, then one whole fused subtree per file (plan "subtrees")
+      onnx/fp32/fused/tree.onnx     # the whole fused tree in one file: image -> every leaf (plan "fused")
       tensorrt/...                  # engines, when built on the target
       torch/model.pt                # optional: the fused state_dict, for the PyTorch backend
       profiles/*.json               # cost models written by the runtime (not listed in the manifest)
@@ -22,8 +24,13 @@ This module is pure Python (json, hashlib, pathlib): the edge runtime
 imports it without torch.
 
 Tensor naming inside model files: the image is ``image``; the activation of
-node ``b2.1`` is ``act_b2.1``; a leaf's logits are ``logits``. Every tensor
-entry also names its ``node`` so nothing depends on parsing names.
+node ``b2.1`` is ``act_b2.1``; a leaf's logits are ``logits``, shape
+``(batch, classes)``. A file that outputs several leaves (plans "subtrees"
+and "fused") outputs one ``logits`` tensor of shape ``(batch, leaves,
+classes)``, in depth-first order: the fused model's own head layout, so no
+per-leaf split in the graph. Its ``node`` is the subtree's root (``None`` for
+the whole tree). Every tensor entry also names its ``node`` so nothing
+depends on parsing names.
 """
 
 from __future__ import annotations
@@ -43,10 +50,13 @@ from .tree import TreeSpec
 __all__ = [
     "PLANS",
     "ANYTIME_PLANS",
+    "RUNNER_PLANS",
+    "MIXED_PLANS",
     "PRECISIONS",
     "DTYPES",
     "DTYPE_OF",
     "file_path",
+    "file_key",
     "engine_dir",
     "update_manifest",
     "sha256_bytes",
@@ -73,10 +83,17 @@ MANIFEST_NAME = "manifest.json"
 FORMATS = ("onnx", "tensorrt", "torch")
 # "first": leaf 0's chain (image -> logits) without the exported activations, which a run that stops
 # after the first leaf never reads and which cost up to ~10% (layout reorders, no fusion across them).
+# "subtrees": leaf 0's chain, then each later whole subtree as one fused (grouped-convolution) call
+# (TreeSpec.subtree_units): the tree in B + 1 calls, stopping at n = 1, 2, 4, ..., N.
+# "fused": the whole fused tree as one file (image -> every leaf's logits), the one-call baseline.
 # "weights": one torch file holding the fused state_dict.
-PLANS = ("nodes", "segments", "first", "weights")
+PLANS = ("nodes", "segments", "subtrees", "fused", "first", "weights")
 # the plans that run the whole tree (what a runtime and `hne-edge run --plan` choose from); default first
-ANYTIME_PLANS = ("segments", "nodes")
+ANYTIME_PLANS = ("segments", "nodes", "subtrees", "fused")
+# "mixed" is a runtime plan, not files: leaf by leaf ("segments"), or a whole subtree ("subtrees") or the
+# whole tree ("fused") in one call where the budget fits it (runtime/program.py says when)
+MIXED_PLANS = ("segments", "subtrees", "fused")
+RUNNER_PLANS = ANYTIME_PLANS + ("mixed",)
 PRECISIONS = ("fp32", "fp16")
 DTYPES = ("float32", "float16")
 DTYPE_OF = dict(zip(PRECISIONS, DTYPES))  # a precision's tensor dtype: {"fp32": "float32", "fp16": "float16"}
@@ -95,32 +112,52 @@ def file_path(
     *,
     node: str | None = None,
     leaf: int | None = None,
+    unit: int | None = None,
     num_leaves: int = 16,
     engine_dir: str | None = None,
 ) -> str:
     """Bundle-relative path of a model file (the one layout rule; see the module docstring).
 
     ``onnx/fp32/nodes/b1.0.onnx``, ``onnx/fp16/segments/leaf03.onnx``, ``onnx/fp32/first/leaf00.onnx``,
+    ``onnx/fp32/subtrees/unit02.onnx``, ``onnx/fp32/fused/tree.onnx``,
     ``tensorrt/trt10.3_sm87/fp16/segments/leaf00.plan`` (``engine_dir``: from :func:`engine_dir`),
-    ``torch/model.pt`` (plan "weights"). Leaves are zero-padded to at least 2 digits.
+    ``torch/model.pt`` (plan "weights"). Leaves and units are zero-padded to at least 2 digits.
     """
     if fmt == "torch" and plan == "weights":
         return "torch/model.pt"
     if fmt not in _SUFFIX or plan not in PLANS or plan == "weights" or precision not in PRECISIONS:
         raise ValueError(
             f"file_path: received format {fmt!r}, plan {plan!r}, precision {precision!r}; expected a format of "
-            f"{list(_SUFFIX)}, a plan of {list(PLANS[:3])} and a precision of {list(PRECISIONS)} (or torch weights)"
+            f"{list(_SUFFIX)}, a plan of {list(PLANS[:-1])} and a precision of {list(PRECISIONS)} (or torch weights)"
         )
     if fmt == "tensorrt" and engine_dir is None:
         raise ValueError("file_path(format='tensorrt') needs engine_dir= (see bundle.engine_dir)")
     base = f"{engine_dir if fmt == 'tensorrt' else fmt}/{precision}/{plan}"
+    digits = max(2, len(str(num_leaves - 1)))
     if plan == "nodes":
         if node is None:
             raise ValueError("file_path(plan='nodes') needs node=")
         return f"{base}/{node}{_SUFFIX[fmt]}"
+    if plan == "fused":
+        return f"{base}/tree{_SUFFIX[fmt]}"
+    if plan == "subtrees":
+        if unit is None:
+            raise ValueError("file_path(plan='subtrees') needs unit=")
+        return f"{base}/unit{unit:0{digits}d}{_SUFFIX[fmt]}"
     if leaf is None:
         raise ValueError(f"file_path(plan={plan!r}) needs leaf=")
-    return f"{base}/leaf{leaf:0{max(2, len(str(num_leaves - 1)))}d}{_SUFFIX[fmt]}"
+    return f"{base}/leaf{leaf:0{digits}d}{_SUFFIX[fmt]}"
+
+
+def file_key(model_file: "ModelFile", tree: TreeSpec) -> dict[str, Any]:
+    """The :func:`file_path` keyword that names ``model_file`` within its plan (``node=``, ``leaf=`` or ``unit=``),
+    so a file of one format (an ONNX source) gives the path of its counterpart in another (its engine)."""
+    if model_file.plan == "nodes":
+        return {"node": model_file.nodes[0], "num_leaves": tree.num_leaves}
+    if model_file.plan == "subtrees":
+        index = next(u.index for u in tree.subtree_units if u.first_leaf == model_file.leaf)
+        return {"unit": index, "num_leaves": tree.num_leaves}
+    return {"leaf": model_file.leaf, "num_leaves": tree.num_leaves}
 
 
 def engine_dir(trt_version: str, compute_capability: Any) -> str:
@@ -284,16 +321,19 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class ModelFile:
-    """One model file of the bundle: a node (plan "nodes") or a leaf's chain (plan "segments")."""
+    """One model file of the bundle: a node (plan "nodes"), a leaf's chain (plan "segments"), a subtree unit
+    (plan "subtrees") or the whole tree (plan "fused")."""
 
     path: str  # relative to the bundle directory, POSIX separators
     format: str  # onnx | tensorrt | torch
-    plan: str  # nodes | segments | first (onnx, tensorrt) | weights (torch)
+    plan: str  # nodes | segments | subtrees | fused | first (onnx, tensorrt) | weights (torch)
     precision: str  # fp32 | fp16
     sha256: str
     bytes: int
     nodes: tuple[str, ...]  # tree nodes computed by this file, root side first
-    leaf: int | None  # depth-first position of the leaf whose logits it outputs; None for inner nodes
+    # depth-first position of the (first) leaf whose logits it outputs; None for inner nodes. A file of
+    # several leaves outputs a (batch, leaves, classes) logits tensor: which leaves, the tree spec says.
+    leaf: int | None
     macs: int  # per sample
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -504,6 +544,8 @@ class Manifest:
         for fmt, plan, precision in variants:
             group = [f for f in self.files if (f.format, f.plan, f.precision) == (fmt, plan, precision)]
             label = variant_label(fmt, plan, precision)
+            if plan in ("subtrees", "fused"):
+                self._check_units(plan, label, group)
             if (fmt == "torch") != (plan == "weights"):
                 raise BundleError(f"manifest: {label}: plan 'weights' is for format 'torch' only, and torch files use it")
             if plan == "weights":
@@ -519,9 +561,12 @@ class Manifest:
                     )
                 if [o.name for o in group[0].outputs] != ["logits"]:
                     raise BundleError(f"manifest: {group[0].path} outputs {[o.name for o in group[0].outputs]}; expected ['logits']")
-                if not any((fmt, p, precision) in variants for p in ANYTIME_PLANS):
-                    raise BundleError(f"manifest: {label} is an add-on to a full plan; expected {variant_label(fmt, 'segments', precision)} "
-                                      f"or {variant_label(fmt, 'nodes', precision)} beside it")
+                hosts = [p for p in ANYTIME_PLANS if p != "fused"]  # plans whose first call is leaf 0 alone
+                if not any((fmt, p, precision) in variants for p in hosts):
+                    raise BundleError(f"manifest: {label} is an add-on to a full plan; expected "
+                                      f"{' or '.join(variant_label(fmt, p, precision) for p in hosts)} beside it")  # fmt: skip
+            elif plan in ("subtrees", "fused"):
+                pass  # _check_units above
             elif plan == "nodes":
                 got = sorted(n for f in group for n in f.nodes)
                 if any(len(f.nodes) != 1 for f in group) or got != sorted(n.id for n in self.tree.nodes):
@@ -547,6 +592,41 @@ class Manifest:
                         f"manifest: {f.path} must read exactly one input, {activation_name(expected_in)}; "
                         f"received {[t.name for t in f.inputs]}"
                     )
+
+
+    def _check_units(self, plan: str, label: str, group: list[ModelFile]) -> None:
+        """Plan "subtrees": one file per :attr:`TreeSpec.subtree_units` unit; "fused": one file, every node.
+
+        A unit of several leaves outputs one ``logits`` tensor ``(batch, leaves, classes)`` (node: its root,
+        None for the whole tree); leaf 0's chain outputs the activations later units read, then its logits.
+        """
+        tree = self.tree
+        if plan == "fused":
+            units = [(tuple(n.id for n in tree.nodes), 0, tree.num_leaves, (), None)]
+        else:
+            units = [(u.nodes, u.first_leaf, u.num_leaves, u.exports, u.root) for u in tree.subtree_units]
+        by_leaf = {f.leaf: f for f in group}
+        if len(by_leaf) != len(group) or sorted(by_leaf, key=str) != sorted((u[1] for u in units), key=str):
+            raise BundleError(
+                f"manifest: {label} must have exactly one file per unit, starting at leaves {[u[1] for u in units]}; "
+                f"received {sorted((f.leaf for f in group), key=str)}"
+            )
+        for nodes, first, count, exports, root in units:
+            f = by_leaf[first]
+            if tuple(f.nodes) != nodes:
+                raise BundleError(f"manifest: {f.path} computes {short_repr(list(f.nodes))}; the tree's {plan} unit "
+                                  f"starting at leaf {first} is {short_repr(list(nodes))}")  # fmt: skip
+            wanted = [activation_name(n) for n in exports] + ["logits"]
+            if [o.name for o in f.outputs] != wanted:
+                raise BundleError(f"manifest: {f.path} outputs {[o.name for o in f.outputs]}; expected {wanted}")
+            logits = f.outputs[-1]
+            several = plan == "fused" or first > 0  # leaf 0's chain is a segment: (batch, classes)
+            shape = ("batch", count, self.num_classes) if several else ("batch", self.num_classes)
+            if len(logits.shape) != len(shape) or tuple(logits.shape[1:]) != shape[1:] or (several and logits.node != root):
+                raise BundleError(
+                    f"manifest: {f.path} outputs logits {list(logits.shape)} of node {logits.node}; expected "
+                    f"{list(shape)}" + (f" of node {root}" if several else "")
+                )
 
 
 # -- files -----------------------------------------------------------------------------------------

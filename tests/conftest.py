@@ -130,3 +130,19 @@ def reference64(tiny_bundle):
     with torch.no_grad():
         ref = model(torch.from_numpy(x).double()).numpy()  # (B, N, classes)
     return x, ref
+
+
+@pytest.fixture(scope="session")
+def steps_bundle(tiny_bundle, tmp_path_factory) -> Path:
+    """tiny_bundle's model exported for steps of several leaves: plans segments, subtrees and fused (what
+    ``plan="mixed"`` runs), fp32 and fp16, the first-leaf file and torch weights; verified at export."""
+    from hne_edge.exporters import export_onnx
+
+    return export_onnx(
+        tiny_bundle.model,
+        tmp_path_factory.mktemp("steps_bundle") / "bundle",
+        class_names=[f"c{i}" for i in range(tiny_bundle.model.config.num_classes)],
+        precisions=("fp32", "fp16"),
+        plan="segments,subtrees,fused",
+        batch=(1, 1, 8),
+    )

@@ -63,6 +63,16 @@ def make_fake_bundle(root: Path, branching=(1, 2, 2), classes: int = 4, batch=(1
         for n in tree.nodes:
             add(f"onnx/fp32/nodes/{n.id}.onnx", (n.id,), n.leaves[0] if n.is_leaf else None, n.parent,
                 [spec(n.id, logits=n.is_leaf)])
+    if "subtrees" in plans:
+        for u in tree.subtree_units:
+            outs = [spec(e) for e in u.exports] + [
+                spec(u.nodes[-1], logits=True) if u.index == 0
+                else TensorSpec("logits", u.root, "float32", ("batch", u.num_leaves, classes))
+            ]  # fmt: skip
+            add(f"onnx/fp32/subtrees/unit{u.index:02d}.onnx", u.nodes, u.first_leaf, u.input, outs)
+    if "fused" in plans:
+        add("onnx/fp32/fused/tree.onnx", [n.id for n in tree.nodes], 0, None,
+            [TensorSpec("logits", None, "float32", ("batch", tree.num_leaves, classes))])
     manifest = Manifest(
         model_name="fake", model_config={}, class_names=tuple(f"c{i}" for i in range(classes)),
         input=InputSpec("image", ("batch", C, H, W), "float32", "NCHW", (0.5,) * C, (0.25,) * C, tuple(batch)),
@@ -87,6 +97,26 @@ def node_forward(tree: TreeSpec, node_id: str, x: np.ndarray, classes: int) -> t
     w, head = node_weights(node_id, flat.shape[1], classes, node.is_leaf)
     act = np.tanh(flat @ w)
     return act, (act @ head if head is not None else None)
+
+
+def unit_forward(tree: TreeSpec, unit, x: np.ndarray, classes: int, on_node=None) -> tuple[np.ndarray, ...]:
+    """The outputs of ``unit`` (a manifest file or a runtime Unit: its nodes, input and outputs) from ``x``:
+    a chain or a whole subtree, each node from its parent's activation; several leaves' logits are stacked
+    as (batch, leaves, classes) in depth-first order when the unit declares a 3-d logits output."""
+    acts, logits = {unit.inputs[0].node: x}, {}
+    for nid in unit.nodes:
+        acts[nid], logits[nid] = node_forward(tree, nid, acts[tree.node(nid).parent], classes)
+        if on_node is not None:
+            on_node(nid)
+    out = []
+    for t in unit.outputs:
+        if t.name != "logits":
+            out.append(acts[t.node])
+        elif len(t.shape) == 3:
+            out.append(np.stack([logits[n] for n in unit.nodes if tree.node(n).is_leaf], axis=1))
+        else:
+            out.append(logits[unit.nodes[-1]])
+    return tuple(out)
 
 
 def reference_leaf_logits(tree: TreeSpec, x: np.ndarray, classes: int) -> np.ndarray:
@@ -124,27 +154,30 @@ class FakeRunner(Runner):
         if b.gate is not None:
             b.entered.set()
             b.gate.wait(10)
-        h, acts, logits = inputs[0], {}, None
-        for nid in self.unit.nodes:
-            h, logits = node_forward(b.tree, nid, h, b.classes)
-            acts[nid] = h
+        def computed(nid):
             b.calls.append(nid)
             b.clock.t += b.cost(nid, len(inputs[0]))
+
+        outs = unit_forward(b.tree, self.unit, inputs[0], b.classes, computed)
+        b.clock.t += b.call_cost(self.unit, len(inputs[0]))
         b.files.append(self.unit.name)
-        return tuple(logits if t.name == "logits" else acts[t.node] for t in self.unit.outputs)
+        return outs
 
 
 class FakeBackend(Backend):
-    """numpy backend reading the fake bundle's "onnx" entries; ``cost(node, batch)`` seconds of virtual time."""
+    """numpy backend reading the fake bundle's "onnx" entries; ``cost(node, batch)`` seconds of virtual time per
+    node, plus ``call_cost(unit, batch)`` per call (a fixed cost, or a fused subtree's different speed)."""
 
     name = "fake"
     format = "onnx"
     devices = ("cpu",)
 
-    def __init__(self, tree: TreeSpec, classes: int, cost: Callable[[str, int], float] | None = None) -> None:
+    def __init__(self, tree: TreeSpec, classes: int, cost: Callable[[str, int], float] | None = None,
+                 call_cost: Callable[..., float] | None = None) -> None:  # fmt: skip
         super().__init__("cpu")
         self.tree, self.classes = tree, classes
         self.cost = cost or (lambda node, batch: 0.001)
+        self.call_cost = call_cost or (lambda unit, batch: 0.0)  # seconds per call on top of its nodes
         self.clock = FakeClock()
         self.calls: list[str] = []  # nodes computed, in order
         self.files: list[str] = []  # model files run, in order

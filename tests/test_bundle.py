@@ -157,6 +157,10 @@ def test_file_path_is_the_one_layout():
     assert file_path("onnx", "fp32", "segments", leaf=3, num_leaves=128) == "onnx/fp32/segments/leaf003.onnx"
     assert file_path("onnx", "fp32", "first", leaf=0) == "onnx/fp32/first/leaf00.onnx"
     assert file_path("torch", "fp32", "weights") == "torch/model.pt"
+    assert file_path("onnx", "fp32", "subtrees", unit=2) == "onnx/fp32/subtrees/unit02.onnx"
+    assert file_path("onnx", "fp16", "fused") == "onnx/fp16/fused/tree.onnx"
+    with pytest.raises(ValueError, match=r"needs unit="):
+        file_path("onnx", "fp32", "subtrees", leaf=2)
     trt = engine_dir("10.3.0.26", "sm_87")
     assert file_path("tensorrt", "fp16", "nodes", node="b2.1", engine_dir=trt) == "tensorrt/trt10.3_sm87/fp16/nodes/b2.1.plan"
     with pytest.raises(ValueError, match="needs engine_dir="):
@@ -165,14 +169,66 @@ def test_file_path_is_the_one_layout():
         file_path("onnx", "fp32", "weights")
 
 
-def test_every_file_of_an_export_is_where_file_path_puts_it(tiny_bundle):
-    from hne_edge.bundle import file_path
+@pytest.mark.parametrize("which", ["tiny_bundle", "steps_bundle"])
+def test_every_file_of_an_export_is_where_file_path_puts_it(which, request):
+    from hne_edge.bundle import file_key, file_path
 
-    manifest = read_manifest(tiny_bundle.bundle_dir, verify_files=False)
+    bundle = request.getfixturevalue(which)
+    manifest = read_manifest(getattr(bundle, "bundle_dir", bundle), verify_files=False)
     for f in manifest.files:
         node = f.nodes[0] if f.plan == "nodes" else None
-        assert f.path == file_path(f.format, f.precision, f.plan, node=node, leaf=f.leaf,
+        unit = next((u.index for u in manifest.tree.subtree_units if u.first_leaf == f.leaf), None)
+        assert f.path == file_path(f.format, f.precision, f.plan, node=node, leaf=f.leaf, unit=unit,
                                    num_leaves=manifest.tree.num_leaves)  # fmt: skip
+        if f.format == "onnx":  # what the TensorRT builder names an engine after its source
+            assert file_path(f.format, f.precision, f.plan, **file_key(f, manifest.tree)) == f.path
+
+
+@pytest.fixture
+def steps_copy(steps_bundle, tmp_path):
+    """A private copy of the session's bundle with plans subtrees and fused."""
+    return shutil.copytree(steps_bundle, tmp_path / "bundle")
+
+
+def _plan_files(d, plan, precision="fp32"):
+    return [f for f in d["files"] if (f["plan"], f["precision"], f["format"]) == (plan, precision, "onnx")]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda d: d["files"].remove(_plan_files(d, "subtrees")[2]),
+         r"onnx/fp32/subtrees must have exactly one file per unit, starting at leaves \[0, 1, 2, 4, 8\]; received \[0, 1, 4, 8\]"),
+        (lambda d: _plan_files(d, "subtrees")[3].update(nodes=["b2.1", "b3.2"]),
+         r"onnx/fp32/subtrees/unit03.onnx computes \['b2.1', 'b3.2'\]; the tree's subtrees unit starting at leaf 4 is"),
+        (lambda d: _plan_files(d, "subtrees")[2]["outputs"][0].update(shape=["batch", 3, 10]),
+         r"unit02.onnx outputs logits \['batch', 3, 10\] of node b3.1; expected \['batch', 2, 10\] of node b3.1"),
+        (lambda d: _plan_files(d, "subtrees")[0]["outputs"].pop(1),
+         r"unit00.onnx outputs \['act_b0.0', 'act_b2.0', 'act_b3.0', 'logits'\]; expected \['act_b0.0', 'act_b1.0'"),
+        (lambda d: _plan_files(d, "subtrees")[4]["inputs"][0].update(node="b1.0", name="act_b1.0"),
+         r"unit04.onnx must read exactly one input, act_b0.0; received \['act_b1.0'\]"),
+        (lambda d: _plan_files(d, "fused")[0].update(nodes=_plan_files(d, "fused")[0]["nodes"][:-1]),
+         r"onnx/fp32/fused/tree.onnx computes .*; the tree's fused unit starting at leaf 0 is"),
+        (lambda d: _plan_files(d, "fused")[0]["outputs"][0].update(node="b0.0"),
+         r"tree.onnx outputs logits \['batch', 16, 10\] of node b0.0; expected \['batch', 16, 10\] of node None"),
+        (lambda d: d["files"].append(dict(_plan_files(d, "fused")[0], path="onnx/fp32/fused/tree2.onnx")),
+         r"onnx/fp32/fused must have exactly one file per unit"),
+    ],
+)
+def test_subtrees_and_fused_coverage(steps_copy, change, match):
+    edit(steps_copy, change)
+    with pytest.raises(BundleError, match=match):
+        read_manifest(steps_copy, verify_files=False)
+
+
+def test_first_leaf_file_beside_subtrees_alone_is_a_plan(steps_copy):
+    edit(steps_copy, lambda d: d.update(files=[f for f in d["files"] if f["plan"] in ("subtrees", "first")]))
+    assert {v[1] for v in read_manifest(steps_copy, verify_files=False).variants()} == {"subtrees", "first"}
+    edit(steps_copy, lambda d: d.update(files=[f for f in d["files"] if f["plan"] == "first"] + [
+        dict(f) for f in d["files"] if f["plan"] == "subtrees" and f["precision"] == "fp16"]))  # fmt: skip
+    with pytest.raises(BundleError, match=r"onnx/fp32/first is an add-on to a full plan; expected onnx/fp32/segments or "
+                                          r"onnx/fp32/nodes or onnx/fp32/subtrees beside it"):  # fmt: skip
+        read_manifest(steps_copy, verify_files=False)
 
 
 def test_update_manifest_replaces_by_path_and_refuses_a_missing_file(bundle):

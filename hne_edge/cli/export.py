@@ -29,8 +29,10 @@ from .options import batch_sizes_option, quiet_option
               help="Batch sizes the bundle is built and verified for (engines: the optimization profile).")
 @click.option("--batch", "batch_alias", default=None, hidden=True)  # deprecated spelling of --batch-range
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 17, parsed by TensorRT 8.6+ and 10).")
-@click.option("--plan", type=click.Choice(PLAN_CHOICES), default="both", show_default=True,
-              help="nodes: one file per tree node; segments: one file per leaf (the fast path).")
+@click.option("--plan", default="both", show_default=True, metavar="|".join(PLAN_CHOICES),
+              help="nodes: one file per tree node; segments: one per leaf; subtrees: leaf 0, then one per whole "
+                   "subtree (B+1 calls); fused: the whole tree in one file; comma-separate several "
+                   "(segments,subtrees,fused for run --plan mixed); both: nodes,segments; all: every plan.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-verify", is_flag=True, help="Skip the comparison with PyTorch (not recommended).")
 @click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
@@ -52,8 +54,9 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
     (the usual flow on a Jetson, which needs no PyTorch).
     """
     from ..bundle import read_manifest, variant_label
-    from ..exporters.base import parse_batch, parse_precisions
+    from ..exporters.base import parse_batch, parse_plan, parse_precisions
 
+    parse_plan(plan)  # a bad --plan is one line and exit 2 before anything is read
     precisions = parse_precisions(list(precision) or ["fp32"])
     batch_range = parse_batch(batch_alias or batch)
     trt_options = dict(workspace_mb=workspace_mb, hardware_compatibility=hardware_compat,
@@ -66,8 +69,8 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
         load_tensorrt()  # fail before any work: clear message + install hint, exit 2
         device_info()
-        entries = build_engines(source, precisions=precisions, plans=None if plan == "both" else (plan,),
-                                batch=batch_range, **trt_options)  # fmt: skip
+        entries = build_engines(source, precisions=precisions, plans=None if plan in ("both", "all") else parse_plan(plan),
+                                batch=batch_range, **trt_options)  # fmt: skip  (the default: every plan the bundle has)
         click.echo(f"built {len(entries)} TensorRT engine(s) into {source}")
         return
     if out_dir is None:
@@ -192,10 +195,10 @@ def format_manifest(manifest, bundle: Path) -> str:
         else:
             for f in files:
                 outs = ", ".join(o.name for o in f.outputs)
-                lines.append(
-                    f"  leaf {f.leaf:>2}  {f.path}  {_size(f.bytes)}  {_macs(f.macs)}  "
-                    f"{f.inputs[0].name} -> {' > '.join(f.nodes)} -> [{outs}]"
-                )
+                count = f.outputs[-1].shape[1] if len(f.outputs[-1].shape) == 3 else 1  # several leaves: (batch, n, C)
+                leaves = f"leaf {f.leaf:>2}" if count == 1 else f"leaves {f.leaf}-{f.leaf + count - 1}"
+                nodes = " > ".join(f.nodes) if len(f.nodes) <= 6 else f"{f.nodes[0]} and its subtree ({len(f.nodes)} nodes)"
+                lines.append(f"  {leaves}  {f.path}  {_size(f.bytes)}  {_macs(f.macs)}  {f.inputs[0].name} -> {nodes} -> [{outs}]")
     return "\n".join(lines)
 
 

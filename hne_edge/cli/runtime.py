@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, PRECISIONS, path_component
+from ..bundle import PRECISIONS, RUNNER_PLANS, path_component
 from ..errors import InputError
 from ..fileio import atomic_write_json, check_output_dir
 from ..runtime.backends import BACKEND_NAMES
@@ -30,7 +30,10 @@ def _runner_options(f):
                      help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others off).")(f)
     f = threads_option("Intra-op")(f)
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS))(f)
-    f = click.option("--plan", default="segments", show_default=True, type=click.Choice(ANYTIME_PLANS))(f)
+    f = click.option("--plan", default="segments", show_default=True, type=click.Choice(RUNNER_PLANS),
+                     help="segments: leaf by leaf; subtrees: a whole subtree per call (stops at 1, 2, 4, ... leaves); "
+                          "fused: the whole tree in one call; mixed: per frame, a whole subtree where the budget fits "
+                          "it, else leaf by leaf; nodes: one call per tree node.")(f)  # fmt: skip
     f = device_option(f)
     f = click.option("--backend", default="onnxruntime", show_default=True, type=_BackendChoice(BACKEND_NAMES),
                      help="onnxruntime (CPU or CUDA) | torch (needs torch/model.pt) | tensorrt (engines in the bundle).")(f)
@@ -73,12 +76,15 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
             click.echo(f"note: {w.message}")
         for b in sizes:
             data = prof.batches[b]
+            levels = {level["n"]: level for level in data["levels"]}
             click.echo(f"{runner.manifest.model_name}  {backend}/{runner.device}  plan={plan}  {precision}  batch={b}")
-            click.echo(f"{'leaf':>4}  {'median ms':>9}  {'p95 ms':>8}  {'n leaves: median ms':>20}  {'p95 ms':>8}")
-            for leaf, level in zip(data["leaves"], data["levels"]):
+            click.echo(f"{'step':>4}  {'leaves':>7}  {'median ms':>9}  {'p95 ms':>8}  {'n leaves: median ms':>20}  {'p95 ms':>8}")
+            for step, info in zip(data["leaves"], runner.steps):
+                lo, hi = info["leaves"]
+                level = levels.get(hi) if info["kind"] == "leaf" or plan != "mixed" else None  # the base walk's levels
                 click.echo(
-                    f"{leaf['leaf']:>4}  {leaf['median_ms']:9.3f}  {leaf['p95_ms']:8.3f}  "
-                    f"{level['median_ms']:20.3f}  {level['p95_ms']:8.3f}"
+                    f"{step['leaf']:>4}  {f'{lo}-{hi - 1}' if hi - lo > 1 else str(lo):>7}  {step['median_ms']:9.3f}  "
+                    f"{step['p95_ms']:8.3f}  " + (f"{level['median_ms']:20.3f}  {level['p95_ms']:8.3f}" if level else "")
                 )
         click.echo(f"saved {runner.profile_path}")
 

@@ -43,8 +43,10 @@ __all__ = [
 # >= 1.14 read, and the TorchScript exporter emits it natively (no version conversion).
 DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 13, 20
-# what `export --plan` accepts: each plan that runs the whole tree (in the manifest's order), or both
-PLAN_CHOICES = tuple(p for p in PLANS if p in ANYTIME_PLANS) + ("both",)
+# what `export --plan` accepts: each plan that runs the whole tree (in the manifest's order), a comma-separated
+# list of them, "both" (nodes and segments: what it meant before there were more) or "all"
+PLAN_CHOICES = tuple(p for p in PLANS if p in ANYTIME_PLANS) + ("both", "all")
+_PLAN_GROUPS = {"both": ("nodes", "segments"), "all": tuple(p for p in PLANS if p in ANYTIME_PLANS)}
 
 
 class ShapeError(ExportError):
@@ -107,10 +109,18 @@ def parse_batch(value: str | tuple[int, int, int] | list[int]) -> tuple[int, int
     return parts[0], parts[1], parts[2]
 
 
-def parse_plan(value: str) -> tuple[str, ...]:
-    if value not in PLAN_CHOICES:
-        raise InputError(f"plan must be one of {list(PLAN_CHOICES)}; received {value!r}")
-    return PLAN_CHOICES[:-1] if value == "both" else (value,)
+def parse_plan(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``"segments"``, ``"segments,subtrees,fused"``, ``"both"``, ``"all"`` (or a sequence of those) -> the file
+    plans, unique, in the manifest's order."""
+    items = value.split(",") if isinstance(value, str) else [p for v in value for p in str(v).split(",")]
+    items = [p.strip() for p in items if p.strip()]
+    if not items or any(p not in PLAN_CHOICES for p in items):
+        raise InputError(
+            f"plan must be one or more of {list(PLAN_CHOICES)} (comma-separated, e.g. segments,subtrees,fused); "
+            f"received {value!r}"
+        )
+    chosen = {q for p in items for q in _PLAN_GROUPS.get(p, (p,))}
+    return tuple(p for p in PLANS if p in chosen)
 
 
 def check_opset(opset: int) -> int:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .base import DEFAULT_OPSET, package_version, parse_batch, parse_precisions
+from .base import DEFAULT_OPSET, package_version, parse_batch, parse_plan, parse_precisions
 
 __all__ = ["EXPORT_FORMATS", "export_checkpoint"]
 
@@ -60,7 +60,7 @@ def export_checkpoint(
 
         load_tensorrt()  # fail before any work: a clear message and the install hint
         device_info()
-        plans = None if plan == "both" else (plan,)
+        plans = None if plan in ("both", "all") else parse_plan(plan)  # the default: every plan exported
 
         def build_engines_into(tmp: Path) -> None:
             build_engines(tmp, precisions=precisions, plans=plans, batch=batch, **(tensorrt_options or {}))

@@ -1,4 +1,5 @@
-"""ONNX exporter: a trained fused HNE -> a bundle of per-node and per-leaf-segment ONNX files.
+"""ONNX exporter: a trained fused HNE -> a bundle of ONNX files per node, per leaf segment, per subtree unit
+(plan "subtrees") and for the whole fused tree (plan "fused"), as the plans asked for.
 
 Why the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) by
 default: on this code base it exports a node in ~0.1 s against ~3 s for the
@@ -255,7 +256,9 @@ def export_onnx(
         class_names: one name per class (default ``"0".."C-1"``).
         normalization: ``{"mean": [...], "std": [...]}`` the images are normalised with (default 0/1).
         precisions: ``"fp32"``, ``"fp16"`` or both (``("fp32", "fp16")`` or ``"fp32,fp16"``).
-        plan: ``"nodes"`` (one file per tree node), ``"segments"`` (one per leaf) or ``"both"``.
+        plan: ``"nodes"`` (one file per tree node), ``"segments"`` (one per leaf), ``"subtrees"`` (leaf 0's
+            chain, then one fused file per later whole subtree: B + 1 files), ``"fused"`` (the whole tree in
+            one file), a comma-separated list of those, ``"both"`` (nodes and segments) or ``"all"``.
         batch: ``(min, opt, max)`` batch sizes the bundle is meant for (the files have a symbolic batch).
         opset: ONNX opset of every file.
         verify: compare every file and every anytime prefix with the PyTorch model before publishing.
@@ -307,6 +310,10 @@ def export_onnx(
         name = "logits" if is_logits else activation_name(node)
         return TensorSpec(name=name, node=node, dtype=dtype, shape=(BATCH_DIM, *shape))
 
+    def leaves_spec(root: str | None, count: int, dtype: str) -> TensorSpec:
+        """The logits of several leaves (a subtree's, or the whole tree's: ``root=None``), in one tensor."""
+        return TensorSpec(name="logits", node=root, dtype=dtype, shape=(BATCH_DIM, count, config.num_classes))
+
     with atomic_output_dir(out_dir, force=force, keep=keep) as tmp:
         files: list[ModelFile] = []
 
@@ -335,6 +342,7 @@ def export_onnx(
         sliced = model.node_modules()
         folded = {nid: fold_batchnorm(module) for nid, module in sliced.items()}
         examples = _activation_inputs(model, folded)
+        subtrees: dict[str | None, "nn.Module"] = {}  # folded subtree modules by root (None: the whole tree), once
         for precision in precisions:
             dtype = DTYPE_OF[precision]
             meta = {"hne_edge.model": config.name, "hne_edge.precision": precision}
@@ -366,6 +374,43 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "segments", precision, seg.nodes, seg.leaf,
                         sum(cost.nodes[n].macs for n in seg.nodes), [in_spec], outputs, opset)  # fmt: skip
+                    say(f"exported {rel} ({len(files)} files)")
+            if "subtrees" in plans or "fused" in plans:
+                from ..models import SegmentModule
+                from ..tree import Segment
+
+                units = tree.subtree_units if "subtrees" in plans else ()
+                for unit in units:
+                    rel = file_path("onnx", precision, "subtrees", unit=unit.index, num_leaves=tree.num_leaves)
+                    if unit.index == 0:  # leaf 0's chain, exporting what later units read
+                        chain = Segment(leaf=0, nodes=unit.nodes, input=None, exports=unit.exports)
+                        module = SegmentModule(chain, [folded[n] for n in unit.nodes]).eval()
+                        outputs = [spec(n, dtype) for n in unit.exports] + [spec(unit.nodes[-1], dtype, is_logits=True)]
+                    else:  # the whole subtree, fused
+                        if unit.root not in subtrees:
+                            subtrees[unit.root] = fold_batchnorm(model.subtree_module(unit.root))
+                        module = subtrees[unit.root]
+                        outputs = [leaves_spec(unit.root, unit.num_leaves, dtype)]
+                    in_spec = spec(unit.input, dtype)
+                    export_module(
+                        module, tmp / rel, examples[unit.input], [in_spec.name], [o.name for o in outputs],
+                        opset=opset, exporter=exporter, precision=precision,
+                        metadata={**meta, "hne_edge.nodes": ",".join(unit.nodes)},
+                    )  # fmt: skip
+                    add(rel, "onnx", "subtrees", precision, unit.nodes, unit.first_leaf,
+                        sum(cost.nodes[n].macs for n in unit.nodes), [in_spec], outputs, opset)  # fmt: skip
+                    say(f"exported {rel} ({len(files)} files)")
+                if "fused" in plans:
+                    rel = file_path("onnx", precision, "fused")
+                    if None not in subtrees:
+                        subtrees[None] = fold_batchnorm(model)
+                    in_spec, out_spec = spec(None, dtype), leaves_spec(None, tree.num_leaves, dtype)
+                    export_module(
+                        subtrees[None], tmp / rel, examples[None], [in_spec.name], [out_spec.name],
+                        opset=opset, exporter=exporter, precision=precision, metadata=meta,
+                    )  # fmt: skip
+                    add(rel, "onnx", "fused", precision, [n.id for n in tree.nodes], 0, cost.total_macs,
+                        [in_spec], [out_spec], opset)  # fmt: skip
                     say(f"exported {rel} ({len(files)} files)")
             if first_leaf:
                 seg = tree.segments[0]

@@ -1,4 +1,5 @@
-"""TensorRT engines from a bundle's ONNX files (per node and per segment), built on the target device.
+"""TensorRT engines from a bundle's ONNX files (every plan: per node, per segment, per subtree unit, the fused
+tree), built on the target device.
 
 Layout (:func:`hne_edge.bundle.file_path`): ``tensorrt/trt{major}.{minor}_sm{cc}/{precision}/{plan}/{name}.plan``,
 e.g. ``tensorrt/trt10.3_sm87/fp16/segments/leaf00.plan``, plus one timing
@@ -29,7 +30,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from ..bundle import ModelFile, bundle_path, engine_dir, file_path, read_manifest, read_verified, sha256_bytes, update_manifest
+from ..bundle import (
+    ModelFile,
+    bundle_path,
+    engine_dir,
+    file_key,
+    file_path,
+    read_manifest,
+    read_verified,
+    sha256_bytes,
+    update_manifest,
+)
 from ..errors import ExportError, InputError
 from ..fileio import atomic_write_bytes
 from ..tensorrt_compat import (  # noqa: F401 - the exporter's public names; the rules live in tensorrt_compat
@@ -151,8 +162,7 @@ def build_engines(
         no_tf32 = precision == "fp32" and hasattr(trt.BuilderFlag, "TF32")
         build_info = {**base_info, "flags": flags + (["NO_TF32"] if no_tf32 else [])}
         for source in manifest.files_for(plan, precision, "onnx"):
-            rel = file_path("tensorrt", precision, plan, node=source.nodes[0] if plan == "nodes" else None,
-                            leaf=source.leaf, num_leaves=manifest.tree.num_leaves, engine_dir=out_rel)  # fmt: skip
+            rel = file_path("tensorrt", precision, plan, engine_dir=out_rel, **file_key(source, manifest.tree))
             # strongly typed: the ONNX's own types decide the precision (always on, and the flag gone, in 11)
             net_flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if major < 11 else 0
             network = builder.create_network(net_flags)

@@ -3,7 +3,8 @@
 Without a reference model (``hne-edge verify BUNDLE``): the manifest is
 read strictly (schema, paths, sha256, tree coverage), every ONNX file loads
 in ONNX Runtime with the inputs/outputs the manifest states, and the
-anytime outputs of the "nodes" and "segments" plans agree, the export-free
+anytime outputs of every plan present ("nodes", "segments", "subtrees",
+"fused") agree with the first of them, the export-free
 first leaf (plan "first") agrees with their leaf 0, and fp16 agrees with
 fp32 when both are present. Every anytime output is computed by
 :class:`~hne_edge.runtime.AnytimeRunner` from a float32 image, the path
@@ -13,8 +14,11 @@ With the PyTorch model (``--checkpoint``, and always at export): every
 file's outputs, fed the reference input activation, are compared with the
 PyTorch node/segment outputs, and the end-to-end anytime output for every
 n = 1..N, computed by the runtime (only ONNX files, depth-first), is compared
-with the fused model's mean of its first n leaves. The reference is the
-unfolded fused model in fp32, independent of what was exported.
+with the fused model's mean of its first n leaves; plans whose calls add
+several leaves ("subtrees", "fused") are also run to each of their stops
+(``max_leaves=n``, the logits-only last call a frame that ends there makes).
+The reference is the unfolded fused model in fp32, independent of what was
+exported.
 
 This module imports torch only when a model is given.
 """
@@ -87,19 +91,24 @@ def check_session_io(session, model_file: ModelFile) -> None:
                 )
 
 
+# plans whose calls add several leaves: verified at each stop too (a run that ends there skips the exports)
+_STOP_CHECKED = ("subtrees", "fused")
+
+
 def run_anytime(
     bundle_dir: str | os.PathLike,
     plan: str,
     precision: str,
     images: dict[int, np.ndarray],
     threads: int | None = None,
-) -> tuple[dict[int, list[np.ndarray]], dict[int, np.ndarray] | None]:
+) -> tuple[dict[int, list[np.ndarray]], dict[int, np.ndarray] | None, dict[int, dict[int, np.ndarray]]]:
     """Per-leaf logits of each image batch through :class:`AnytimeRunner`, the path ``hne-edge run`` takes.
 
     The images are the user's (float32, the manifest's input dtype): the runner's input check, its cast to
     the files' dtype, the backend's sessions and the depth-first activation cache are all exercised, so a
     variant the runtime cannot run cannot pass. Returns ``({batch: [leaf logits (float32), ...]},
-    {batch: leaf 0 through the export-free first-leaf file} or None when the variant has none)``.
+    {batch: leaf 0 through the export-free first-leaf file} or None when the variant has none,
+    {batch: {n: run(max_leaves=n).logits for every stop n}} for the plans of several leaves per call, else {})``.
     """
     from ..runtime import AnytimeRunner  # the runtime never imports the exporters; this direction is fine
 
@@ -107,7 +116,10 @@ def run_anytime(
                        verify=False) as runner:  # fmt: skip  (the caller read the manifest and checked every sha256)
         chains = {b: list(runner.run(x).leaf_logits) for b, x in images.items()}
         first = {b: runner.run(x, max_leaves=1).logits for b, x in images.items()} if runner.first_leaf_file else None
-    return chains, first
+        stops = {}
+        if plan in _STOP_CHECKED:
+            stops = {b: {n: runner.run(x, max_leaves=n).logits for n in runner.stops} for b, x in images.items()}
+    return chains, first, stops
 
 
 def anytime_means(per_leaf: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -247,28 +259,30 @@ def verify_bundle(
     images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
     variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
-    chains, firsts = {}, {}
+    chains, firsts, stops = {}, {}, {}
     for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
-        per_batch, first = run_anytime(bundle_dir, p, q, images, threads)
+        per_batch, first, at_stops = run_anytime(bundle_dir, p, q, images, threads)
         chains.update({(p, q, b): leaves for b, leaves in per_batch.items()})
+        stops.update({(p, q, b): by_n for b, by_n in at_stops.items()})
         if first is not None:
             firsts.setdefault(q, (p, first))
 
     if model is not None:
-        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules)
+        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules)
 
-    # plan agreement (no torch needed): "segments" must compute what "nodes" computes
+    # plan agreement (no torch needed): every plan must compute what the first one (in the manifest's order) does
     for precision in ("fp32", "fp16"):
-        if ("nodes", precision) in variants and ("segments", precision) in variants:
+        present = sorted((p for p, q in variants if q == precision), key=PLANS.index)
+        for plan in present[1:]:
             checks = [
                 compare_outputs(f"onnx/{precision}", "", s, n, precision)
                 for b in batch_sizes
                 for s, n in zip(
-                    anytime_means(chains[("segments", precision, b)]), anytime_means(chains[("nodes", precision, b)])
+                    anytime_means(chains[(plan, precision, b)]), anytime_means(chains[(present[0], precision, b)])
                 )
             ]
             worst = _merge(checks)
-            worst.file, worst.check = f"onnx/{precision}/segments", f"anytime == nodes plan, n=1..{manifest.tree.num_leaves} (runtime)"
+            worst.file, worst.check = f"onnx/{precision}/{plan}", f"anytime == {present[0]} plan, n=1..{manifest.tree.num_leaves} (runtime)"
             report.checks.append(worst)
     # the export-free first leaf (what run(max_leaves=1) runs) must compute what the full plan's leaf 0 computes
     for f in manifest.files:
@@ -295,7 +309,7 @@ def verify_bundle(
     return report
 
 
-def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules=None) -> None:
+def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules=None) -> None:
     import torch
 
     model = model.eval()
@@ -320,7 +334,12 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
             feed = refs[b][f.inputs[0].node].astype(DTYPE_OF[f.precision])
             outs = sessions[f.path].run(None, {f.inputs[0].name: feed})
             for spec, got in zip(f.outputs, outs):
-                checks.append(compare_outputs(f.path, spec.name, got, refs[b][spec.node], f.precision))
+                if spec.name == "logits" and len(spec.shape) == 3:  # several leaves: (batch, leaves, classes)
+                    under = tree.leaf_order if spec.node is None else [tree.leaf_order[i] for i in tree.node(spec.node).leaves]
+                    ref = np.stack([refs[b][leaf] for leaf in under], axis=1)
+                else:
+                    ref = refs[b][spec.node]
+                checks.append(compare_outputs(f.path, spec.name, got, ref, f.precision))
         worst = _merge(checks)
         worst.check = f"vs torch ({worst.check})"
         report.checks.append(worst)
@@ -336,6 +355,16 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         worst = _merge(checks)
         worst.file, worst.check = f"onnx/{precision}/{plan}", f"anytime vs fused, n=1..{tree.num_leaves} (runtime; worst {worst.check})"
         report.checks.append(worst)
+        if (plan, precision, next(iter(images))) in stops:  # each stop as a run that ends there computes it
+            checks = [
+                compare_outputs(f"onnx/{precision}/{plan}", f"n={n}", got, fused_means[b][n - 1], precision)
+                for b in images
+                for n, got in stops[(plan, precision, b)].items()
+            ]
+            worst = _merge(checks)
+            ns = ",".join(str(n) for n in stops[(plan, precision, next(iter(images)))])
+            worst.file, worst.check = f"onnx/{precision}/{plan}", f"each stop vs fused, n={ns} (runtime, max_leaves=n; worst {worst.check})"
+            report.checks.append(worst)
 
     for f in manifest.files:
         if f.format == "torch":

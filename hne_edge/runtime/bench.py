@@ -13,24 +13,24 @@ __all__ = ["level_latencies", "level_accuracy", "load_arrays"]
 
 
 def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0) -> list[dict]:
-    """Wall time of ``runner.run(x, max_leaves=n)`` for every n (median / p90 / p95, ms).
+    """Wall time of ``runner.run(x, max_leaves=n)`` for every stop n of its plan (median / p90 / p95, ms).
 
     Levels are interleaved within each repetition so load changes hit every level alike.
     """
     spec = runner.input_spec
     x = np.random.default_rng(seed).standard_normal((batch, spec.channels, *spec.spatial)).astype(spec.dtype)
     clock = runner.backend.clock
-    n_levels = runner.num_leaves
-    times: list[list[float]] = [[] for _ in range(n_levels)]
+    stops = runner.stops
+    times: list[list[float]] = [[] for _ in stops]
     for rep in range(warmup + repeats):
-        for n in range(1, n_levels + 1):
+        for k, n in enumerate(stops):
             t0 = clock()
             runner.run(x, max_leaves=n)
             t = clock() - t0
             if rep >= warmup:
-                times[n - 1].append(t)
+                times[k].append(t)
     macs = runner.manifest.prefix_macs()
-    return [{"n": n + 1, "macs": macs[n], **summarize(times[n])} for n in range(n_levels)]
+    return [{"n": n, "macs": macs[n - 1], **summarize(t)} for n, t in zip(stops, times)]
 
 
 def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None) -> list[float]:

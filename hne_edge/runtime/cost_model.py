@@ -1,6 +1,12 @@
-"""The cost model: how long each anytime leaf takes on this device, measured and learned online.
+"""The cost model: how long each anytime step takes on this device, measured and learned online.
 
-**Profiles.** ``AnytimeRunner.profile()`` times every leaf step (and every
+A *step* is what the scheduler runs between two stops: one leaf (plans
+"segments", "nodes"), a whole subtree (plan "subtrees"), the whole tree
+(plan "fused"); a mixed runner has all of them and predicts each, so it can
+compare a subtree in one call with the leaves it replaces. Below, "leaf
+``i``" reads "step ``i``": for the per-leaf plans they are the same.
+
+**Profiles.** ``AnytimeRunner.profile()`` times every step (and every
 unit) after warm-up and saves a :class:`Profile` next to the bundle, as
 ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json`` keyed by
 batch size. If the bundle directory is read-only it goes to the user cache
@@ -20,9 +26,10 @@ plan and precision (bundle first, then cache).
   observed ``time / base`` ratios, pooled over all leaves (nearest rank,
   kept in a sorted window: an index lookup per observation), each ratio
   capped at ``max_ratio`` (16).
-* ``full`` is the whole tree's median (the sum of the bases): no leaf is
-  predicted above the full tree plus itself, so a budget of twice the full
-  tree fits every next leaf unless the frame already stalled.
+* ``full`` is the whole tree's median (the sum of the bases of the steps of
+  the plan's base walk: a mixed runner's alternatives are not added twice):
+  no leaf is predicted above the full tree plus itself, so a budget of twice
+  the full tree fits every next leaf unless the frame already stalled.
 * ``tail[i]`` is the largest of the leaf's own last ``tail_window`` (256)
   times (each capped the same way), once it has ``1 / (1 - quantile)``
   (100) of them: no leaf is predicted above what its own observed tail
@@ -178,10 +185,13 @@ def _batch_entry(entry: Any, where: str, num_leaves: int | None) -> dict[str, An
         raise ProfileError(f"{where}.leaves has {len(leaves)} leaves; expected {num_leaves}")
     for i, leaf in enumerate(leaves):
         at = f"{where}.leaves[{i}]"
-        _obj(leaf, at, {"median_ms"}, {"leaf", "p90_ms", "p95_ms", "mean_ms", "samples_ms"})
+        _obj(leaf, at, {"median_ms"}, {"leaf", "adds", "p90_ms", "p95_ms", "mean_ms", "samples_ms"})
         _number(leaf["median_ms"], f"{at}.median_ms", positive=True)
         if "leaf" in leaf and (leaf["leaf"] != i or isinstance(leaf["leaf"], bool)):
             _fail(f"{at}.leaf", str(i), leaf["leaf"])
+        adds = leaf.get("adds", [0, 1])
+        if not (isinstance(adds, list) and len(adds) == 2 and all(type(v) is int for v in adds) and 0 <= adds[0] < adds[1]):
+            _fail(f"{at}.adds", "[first leaf, end] with 0 <= first < end", adds)
         for key in ("p90_ms", "p95_ms", "mean_ms"):
             if key in leaf:
                 _number(leaf[key], f"{at}.{key}")
@@ -211,10 +221,12 @@ class Profile:
     """Measured leaf (and unit) latencies of one bundle variant on one device, per batch size.
 
     ``batches[b]["leaves"][i]`` holds ``median_ms``, ``p90_ms``, ``p95_ms``,
-    ``mean_ms`` and ``samples_ms`` for leaf step ``i`` (everything the
-    scheduler does to add leaf ``i``); ``batches[b]["units"]`` the same per
-    model file; ``batches[b]["levels"][n-1]`` the latency of the first ``n``
-    leaves (median / p95 over repetitions).
+    ``mean_ms`` and ``samples_ms`` for step ``i`` (everything the scheduler
+    does to add its leaves ``adds = [first, end)``; for plans "segments" and
+    "nodes" step ``i`` adds leaf ``i``: the key keeps its name from then);
+    ``batches[b]["units"]`` the same per model file; ``batches[b]["levels"]``
+    the latency of the first ``n`` leaves at each stop (median / p95 over
+    repetitions).
     """
 
     model_name: str
@@ -400,8 +412,9 @@ class _BatchModel:
         n = len(macs)
         self.n = n
         self.macs = [float(m) for m in macs]
+        self.path = cm.path if cm.path is not None else tuple(range(n))  # the steps whose sum is the whole tree
         self.known = [base is not None] * n
-        self.all_known = base is not None
+        self.unknown = [] if base is not None else list(range(n))  # predicted from MACs until observed
         self.base = list(base) if base is not None else [0.0] * n
         self.q = cm.quantile
         self.alpha = cm.alpha
@@ -469,7 +482,7 @@ class _BatchModel:
             self.seen_t += delta
         elif not self.known[leaf]:
             self.known[leaf] = True
-            self.all_known = all(self.known)
+            self.unknown.remove(leaf)
             seconds = max(seconds, MIN_LEAF_SECONDS)
             self.base[leaf] = base = seconds
             self.seen_t += seconds
@@ -512,17 +525,21 @@ class _BatchModel:
                 self._refresh()
                 return
         self.seen[leaf] = self.frames
-        if not self.all_known or abs(scale - self.scale) > 0.005 * self.scale:  # re-predict every leaf
+        if self.full == _INF or abs(scale - self.scale) > 0.005 * self.scale:  # re-predict every leaf
             self._refresh()
         else:  # only this leaf changed (its anchor is leaf 0's base now: no factor)
             p = min(base * self.scale, top, self.full + base)
             self.pred[leaf] = p
+            if self.unknown:  # steps never run yet (a mixed runner's alternatives): seconds per MAC moved
+                per_mac = self.seen_t / self.seen_m
+                for i in self.unknown:
+                    self.pred[i] = self.macs[i] * per_mac * self.scale
 
     def _refresh(self) -> None:
         scale = self.scale = self._quantile()
         base, tail, anchor, known, seen = self.base, self.tail, self.anchor, self.known, self.seen
         self.b0_ref = b0 = base[0]
-        self.full = full = sum(base) if self.all_known else _INF
+        self.full = full = sum(base[i] for i in self.path) if all(known[i] for i in self.path) else _INF
         per_mac = self.seen_t / self.seen_m if self.seen_m > 0 else math.inf
         pred, stale = self.pred, self.frames - self.probe_after
         for i in range(self.n):
@@ -543,10 +560,11 @@ class _BatchModel:
 
 
 class CostModel:
-    """Per-leaf cost predictions (seconds) for each batch size, from a profile and online observations.
+    """Per-step cost predictions (seconds) for each batch size, from a profile and online observations.
 
     Args:
-        leaf_macs: MACs each leaf step adds (per sample), from the manifest.
+        step_macs: MACs each step adds (per sample), from the manifest (for plans "segments" and "nodes":
+            each leaf's).
         profile: a matching saved :class:`Profile`, or None.
         quantile: ratio quantile used for predictions (see the module docstring).
         window: how many recent observations the quantile looks at.
@@ -555,11 +573,13 @@ class CostModel:
             (a pre-emption stall is a risk, not a cost: see the module docstring).
         tail_window: how many of a leaf's own recent times bound its prediction.
         probe_after: frames after which a leaf the budget kept from running is re-probed.
+        path: the steps that make up the whole tree once (default: every step); a mixed runner's
+            bigger steps are alternatives to some of them.
     """
 
     def __init__(
         self,
-        leaf_macs: Sequence[int],
+        step_macs: Sequence[int],
         profile: Profile | None = None,
         quantile: float = 0.99,
         window: int = 128,
@@ -569,12 +589,14 @@ class CostModel:
         max_ratio: float = 16.0,
         tail_window: int = 256,
         probe_after: int = 500,
+        path: Sequence[int] | None = None,
     ) -> None:
         if not 0.5 <= quantile <= 1.0:
             raise InputError(f"quantile must be in [0.5, 1]; received {quantile!r}")
         if not max_ratio >= cold_margin:
             raise InputError(f"max_ratio must be >= cold_margin ({cold_margin}); received {max_ratio!r}")
-        self.leaf_macs = list(leaf_macs)
+        self.step_macs = list(step_macs)
+        self.path = None if path is None else tuple(path)
         self.profile = profile
         self.quantile = quantile
         self.window = window
@@ -599,7 +621,7 @@ class CostModel:
     def _new_model(self, batch: int) -> _BatchModel:
         profile = self.profile
         if profile is None or not profile.batches:
-            return _BatchModel(self.leaf_macs, None, (), self)
+            return _BatchModel(self.step_macs, None, (), self)
         sizes = sorted(profile.batches)
         lower = [b for b in sizes if b <= batch]
         upper = [b for b in sizes if b >= batch]
@@ -615,8 +637,8 @@ class CostModel:
         else:  # larger: scale the largest linearly with batch (conservative on CPUs)
             nearest = lower[-1]
             base = [m * batch / nearest for m in profile.leaf_medians_s(nearest)]
-        if len(base) != len(self.leaf_macs):
-            return _BatchModel(self.leaf_macs, None, (), self)
+        if len(base) != len(self.step_macs):
+            return _BatchModel(self.step_macs, None, (), self)
         seeds = []
         leaves = profile.batches[nearest]["leaves"]
         reps = min(len(leaf.get("samples_ms", ())) for leaf in leaves)
@@ -625,4 +647,4 @@ class CostModel:
                 seeds.append(leaf["samples_ms"][r] / leaf["median_ms"])
         scale = [b / (leaf["median_ms"] / 1e3) for b, leaf in zip(base, leaves)]  # samples at this batch size
         times = [[t / 1e3 * k for t in leaf.get("samples_ms", ())] for leaf, k in zip(leaves, scale)]
-        return _BatchModel(self.leaf_macs, base, seeds, self, times)
+        return _BatchModel(self.step_macs, base, seeds, self, times)

@@ -1,11 +1,13 @@
-"""Cost profiling: every leaf step and every unit timed through the session's ``on_unit`` hook.
+"""Cost profiling: every step and every unit timed through the session's ``on_unit`` hook.
 
-The leaves run in the one loop (:meth:`AnytimeSession.advance`), so a
-profile measures exactly what a frame runs. Leaf steps are host wall time
-up to the logits on the host (``to_host`` blocks), which is what a deadline
-sees. Units are timed by ``backend.timed_run`` when the backend has one (GPU
-backends: CUDA events on their stream), else by the clock around the unit
-and ``backend.synchronize()``.
+The steps run in the one loop (:meth:`AnytimeSession.advance`), so a
+profile measures exactly what a frame runs. Steps are host wall time up to
+the logits on the host (``to_host`` blocks), which is what a deadline sees.
+A mixed program is run along each of its routes (:meth:`Program.routes`:
+leaf by leaf, subtree by subtree, the whole tree), so every step it may
+choose has samples. Units are timed by ``backend.timed_run`` when the
+backend has one (GPU backends: CUDA events on their stream), else by the
+clock around the unit and ``backend.synchronize()``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from ..bundle import InputSpec
 from .cost_model import summarize
-from .program import Call
+from .program import Call, Program
 from .session import AnytimeSession, UnitHook
 
 __all__ = ["unit_timer", "measure"]
@@ -50,7 +52,8 @@ def unit_timer(backend: Any, samples: dict[str, list[float]] | None) -> UnitHook
 
 
 def measure(
-    open_session: Callable[[np.ndarray], AnytimeSession],
+    open_session: Callable[[np.ndarray, Program], AnytimeSession],
+    program: Program,
     backend: Any,
     spec: InputSpec,
     unit_names: Sequence[str],
@@ -59,32 +62,49 @@ def measure(
     repeats: int,
     seed: int,
 ) -> dict[int, dict[str, Any]]:
-    """``Profile.batches``: per batch size, leaf / unit / level statistics of ``repeats`` full passes.
+    """``Profile.batches``: per batch size, step / unit / level statistics of ``repeats`` full passes per route.
 
-    ``open_session(x)``: a session over ``x`` that does not feed the cost model (the caller holds the lock).
+    ``open_session(x, route)``: a session over ``x`` running ``route`` (one of ``program.routes()``) that
+    does not feed the cost model (the caller holds the lock). The profile's ``leaves`` list has one entry
+    per step of ``program`` (``leaf``: the step index, ``adds``: its leaves ``[first, end)``); ``levels``:
+    the latency of the first ``n`` leaves at each stop of the base walk.
     """
     rng = np.random.default_rng(seed)
     clock = backend.clock
+    steps = program.steps
     batches: dict[int, dict[str, Any]] = {}
     for b in sizes:
         x = rng.standard_normal((b, spec.channels, *spec.spatial)).astype(spec.dtype)
-        leaf_t: list[list[float]] = []
+        step_t: dict[int, list[float]] = {}
         unit_t: dict[str, list[float]] = {name: [] for name in unit_names}
-        for rep in range(warmup + repeats):
-            session = open_session(x)
-            n = session.num_leaves
-            session.advance(clock(), None, None, n, n, on_unit=unit_timer(backend, unit_t if rep >= warmup else None))
-            if rep >= warmup:
-                leaf_t.append(list(session.leaf_seconds))
-        per_leaf = [list(t) for t in zip(*leaf_t)]  # (N, repeats)
-        levels = np.cumsum(np.asarray(per_leaf), axis=0)
+        levels: list[list[float]] = []
+        for k, route in enumerate(program.routes()):
+            mine = [j for j in route.path if j not in step_t]  # a step on several routes: timed on the first
+            for j in mine:
+                step_t[j] = []
+            for rep in range(warmup + repeats):
+                session = open_session(x, route)
+                n = session.num_leaves
+                session.advance(clock(), None, None, n, n, on_unit=unit_timer(backend, unit_t if rep >= warmup else None))
+                if rep < warmup:
+                    continue
+                taken = session.steps_taken
+                for j, _, _, t in taken:
+                    if j in mine:
+                        step_t[j].append(t)
+                if k == 0:
+                    levels.append(list(np.cumsum([t for *_, t in taken])))
+        level_t = [list(t) for t in zip(*levels)]  # (stops of the base walk, repeats)
+        stops = [steps[j].hi for j in program.routes()[0].path]
         batches[b] = {
             "warmup": warmup,
             "repeats": repeats,
             "leaves": [
-                {"leaf": i, **summarize(t), "samples_ms": [round(v * 1e3, 5) for v in t]} for i, t in enumerate(per_leaf)
-            ],
-            "units": {name: summarize(t) for name, t in unit_t.items()},
-            "levels": [{"n": n + 1, **summarize(levels[n])} for n in range(len(per_leaf))],
+                {"leaf": j, "adds": [steps[j].lo, steps[j].hi], **summarize(step_t[j]),
+                 "samples_ms": [round(v * 1e3, 5) for v in step_t[j]]}
+                for j in range(len(steps))
+            ],  # fmt: skip
+            "units": {name: summarize(t) for name, t in unit_t.items() if t},
+            "levels": [{"n": n, **summarize(t)} for n, t in zip(stops, level_t)],
         }
     return batches

@@ -47,7 +47,8 @@ class AnytimeResult:
 
     ``logits`` is the mean of the evaluated leaves' logits (the HNE's
     ensemble prediction, as the paper averages logits); ``probs`` its softmax.
-    ``leaf_ms`` is the wall time of each leaf step (what the cost model learned from).
+    ``leaf_ms`` is the wall time of each leaf (a step of several leaves - a whole subtree - split evenly
+    over them); ``step_ms`` is ``(first leaf, end, ms)`` of each step, what the cost model learned from.
     ``elapsed_ms`` is the wall time of the call that produced it (for
     sessions: of all calls so far). ``met_budget`` is True when the call had
     no budget or finished by its deadline; ``overran_min_leaves`` is True
@@ -63,7 +64,8 @@ class AnytimeResult:
     budget_ms: float | None = None
     stopped_by: str = "complete"
     class_names: tuple[str, ...] = field(default=(), repr=False)
-    leaf_ms: list[float] = field(default_factory=list, repr=False)  # wall time of each leaf step
+    leaf_ms: list[float] = field(default_factory=list, repr=False)  # wall time of each leaf
+    step_ms: list[tuple[int, int, float]] = field(default_factory=list, repr=False)  # (first leaf, end, ms) per step
 
     @property
     def leaves(self) -> int:

@@ -1,7 +1,8 @@
 """``AnytimeRunner``: loads a bundle once and owns the runners' lifecycle and the one-call-at-a-time lock.
 
 It loads one backend runner per model file, compiles the tree's depth-first
-schedule (:func:`~.program.compile_program`) and opens sessions over it:
+schedule (:func:`~.program.compile_program`: the steps of the plan, and for
+plan "mixed" the bigger steps it may take instead) and opens sessions over it:
 ``run(x)`` is ``start`` + :meth:`AnytimeSession.advance` + ``result``, in
 one locked call. Sessions (:mod:`.session`) hold one frame's state; the
 profiler (:mod:`.profiler`) times the same loop through its unit hook.
@@ -21,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, read_manifest_and_digest
+from ..bundle import MIXED_PLANS, RUNNER_PLANS, read_manifest_and_digest
 from ..errors import BundleError, HNEError, InputError
 from . import profiler
 from .backends import Backend, create_backend
@@ -54,7 +55,12 @@ class AnytimeRunner:
         bundle_dir: the bundle (see :mod:`hne_edge.bundle`); read and validated once.
         backend: "onnxruntime" (default), "torch", or a :class:`Backend` instance.
         device: "cpu", "cuda" or "cuda:N" (GPU backends; see the README's GPU section).
-        plan: "segments" (one model file per leaf chain; fewer calls) or "nodes" (one per node).
+        plan: "segments" (one model file per leaf chain; fewer calls), "nodes" (one per node),
+            "subtrees" (leaf 0's chain, then one call per whole subtree: B + 1 calls, stopping at
+            1, 2, 4, ..., N leaves), "fused" (the whole tree in one call: no anytime stop before N) or
+            "mixed" (per frame, leaf by leaf or a whole subtree - or the whole tree - in one call where
+            the budget fits it and the cost model measures it no slower; needs "segments" and "subtrees"
+            files, uses "fused" ones when present; see :mod:`.program`).
         precision: "fp32" or "fp16" (what the bundle holds).
         threads: intra-op threads for the backend (None: its default).
         load_profile: load a matching saved cost profile (see :mod:`.cost_model`).
@@ -96,8 +102,8 @@ class AnytimeRunner:
         self._closed = True  # until fully built
         self._runners: list[Any] = []
         self._first_runner: Any = None
-        if plan not in ANYTIME_PLANS:
-            raise InputError(f"plan: received {plan!r}; expected one of {list(ANYTIME_PLANS)}")
+        if plan not in RUNNER_PLANS:
+            raise InputError(f"plan: received {plan!r}; expected one of {list(RUNNER_PLANS)}")
         self.bundle_dir = Path(bundle_dir)
         # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
         self.manifest, self.manifest_sha256 = read_manifest_and_digest(self.bundle_dir, verify_files=False)
@@ -114,15 +120,23 @@ class AnytimeRunner:
         self.num_classes = self.manifest.num_classes
         self.input_spec = self.manifest.input
         try:
-            loaded = self.backend.load(self.manifest, self.bundle_dir, plan, precision)
+            loaded = self.backend.load(self.manifest, self.bundle_dir, "segments" if plan == "mixed" else plan, precision)
             self._runners = [self.backend.create_runner(u, loaded) for u in loaded.units]
+            alternatives = []
+            if plan == "mixed":  # the whole subtrees (one leaf: the same call as the segment) and the whole tree
+                for part in MIXED_PLANS[1:]:
+                    if part == "subtrees" or self.backend.has_plan(self.manifest, part, precision):
+                        units = self.backend.load(self.manifest, self.bundle_dir, part, precision)
+                        alternatives += [self.backend.create_runner(u, units) for u in units.units if u.num_leaves > 1]
+                self._runners += alternatives
             for r in self._runners:
                 r.activate()
-            if first_leaf and (self.backend.format, "first", precision) in self.manifest.variants():
+            if first_leaf and plan != "fused" and (self.backend.format, "first", precision) in self.manifest.variants():
                 first = self.backend.load(self.manifest, self.bundle_dir, "first", precision)
                 self._first_runner = self.backend.create_runner(first.units[0], first).activate()
             try:
-                self._program: Program = compile_program(tree, self._runners, self._first_runner)
+                base = self._runners[: len(self._runners) - len(alternatives)]
+                self._program: Program = compile_program(tree, base, self._first_runner, alternatives)
             except BundleError as exc:
                 raise BundleError(f"{plan}: {exc}") from None
         except BaseException:
@@ -139,30 +153,38 @@ class AnytimeRunner:
             self._upload = lambda x, up=self._from_host, dt=image_dtype: up(x.astype(dt))
         self._lock = threading.Lock()
         self._owner: str | None = None
-        self.leaf_macs = [sum(self.manifest.node_macs[n] for n in seg.nodes) for seg in tree.segments]
+        # what each step adds to the MACs: the nodes first computed for its leaves (each node once, depth-first)
+        self.step_macs = [sum(self.manifest.node_macs[n.id] for n in tree.nodes if s.lo <= n.leaves[0] < s.hi)
+                          for s in self._program.steps]  # fmt: skip
+        self.stops = self._program.stops  # the leaf counts a frame can end at
         self.profile_data: Profile | None = None
         self.profile_path: Path | None = None
         self.profile_status = "not loaded"
         if load_profile:
             self.profile_data, self.profile_path, self.profile_status = find_profile(
-                self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision, self.num_leaves
+                self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision,
+                len(self._program.steps),
             )
         self.quantile = quantile
-        self.cost = CostModel(self.leaf_macs, self.profile_data, quantile=quantile)
+        self.cost = self._cost_model(self.profile_data)
         self._closed = False
         if warmup:
             spec = self.input_spec
             x = np.zeros((spec.batch[1], spec.channels, *spec.spatial), dtype=spec.dtype)
             for _ in range(warmup):
-                self._session(self._upload(x), len(x), UNOBSERVED).advance(self._clock(), None, None, self.num_leaves, self.num_leaves)
+                for route in self._program.routes():  # every step of a mixed program, once each
+                    self._session(self._upload(x), len(x), UNOBSERVED, route).advance(
+                        self._clock(), None, None, self.num_leaves, self.num_leaves
+                    )
                 if self._first_runner is not None:
                     self._to_host(self._first_runner.run_logits_impl((self._upload(x),)))
 
     # -- construction ----------------------------------------------------------
-    def _session(self, handle: Any, batch: int, model: Any = None) -> AnytimeSession:
-        """A session over an uploaded image (``model``: the cost model it feeds; default this batch's)."""
+    def _session(self, handle: Any, batch: int, model: Any = None, program: Program | None = None) -> AnytimeSession:
+        """A session over an uploaded image (``model``: the cost model it feeds, default this batch's;
+        ``program``: one of the program's routes, default the program)."""
         return AnytimeSession(
-            self._program,
+            self._program if program is None else program,
             handle,
             batch,
             num_classes=self.num_classes,
@@ -171,7 +193,11 @@ class AnytimeRunner:
             clock=self._clock,
             to_host=self._to_host,
             guard=(self._acquire, self._release),
+            plan=repr(self.plan),
         )
+
+    def _cost_model(self, profile: Profile | None) -> CostModel:
+        return CostModel(self.step_macs, profile, quantile=self.quantile, path=self._program.path)
 
     @property
     def first_leaf_file(self) -> str | None:
@@ -282,16 +308,17 @@ class AnytimeRunner:
 
         Args:
             x: input batch; checked once (dtype, rank, channels, size, batch range, finite).
-            budget_ms: time budget from this call's entry; a leaf starts only if its
-                predicted cost fits in the time left.
+            budget_ms: time budget from this call's entry; a step (a leaf, or a whole subtree) starts
+                only if its predicted cost fits in the time left.
             deadline: absolute ``time.perf_counter()`` value; with ``budget_ms`` the earlier wins.
-            max_leaves: stop after this many leaves (default: all).
-            min_leaves: always evaluate at least this many (>= 1), budget or not.
-            stop_when: e.g. ``Agreement(...)``; called between leaves with the leaf logits so far.
+            max_leaves: stop after this many leaves (default: all); rounded down to one of the plan's
+                ``runner.stops`` (plan "subtrees": 1, 2, 4, ..., N).
+            min_leaves: always evaluate at least this many (>= 1), budget or not; rounded up to a stop.
+            stop_when: e.g. ``Agreement(...)``; called between steps with the leaf logits so far.
         """
         t0 = self._clock()
         stop_at, budget = check_stop_at(t0, budget_ms, deadline)
-        n_stop, n_min = check_limits(self.num_leaves, max_leaves, min_leaves)
+        n_stop, n_min = check_limits(self._program, max_leaves, min_leaves, repr(self.plan))
         if n_min < 1:
             raise InputError(f"min_leaves: received {min_leaves}; expected >= 1 (a result needs a leaf)")
         self._acquire()
@@ -307,8 +334,15 @@ class AnytimeRunner:
 
     # -- cost model --------------------------------------------------------------
     def predicted_ms(self, batch: int = 1) -> list[float]:
-        """The cost model's current per-leaf predictions (ms) for ``batch``."""
+        """The cost model's current predictions (ms) for ``batch``, per step of the program (for plans
+        "segments" and "nodes", step i is leaf i; see :attr:`steps`)."""
         return [p * 1e3 for p in self.cost.predict(batch)]
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The program's steps: ``{"step", "leaves": (first, end), "kind", "name", "macs"}`` each (cost-model order)."""
+        return [{"step": j, "leaves": (s.lo, s.hi), "kind": s.kind, "name": s.name, "macs": m}
+                for j, (s, m) in enumerate(zip(self._program.steps, self.step_macs))]  # fmt: skip
 
     def profile(
         self,
@@ -318,7 +352,10 @@ class AnytimeRunner:
         save: bool = True,
         seed: int = 0,
     ) -> Profile:
-        """Measure every leaf step and unit on this device (median/p90/p95 after warm-up); use and save it.
+        """Measure every step and unit on this device (median/p90/p95 after warm-up); use and save it.
+
+        A mixed runner times each of its routes (leaf by leaf, subtree by subtree, the whole tree) in turn,
+        so every step it may choose is measured.
 
         Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
         (or the user cache if the bundle is read-only; ``self.profile_path`` says where).
@@ -332,7 +369,8 @@ class AnytimeRunner:
         self._acquire()
         try:
             batches = profiler.measure(
-                lambda x: self._session(self._upload(x), len(x), UNOBSERVED),
+                lambda x, route: self._session(self._upload(x), len(x), UNOBSERVED, route),
+                self._program,
                 self.backend,
                 self.input_spec,
                 [r.name for r in self._runners],
@@ -361,5 +399,5 @@ class AnytimeRunner:
             self.profile_path, fell_back = save_profile(profile, self.bundle_dir)
             self.profile_status = f"saved {self.profile_path}" + (" (bundle dir not writable)" if fell_back else "")
         self.profile_data = profile
-        self.cost = CostModel(self.leaf_macs, profile, quantile=self.quantile)
+        self.cost = self._cost_model(profile)
         return profile

@@ -6,8 +6,16 @@ evaluates leaves goes through :meth:`AnytimeSession.advance` -
 ``AnytimeRunner.run``, ``refine``, ``step``, the warm-up and the profiler
 (which times each unit through the ``on_unit`` hook).
 
-The loop only indexes the program's per-leaf calls ``(run, input slot,
-output slots)``: no validation, no dict building, no allocation beyond
+The loop advances step by step (:class:`~.program.Step`: one leaf, a whole
+subtree or the whole tree). Budgets, ``cancel()``, ``stop_when`` and
+``min_leaves`` / ``max_leaves`` act at step boundaries: a session stops only
+at the program's ``stops`` (every n for plans "segments", "nodes" and
+"mixed"; 1, 2, 4, ..., N for "subtrees"), so ``max_leaves`` is rounded down
+and ``min_leaves`` up to one. A mixed program's choice at a boundary is
+:func:`~.program.choose`'s.
+
+The loop only indexes the program's steps ``(calls of (run, input slot,
+output slots), ...)``: no validation, no dict building, no allocation beyond
 what the backend returns.
 
 Time: every time value (``deadline``, the budget, the cost model) is in
@@ -24,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import HNEError, InputError
-from .program import Call, Program
+from .program import Call, Program, choose
 from .result import AnytimeResult
 
 __all__ = [
@@ -79,14 +87,24 @@ def check_stop_at(t0: float, budget_ms: float | None, deadline: float | None) ->
     return stop_at, (None if stop_at is None else (stop_at - t0) * 1e3)
 
 
-def check_limits(num_leaves: int, max_leaves: int | None, min_leaves: int) -> tuple[int, int]:
-    """(leaves to stop at, leaves forced), checked against each other and the tree."""
-    n = num_leaves
+def check_limits(program: Program, max_leaves: int | None, min_leaves: int, plan: str = "") -> tuple[int, int]:
+    """(leaves to stop at, leaves forced), checked against each other and the tree, and rounded to the
+    program's stops: ``max_leaves`` down, ``min_leaves`` up (a step's leaves come together)."""
+    n = program.num_leaves
     n_stop = n if max_leaves is None else check_count(max_leaves, "max_leaves", 1, n)
     n_min = check_count(min_leaves, "min_leaves", 0, n)
     if n_min > n_stop:
         raise InputError(f"min_leaves: received {n_min} with max_leaves={n_stop}; expected min_leaves <= max_leaves")
-    return n_stop, n_min
+    if len(program.stops) == n:  # every n is a stop (per-leaf and mixed programs): the common case, fast
+        return n_stop, n_min
+    stop, forced = program.stop_at_most(n_stop), program.stop_at_least(n_min)
+    if stop == 0 or forced > stop:
+        asked = f"max_leaves={max_leaves}" if forced <= n_stop else f"min_leaves={min_leaves} and max_leaves={max_leaves}"
+        raise InputError(
+            f"{asked}: plan {plan or 'of this runner'} stops only at {', '.join(map(str, program.stops))} leaves; "
+            "expected a stop within the limits (plan 'segments' or 'mixed' stops at every leaf)"
+        )
+    return stop, forced
 
 
 class _Unobserved:
@@ -95,7 +113,7 @@ class _Unobserved:
     pred = None
 
     @staticmethod
-    def observe(leaf: int, seconds: float) -> None:
+    def observe(step: int, seconds: float) -> None:
         pass
 
 
@@ -105,10 +123,11 @@ UNOBSERVED = _Unobserved()
 class AnytimeSession:
     """One frame's anytime evaluation: interrupt, inspect, resume.
 
-    Created by :meth:`AnytimeRunner.start`. ``step()`` adds one leaf,
-    ``refine(budget_ms=...)`` adds leaves under a budget, ``result()`` is
-    valid once a leaf is evaluated, ``cancel()`` (any thread) stops the
-    evaluation at the next leaf boundary and keeps what was done; a
+    Created by :meth:`AnytimeRunner.start`. ``step()`` adds the next step (one
+    leaf; a whole subtree for plan "subtrees"), ``refine(budget_ms=...)`` adds
+    steps under a budget, ``result()`` is valid once a leaf is evaluated,
+    ``cancel()`` (any thread) stops the evaluation at the next step boundary
+    and keeps what was done; a
     cancelled session evaluates nothing more. A session cancelled before its
     first leaf has no result: ``refine()`` and ``result()`` raise
     :class:`SessionCancelled` (an :class:`~hne_edge.errors.HNEError`).
@@ -120,7 +139,8 @@ class AnytimeSession:
     Args (given by the runner):
         program: the compiled schedule; handle: the uploaded image; batch: its batch size.
         num_classes, class_names: of the bundle.
-        model: the cost model for this batch (``pred`` list, ``observe(leaf, seconds)``).
+        model: the cost model for this batch (``pred`` list per step, ``observe(step, seconds)``).
+        plan: the runner's plan name (for error messages).
         clock: the backend's clock (seconds); to_host: the backend's blocking download.
         guard: ``(acquire, release)`` of the runner's one-call-at-a-time lock.
     """
@@ -137,8 +157,10 @@ class AnytimeSession:
         clock: Callable[[], float],
         to_host: Callable[[Any], np.ndarray],
         guard: tuple[Callable[[], None], Callable[[], None]],
+        plan: str = "",
     ) -> None:
         self._program = program
+        self._plan = plan
         self._num_leaves = program.num_leaves
         self.batch = batch
         self._class_names = class_names
@@ -148,7 +170,8 @@ class AnytimeSession:
         self._cache: list[Any] | None = [None] * program.num_slots
         self._cache[0] = handle
         self._leaf_logits = np.empty((self._num_leaves, batch, num_classes), dtype=np.float32)
-        self._leaf_s = [0.0] * self._num_leaves  # wall time of each leaf step
+        self._step_s = [0.0] * self._num_leaves  # by the position a step started at: its wall time
+        self._taken = [-1] * self._num_leaves  # ... and which step it was
         self._next = 0
         self._cancelled = False
         self._elapsed = 0.0
@@ -182,9 +205,22 @@ class AnytimeSession:
         return tuple(nid for nid, s in self._program.slots.items() if nid is not None and self._cache[s] is not None)
 
     @property
+    def steps_taken(self) -> list[tuple[int, int, int, float]]:
+        """``(step index, first leaf, end, seconds)`` of each step so far: wall time up to its logits on the host."""
+        out, n, steps = [], 0, self._program.steps
+        while n < self._next:
+            j = self._taken[n]
+            out.append((j, n, steps[j].hi, self._step_s[n]))
+            n = steps[j].hi
+        return out
+
+    @property
     def leaf_seconds(self) -> list[float]:
-        """Wall time of each leaf evaluated so far, up to its logits on the host (seconds)."""
-        return self._leaf_s[: self._next]
+        """Wall time of each leaf evaluated so far (seconds): a step's time, split evenly over its leaves."""
+        out: list[float] = []
+        for _, lo, hi, t in self.steps_taken:
+            out += [t / (hi - lo)] * (hi - lo)
+        return out
 
     # -- control -------------------------------------------------------------
     def cancel(self) -> None:
@@ -196,13 +232,15 @@ class AnytimeSession:
         self._cache = None
 
     def step(self) -> bool:
-        """Evaluate the next leaf. Returns False (evaluating nothing) when the session is done."""
+        """Evaluate the next step of the plan (one leaf; plan "subtrees": the next whole subtree). Returns False
+        (evaluating nothing) when the session is done."""
         if self.done:
             return False
         self._acquire()
         try:
             t0 = self._clock()
-            self._loop(None, self._next + 1, 0, None)
+            program = self._program
+            self._loop(None, program.steps[program.at[self._next]].hi, 0, None)
             self._elapsed += self._clock() - t0
         finally:
             self._release()
@@ -224,7 +262,7 @@ class AnytimeSession:
         """
         t0 = self._clock()
         stop_at, budget = check_stop_at(t0, budget_ms, deadline)
-        n_stop, n_min = check_limits(self._num_leaves, max_leaves, 1 if min_leaves is None else min_leaves)
+        n_stop, n_min = check_limits(self._program, max_leaves, 1 if min_leaves is None else min_leaves, self._plan)
         if self._cancelled and self._next == 0:
             raise SessionCancelled("session was cancelled before its first leaf: it has no result; start a new one")
         if self._cache is None and self._next == 0:
@@ -252,7 +290,8 @@ class AnytimeSession:
             budget_ms=budget,
             stopped_by=reason,
             class_names=self._class_names,
-            leaf_ms=[t * 1e3 for t in self._leaf_s[:n]],
+            leaf_ms=[t * 1e3 for t in self.leaf_seconds],
+            step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in self.steps_taken],
         )
 
     # -- the loop ------------------------------------------------------------
@@ -268,10 +307,12 @@ class AnytimeSession:
         final: bool = False,
         on_unit: UnitHook | None = None,
     ) -> None:
-        """Evaluate leaves up to ``n_stop`` (arguments already checked) and record the outcome for :meth:`result`.
+        """Evaluate steps up to ``n_stop`` leaves (arguments already checked and rounded to the program's
+        stops) and record the outcome for :meth:`result`.
 
         The caller holds the runner's lock. ``t0``: when the call began (its elapsed time and budget count
-        from there). ``final``: the session ends at ``n_stop`` (``run``), so its last leaf skips the exports.
+        from there). ``final``: the session ends at ``n_stop`` (``run``), so its last step skips the exports,
+        and (mixed programs) nothing can cancel or refine it: the whole-tree step may be taken.
         ``on_unit``: called in place of each unit call, e.g. to time it.
         """
         if self.done:
@@ -299,59 +340,69 @@ class AnytimeSession:
         final: bool = False,
         on_unit: UnitHook | None = None,
     ) -> tuple[str, float]:
-        """Evaluate leaves ``self._next .. n_stop-1``; return (why it stopped, time the forced leaves ended).
+        """Evaluate steps from leaf ``self._next`` up to ``n_stop``; return (why it stopped, time the forced leaves ended).
 
-        Leaf ``i`` is started only if ``i < n_min`` (forced) or all of: not
-        cancelled, ``stop_when`` does not fire, and ``now + predicted[i] <= stop_at``.
+        The step at position ``n`` is the program's (mixed programs: :func:`~.program.choose`'s); it is
+        started only if ``n < n_min`` (forced) or all of: not cancelled, ``stop_when`` does not fire, and
+        ``now + predicted[step] <= stop_at``.
         """
         cache = self._cache
         if cache is None:
             raise RunnerClosedError("session is closed; its cached activations were dropped")
         program = self._program
-        calls, finals, drops, logits_slot = program.calls, program.finals, program.drops, program.logits_slot
+        steps, at, alts, logits_slot = program.steps, program.at, program.alts, program.logits_slot
         if on_unit is not None:  # the same loop, each call routed through the hook
-            calls, finals = ([[Call(lambda inputs, c=c: on_unit(c, inputs), *c[1:]) for c in leaf] for leaf in table]
-                             for table in (calls, finals))  # fmt: skip
-        num_leaves, last = self._num_leaves, (n_stop - 1 if final else -1)
-        # the export-free first-leaf file costs less than leaf 0's segment: not a sample of the segment's cost
-        unobserved = 0 if last == 0 and program.first_leaf else -1
+            steps = [s._replace(calls=wrap(s.calls), final=wrap(s.final)) for s in steps
+                     for wrap in (lambda calls: tuple(Call(lambda inputs, c=c: on_unit(c, inputs), *c[1:]) for c in calls),)]  # fmt: skip
+        num_leaves, last = self._num_leaves, (n_stop if final else -1)
+        # the export-free first-leaf file costs less than leaf 0's chain: not a sample of that step's cost
+        unobserved = at[0] if last == 1 and program.first_leaf else -1
+        whole = final and stop_when is None and n_stop == num_leaves  # nothing can cancel, refine or stop it early
         to_host, clock = self._to_host, self._clock
         out = self._leaf_logits
-        pred, observe = self._model.pred, self._model.observe
-        leaf_s = self._leaf_s
-        i = self._next
+        pred, observe, known = self._model.pred, self._model.observe, getattr(self._model, "known", None)
+        step_s, taken = self._step_s, self._taken
+        n = self._next
         now = clock()
         t_forced = now
         reason = "max_leaves" if n_stop < num_leaves else "complete"
-        while i < n_stop:
-            if i >= n_min:
+        while n < n_stop:
+            j = at[n]
+            if alts is not None and alts[n]:
+                j = choose(program, n, now, stop_at, pred, known, n_stop, n_min, whole and n == 0, stop_when is None)
+            if n >= n_min:
                 if self._cancelled:
                     reason = "cancelled"
                     break
-                if stop_when is not None and i and stop_when(out[:i]):
+                if stop_when is not None and n and stop_when(out[:n]):
                     reason = "stop_when"
                     break
-                if stop_at is not None and now + pred[i] > stop_at:
+                if stop_at is not None and now + pred[j] > stop_at:
                     reason = "budget"
                     break
-            for run, src, dsts, _ in finals[i] if i == last else calls[i]:
+            calls, final_calls, lo, hi, drops, several, _, _ = steps[j]
+            for run, src, dsts, _ in final_calls if hi == last else calls:
                 outs = run((cache[src],))
                 for d, o in zip(dsts, outs):
                     cache[d] = o
-            out[i] = to_host(cache[logits_slot])
-            for d in drops[i]:
+            if several:
+                out[lo:hi] = to_host(cache[logits_slot]).swapaxes(0, 1)
+            else:
+                out[lo] = to_host(cache[logits_slot])
+            for d in drops:
                 cache[d] = None
             t = clock()
-            leaf_s[i] = t - now
-            if i != unobserved:
-                observe(i, t - now)
+            step_s[lo] = t - now
+            taken[lo] = j
+            if j != unobserved:
+                observe(j, t - now)
             now = t
-            i += 1
-            self._next = i
-            if i == n_min:
+            n = hi
+            self._next = n
+            if lo < n_min <= hi:
                 t_forced = now
-        if self._cancelled and reason != "cancelled" and i < num_leaves and i >= n_min:
+        if self._cancelled and reason != "cancelled" and n < num_leaves and n >= n_min:
             reason = "cancelled"
-        if i >= num_leaves:
+        if n >= num_leaves:
             self._cache = None  # nothing left to compute: free the image too
         return reason, t_forced

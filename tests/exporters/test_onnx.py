@@ -245,3 +245,77 @@ def test_standalone_network(tmp_path, tiny_bundle, leaf):
         ref = tiny_bundle.model(x)[:, leaf].numpy()
     assert np.abs(got - ref).max() <= 1e-4
     assert [p.name for p in tmp_path.iterdir()] == [f"net{leaf}.onnx"]
+
+
+# -- plans "subtrees" and "fused" -------------------------------------------------------------------------
+
+
+def test_subtrees_and_fused_files_are_the_trees_units(steps_bundle, tiny_bundle):
+    from hne_edge.bundle import file_path
+
+    manifest = read_manifest(steps_bundle)
+    tree = manifest.tree
+    assert [v[1:] for v in manifest.variants() if v[0] == "onnx"] == [
+        (p, q) for p in ("segments", "subtrees", "fused", "first") for q in ("fp32", "fp16")
+    ]
+    for precision in ("fp32", "fp16"):
+        units = manifest.files_for("subtrees", precision)
+        assert [f.path for f in units] == [file_path("onnx", precision, "subtrees", unit=i) for i in range(5)]
+        assert [(f.leaf, f.nodes, f.inputs[0].node) for f in units] == [
+            (u.first_leaf, u.nodes, u.input) for u in tree.subtree_units
+        ]
+        assert [o.name for o in units[0].outputs] == ["act_b0.0", "act_b1.0", "act_b2.0", "act_b3.0", "logits"]
+        assert [f.outputs[-1].shape for f in units[1:]] == [("batch", k, 10) for k in (1, 2, 4, 8)]
+        assert sum(f.macs for f in units) == manifest.prefix_macs()[-1]  # every node once
+        (fused,) = manifest.files_for("fused", precision)
+        assert fused.path == f"onnx/{precision}/fused/tree.onnx" and fused.outputs[-1].shape == ("batch", 16, 10)
+        assert fused.macs == manifest.prefix_macs()[-1]
+    # independent of the runtime and of verify: chain the subtree files with plain onnxruntime
+    x = np.random.default_rng(5).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        ref = tiny_bundle.model.eval()(torch.from_numpy(x)).numpy()  # (B, N, classes)
+    cache, got = {None: x}, []
+    for f in manifest.files_for("subtrees"):
+        outs = _session(steps_bundle / f.path).run(None, {f.inputs[0].name: cache[f.inputs[0].node]})
+        cache.update({spec.node: out for spec, out in zip(f.outputs[:-1], outs)})
+        got.append(outs[-1][:, None] if f.leaf == 0 else outs[-1])
+    np.testing.assert_allclose(np.concatenate(got, axis=1), ref, rtol=1e-4, atol=1e-4)
+    (fused,) = manifest.files_for("fused")
+    (out,) = _session(steps_bundle / fused.path).run(None, {"image": x})
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_subtree_files_have_no_shape_arithmetic_on_the_batch(steps_bundle):
+    """The branch replication exports as one Gather with constant indices (fp16 conversion and TensorRT
+    need no dynamic shape ops), and every file keeps a symbolic batch dimension."""
+    manifest = read_manifest(steps_bundle)
+    for f in manifest.files_for("subtrees") + manifest.files_for("fused"):
+        proto = onnx.load(str(steps_bundle / f.path))
+        ops = {n.op_type for n in proto.graph.node}
+        assert not ops & {"Range", "Where", "Equal", "ConstantOfShape", "Div", "Cast", "Expand"}, (f.path, ops)
+        if len(f.nodes) > 1 and f.leaf:
+            assert "Gather" in ops
+        assert all(v.type.tensor_type.shape.dim[0].dim_param for v in [*proto.graph.input, *proto.graph.output])
+
+
+def test_verify_checks_every_stop_of_the_plans_of_several_leaves(steps_bundle, tiny_bundle):
+    report = verify_bundle(steps_bundle, model=tiny_bundle.model, batch_sizes=[1, 3])
+    report.raise_for_failures()
+    checks = {(c.file, c.check.split(" (")[0]) for c in report.checks}
+    for precision in ("fp32", "fp16"):
+        assert (f"onnx/{precision}/subtrees", "each stop vs fused, n=1,2,4,8,16") in checks
+        assert (f"onnx/{precision}/fused", "each stop vs fused, n=16") in checks
+        assert (f"onnx/{precision}/subtrees", "anytime == segments plan, n=1..16") in checks
+        assert (f"onnx/{precision}/fused/tree.onnx", "vs torch") in checks
+    # a subtree file computing the wrong thing is caught: swap two of its output leaves' weights
+    import copy
+
+    other = copy.deepcopy(tiny_bundle.model)
+    with torch.no_grad():
+        head = other.head.fc[-1]
+        rows = head.weight.shape[0] // 16
+        head.weight[8 * rows : 9 * rows], head.weight[9 * rows : 10 * rows] = (
+            head.weight[9 * rows : 10 * rows].clone(), head.weight[8 * rows : 9 * rows].clone())  # fmt: skip
+    bad = verify_bundle(steps_bundle, model=other, batch_sizes=[1])
+    assert any(c.file == "onnx/fp32/subtrees/unit04.onnx" for c in bad.failures)
+    assert any(c.file == "onnx/fp32/subtrees" and "each stop" in c.check for c in bad.failures)

@@ -46,6 +46,7 @@ import numpy as np
 
 from ...bundle import ANYTIME_PLANS, DTYPE_OF, Manifest, ModelFile, TensorSpec, activation_name, bundle_path, read_verified
 from ...errors import BackendUnavailable, BundleError, HNEError, InputError
+from ...tree import TreeSpec
 
 __all__ = [
     "Handle",
@@ -69,19 +70,25 @@ class Unit:
     """One execution unit: something that computes a chain of tree nodes in one call.
 
     For ONNX / TensorRT this is a model file of the bundle; the torch backend
-    builds units from the tree (one per segment or per node) over one weights file.
+    builds units from the tree (one per segment, node, subtree unit, or the
+    whole tree) over one weights file.
     """
 
     name: str  # bundle path of the file, or e.g. "torch/model.pt#segment3"
     nodes: tuple[str, ...]  # tree nodes computed, root side first
-    leaf: int | None  # depth-first leaf position whose logits it outputs (None: inner node)
+    leaf: int | None  # depth-first position of the (first) leaf whose logits it outputs (None: inner node)
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     macs: int  # per sample
-    kind: str  # "segment" (a leaf's chain, plans "segments" / "first") or "node" (plan "nodes")
-    key: int | str  # the segment's leaf or the node's id: what model.segment_module / node_module take
+    # "segment" (a leaf's chain, plans "segments" / "first"), "node" (plan "nodes"), "subtree" (a unit of
+    # plan "subtrees") or "tree" (plan "fused")
+    kind: str
+    # what the torch model's views take: the segment's leaf (model.segment_module), the node's id
+    # (node_module), the subtree unit's index (unit_module); None for the whole tree
+    key: int | str | None
     path: Path | None = None  # absolute path of the file it loads
     file: ModelFile | None = None
+    num_leaves: int = 1  # leaves whose logits it outputs (leaf .. leaf + num_leaves - 1)
 
 
 @dataclass(frozen=True)
@@ -120,56 +127,75 @@ def image_dtype(units: Sequence[Unit], manifest: Manifest) -> str:
     return next((u.inputs[0].dtype for u in units if u.inputs[0].node is None), manifest.input.dtype)
 
 
-def _unit_of_file(f: ModelFile, bundle_dir: Path) -> Unit:
-    kind, key = ("node", f.nodes[0]) if f.plan == "nodes" else ("segment", f.leaf)
+def _unit_of_file(f: ModelFile, bundle_dir: Path, tree: TreeSpec) -> Unit:
+    count = 1
+    if f.plan == "nodes":
+        kind, key = "node", f.nodes[0]
+    elif f.plan == "subtrees":
+        unit = next(u for u in tree.subtree_units if u.first_leaf == f.leaf)
+        kind, key, count = "subtree", unit.index, unit.num_leaves
+    elif f.plan == "fused":
+        kind, key, count = "tree", None, tree.num_leaves
+    else:
+        kind, key = "segment", f.leaf
     return Unit(name=f.path, nodes=f.nodes, leaf=f.leaf, inputs=f.inputs, outputs=f.outputs, macs=f.macs,
-                kind=kind, key=key, path=bundle_path(bundle_dir, f), file=f)  # fmt: skip
+                kind=kind, key=key, path=bundle_path(bundle_dir, f), file=f, num_leaves=count)  # fmt: skip
 
 
 def units_from_files(manifest: Manifest, bundle_dir: Path, plan: str, precision: str, format: str) -> list[Unit]:
     """One unit per model file of ``format/plan/precision`` (the manifest's validated files)."""
-    return [_unit_of_file(f, bundle_dir) for f in manifest.files_for(plan, precision, format)]
+    return [_unit_of_file(f, bundle_dir, manifest.tree) for f in manifest.files_for(plan, precision, format)]
 
 
 def units_from_tree(manifest: Manifest, plan: str, precision: str, name: str, path: Path | None) -> list[Unit]:
     """Units synthesized from the tree (for backends that run modules, not files).
 
-    Activation shapes are unknown without the model (``shape=()``, not checked).
+    Activation shapes are unknown without the model (``shape=()``, not checked); logits have their rank:
+    ``("batch", classes)`` for one leaf, ``("batch", leaves, classes)`` for a subtree unit or the tree.
     """
     dtype = DTYPE_OF[precision]
     tree = manifest.tree
+    classes = manifest.num_classes
 
-    def spec(node: str | None, logits: bool = False) -> TensorSpec:
+    def spec(node: str | None) -> TensorSpec:
         if node is None:  # the image, in the units' dtype (the runner casts it)
             return TensorSpec(manifest.input.name, None, dtype, manifest.input.shape)
-        return TensorSpec("logits" if logits else activation_name(node), node, dtype, ())
+        return TensorSpec(activation_name(node), node, dtype, ())
 
+    def logits(node: str | None, count: int | None = None) -> TensorSpec:
+        return TensorSpec("logits", node, dtype, ("batch", classes) if count is None else ("batch", count, classes))
+
+    # (label, nodes, input, exports, logits or None, leaf, kind, key, leaves)
     if plan == "segments":
-        chains = [(seg.nodes, seg.input, seg.exports, seg.leaf, "segment", seg.leaf) for seg in tree.segments]
+        chains = [(f"segment{seg.leaf}", seg.nodes, seg.input, seg.exports, logits(seg.nodes[-1]), seg.leaf, "segment",
+                   seg.leaf, 1) for seg in tree.segments]  # fmt: skip
     elif plan == "nodes":
-        chains = []
-        for node in tree.nodes:
-            leaf = node.leaves[0] if node.is_leaf else None
-            exports = () if node.is_leaf else (node.id,)
-            chains.append(((node.id,), node.parent, exports, leaf, "node", node.id))
+        chains = [(node.id, (node.id,), node.parent, () if node.is_leaf else (node.id,),
+                   logits(node.id) if node.is_leaf else None, node.leaves[0] if node.is_leaf else None, "node", node.id, 1)
+                  for node in tree.nodes]  # fmt: skip
+    elif plan == "subtrees":
+        chains = [(f"unit{u.index}", u.nodes, u.input, u.exports,
+                   logits(u.nodes[-1]) if u.index == 0 else logits(u.root, u.num_leaves), u.first_leaf, "subtree",
+                   u.index, u.num_leaves) for u in tree.subtree_units]  # fmt: skip
+    elif plan == "fused":
+        chains = [("tree", tuple(n.id for n in tree.nodes), None, (), logits(None, tree.num_leaves), 0, "tree", None,
+                   tree.num_leaves)]  # fmt: skip
     else:
         raise BundleError(f"plan must be one of {list(ANYTIME_PLANS)} for this backend; received {plan!r}")
     units = []
-    for nodes, src, exports, leaf, kind, key in chains:
-        outputs = tuple(spec(e) for e in exports)
-        if leaf is not None:
-            outputs += (spec(nodes[-1], logits=True),)
+    for label, nodes, src, exports, out, leaf, kind, key, count in chains:
         units.append(
             Unit(
-                name=f"{name}#{kind if kind == 'segment' else ''}{key}",
+                name=f"{name}#{label}",
                 nodes=tuple(nodes),
                 leaf=leaf,
                 inputs=(spec(src),),
-                outputs=outputs,
+                outputs=tuple(spec(e) for e in exports) + ((out,) if out is not None else ()),
                 macs=sum(manifest.node_macs[n] for n in nodes),
                 kind=kind,
                 key=key,
                 path=path,
+                num_leaves=count,
             )
         )
     return units
@@ -287,6 +313,10 @@ class Backend(ABC):
     def read_file(self, path: Path, model_file: ModelFile | None) -> bytes:
         """The bytes a runner loads: read once, checked against the manifest's sha256 when ``verify``."""
         return read_verified(path, model_file if self.verify else None)
+
+    def has_plan(self, manifest: Manifest, plan: str, precision: str) -> bool:
+        """Whether :meth:`load` can load ``plan`` in ``precision`` from this bundle (default: it has those files)."""
+        return (self.format, plan, precision) in manifest.variants()
 
     def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
         """The units of ``plan`` and what running them needs (default: the bundle's files of this backend's format)."""

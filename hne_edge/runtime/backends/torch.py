@@ -2,7 +2,9 @@
 
 The model is rebuilt from the manifest's ``model.config`` and the state dict
 is loaded with ``weights_only=True``; units are ``model.segment_module(i)``
-(plan "segments") or ``model.node_module(id)`` (plan "nodes"), each built by
+(plan "segments"), ``model.node_module(id)`` (plan "nodes"), ``model.unit_module(i)``
+(plan "subtrees": leaf 0's chain, then each whole subtree fused) or the fused model
+itself (plan "fused"), each built by
 :meth:`TorchBackend.prepare`: BatchNorm folded into the convolutions (in fp32,
 ``fold_batchnorm=True``), then cast to fp16 for ``precision="fp16"``. Bundles
 carry fp32 torch weights only, so fp16 always converts them; on the CPU torch
@@ -18,13 +20,14 @@ to the GPU.
 
 from __future__ import annotations
 
+import copy
 import io
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ...bundle import Manifest, bundle_path
+from ...bundle import ANYTIME_PLANS, Manifest, bundle_path
 from ...errors import BackendUnavailable, BundleError
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
 
@@ -49,10 +52,17 @@ class TorchRunner(Runner):
 
     def activate_impl(self) -> None:
         unit, model = self.unit, self._model
-        module = model.segment_module(unit.key) if unit.kind == "segment" else model.node_module(unit.key)
+        if unit.kind == "segment":
+            module = model.segment_module(unit.key)
+        elif unit.kind == "subtree":
+            module = model.unit_module(unit.key)
+        elif unit.kind == "tree":
+            module = copy.deepcopy(model)  # prepare() may cast it in place; the model is shared
+        else:
+            module = model.node_module(unit.key)
         self.module = self._backend.prepare(module, half=self._half)
         self._torch = self._backend.torch
-        self._tuple = unit.kind == "segment"
+        self._tuple = unit.kind in ("segment", "subtree")  # their modules return a tuple of outputs
 
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
         with self._torch.inference_mode():
@@ -82,6 +92,10 @@ class TorchBackend(Backend):
             self.torch.set_num_threads(int(threads))
         self.threads = threads
         self.fold_batchnorm = bool(fold_batchnorm)
+
+    def has_plan(self, manifest: Manifest, plan: str, precision: str) -> bool:
+        """Every plan is a view of the weights file: the bundle needs only that (fp32 serves fp16 too)."""
+        return plan in ANYTIME_PLANS and any(v[:2] == ("torch", "weights") for v in manifest.variants())
 
     def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
         """Units from the tree over the bundle's (fp32) weights, read once and built into the model here."""
