@@ -54,7 +54,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from ..errors import BundleError
 from ..tree import TreeSpec
 
-__all__ = ["Call", "Step", "Program", "compile_program", "choose", "STEP_KINDS"]
+__all__ = ["Call", "Step", "Program", "compile_program", "choose", "best_leaves", "STEP_KINDS"]
 
 #: what a step adds: one leaf, a whole subtree, the whole tree
 STEP_KINDS = ("leaf", "subtree", "tree")
@@ -172,6 +172,24 @@ def choose(
             continue
         return c
     return program.at[n]
+
+
+def best_leaves(program: Program, seconds: Sequence[float], budget: float, whole: bool = True) -> int:
+    """The most leaves any schedule of ``program`` fits in ``budget`` seconds, knowing every step's true time
+    (``seconds[j]`` for step ``j``): the oracle :func:`choose` is measured against. At least the first step's
+    leaves (always evaluated). ``whole``: the whole-tree step is allowed (as for a ``run()``)."""
+    n_leaves = program.num_leaves
+    reach = [0.0] + [float("inf")] * n_leaves  # the least time to have done n leaves
+    for n in range(n_leaves):
+        if reach[n] == float("inf"):
+            continue
+        options = (program.at[n], *(program.alts[n] if program.alts is not None else ()))
+        for j in options:
+            step = program.steps[j]
+            if j >= 0 and (whole or step.kind != "tree"):
+                reach[step.hi] = min(reach[step.hi], reach[n] + seconds[j])
+    fit = [n for n in range(1, n_leaves + 1) if reach[n] <= budget]
+    return max(fit, default=program.steps[program.at[0]].hi)
 
 
 def _leaf_chains(tree: TreeSpec, runners: Sequence[Any], slots: dict[str | None, int], logits: int) -> list[tuple]:

@@ -222,3 +222,15 @@ def test_a_step_reading_an_activation_no_earlier_step_kept_is_refused():
     units[0] = unit("seg0", ["b0.0", "b1.0", "b2.0"], None, ["b1.0"], 0)  # b0.0 not exported, leaf 2 reads it
     with pytest.raises(BundleError, match=r"seg2 reads b0.0, which the session does not hold before leaf 2"):
         compile_program(TREE, units)
+
+
+def test_best_leaves_is_the_oracle_over_every_schedule():
+    from hne_edge.runtime.program import best_leaves
+
+    p = mixed()
+    t = [1.0, 0.2, 0.3, 0.3, 0.5, 1.5]  # seg0..seg3, b1.1's subtree, the tree
+    assert [best_leaves(p, t, b) for b in (0.5, 1.0, 1.2, 1.5, 1.69, 1.7, 1.8)] == [1, 1, 2, 4, 4, 4, 4]
+    assert best_leaves(p, t, 1.49) == 2  # the tree needs 1.5, three leaves 1.0 + 0.2 + 0.3
+    assert best_leaves(p, t, 1.55, whole=False) == 3  # the subtree (to 4) needs 1.7
+    assert best_leaves(p, t, 1.7, whole=False) == 4
+    assert best_leaves(compile_program(TREE, subtree_units()), [1.0, 0.2, 0.5], 1.6) == 2  # no stop at 3

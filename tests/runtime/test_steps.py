@@ -204,3 +204,63 @@ def test_mixed_takes_a_big_step_only_where_it_measures_faster(bundle16, subtree_
         big = [f for f in backend.files if "subtrees" in f or "fused" in f]
         assert bool(big) == (subtree_speed < 1), (budget, backend.files)
         assert r.met_budget
+
+
+# -- deadlines against an oracle, on recorded timings (virtual clock) ---------------------------------------
+
+
+RECORDED = __import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "steps_hne_resnet_small_ort_cpu_b1.json"
+
+
+def replay(bundle, plan, times, names, frames, seed=0):
+    """``plan`` on the fake backend, each call costing its recorded time in frame ``k`` (virtual clock): profiled
+    on frames 0-99 (each call draws one), then ``frames`` budgeted frames drawn from 100 on. Returns per frame
+    (k, budget, result) and the runner."""
+    runner, backend = fake_runner(bundle, plan, cost=lambda node, batch: 0.0)
+    column = {f"onnx/fp32/{name}": j for j, name in enumerate(names)}
+    column.update({"onnx/fp32/subtrees/unit00.onnx": 0, "onnx/fp32/subtrees/unit01.onnx": 1})  # leaf 0, leaf 1
+    frame, draw, rng = {"k": 0}, np.random.default_rng(seed), np.random.default_rng(seed + 1)
+    real = lambda unit, batch: times[frame["k"], column[unit.name]]  # noqa: E731
+    backend.call_cost = lambda unit, batch: (frame.__setitem__("k", int(draw.integers(100))), real(unit, batch))[1]
+    runner.profile(warmup=0, repeats=30, save=False)
+    backend.call_cost = real
+    first, full = np.median(times[:, 0]), np.median(times[:, :16].sum(1))
+    out = []
+    for _ in range(frames):
+        frame["k"] = k = int(rng.integers(100, len(times)))
+        budget = rng.uniform(first, full)
+        out.append((k, budget, runner.run(images(1), budget_ms=budget * 1e3)))
+    return out, runner
+
+
+def test_mixed_deadlines_against_the_oracle_on_recorded_timings(bundle16):
+    """Every step's time, frame by frame, as measured on ONNX Runtime (benchmarks/record_steps.py: hne_resnet_small,
+    batch 1, every route of the mixed program): the runner plays frame k on a virtual clock; the oracles
+    (program.best_leaves) know all of frame k's times. Budgets uniform between the first leaf and the full tree
+    leaf by leaf (the deadline benchmark's). Issue 21's targets: misses <= 1%, leaves >= 95% of the oracle's
+    (leaf by leaf, the benchmark's oracle). Against an oracle that also knows when a whole subtree or the tree
+    fits, the cost model's p99 margin costs more on big steps: BENCHMARKS.md reports both."""
+    import json
+
+    from hne_edge.runtime.program import best_leaves
+
+    data = json.loads(RECORDED.read_text())
+    times = np.asarray(data["frames_ms"]) / 1e3  # (frames, steps): seconds
+    names = [s["name"] for s in data["steps"]]
+    frames = 1000
+    mixed, runner = replay(bundle16, "mixed", times, names, frames)
+    assert [s["name"].split("fp32/")[-1] for s in runner.steps] == names  # the recorded steps are this program's
+    program = runner._program
+    leaf_by_leaf = program.routes()[0]
+    misses = sum(not r.met_budget and not r.overran_min_leaves for _, _, r in mixed)
+    leaves = sum(r.leaves for _, _, r in mixed)
+    oracle = sum(best_leaves(leaf_by_leaf, times[k], b) for k, b, _ in mixed)
+    oracle_all = sum(best_leaves(program, times[k], b) for k, b, _ in mixed)
+    assert misses <= 0.01 * frames, misses
+    assert leaves >= 0.95 * oracle, (leaves, oracle)
+    assert oracle_all > oracle and leaves >= 0.8 * oracle_all, (leaves, oracle_all)
+    assert sum(any(hi - lo > 1 for lo, hi, _ in r.step_ms) for _, _, r in mixed) > 0.3 * frames  # it uses subtrees
+    # the same frames and budgets leaf by leaf: mixing evaluates more leaves
+    segments, _ = replay(bundle16, "segments", times, names, frames)
+    assert [(k, b) for k, b, _ in segments] == [(k, b) for k, b, _ in mixed]
+    assert leaves > sum(r.leaves for _, _, r in segments)
