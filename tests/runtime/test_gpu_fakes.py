@@ -29,7 +29,7 @@ from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
 from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device
 
 from gpu_env import HAS_CUDA, HAS_ORT_CUDA, HAS_TORCH_CUDA, HAS_TRT  # noqa: E402
-from runtime_fakes import FakeTorchCuda, make_fake_bundle, node_forward, reference_leaf_logits  # noqa: E402
+from runtime_fakes import FakeTorchCuda, make_fake_bundle, reference_leaf_logits, unit_forward  # noqa: E402
 
 FP32 = dict(rtol=1e-4, atol=1e-4)
 FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
@@ -388,7 +388,7 @@ def _fake_trt(manifest, tree, classes, dev, log):
 
         def get_tensor_shape(self, name):
             out = next(t for t in self.f.outputs if t.name == name)
-            return (self.shape[0], classes if out.name == "logits" else D)
+            return (self.shape[0], *out.shape[1:])  # (batch, D), (batch, classes) or (batch, leaves, classes)
 
         def set_tensor_address(self, name, ptr):
             self.addr[name] = ptr
@@ -398,13 +398,8 @@ def _fake_trt(manifest, tree, classes, dev, log):
             assert stream == dev.stream_handle and self.memory is not None
             log.append(("execute", self.f.path))
             x = dev.view(self.addr[self.f.inputs[0].name], self.shape, np.float32)
-            h, outs = x, {}
-            for nid in self.f.nodes:
-                h, logits = node_forward(tree, nid, h, classes)
-                outs[f"act_{nid}"] = h
-            outs["logits"] = logits
-            for t in self.f.outputs:
-                dev.view(self.addr[t.name], outs[t.name].shape, np.float32)[...] = outs[t.name]
+            for t, out in zip(self.f.outputs, unit_forward(tree, self.f, x, classes)):  # a chain or a whole subtree
+                dev.view(self.addr[t.name], out.shape, np.float32)[...] = out
             return True
 
     class Engine:
@@ -449,7 +444,8 @@ def fake_trt_bundle(tmp_path, monkeypatch):
     """A fake bundle whose files are "engines" built with TensorRT 10.3.0 for sm_87, plus the fakes."""
     import hne_edge.runtime.backends.tensorrt as trt_backend
 
-    root = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4, plans=("segments", "nodes", "first"))
+    root = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2, 2), classes=4,
+                            plans=("segments", "nodes", "first", "subtrees", "fused"))  # fmt: skip
     manifest = read_manifest(root)
     build = {"tensorrt_version": "10.3.0", "compute_capability": "8.7", "gpu": "Fake", "flags": ["STRONGLY_TYPED"]}
     manifest = dataclasses.replace(
@@ -514,6 +510,39 @@ def test_tensorrt_runner_logic_on_fakes(fake_trt_bundle, plan, cuda_graph):
             assert fx.dev.captures == 0
         prof = runner.profile(batch_sizes=(2,), warmup=0, repeats=1, save=False)
         assert all(u["median_ms"] == 1.0 for u in prof.batches[2]["units"].values())  # the (fake) CUDA events
+
+
+@pytest.mark.parametrize("plan", ["subtrees", "fused", "mixed"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_tensorrt_runs_steps_of_several_leaves_on_fakes(fake_trt_bundle, plan, cuda_graph):
+    """Plans subtrees / fused / mixed on the TensorRT runner: (batch, leaves, classes) logits engines bound and
+    downloaded like the others, every stop right, buffers reused, a paused session kept apart, graphs replayed."""
+    fx = fake_trt_bundle
+    rng = np.random.default_rng(0)
+    x1, x2 = (rng.standard_normal((b, 3, 4, 4)).astype(np.float32) for b in (2, 3))
+    ref1, ref2 = (reference_leaf_logits(fx.tree, x, 4) for x in (x1, x2))
+    with AnytimeRunner(fx.root, backend="tensorrt", device="cuda", plan=plan, cuda_graph=cuda_graph,
+                       load_profile=False, warmup=0) as runner:  # fmt: skip
+        for _ in range(2):
+            for n in runner.stops:
+                np.testing.assert_allclose(runner.run(x1, max_leaves=n).leaf_logits, ref1[:n], rtol=1e-5, atol=1e-6)
+        executed = {e[1] for e in fx.log if e[0] == "execute"}
+        if plan != "segments":
+            assert any("subtrees" in p or "fused" in p for p in executed)
+        if plan != "mixed":  # (a mixed frame may take steps the earlier ones did not: real clock, its choice)
+            addresses = sum(e[0] == "address" for e in fx.log)
+            runner.run(x1)
+            assert sum(e[0] == "address" for e in fx.log) == addresses  # buffers reused across frames
+        s = runner.start(x1)
+        s.step()
+        for _ in range(2):
+            np.testing.assert_allclose(runner.run(x2).leaf_logits, ref2, rtol=1e-5, atol=1e-6)
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref1, rtol=1e-5, atol=1e-6)
+        assert (fx.dev.replays > 0) == cuda_graph
+        prof = runner.profile(batch_sizes=(2,), warmup=0, repeats=1, save=False)
+        assert len(prof.batches[2]["leaves"]) == len(runner.steps)
 
 
 def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, monkeypatch):
@@ -587,6 +616,46 @@ def test_onnxruntime_cuda_runner_plumbing_on_cpu_ortvalues(tiny_bundle, plan, cu
         else:
             assert all(r._graphs is None for r in runners)
         assert backend.describe()["stream_from"] == "fake"
+
+
+@pytest.mark.parametrize("plan", ["segments", "subtrees"])
+def test_onnxruntime_cuda_graphs_keep_replaying_frame_after_frame(steps_bundle, reference64, plan):
+    """onnxruntime's IOBinding keeps Python references to what it binds (1.32: ``_bound_inputs`` /
+    ``_bound_outputs``). Those must not make a runner's slot-0 buffers (or the staged image) look held by a
+    session: else every frame after the first runs eagerly into a second slot, and units first run after
+    that never get a graph."""
+    x, ref = reference64
+    backend = _ort_values_on_cpu_backend(cuda_graph=True)
+    with AnytimeRunner(steps_bundle, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
+        runner.run(x)  # the first frame: every unit captured
+        eager = []
+        for r in runner._runners:
+            for name in ("_run_eager", "_run_eager_into"):
+                setattr(r, name, (lambda f, n: lambda *a: eager.append(n) or f(*a))(getattr(r, name), r.name))
+        for _ in range(3):
+            np.testing.assert_allclose(runner.run(x).leaf_logits, ref.transpose(1, 0, 2), **FP32)
+        assert eager == []  # every call of every later frame replayed its graph
+        assert all(len(r._pool.slots[3]) == 1 and r._graphs.captures == 1 for r in runner._runners)
+        assert len(backend.io._staging.slots[((3, 3, 16, 16), "<f4")]) == 1
+
+
+@pytest.mark.parametrize("plan", ["subtrees", "fused", "mixed"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_onnxruntime_cuda_runs_steps_of_several_leaves_on_cpu_ortvalues(steps_bundle, reference64, plan, cuda_graph):
+    x, ref = reference64
+    backend = _ort_values_on_cpu_backend(cuda_graph=cuda_graph)
+    with AnytimeRunner(steps_bundle, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
+        for n in runner.stops:
+            for _ in range(2):  # the second frame reuses the runners' slot-0 buffers / "graphs"
+                np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), **FP32)
+        s = runner.start(x)
+        s.step()
+        np.testing.assert_allclose(runner.run(x[::-1].copy()).logits, ref[::-1].mean(1), **FP32)
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **FP32)
+        if cuda_graph:
+            assert all(r._graphs.captures >= 1 for r in runner._runners if r.unit.kind != "tree" or plan == "fused")
 
 
 # -- the torch CUDA backend's logic on a fake device (CPU tensors) ---------------------------------
@@ -668,6 +737,38 @@ def test_torch_cuda_runner_logic_on_a_fake_device(tiny_bundle, reference64, fake
             assert dev.captures == 2 * n_units  # batch 1 (construction) and batch 3
         prof = runner.profile(batch_sizes=(3,), warmup=0, repeats=1, save=False)
         assert all(u["median_ms"] == 1.0 for u in prof.batches[3]["units"].values())  # the fake's CUDA events
+
+
+@pytest.mark.parametrize("plan", ["subtrees", "fused", "mixed"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_torch_cuda_graph_per_unit_and_batch_size_for_steps_of_several_leaves(steps_bundle, reference64, fake_torch_cuda,
+                                                                             plan, cuda_graph):  # fmt: skip
+    """Plans subtrees / fused / mixed on the torch CUDA backend (fake device): the construction warm-up runs every
+    route, so every unit (the mixed runner's subtrees and tree too) is captured once per batch size and real
+    frames replay; every stop against the float64 model."""
+    x, ref = reference64
+    options = {} if cuda_graph else {"cuda_graph": False}
+    with AnytimeRunner(steps_bundle, backend="torch", device="cuda", plan=plan, load_profile=False, **options) as runner:
+        (dev,) = fake_torch_cuda
+        n_units = len(runner._runners)
+        assert dev.captures == (n_units if cuda_graph else 0)  # batch 1 at construction, every route
+        counts = _count_calls(runner, dev)
+        for n in runner.stops:
+            np.testing.assert_allclose(runner.run(x[:1], max_leaves=n).logits, ref[:1, :n].mean(1), **FP32)
+        if cuda_graph:
+            assert counts["eager"] == 0 and counts["replay"] > 0  # batch 1: replays only
+        for n in runner.stops:
+            for _ in range(2):
+                np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), **FP32)
+        s = runner.start(x)
+        s.step()
+        np.testing.assert_allclose(runner.run(x[::-1].copy()).logits, ref[::-1].mean(1), **FP32)
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **FP32)
+        if cuda_graph:
+            used = {r.name for r in runner._runners}  # every unit ran at batch 3 too (the mixed one: by its choice)
+            assert n_units < dev.captures <= 2 * len(used)
 
 
 def _tf32_flags():

@@ -78,7 +78,9 @@ class OnnxRuntimeCudaRunner(Runner):
         for name in self._out_names:
             io.bind_output(name, b.ort_device, b.device_id)
         self._run(io, run_options)
-        return tuple(io.get_outputs())
+        outs = tuple(io.get_outputs())
+        _unbind(io)
+        return outs
 
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
         if self._graphs is None:
@@ -98,10 +100,10 @@ class OnnxRuntimeCudaRunner(Runner):
         b = self._backend
         graph_id = self._next_graph_id = getattr(self, "_next_graph_id", 0) + 1  # 0 is reserved by ORT
         ro = b.run_options_for({**b.run_config, "gpu_graph_id": str(graph_id)})
-        io = self.session.io_binding()
-        io.bind_ortvalue_input(self._in_name, self._capture_input)
+        io = self.session.io_binding()  # kept by the graph: it binds other wrappers of the same buffers (_rebound)
+        io.bind_ortvalue_input(self._in_name, _rebound(self._capture_input))
         for name, value in zip(self._out_names, self._pool.slots[batch][0].handles):
-            io.bind_ortvalue_output(name, value)
+            io.bind_ortvalue_output(name, _rebound(value))
         run = self._run
         return lambda: run(io, ro)
 
@@ -128,6 +130,7 @@ class OnnxRuntimeCudaRunner(Runner):
         for name, value in zip(self._out_names, slot.handles):
             io.bind_ortvalue_output(name, value)
         self._run(io, self._backend.run_options_no_graph)
+        _unbind(io)
         return slot.handles
 
     def release_impl(self) -> None:
@@ -136,6 +139,23 @@ class OnnxRuntimeCudaRunner(Runner):
         self._pool = None
         self._io = None
         self.session = None
+
+
+# onnxruntime's IOBinding keeps a Python reference to every OrtValue it binds (1.32: _bound_inputs /
+# _bound_outputs). The buffer pools tell a free slot from one a paused session holds by reference counts
+# (cuda.Slot), so a binding must not keep the pool's own handles: an eager binding is cleared after its run,
+# and a graph's lasting binding gets another wrapper of the same device buffer.
+
+
+def _unbind(io: Any) -> None:
+    io.clear_binding_inputs()
+    io.clear_binding_outputs()
+
+
+def _rebound(value: Any) -> Any:
+    """Another Python wrapper of ``value``'s OrtValue (same buffer): what a graph's lasting binding holds."""
+    inner = getattr(value, "_ortvalue", None)  # OrtValue(C value) is the public constructor around the buffer
+    return value if inner is None else type(value)(inner)
 
 
 def cuda_library_hint(ort: Any) -> str:
