@@ -35,6 +35,21 @@ budgets, each model learning only from the leaves its own budget let run.
 inference process gets); Linux throttles real-time tasks that use more than
 95% of a second, so deadline frames are separated by an idle gap
 (``--frame-gap``), as periodic camera frames would be.
+
+**Plans (issue 21)** - ``--plans`` (per model of ``--models``: hne_resnet_small,
+hne_mobilenetv2; a bundle with plans segments, subtrees and fused): the full
+tree through each plan against the fused one-call model (a runner of plan
+"fused"), all four interleaved in rotation, medians; 16 independent networks
+(the standalone network 16 times) / the full tree via subtrees and via mixed
+against the MAC ratio; the mixed runner's first leaf against the standalone
+network; each subtree unit against its leaves one by one (the mixed runner's
+own profile: what its choice reads); and deadlines with the mixed runner
+after its profile, budgets uniform between the first leaf and the full tree
+leaf by leaf, against plan segments on the same frames and budgets. Oracles
+(``program.best_leaves``) know every step's time in the frame, from
+unbudgeted runs of the segments, subtrees and fused runners right after:
+leaf by leaf (the deadline rows above), and over every schedule of the mixed
+program (whole subtrees and the whole tree included).
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ def med(a):
     return float(np.median(a))
 
 
-def export(workdir: Path, batch_max: int):
+def export(workdir: Path, batch_max: int, name: str = "hne_resnet_small", plan: str = "segments"):
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -66,11 +81,11 @@ def export(workdir: Path, batch_max: int):
     from hne_edge.models import create_model
 
     torch.manual_seed(0)
-    model = randomize_(create_model("hne_resnet_small"))
-    bundle = workdir / f"bundle_b{batch_max}"
+    model = randomize_(create_model(name))
+    bundle = workdir / f"{name}_{plan.replace(',', '+')}_b{batch_max}"
     if not (bundle / "manifest.json").exists():
-        export_onnx(model, bundle, plan="segments", batch=(1, 1, batch_max), torch_weights=False, verify=False, force=True)
-    standalone = workdir / "standalone_leaf0.onnx"
+        export_onnx(model, bundle, plan=plan, batch=(1, 1, batch_max), torch_weights=False, verify=False, force=True)
+    standalone = workdir / f"{name}_standalone_leaf0.onnx"
     if not standalone.exists():
         export_standalone_network(model, 0, standalone, verify=False)
     return bundle, standalone
@@ -180,7 +195,7 @@ def fresh_models(runner, max_ratios=()):
 
     from hne_edge.runtime import CostModel
 
-    q, macs, prof = runner.quantile, runner.leaf_macs, runner.profile_data
+    q, macs, prof = runner.quantile, runner.step_macs, runner.profile_data
     models = {"new": CostModel(macs, prof, quantile=q)}
     models.update({f"max_ratio={r:g}": CostModel(macs, prof, quantile=q, max_ratio=r) for r in max_ratios})
     models["v1"] = LegacyCostModel(macs, prof, quantile=q)
@@ -200,7 +215,7 @@ def deadline_frames(runner, x, models, budgets, gap):
     """
     from hne_edge.runtime import CostModel
 
-    scratch = CostModel(runner.leaf_macs)
+    scratch = CostModel(runner.step_macs)
     stats = {k: {"misses": 0, "forced": 0, "leaves": 0, "oracle": 0} for k in models}
     names = list(models)
     for k, budget in enumerate(budgets):
@@ -222,6 +237,120 @@ def deadline_frames(runner, x, models, budgets, gap):
         st["leaves_vs_oracle"] = st["leaves"] / st["oracle"]
         st["mean_leaves"] = st["leaves"] / len(budgets)
     return stats
+
+
+def rotation(fns: dict, repeats: int) -> dict[str, float]:
+    """Medians (ms) of several calls run in rotation, the order shifted each repeat (each follows every other alike)."""
+    names, t = list(fns), {k: [] for k in fns}
+    for k in range(repeats):
+        for name in names[k % len(names):] + names[: k % len(names)]:
+            t[name].append(timed(fns[name]))
+    return {k: med(v) * 1e3 for k, v in t.items()}
+
+
+def bench_plans(runners, standalone, batch, repeats, frames, rng, frame_gap=0.2):
+    """Issue 21's rows for one model and batch size (see the module docstring). ``runners``: plan -> AnytimeRunner."""
+    from hne_edge.runtime.program import best_leaves
+
+    mixed, fused, segments = runners["mixed"], runners["fused"], runners["segments"]
+    spec = mixed.input_spec
+    x = rng.standard_normal((batch, spec.channels, *spec.spatial)).astype(np.float32)
+    N = mixed.num_leaves
+    single = lambda: standalone.run(["logits"], {"image": x})  # noqa: E731
+    for r in runners.values():
+        r.run(x)
+    # the mixed runner's own measurements: every step (what its choice reads)
+    prof = mixed.profile(batch_sizes=(batch,), warmup=3, repeats=max(10, repeats // 2), save=False)
+    step_ms = [leaf["median_ms"] for leaf in prof.batches[batch]["leaves"]]
+    units = [{"leaves": s["leaves"], "ms": step_ms[j], "leaf_by_leaf_ms": sum(step_ms[s["leaves"][0]: s["leaves"][1]])}
+             for j, s in enumerate(mixed.steps) if s["kind"] != "leaf"]  # fmt: skip
+    m = rotation({p: (lambda r=r: r.run(x).logits) for p, r in runners.items()}, repeats)
+    first, single_ms = (v for v in rotation({"first": lambda: mixed.run(x, max_leaves=1).logits, "single": single},
+                                            repeats).values())  # fmt: skip
+    sixteen = lambda: [single() for _ in range(N)]  # noqa: E731
+    r16 = max(3, repeats // 4)
+    indep = rotation({"sixteen": sixteen, "subtrees": lambda: runners["subtrees"].run(x).logits,
+                      "mixed": lambda: mixed.run(x).logits}, r16)  # fmt: skip
+    macs = mixed.manifest.prefix_macs()
+    mac_ratio = N * sum(mixed.manifest.node_macs[n] for n in mixed.tree.path(0)) / macs[-1]
+    row = {
+        "batch": batch, "ms": m, "units": units, "first_ms": first, "single_ms": single_ms, "indep_ms": indep,
+        "mac_ratio": mac_ratio, "mixed_full_steps": [(lo, hi) for lo, hi, _ in mixed.run(x).step_ms],
+    }  # fmt: skip
+    # deadlines: the mixed runner (profiled above) and plan segments (profiled too) on the same frames and budgets
+    if frames:
+        segments.profile(batch_sizes=(batch,), warmup=3, repeats=max(10, repeats // 2), save=False)
+        program = mixed._program
+        by_route = {"segments": list(range(N)), "subtrees": [0, 1] + [j for j, s in enumerate(mixed.steps) if s["kind"] == "subtree"],
+                    "fused": [j for j, s in enumerate(mixed.steps) if s["kind"] == "tree"]}  # fmt: skip
+        lo, hi = first, m["segments"]
+        gap = frame_gap * hi / 1e3
+        st = {k: {"misses": 0, "leaves": 0} for k in ("mixed", "segments")}
+        oracle_leaf = oracle_all = big = 0
+        for k, budget in enumerate(rng.uniform(lo, hi, frames)):
+            for name in ("mixed", "segments") if k % 2 == 0 else ("segments", "mixed"):
+                time.sleep(gap)
+                r = runners[name].run(x, budget_ms=float(budget))
+                st[name]["leaves"] += r.leaves
+                st[name]["misses"] += (not r.met_budget) and not r.overran_min_leaves
+                if name == "mixed":
+                    big += any(b - a > 1 for a, b, _ in r.step_ms)
+            true = [0.0] * len(program.steps)  # every step's time in this frame, from unbudgeted runs right after
+            for plan, steps in by_route.items():
+                for j, (_, _, t) in zip(steps, runners[plan].run(x).step_ms):
+                    true[j] = t / 1e3
+            oracle_leaf += best_leaves(program.routes()[0], true, budget / 1e3)
+            oracle_all += best_leaves(program, true, budget / 1e3)
+        row["deadlines"] = {
+            "budget_range_ms": (lo, hi), "frames": frames, "mixed_frames_with_big_steps": big / frames,
+            **{f"{k}_{f}": v[f] / frames for k, v in st.items() for f in ("misses", "leaves")},
+            "mixed_vs_leaf_oracle": st["mixed"]["leaves"] / oracle_leaf, "mixed_vs_all_oracle": st["mixed"]["leaves"] / oracle_all,
+            "segments_vs_leaf_oracle": st["segments"]["leaves"] / oracle_leaf,
+        }  # fmt: skip
+    return row
+
+
+def plans_table(model, rows, args) -> list[str]:
+    lines = [
+        f"### {model}: plans (issue 21)",
+        "",
+        "| batch | target | measured | |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        m, b = r["ms"], r["batch"]
+        ok = lambda c: "ok" if c else "MISSED"  # noqa: E731
+        for plan in ("subtrees", "mixed", "segments"):
+            ratio = m[plan] / m["fused"]
+            target = "<= 1.05" if plan != "segments" else "(reference)"
+            lines.append(f"| {b} | full tree via {plan} / fused one call {target} | {ratio:.3f} ({m[plan]:.3f} vs {m['fused']:.3f} ms) | "
+                         f"{ok(ratio <= 1.05) if plan != 'segments' else ''} |")  # fmt: skip
+        lines.append(f"| {b} | (mixed, unbudgeted full run takes) | {' + '.join(f'{lo}-{hi - 1}' if hi - lo > 1 else str(lo) for lo, hi in r['mixed_full_steps'])} | |")
+        for plan in ("subtrees", "mixed"):
+            sp = r["indep_ms"]["sixteen"] / r["indep_ms"][plan]
+            lines.append(f"| {b} | 16 independent / HNE via {plan} >= 0.9 x MAC ratio ({r['mac_ratio']:.2f}) | {sp:.2f} = "
+                         f"{sp / r['mac_ratio']:.2f} x MAC ratio ({r['indep_ms']['sixteen']:.2f} vs {r['indep_ms'][plan]:.2f} ms) | "
+                         f"{ok(sp >= 0.9 * r['mac_ratio'])} |")  # fmt: skip
+        fr = r["first_ms"] / r["single_ms"]
+        lines.append(f"| {b} | first leaf (mixed) / standalone network <= 1.05 | {fr:.3f} ({r['first_ms']:.3f} vs {r['single_ms']:.3f} ms) | {ok(fr <= 1.05)} |")
+        for u in r["units"]:
+            lo, hi = u["leaves"]
+            q = u["ms"] / u["leaf_by_leaf_ms"]
+            lines.append(f"| {b} | {'whole tree' if hi - lo == r['mixed_full_steps'][-1][1] and lo == 0 else f'subtree of leaves {lo}-{hi - 1}'} "
+                         f"in one call / its leaves one by one (profile) | {q:.3f} ({u['ms']:.3f} vs {u['leaf_by_leaf_ms']:.3f} ms) | "
+                         f"{'faster' if q < 1 else 'SLOWER: never chosen'} |")  # fmt: skip
+        d = r.get("deadlines")
+        if d:
+            lo, hi = d["budget_range_ms"]
+            lines += [
+                f"| {b} | mixed: budget misses <= 1% (budgets U[{lo:.2f}, {hi:.2f}] ms, {d['frames']} frames) | {100 * d['mixed_misses']:.2f}% "
+                f"(segments on the same budgets: {100 * d['segments_misses']:.2f}%) | {ok(d['mixed_misses'] <= 0.01)} |",
+                f"| {b} | mixed: leaves >= 95% of the leaf-by-leaf oracle | {100 * d['mixed_vs_leaf_oracle']:.1f}% (mean {d['mixed_leaves']:.2f} leaves; "
+                f"segments {d['segments_leaves']:.2f} = {100 * d['segments_vs_leaf_oracle']:.1f}%) | {ok(d['mixed_vs_leaf_oracle'] >= 0.95)} |",
+                f"| {b} | mixed: leaves vs an oracle over every schedule (whole subtrees, whole tree) | {100 * d['mixed_vs_all_oracle']:.1f}% "
+                f"({100 * d['mixed_frames_with_big_steps']:.0f}% of frames took a whole subtree or the tree) | |",
+            ]  # fmt: skip
+    return lines
 
 
 @contextlib.contextmanager
@@ -269,6 +398,8 @@ def main() -> None:
     ap.add_argument("--load-frames", type=int, default=300, help="deadline frames per cost model under load (budget 2x the full tree measured under that load)")
     ap.add_argument("--max-ratios", type=lambda v: tuple(float(r) for r in v.split(",") if r), default=(),
                     help="also run the deadline frames with the cost model capped at these max_ratio values (e.g. 4,8)")
+    ap.add_argument("--plans", action="store_true", help="issue 21's rows instead: plans subtrees, fused and mixed per model")
+    ap.add_argument("--models", default="hne_resnet_small", help="--plans: comma list (e.g. hne_resnet_small,hne_mobilenetv2)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.nice:
@@ -277,6 +408,8 @@ def main() -> None:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.plans:
+        return main_plans(args, batches, workdir)
     bundle, standalone_path = export(workdir, max(batches))
 
     from hne_edge.runtime import AnytimeRunner
@@ -330,6 +463,42 @@ def main() -> None:
                     f"{100 * d['miss_rate']:.1f}%){' (LOAD ENDED EARLY)' if ld['load_ended_early'] else ''} | "
                     f"{'ok' if d['leaves_vs_oracle'] >= 0.9 else 'MISSED'} |"
                 )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+
+
+def main_plans(args, batches, workdir) -> None:
+    import onnxruntime
+
+    from hne_edge.runtime import AnytimeRunner
+
+    lines = [
+        "## Plans (issue 21): the tree in B + 1 calls, on ONNX Runtime CPU",
+        "",
+        f"`{' '.join(['python', 'benchmarks/bench_runtime.py'] + sys.argv[1:])}` - fp32, onnxruntime {onnxruntime.__version__}, "
+        f"intra-op threads {args.threads}, cost-model quantile {args.quantile}{', SCHED_FIFO' if args.realtime else ''}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs shared with other jobs; {args.repeats} repeats in "
+        f"rotation (medians), {args.frames} deadline frames per batch size.",
+        "",
+    ]
+    for name in args.models.split(","):
+        bundle, standalone_path = export(workdir, max(batches), name, "segments,subtrees,fused")
+        standalone = ort_session(standalone_path, args.threads)
+        rng = np.random.default_rng(0)
+        runners = {p: AnytimeRunner(bundle, plan=p, threads=args.threads, load_profile=False, quantile=args.quantile)
+                   for p in ("fused", "subtrees", "mixed", "segments")}  # fmt: skip
+        rows = []
+        try:
+            for b in batches:
+                rows.append(bench_plans(runners, standalone, b, args.repeats, args.frames, rng, args.frame_gap))
+                print(rows[-1], flush=True)
+        finally:
+            for r in runners.values():
+                r.close()
+        lines += plans_table(name, rows, args) + [f"", f"(load average {os.getloadavg()[0]:.1f} at the end of {name})", ""]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -100,7 +100,7 @@ class LegacyCostModel(CostModel):
     def _new_model(self, batch: int) -> _BatchModel:
         profile = self.profile
         if profile is None or not profile.batches:
-            return _BatchModel(self.leaf_macs, None, (), self)
+            return _BatchModel(self.step_macs, None, (), self)
         sizes = sorted(profile.batches)
         lower = [b for b in sizes if b <= batch]
         upper = [b for b in sizes if b >= batch]
@@ -116,12 +116,12 @@ class LegacyCostModel(CostModel):
         else:  # larger: scale the largest linearly with batch (conservative on CPUs)
             nearest = lower[-1]
             base = [m * batch / nearest for m in profile.leaf_medians_s(nearest)]
-        if len(base) != len(self.leaf_macs):
-            return _BatchModel(self.leaf_macs, None, (), self)
+        if len(base) != len(self.step_macs):
+            return _BatchModel(self.step_macs, None, (), self)
         seeds = []
         leaves = profile.batches[nearest]["leaves"]
         reps = min(len(leaf.get("samples_ms", ())) for leaf in leaves)
         for r in range(reps):  # interleave leaves so the window's tail keeps every leaf
             for leaf in leaves:
                 seeds.append(leaf["samples_ms"][r] / leaf["median_ms"])
-        return _BatchModel(self.leaf_macs, base, seeds, self)
+        return _BatchModel(self.step_macs, base, seeds, self)
