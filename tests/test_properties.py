@@ -278,3 +278,32 @@ def test_export_force_replaces_only_an_empty_folder_or_a_bundle(tiny_bundle, tmp
         assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "onnx"]
     else:
         assert after == before  # not a byte changed, nothing left beside it
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=_folders(), new=st.booleans())
+def test_train_out_writes_only_into_a_new_or_empty_folder(tiny_bundle, tmp_path, case, new):
+    from hne_edge.train import TrainConfig, fit
+
+    out, ours = _build(tmp_path / "t", tiny_bundle, case)
+    ours = ours and case[0] != "bundle"  # a bundle is not a run folder
+    if new:
+        out = out / "new-run"  # a new folder, wherever it is
+    before = tree_digest(tmp_path / "t")
+    config = TrainConfig.for_data("digits", {"out": str(out), "quiet": True, "threads": 1, "eval_every": 1,
+                                             "data": {"limit": 64}, "optim": {"epochs": 1, "batch_size": 32}})  # fmt: skip
+    try:
+        fit(config)
+        trained = True
+    except HNEError as exc:
+        assert "neither empty nor a run" in str(exc) or "exists and is not" in str(exc), exc
+        trained = False
+    after = tree_digest(tmp_path / "t")
+    assert trained == (ours or new), (case, new, sorted(before))
+    if trained:
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "config.yaml", "train_log.json"]
+        rel = str(out.relative_to(tmp_path / "t"))
+        mine = lambda k: k == rel or k.startswith(rel + "/")  # noqa: E731
+        assert {k: v for k, v in after.items() if not mine(k)} == {k: v for k, v in before.items() if not mine(k)}
+    else:
+        assert after == before
