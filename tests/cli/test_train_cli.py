@@ -26,7 +26,7 @@ def test_train_then_eval_on_digits(tmp_path):
     assert "checkpoint" in train.stdout and "val acc n=1" in train.stdout
     log = json.loads((out / "train_log.json").read_text())
     assert log["config"]["loss"] == {"kind": "distill", "alpha": 0.4, "temperature": 2.0, "weighting": "paper",
-                                     "temperature_squared": False}
+                                     "temperature_squared": False, "normalize": "none"}
     assert len(log["step_losses"]) == 2 * (256 // 32)
     ev = run_cli("eval", str(out / "checkpoint.pt"), "--out", str(tmp_path / "ev"), check=True)
     assert "per-leaf acc" in ev.stdout and " 16 " in ev.stdout
