@@ -51,7 +51,7 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
         "class _Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         f"        if name.split('.')[0] in {tuple(packages)!r}:\n"
-        "            raise ImportError(name + ' is blocked: edge devices do not carry it')\n"
+        "            raise ModuleNotFoundError(name + ' is blocked: edge devices do not carry it', name=name)\n"
         "        return None\n"
         "sys.meta_path.insert(0, _Block())\n"
     )
