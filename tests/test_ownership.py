@@ -279,3 +279,19 @@ def test_demo_refuses_its_own_folder_once_a_user_file_is_in_it(tmp_path, force):
     proc = run_cli(*DEMO, "--out", str(out), *(("--force",) if force else ()))
     one_line_error(proc, "my_results.csv")
     assert tree_digest(tmp_path) == before
+
+
+def test_demo_force_adds_only_a_folder_of_demo_entries_without_its_marker(tmp_path):
+    from hne_edge.demo import MARKER, _prepare_out
+
+    out = tmp_path / "demo"
+    (out / "bundle").mkdir(parents=True)
+    (out / "demo.json").write_text("{}")
+    before = tree_digest(tmp_path)
+    one_line_error(run_cli(*DEMO, "--out", str(out)), MARKER, "--force")  # no marker: not known to be a demo's
+    assert tree_digest(tmp_path) == before
+    _prepare_out(out, force=True)  # what `demo --force` does before it trains
+    assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    (out / "eval").mkdir()
+    _prepare_out(out, force=False)  # a demo's folder (its marker, demo entries): the next demo replaces it
+    assert sorted(p.name for p in out.iterdir()) == [MARKER]
