@@ -11,6 +11,9 @@ A bundle is a directory::
       torch/model.pt                # optional: the fused state_dict, for the PyTorch backend
       profiles/*.json               # cost models written by the runtime (not listed in the manifest)
 
+and nothing else (:data:`BUNDLE_LAYOUT`): a folder holding anything more is
+not a bundle, and an export never replaces it (:func:`why_not_replaceable`).
+
 The manifest is the only thing the runtime reads to know what to run. Reading
 it validates everything: the schema version, the exact key set of every
 object (missing and unknown keys are errors), that every file path stays
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BundleError, short_repr
-from .fileio import atomic_write_json
+from .fileio import atomic_write_json, foreign_entry
 from .tree import TreeSpec
 
 __all__ = [
@@ -53,6 +56,9 @@ __all__ = [
     "variant_label",
     "SCHEMA_VERSION",
     "MANIFEST_NAME",
+    "PROFILES_DIR",
+    "BUNDLE_LAYOUT",
+    "why_not_replaceable",
     "TensorSpec",
     "InputSpec",
     "ModelFile",
@@ -71,6 +77,9 @@ __all__ = [
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FORMATS = ("onnx", "tensorrt", "torch")
+PROFILES_DIR = "profiles"  # cost models a runtime measured on this bundle (cost_model.py)
+# the top-level entries of a bundle folder: its manifest, one folder per format, the profiles; nothing else
+BUNDLE_LAYOUT = {MANIFEST_NAME: "file", **dict.fromkeys(FORMATS, "dir"), PROFILES_DIR: "dir"}
 # "first": leaf 0's chain (image -> logits) without the exported activations, which a run that stops
 # after the first leaf never reads and which cost up to ~10% (layout reorders, no fusion across them).
 # "weights": one torch file holding the fused state_dict.
@@ -608,16 +617,40 @@ def read_manifest_and_digest(bundle_dir: str | os.PathLike, verify_files: bool =
     return manifest, sha256_bytes(raw)
 
 
+def why_not_replaceable(folder: str | os.PathLike) -> str | None:
+    """Why an export may not replace ``folder`` (deleting everything in it), or None when it may.
+
+    It may when ``folder`` is empty, or is a bundle: it holds nothing but :data:`BUNDLE_LAYOUT`'s
+    entries (no symbolic links), and its ``manifest.json`` parses as an hne-edge manifest of this
+    schema version. Its model files are not checked: a damaged bundle is still ours to replace.
+    The reason names the first entry that is not a bundle's.
+    """
+    folder = Path(folder)
+    entry = foreign_entry(folder, BUNDLE_LAYOUT)
+    if entry is not None:
+        return f"it holds {entry}, which is not part of a bundle"
+    if not any(folder.iterdir()):
+        return None
+    try:
+        _parse_manifest(folder / MANIFEST_NAME)
+    except BundleError as exc:
+        return f"it is not an hne-edge bundle ({exc})"
+    return None
+
+
+def _parse_manifest(path: Path) -> tuple[Manifest, bytes]:
+    """The manifest in file ``path``, validated (not the files it lists), and the bytes it was parsed from."""
+    if not path.is_file():
+        raise BundleError(f"{path.parent} is not a bundle: {MANIFEST_NAME} is missing")
+    raw = path.read_bytes()
+    return Manifest.from_dict(parse_json(raw, str(path))), raw
+
+
 def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[Manifest, bytes]:
     bundle_dir = Path(bundle_dir)
-    path = bundle_dir / MANIFEST_NAME
     if not bundle_dir.is_dir():
         raise BundleError(f"bundle directory not found: {bundle_dir}")
-    if not path.is_file():
-        raise BundleError(f"{bundle_dir} is not a bundle: {MANIFEST_NAME} is missing")
-    raw = path.read_bytes()
-    data = parse_json(raw, str(path))
-    manifest = Manifest.from_dict(data)
+    manifest, raw = _parse_manifest(bundle_dir / MANIFEST_NAME)
     for i, f in enumerate(manifest.files):
         target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
         if f.source is not None:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..bundle import ANYTIME_PLANS, PRECISIONS, path_component
 from ..errors import InputError
-from ..fileio import atomic_write_json, check_output_dir
+from ..fileio import atomic_write_json, staged_output
 from ..runtime.backends import BACKEND_NAMES
 from . import printable
 from .options import batch_sizes_option, device_option, threads_option
@@ -131,13 +131,14 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             "levels": levels,
         }
         out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
-    atomic_write_json(check_output_dir(out_dir, "--out") / "bench.json", result)
-    try:
-        from ..plots import plot_bench
+    with staged_output(out_dir, "--out") as stage:  # a failure (a full disk) leaves nothing, not even a new empty folder
+        atomic_write_json(stage / "bench.json", result)
+        try:
+            from ..plots import plot_bench
 
-        png = plot_bench(result, out_dir / "bench.png")
-    except ImportError:  # matplotlib is not part of the runtime's dependencies
-        png = None
+            png = out_dir / plot_bench(result, stage / "bench.png").relative_to(stage)
+        except ImportError:  # matplotlib is not part of the runtime's dependencies
+            png = None
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return

@@ -93,6 +93,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..bundle import PROFILES_DIR
 from ..errors import HNEError, InputError
 from ..fileio import atomic_write_json
 
@@ -322,7 +323,7 @@ def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path,
     """
     if not profile.created:
         profile.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    target = Path(bundle_dir) / "profiles" / profile.filename
+    target = Path(bundle_dir) / PROFILES_DIR / profile.filename
     why = _outside(bundle_dir, target)
     if why is None:
         try:
@@ -359,7 +360,7 @@ def find_profile(
     An invalid profile, or one reached through a symlink out of the bundle, is ignored with a warning.
     """
     name = profile_filename(device, backend, plan, precision)
-    in_bundle = Path(bundle_dir) / "profiles" / name
+    in_bundle = Path(bundle_dir) / PROFILES_DIR / name
     candidates = [in_bundle, user_cache_dir() / "profiles" / manifest_sha256[:16] / name]
     reasons = []
     for path in candidates:
