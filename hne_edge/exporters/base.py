@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..bundle import ANYTIME_PLANS, MANIFEST_NAME, PLANS, PRECISIONS
+from ..bundle import ANYTIME_PLANS, MANIFEST_NAME, PLANS, PRECISIONS, batch_range_ok
 from ..errors import ExportError, InputError, short_repr
 from ..fileio import remove_stale, scratch_path, swap_dir_into_place
+from ..limits import MAX_BATCH
 
 __all__ = [
     "ShapeError",
@@ -95,15 +96,15 @@ def parse_precisions(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...
 
 
 def parse_batch(value: str | tuple[int, int, int] | list[int]) -> tuple[int, int, int]:
-    """``"MIN:OPT:MAX"`` (or ``"N"`` = ``N:N:N``) or a 3-tuple -> validated (min, opt, max)."""
+    """``"MIN:OPT:MAX"`` (or ``"N"`` = ``N:N:N``) or a 3-tuple -> validated (min, opt, max) (:func:`batch_range_ok`)."""
     try:
         parts = [int(v) for v in value.split(":")] if isinstance(value, str) else [int(v) for v in value]
     except (TypeError, ValueError):
         parts = []
     if len(parts) == 1:
         parts = parts * 3
-    if len(parts) != 3 or not 1 <= parts[0] <= parts[1] <= parts[2]:
-        raise InputError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX; received {value!r}")
+    if not batch_range_ok(parts):
+        raise InputError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX <= {MAX_BATCH}; received {short_repr(value)}")
     return parts[0], parts[1], parts[2]
 
 

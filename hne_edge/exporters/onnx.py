@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activation_name, file_path, read_manifest, sha256_file, write_manifest
 from ..errors import ExportError, InputError
+from ..limits import MAX_BATCH
 from .base import (
     DEFAULT_OPSET,
     ShapeError,
@@ -111,7 +112,7 @@ def export_module(
                 dynamo=False,
             )
         else:
-            batch = torch.export.Dim(BATCH_DIM, min=1, max=4096)
+            batch = torch.export.Dim(BATCH_DIM, min=1, max=MAX_BATCH)
             program = torch.onnx.export(
                 module,
                 (example,),

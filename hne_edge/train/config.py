@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..limits import check_threads
 
 __all__ = ["DATASETS", "LOSSES", "WEIGHTINGS", "SCHEDULES", "DEFAULT_PRESET", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
 
@@ -188,7 +189,7 @@ class TrainConfig:
         amp: autocast on CUDA (ignored on CPU).
         amp_dtype: auto (bfloat16 where the GPU supports it, else float16 with loss scaling), bfloat16 or float16.
         channels_last: channels-last memory format; CUDA only.
-        threads: torch CPU threads (0: leave torch's default).
+        threads: torch CPU threads (0: leave torch's default; at most :func:`hne_edge.limits.max_threads`).
         quiet: no progress bar (it is also off when stderr is not a terminal).
         eval_every: validate every this many epochs (and always after the last).
         log_every: when stderr is not a terminal, print a progress line every this many steps (0: per epoch only).
@@ -220,7 +221,7 @@ class TrainConfig:
                 raise InputError(f"{name}: received {type(value).__name__}; expected a mapping of {cls.__name__} fields")
         _expect(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _expect(self.device == "auto" or self.device == "cpu" or str(self.device).startswith("cuda"), "device", self.device, "auto, cpu or cuda[:i]")
-        _expect(_is_int(self.threads) and self.threads >= 0, "threads", self.threads, "an integer >= 0")
+        check_threads(self.threads, "threads", minimum=0)  # the one thread bound (0: torch's default)
         _expect(_is_int(self.eval_every) and self.eval_every > 0, "eval_every", self.eval_every, "a positive integer")
         _expect(_is_int(self.log_every) and self.log_every >= 0, "log_every", self.log_every, "an integer >= 0")
         _expect(self.amp_dtype in AMP_DTYPES, "amp_dtype", self.amp_dtype, f"one of {', '.join(AMP_DTYPES)}")
