@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .cost_model import summarize
+from .inputs import check_labels
 from .runner import AnytimeRunner
 
 __all__ = ["level_latencies", "level_accuracy", "load_arrays"]
@@ -35,6 +36,7 @@ def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repe
 
 def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None) -> list[float]:
     """Top-1 accuracy of the first-n-leaves ensemble for every n, over (x, y)."""
+    y = check_labels(y, len(x), runner.num_classes)
     batch_size = batch_size or runner.input_spec.batch[2]
     correct = np.zeros(runner.num_leaves, dtype=np.int64)
     for start in range(0, len(x), batch_size):

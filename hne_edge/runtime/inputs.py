@@ -13,7 +13,7 @@ import numpy as np
 from ..bundle import InputSpec
 from ..errors import InputError
 
-__all__ = ["check_input", "preprocess"]
+__all__ = ["check_input", "check_labels", "preprocess"]
 
 
 _DTYPES: dict[str, np.dtype] = {}
@@ -71,6 +71,25 @@ def check_input(x: Any, spec: InputSpec) -> np.ndarray:
         bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
         raise InputError(f"input {spec.name}: received {bad} non-finite value(s) (NaN/Inf); expected finite values")
     return np.ascontiguousarray(x)
+
+
+def check_labels(y: Any, num_samples: int, num_classes: int, where: str = "labels") -> np.ndarray:
+    """Class labels for ``num_samples`` samples: one integer in ``0..num_classes-1`` each (``run``, ``bench``,
+    :func:`~hne_edge.runtime.bench.level_accuracy`); returns them as an int64 array."""
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != num_samples or not np.issubdtype(y.dtype, np.integer):
+        raise InputError(
+            f"{where}: received y of shape {tuple(y.shape)} and dtype {y.dtype} for {num_samples} samples of x; "
+            f"expected {num_samples} integer labels"
+        )
+    outside = y[(y < 0) | (y >= num_classes)]
+    if outside.size:
+        shown = ", ".join(str(int(v)) for v in outside[:5]) + (", ..." if outside.size > 5 else "")
+        raise InputError(
+            f"{where}: received {outside.size} outside 0..{num_classes - 1} ({shown}); expected the index of one "
+            f"of the bundle's {num_classes} classes"
+        )
+    return y.astype(np.int64, copy=False)
 
 
 def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np.ndarray:

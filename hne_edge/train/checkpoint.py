@@ -110,6 +110,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     missing = [k for k in _REQUIRED if k not in state]
     if missing:
         raise CheckpointError(f"{path}: checkpoint is missing keys {missing}")
+    check_usable(state, path)  # every reader (eval, export, verify, --resume) holds it to one rule
     return state
 
 
@@ -131,22 +132,51 @@ def check_archive(path: Path) -> None:
         )
 
 
-def check_finite(state_dict: dict[str, Any], path: Any) -> None:
-    """Refuse weights holding NaN/Inf (a diverged run): every metric and every export of them would be NaN."""
-    for name, value in state_dict.items():
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            bad = int((~torch.isfinite(value)).sum())
-            raise CheckpointError(
-                f"checkpoint {path}: {bad} non-finite value(s) (NaN/Inf) in weight {name!r}; the run diverged or the "
-                "file is damaged. Expected finite weights"
-            )
+def unusable_reason(model_state: dict[str, Any]) -> str | None:
+    """Why a model's ``state_dict`` is not usable, or None: the one rule, shared by every reader of a checkpoint
+    (:func:`check_usable`) and by the trainer before it saves one.
+
+    Usable: every floating tensor finite (NaN/Inf come from a diverged run or a damaged file: every metric
+    and every export of them would be NaN), and every BatchNorm ``running_var`` >= 0 (a variance; a negative
+    one makes ``sqrt(var + eps)`` NaN in eval mode although every weight is finite).
+    """
+    for name, value in model_state.items():
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        finite = torch.isfinite(value)
+        if not bool(finite.all()):
+            return f"{int((~finite).sum())} non-finite value(s) (NaN/Inf) in weight {name!r}; expected finite weights"
+        if name.endswith("running_var") and bool((value < 0).any()):
+            return (f"BatchNorm statistic {name!r} holds {int((value < 0).sum())} negative value(s); expected "
+                    "variances >= 0")  # fmt: skip
+    return None
+
+
+def check_usable(state: dict[str, Any], path: Any) -> None:
+    """Refuse a checkpoint whose model weights break :func:`unusable_reason`'s rule, or whose optimizer state
+    (what ``--resume`` continues from) holds NaN/Inf; :class:`CheckpointError` names the file and the tensor."""
+    model = state.get("model")
+    why = unusable_reason(model) if isinstance(model, dict) else None
+    if why is not None:
+        raise CheckpointError(f"checkpoint {path}: {why} (the run diverged, or the file was edited or damaged)")
+    optimizer = state.get("optimizer")
+    per_param = optimizer.get("state") if isinstance(optimizer, dict) else None
+    for key, entry in (per_param or {}).items():
+        for name, value in (entry.items() if isinstance(entry, dict) else ()):
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise CheckpointError(
+                    f"checkpoint {path}: optimizer state {name!r} of parameter {key} holds non-finite values (NaN/Inf); "
+                    "expected finite state to resume from (the run diverged, or the file was damaged)"
+                )
 
 
 def model_from_checkpoint(checkpoint: str | os.PathLike | dict[str, Any]) -> tuple[HNE, dict[str, Any]]:
     """Rebuild the model (eval mode) from a checkpoint path or loaded dict; returns ``(model, checkpoint)``."""
-    state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
-    if isinstance(state.get("model"), dict):
-        check_finite(state["model"], checkpoint if not isinstance(checkpoint, dict) else "(dict)")
+    if isinstance(checkpoint, dict):
+        state = checkpoint
+        check_usable(state, "(dict)")
+    else:
+        state = load_checkpoint(checkpoint)
     try:
         model = build_model(state["model_config"])
         model.load_state_dict(state["model"])

@@ -18,6 +18,7 @@ Presets (paper recipes, Ruiz & Verbeek 2021, section 5):
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite real number: every number of a config is (NaN and Inf are refused here, before anything runs)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass
@@ -73,7 +75,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _expect(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
-        _expect(_is_num(self.val_split) and 0 <= self.val_split < 1, "data.val_split", self.val_split, "0 <= x < 1")
+        _expect(_is_num(self.val_split) and 0 <= self.val_split < 1, "data.val_split", self.val_split, "a finite number with 0 <= x < 1")
         _expect(self.limit is None or (_is_int(self.limit) and self.limit > 0), "data.limit", self.limit, "a positive integer or null")
         _expect(_is_int(self.num_workers) and self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
         if self.name in ("npz", "imagefolder") and not self.data_dir:
@@ -134,8 +136,8 @@ class LossConfig:
         _expect(self.kind in LOSSES, "loss.kind", self.kind, f"one of {', '.join(LOSSES)}")
         _expect(self.weighting in WEIGHTINGS, "loss.weighting", self.weighting, f"one of {', '.join(WEIGHTINGS)}")
         _expect(isinstance(self.temperature_squared, bool), "loss.temperature_squared", self.temperature_squared, "true or false")
-        _expect(_is_num(self.alpha) and 0 <= self.alpha <= 1, "loss.alpha", self.alpha, "0 <= alpha <= 1")
-        _expect(_is_num(self.temperature) and self.temperature > 0, "loss.temperature", self.temperature, "> 0")
+        _expect(_is_num(self.alpha) and 0 <= self.alpha <= 1, "loss.alpha", self.alpha, "a finite number with 0 <= alpha <= 1")
+        _expect(_is_num(self.temperature) and self.temperature > 0, "loss.temperature", self.temperature, "a finite number > 0")
 
 
 @dataclass
@@ -164,9 +166,9 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _expect(_is_int(self.epochs) and self.epochs > 0, "optim.epochs", self.epochs, "a positive integer")
         _expect(_is_int(self.batch_size) and self.batch_size > 0, "optim.batch_size", self.batch_size, "a positive integer")
-        _expect(_is_num(self.lr) and self.lr > 0, "optim.lr", self.lr, "> 0")
-        _expect(_is_num(self.momentum) and 0 <= self.momentum < 1, "optim.momentum", self.momentum, "0 <= m < 1")
-        _expect(_is_num(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, ">= 0")
+        _expect(_is_num(self.lr) and self.lr > 0, "optim.lr", self.lr, "a finite number > 0")  # too large: fit stops when the loss diverges
+        _expect(_is_num(self.momentum) and 0 <= self.momentum < 1, "optim.momentum", self.momentum, "a finite number with 0 <= m < 1")
+        _expect(_is_num(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "a finite number >= 0")
         _expect(self.schedule in SCHEDULES, "optim.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
         _expect(_is_int(self.accum_steps) and self.accum_steps > 0, "optim.accum_steps", self.accum_steps, "a positive integer")
         if self.nesterov and self.momentum == 0:
