@@ -595,9 +595,21 @@ def resolve_in_bundle(bundle_dir: Path, relpath: str, where: str) -> Path:
         raise BundleError(f"manifest: {where} path {relpath!r} contains '..'; files must stay inside the bundle")
     root = bundle_dir.resolve()
     target = (root / relpath).resolve()  # follows symlinks
+    if target == root:
+        raise BundleError(f"manifest: {where} path {relpath!r} names the bundle folder itself; expected a file inside it")
     if root not in target.parents:
         raise BundleError(f"manifest: {where} path {relpath!r} resolves to {target}, outside the bundle {root}")
     return target
+
+
+def _check_on_disk(target: Path, f: "ModelFile", where: str, listed: str = "is listed in the manifest but not on disk") -> None:
+    """A listed model file must be a regular file (a folder or a device in its place is not "missing")."""
+    if target.is_file():
+        return
+    if target.exists():
+        kind = "a folder" if target.is_dir() else "not a regular file"
+        raise BundleError(f"bundle file {f.path} ({where}) is {kind}; expected a file (the bundle was modified)")
+    raise BundleError(f"bundle file missing: {f.path} ({where}) {listed}")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -656,8 +668,7 @@ def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[M
         target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
         if f.source is not None:
             resolve_in_bundle(bundle_dir, f.source, f"files[{i}].source")
-        if not target.is_file():
-            raise BundleError(f"bundle file missing: {f.path} (files[{i}]) is listed in the manifest but not on disk")
+        _check_on_disk(target, f, f"files[{i}]")
         if verify_files:
             _check_digest(f, sha256_file(target), f"files[{i}].sha256")
     return manifest, raw
@@ -789,9 +800,7 @@ def update_manifest(bundle_dir: str | os.PathLike, entries: "list[ModelFile] | t
     files = tuple(f for f in manifest.files if f.path not in new_paths) + tuple(entries)
     updated = replace(manifest, files=files)
     for i, f in enumerate(updated.files):
-        target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
-        if not target.is_file():
-            raise BundleError(f"bundle file missing: {f.path} (files[{i}]) would be listed in the manifest but is not on disk")
+        _check_on_disk(resolve_in_bundle(bundle_dir, f.path, f"files[{i}]"), f, f"files[{i}]", "would be listed in the manifest but is not on disk")
     write_manifest(bundle_dir, updated)
     return updated
 

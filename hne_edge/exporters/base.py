@@ -197,6 +197,9 @@ def atomic_output_dir(
     on the next export to the same place. The directory gets the usual
     umask mode (not ``mkdtemp``'s 0700).
     """
+    if not str(out_dir).strip():  # Path("") is the current directory: never what an empty --out meant
+        raise InputError("output folder: received an empty path; expected the name of a folder to create",
+                         hint="pass out_dir='bundle' (any new folder)", cli_hint="pass --out DIR, e.g. --out bundle")  # fmt: skip
     out = Path(out_dir).absolute()
     if out.exists() and not out.is_dir():  # first: --force would not help, so do not suggest it
         raise ExportError(f"output path {out} exists and is not a directory; expected a new or bundle folder")
@@ -210,6 +213,12 @@ def atomic_output_dir(
     tmp.mkdir()
     try:
         yield tmp
+    except OSError as exc:  # a full disk: name the file as the user knows it, not its scratch folder (removed now)
+        shutil.rmtree(tmp, ignore_errors=True)
+        name = exc.filename if isinstance(exc.filename, str) else None
+        if name and exc.errno is not None and Path(name).is_relative_to(tmp):
+            raise type(exc)(exc.errno, exc.strerror, str(out / Path(name).relative_to(tmp))) from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

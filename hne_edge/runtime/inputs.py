@@ -102,7 +102,14 @@ def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np
     if isinstance(images, (list, tuple)):
         if not images:
             raise InputError("preprocess: received an empty list; expected at least one image")
-        images = np.stack([np.asarray(im) for im in images])
+        arrays = [np.asarray(im) for im in images]
+        odd = next((i for i, a in enumerate(arrays) if a.shape != arrays[0].shape), None)
+        if odd is not None:
+            raise InputError(
+                f"preprocess: received images of different sizes: image {odd} is {arrays[odd].shape}; image 0 is "
+                f"{arrays[0].shape}; expected images of one size (resize them first)"
+            )
+        images = np.stack(arrays)
     elif not isinstance(images, np.ndarray):
         raise InputError(f"preprocess: received {type(images).__name__}; expected a uint8 numpy array or a list of them")
     c, (h, w) = spec.channels, spec.spatial

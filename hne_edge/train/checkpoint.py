@@ -17,7 +17,9 @@ The exporters read ``model``, ``model_config``, ``class_names`` and
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import zipfile
 import zlib
 from pathlib import Path
@@ -25,11 +27,12 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, InputError
-from ..fileio import atomic_file
+from ..errors import CheckpointError, HNEError, InputError
+from ..fileio import atomic_write_bytes
 from ..models import HNE, build_model
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "model_from_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "model_from_checkpoint",
+           "check_usable", "unusable_reason", "torch_bytes", "safe_torch_load"]
 
 CHECKPOINT_FORMAT = "hne-edge-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -75,13 +78,33 @@ def save_checkpoint(
         "config": config,
         "extra": extra or {},
     }
-    with atomic_file(path, "wb") as f:
-        torch.save(state, f)
+    atomic_write_bytes(path, torch_bytes(state))
     return path
 
 
+def torch_bytes(obj: Any) -> bytes:
+    """``torch.save(obj)`` into memory. Files are then written by :mod:`hne_edge.fileio`, whose errors name
+    the file: torch's own writer reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc]``."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def safe_torch_load(source: Any, what: str, error: type[HNEError] = CheckpointError, map_location: Any = "cpu") -> Any:
+    """``torch.load(source, weights_only=True)``; a file it refuses is ``error`` naming ``what`` and the refused
+    object, never torch's advice to load it with ``weights_only=False`` (which would run its code)."""
+    try:
+        return torch.load(source, map_location=map_location, weights_only=True)
+    except Exception as exc:  # damaged archive, a pickle holding classes the safe loader refuses, ...
+        text = str(exc)
+        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        why = (f"it holds global {refused.group(1)!r}, which the safe loader (weights_only=True) refuses: only "
+               "tensors and plain containers are loaded" if refused else f"{type(exc).__name__} while loading with weights_only=True")  # fmt: skip
+        raise error(f"cannot read {what}: {why} (a corrupt file, or one not written by hne-edge)") from None
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and validate a checkpoint written by :func:`save_checkpoint`."""
+    """Load and validate a checkpoint written by :func:`save_checkpoint` (archive, layout, :func:`check_usable`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -91,13 +114,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             "expected a file written by hne-edge train"
         )
     check_archive(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # damaged archive, pickle with classes the safe loader refuses, ...
-        raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(exc).__name__} while loading with weights_only=True "
-            "(corrupt file, or not written by hne-edge train)"
-        ) from exc
+    state = safe_torch_load(path, f"checkpoint {path}", map_location=map_location)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         found = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(

@@ -266,9 +266,15 @@ class TrainConfig:
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: received bytes that are not UTF-8 text (byte {exc.start}); expected a YAML config") from None
+        try:
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise InputError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc})".replace("\n", " ")) from exc
+        except RecursionError:
+            raise InputError(f"{path}: YAML nested too deeply; expected a training config") from None
         if not isinstance(data, dict):
             raise InputError(f"{path}: a training config is a YAML mapping; received {type(data).__name__}")
         return cls.from_dict(merge(data, overrides or {}))

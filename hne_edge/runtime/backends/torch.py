@@ -111,10 +111,9 @@ class TorchBackend(Backend):
     def _build(self, manifest: Manifest, path: Path, data: bytes) -> Any:
         from ...models import build_model
 
-        try:
-            state = self.torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise BundleError(f"{path}: not a loadable torch state_dict ({exc})") from None
+        from ...train.checkpoint import safe_torch_load
+
+        state = safe_torch_load(io.BytesIO(data), f"{path} (a torch state_dict)", error=BundleError)
         if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
             state = state["model"]  # tolerate a checkpoint-shaped file
         model = build_model(manifest.model_config)
