@@ -22,6 +22,11 @@ process; every call ends with the logits on the host. The targets (issue 12):
   budgeted run's own, then an unbudgeted run of the same frame) and fits as
   many leaves as their cumulative time allows.
 
+Each configuration runs per plan (``--plans``, default segments, subtrees
+and mixed, issue 21): the full tree leaf by leaf, in B + 1 calls, and mixed
+(a whole subtree or the whole fused tree in one call where the budget fits
+it). The deadline oracle splits a step's time evenly over its leaves.
+
 The baselines for onnxruntime / TensorRT are their own standalone ONNX file /
 engine; the fused model is measured on torch only. ``--device cpu`` runs the
 same rows with the CPU torch backend (no graphs): a check that the script
@@ -212,7 +217,8 @@ def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int,
     first = lambda: runner.run(x, max_leaves=1).logits  # noqa: E731
     for _ in range(args.warmup):
         full(), first(), one(), fused and fused()
-    row = {"model": model.config.name, "backend": backend, "device": runner.device, "cuda_graph": graph, "batch": b}
+    row = {"model": model.config.name, "backend": backend, "plan": runner.plan, "device": runner.device, "cuda_graph": graph,
+           "batch": b}  # fmt: skip
     if fused is not None:
         row["full_ms"], row["fused_ms"] = paired(full, fused, args.repeats)
         row["full_vs_fused"] = row["full_ms"] / row["fused_ms"]
@@ -239,25 +245,28 @@ def bench_model(name: str, backends: list[str], device: str, args) -> list[dict]
     torch.manual_seed(0)
     model = create_model(name).eval()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_gpu_{name}_"))
-    bundle = export_onnx(model, tmp / "bundle", precisions=("fp32",), plan="segments", batch=(1, 1, 16), torch_weights=True)
+    bundle = export_onnx(model, tmp / "bundle", precisions=("fp32",), plan="segments,subtrees,fused", batch=(1, 1, 16),
+                         torch_weights=True)  # fmt: skip
     single = export_standalone_network(model, 0, tmp / "single.onnx") if set(backends) - {"torch"} else None
     if "tensorrt" in backends:
         from hne_edge.exporters.tensorrt import build_engines
 
-        build_engines(bundle, precisions=("fp32",), plans=("segments",))
+        build_engines(bundle, precisions=("fp32",))  # every plan the bundle has
     rows = []
     rng = np.random.default_rng(0)
     for backend in backends:
         for graph in ((True, False) if device != "cpu" else (False,)):
             options = {"cuda_graph": graph} if device != "cpu" else {"threads": 1}  # cpu: one core, less noise
-            with AnytimeRunner(bundle, backend=backend, device=device, load_profile=False, **options) as runner:
-                for b in BATCHES:
-                    try:
-                        row = bench_config(runner, model, single, backend, graph, b, args, rng)
-                    except Exception as exc:  # one configuration failing must not hide the others
-                        row = {"model": name, "backend": backend, "cuda_graph": graph, "batch": b, "error": f"{type(exc).__name__}: {exc}"}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+            for plan in args.plans.split(","):
+                with AnytimeRunner(bundle, backend=backend, device=device, plan=plan, load_profile=False, **options) as runner:
+                    for b in BATCHES:
+                        try:
+                            row = bench_config(runner, model, single, backend, graph, b, args, rng)
+                        except Exception as exc:  # one configuration failing must not hide the others
+                            row = {"model": name, "backend": backend, "plan": plan, "cuda_graph": graph, "batch": b,
+                                   "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -277,12 +286,12 @@ def to_markdown(rows: list[dict], where: str) -> str:
     lines = [
         f"# GPU runtime targets on {where}",
         "",
-        "| model | backend | graphs | batch | full / fused (<= 1.0) | first / standalone (<= 1.05) | (16 indep. / HNE) / MAC ratio (>= 0.9) "
+        "| model | backend | plan | graphs | batch | full / fused (<= 1.0) | first / standalone (<= 1.05) | (16 indep. / HNE) / MAC ratio (>= 0.9) "
         "| misses (<= 1%) | leaves vs oracle (>= 95%) | full, fused, first, standalone, 16 indep. (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        head = f"| {r['model']} | {r['backend']} | {'on' if r['cuda_graph'] else 'off'} | {r['batch']} |"
+        head = f"| {r['model']} | {r['backend']} | {r['plan']} | {'on' if r['cuda_graph'] else 'off'} | {r['batch']} |"
         if "error" in r:
             lines.append(f"{head} {r['error']} |||||| ")
             continue
@@ -299,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--backends", default=None, help="comma list (default: every GPU backend installed; cpu: torch)")
+    ap.add_argument("--plans", default="segments,subtrees,mixed", help="comma list of runner plans (issue 21)")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: the torch CPU backend, to check the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny repeats and frames: checks that everything runs, measures nothing")
     ap.add_argument("--warmup", type=int, default=20)

@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from hne_edge.bundle import RUNNER_PLANS
 from hne_edge.errors import HNEError
 
 
@@ -26,14 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", help="an ONNX bundle written by `hne-edge export`")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16"])
-    p.add_argument("--plan", default="segments", choices=["segments", "nodes"])
-    p.add_argument("--cuda-graph", action="store_true", help="capture a CUDA graph per segment")
+    p.add_argument("--plan", default="segments", choices=RUNNER_PLANS,
+                   help="mixed: engines for every plan the bundle has (segments, subtrees and fused are its parts)")
+    p.add_argument("--cuda-graph", action="store_true", help="capture a CUDA graph per engine and batch size")
     args = p.parse_args(argv)
     try:
         from hne_edge.exporters import build_engines
         from hne_edge.runtime import AnytimeRunner
 
-        built = build_engines(args.bundle, precisions=[args.precision], plans=[args.plan])
+        built = build_engines(args.bundle, precisions=[args.precision], plans=None if args.plan == "mixed" else [args.plan])
         print(f"built {len(built)} engines into {args.bundle}")
         with AnytimeRunner(args.bundle, plan=args.plan, precision=args.precision) as reference, AnytimeRunner(
             args.bundle, backend="tensorrt", device="cuda", plan=args.plan, precision=args.precision,
