@@ -24,10 +24,12 @@ the next leaf. Its rule, in the order checked:
    frame early: a ``run()`` (not a session), without ``stop_when``, that may
    evaluate every leaf. A subtree step only without ``stop_when`` (the stop
    rule sees every leaf, as with plan "segments");
-3. the cost model must predict it no slower than the leaf-by-leaf steps it
-   replaces, both measured (so a fused subtree that measures slower is never
-   taken). Until both are, the one not yet measured is tried, the big step
-   first: a frame at a batch size the runner has not seen measures each once
+3. its measured median must be no slower than the medians of the
+   leaf-by-leaf steps it replaces (so a fused subtree that measures slower is
+   never taken; medians, not the budget predictions, whose tail margins and
+   caps differ between one big step and many small ones). Until both are
+   measured, the one not yet measured is tried, the big step first: a frame
+   at a batch size the runner has not seen measures each once
    (``runner.profile()`` measures them all up front);
 4. with a budget, it must fit the time left (unless every leaf it adds is
    forced by ``min_leaves``).
@@ -145,6 +147,7 @@ def choose(
     now: float,
     stop_at: float | None,
     pred: Sequence[float],
+    median: Sequence[float] | None,
     known: Sequence[bool] | None,
     n_stop: int,
     n_min: int,
@@ -153,22 +156,23 @@ def choose(
 ) -> int:
     """The step a mixed program takes at position ``n`` (the rule of the module docstring, in one place).
 
-    ``pred``: the cost model's predicted seconds per step; ``known``: which steps it has measured (None: take
-    ``pred`` as measured); ``n_stop`` / ``n_min``: the leaves the call may end at / must reach; ``whole``:
+    ``pred``: the cost model's predicted seconds per step (what a budget must fit); ``median``: its measured
+    median per step (what the speeds are compared by; None: ``pred``); ``known``: which steps it has
+    measured (None: all); ``n_stop`` / ``n_min``: the leaves the call may end at / must reach; ``whole``:
     nothing can cancel, refine or stop this frame early (the whole-tree step is allowed); ``subtrees``:
     subtree steps are allowed (no stop rule).
     """
     steps = program.steps
+    speed = pred if median is None else median
     for c in program.alts[n]:  # type: ignore[index]
         step = steps[c]
         if step.hi > n_stop or not (whole if step.kind == "tree" else subtrees):
             continue
-        cost = pred[c]
         if known is None or known[c]:
             # the base walk's steps n .. hi-1 are steps n .. hi-1; until they are measured, measure them
-            if (known is not None and not all(known[n : step.hi])) or cost > sum(pred[n : step.hi]):
+            if (known is not None and not all(known[n : step.hi])) or speed[c] > sum(speed[n : step.hi]):
                 continue  # measured slower than leaf by leaf: never
-        if stop_at is not None and step.hi > n_min and now + cost > stop_at:
+        if stop_at is not None and step.hi > n_min and now + pred[c] > stop_at:
             continue
         return c
     return program.at[n]

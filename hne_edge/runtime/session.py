@@ -360,7 +360,8 @@ class AnytimeSession:
         whole = final and stop_when is None and n_stop == num_leaves  # nothing can cancel, refine or stop it early
         to_host, clock = self._to_host, self._clock
         out = self._leaf_logits
-        pred, observe, known = self._model.pred, self._model.observe, getattr(self._model, "known", None)
+        pred, observe = self._model.pred, self._model.observe
+        median, known = getattr(self._model, "base", None), getattr(self._model, "known", None)  # mixed programs
         step_s, taken = self._step_s, self._taken
         n = self._next
         now = clock()
@@ -369,7 +370,7 @@ class AnytimeSession:
         while n < n_stop:
             j = at[n]
             if alts is not None and alts[n]:
-                j = choose(program, n, now, stop_at, pred, known, n_stop, n_min, whole and n == 0, stop_when is None)
+                j = choose(program, n, now, stop_at, pred, median, known, n_stop, n_min, whole and n == 0, stop_when is None)
             if n >= n_min:
                 if self._cancelled:
                     reason = "cancelled"

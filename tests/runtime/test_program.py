@@ -192,18 +192,30 @@ PRED = [1.0, 0.2, 0.3, 0.3, 0.5, 1.5]  # seg0..seg3, b1.1's subtree (0.5 < 0.3 +
     ],
 )
 def test_choose_is_the_one_rule_of_a_mixed_program(n, now, stop_at, pred, n_stop, n_min, whole, subtrees, want):
-    assert choose(mixed(), n, now, stop_at, pred, None, n_stop, n_min, whole, subtrees) == want
-    assert choose(mixed(), n, now, stop_at, pred, [True] * 6, n_stop, n_min, whole, subtrees) == want
+    assert choose(mixed(), n, now, stop_at, pred, None, None, n_stop, n_min, whole, subtrees) == want
+    assert choose(mixed(), n, now, stop_at, pred, pred, [True] * 6, n_stop, n_min, whole, subtrees) == want
+
+
+def test_choose_compares_speeds_by_medians_and_budgets_by_predictions():
+    """A big step's prediction is capped (at the full tree plus itself) where many small ones are not, and the
+    tail margins differ: speeds are compared by the measured medians, so a slower big step is never taken."""
+    median = [0.10, 0.02, 0.03, 0.03, 0.07, 0.20]  # the subtree (0.07) is slower than its leaves (0.06)
+    pred = [0.5, 0.1, 0.15, 0.15, 0.25, 0.4]  # ... though its capped prediction (0.25) is below theirs (0.3)
+    assert choose(mixed(), 2, 0.0, None, pred, median, None, 4, 1, False, True) == 2
+    assert choose(mixed(), 0, 0.0, None, pred, median, None, 4, 1, True, True) == 0  # the tree: 0.20 > 0.18
+    median[4] = 0.05
+    assert choose(mixed(), 2, 0.0, None, pred, median, None, 4, 1, False, True) == 4
+    assert choose(mixed(), 2, 0.0, 0.2, pred, median, None, 4, 1, False, True) == 2  # but 0.25 does not fit 0.2
 
 
 def test_choose_measures_what_it_has_not_before_comparing():
     known = [True, True, False, False, False, True]  # leaves 2, 3 and their subtree never ran at this batch size
-    assert choose(mixed(), 2, 0.0, None, PRED, known, 4, 1, False, True) == 4  # the big step first
-    assert choose(mixed(), 2, 0.0, 0.45, PRED, known, 4, 1, False, True) == 2  # if it fits
+    assert choose(mixed(), 2, 0.0, None, PRED, PRED, known, 4, 1, False, True) == 4  # the big step first
+    assert choose(mixed(), 2, 0.0, 0.45, PRED, PRED, known, 4, 1, False, True) == 2  # if it fits
     known[4] = True
-    assert choose(mixed(), 2, 0.0, None, PRED, known, 4, 1, False, True) == 2  # then its leaves, to compare
+    assert choose(mixed(), 2, 0.0, None, PRED, PRED, known, 4, 1, False, True) == 2  # then its leaves, to compare
     known[2] = known[3] = True
-    assert choose(mixed(), 2, 0.0, None, PRED, known, 4, 1, False, True) == 4
+    assert choose(mixed(), 2, 0.0, None, PRED, PRED, known, 4, 1, False, True) == 4
 
 
 def test_a_mixed_program_needs_a_per_leaf_base_and_steps_that_read_what_is_held():

@@ -45,6 +45,7 @@ class Forced:
         steps = runner.steps
         self.pred = [0.0 if j in take else (1.0 if s["kind"] == "leaf" else 1e9) for j, s in enumerate(steps)]
         self.known = [True] * len(steps)
+        self.base = self.pred  # medians: the same
         self.seen = []
 
     def observe(self, step, seconds):

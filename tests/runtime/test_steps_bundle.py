@@ -23,6 +23,7 @@ class Forced:
     def __init__(self, runner, take):
         self.pred = [0.0 if j in take else (1.0 if s["kind"] == "leaf" else 1e9) for j, s in enumerate(runner.steps)]
         self.known = [True] * len(self.pred)
+        self.base = self.pred  # medians: the same
 
     def observe(self, step, seconds):
         pass
