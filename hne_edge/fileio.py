@@ -120,7 +120,8 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
 
     The file gets the umask's mode (not ``mkstemp``'s 0600), and its bytes
     reach the disk (fsync) before the rename, so a power cut after the
-    rename cannot leave an empty file.
+    rename cannot leave an empty file. An OS error that names no file (a
+    full disk fails ``write()``) is raised again naming ``path``.
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_file mode: received {mode!r}; expected 'wb' or 'w'")
@@ -135,6 +136,11 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:  # write()/fsync() (ENOSPC, EFBIG, EIO) name no file
+            raise type(exc)(exc.errno, exc.strerror, str(target)) from exc
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

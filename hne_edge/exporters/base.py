@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..bundle import ANYTIME_PLANS, PLANS, PRECISIONS, why_not_replaceable
+from ..bundle import ANYTIME_PLANS, PLANS, PRECISIONS, batch_range_ok, why_not_replaceable
 from ..errors import ExportError, InputError, short_repr
 from ..fileio import remove_stale, scratch_path, swap_dir_into_place
+from ..limits import MAX_BATCH
 
 __all__ = [
     "ShapeError",
@@ -95,15 +96,15 @@ def parse_precisions(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...
 
 
 def parse_batch(value: str | tuple[int, int, int] | list[int]) -> tuple[int, int, int]:
-    """``"MIN:OPT:MAX"`` (or ``"N"`` = ``N:N:N``) or a 3-tuple -> validated (min, opt, max)."""
+    """``"MIN:OPT:MAX"`` (or ``"N"`` = ``N:N:N``) or a 3-tuple -> validated (min, opt, max) (:func:`batch_range_ok`)."""
     try:
         parts = [int(v) for v in value.split(":")] if isinstance(value, str) else [int(v) for v in value]
     except (TypeError, ValueError):
         parts = []
     if len(parts) == 1:
         parts = parts * 3
-    if len(parts) != 3 or not 1 <= parts[0] <= parts[1] <= parts[2]:
-        raise InputError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX; received {value!r}")
+    if not batch_range_ok(parts):
+        raise InputError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX <= {MAX_BATCH}; received {short_repr(value)}")
     return parts[0], parts[1], parts[2]
 
 
@@ -216,6 +217,9 @@ def atomic_output_dir(
     to the same place. The directory gets the usual umask mode (not
     ``mkdtemp``'s 0700).
     """
+    if not str(out_dir).strip():  # Path("") is the current directory: never what an empty --out meant
+        raise InputError("output folder: received an empty path; expected the name of a folder to create",
+                         hint="pass out_dir='bundle' (any new folder)", cli_hint="pass --out DIR, e.g. --out bundle")  # fmt: skip
     out = Path(out_dir).absolute()
     _check_out(out, force, keep)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -225,6 +229,12 @@ def atomic_output_dir(
     try:
         yield tmp
         _check_out(out, force, keep)  # again: the export took a while, and the user may have been busy
+    except OSError as exc:  # a full disk: name the file as the user knows it, not its scratch folder (removed now)
+        shutil.rmtree(tmp, ignore_errors=True)
+        name = exc.filename if isinstance(exc.filename, str) else None
+        if name and exc.errno is not None and Path(name).is_relative_to(tmp):
+            raise type(exc)(exc.errno, exc.strerror, str(out / Path(name).relative_to(tmp))) from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

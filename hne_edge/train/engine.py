@@ -42,16 +42,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch
 from ..models import HNE, create_model
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint, unusable_reason
 from .config import LossConfig, ModelSpec, TrainConfig, upgrade_config
 from .data import DataBundle, load_data
 from .losses import ensemble_logits, hne_loss
 
-__all__ = ["FitResult", "train_one_epoch", "evaluate", "fit", "build_model_for_data", "capture_rng_state", "restore_rng_state",
-           "check_run_folder", "RUN_LAYOUT"]
+__all__ = ["FitResult", "TrainingDiverged", "train_one_epoch", "evaluate", "fit", "build_model_for_data", "capture_rng_state",
+           "restore_rng_state", "check_run_folder", "RUN_LAYOUT"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "train_log.json"
@@ -59,6 +59,10 @@ CONFIG_NAME = "config.yaml"
 RUN_LAYOUT = {CHECKPOINT_NAME: "file", LOG_NAME: "file", CONFIG_NAME: "file"}  # what a run writes into its folder
 # Fields that may differ between an interrupted run and its resumption without changing the result.
 _RESUME_FREE = {"quiet", "threads", "out", "device", "eval_every", "log_every", "compile"}
+
+
+class TrainingDiverged(HNEError, ArithmeticError):
+    """The loss or the weights became NaN/Inf: training stopped, the last finite checkpoint was kept."""
 
 
 @dataclass
@@ -334,6 +338,19 @@ def check_run_folder(out: str | os.PathLike, resume: bool = False) -> Path:
     return path
 
 
+def _check_converging(epoch: int, losses: list[float], model: nn.Module, ckpt_path: Path, lr: float) -> None:
+    """Stop a diverged run before it saves: a non-finite loss in this epoch, or weights the checkpoint rule
+    (:func:`~.checkpoint.unusable_reason`) refuses. The checkpoint of the last finite epoch stays."""
+    bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    why = (f"a non-finite loss (NaN/Inf) at step {bad + 1} of {len(losses)}" if bad is not None
+           else None if (reason := unusable_reason(model.state_dict())) is None else f"weights that are not usable: {reason}")  # fmt: skip
+    if why is None:
+        return
+    kept = f"{ckpt_path} keeps epoch {epoch} (the last finite one)" if epoch > 0 and ckpt_path.exists() else "no checkpoint was written"
+    raise TrainingDiverged(f"training diverged: epoch {epoch + 1} produced {why}; {kept}",
+                           hint=f"lower optim.lr (received {lr:g})", cli_hint=f"lower --lr (received {lr:g})")  # fmt: skip
+
+
 def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> FitResult:
     """Train ``config``; return where the checkpoint and log are.
 
@@ -435,6 +452,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             accum_steps=opt.accum_steps, scaler=scaler, amp_dtype=amp_dtype, channels_last=channels_last,
             world_size=world_size, progress=progress, log_every=log_every, desc=f"epoch {epoch + 1}/{opt.epochs}",
         )
+        _check_converging(epoch, stats["step_losses"], model, ckpt_path, opt.lr)
         step_losses += stats.pop("step_losses")
         record = {"epoch": epoch + 1, "lr": optimizer.param_groups[0]["lr"],
                   **{f"train_{k}": v for k, v in stats.items()}}
