@@ -21,7 +21,6 @@ This module imports torch only when a model is given.
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest, read_verified
+from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest
 from ..errors import BundleError
 from ..limits import check_threads
 from .base import TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
@@ -53,9 +52,9 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
 # -- loaders / runners ------------------------------------------------------------------------------
 
 
-def ort_session(path: str | os.PathLike, threads: int | None = None, model_file: ModelFile | None = None):
-    """An ONNX Runtime CPU session for one file (the loader): its bytes are read once (checked against
-    ``model_file``'s sha256 when given), must be self-contained, and are what ONNX Runtime loads."""
+def ort_session(path: str | os.PathLike, threads: int | None = None, name: str | None = None):
+    """An ONNX Runtime CPU session for one file (the loader): its bytes are read once, must be self-contained
+    (the runtime's rule) and are what ONNX Runtime loads, so it never follows a path the file names."""
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency of the exporters
@@ -67,8 +66,8 @@ def ort_session(path: str | os.PathLike, threads: int | None = None, model_file:
     threads = check_threads(threads or None)
     if threads:
         options.intra_op_num_threads = threads
-    name = model_file.path if model_file is not None else str(path)
-    data = read_verified(path, model_file)
+    name = name or str(path)
+    data = Path(path).read_bytes()  # verify_bundle hashed every file when it read the manifest
     check_self_contained(data, name)  # the runtime's rule: never let ONNX Runtime follow external paths
     try:
         return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
@@ -250,7 +249,7 @@ def verify_bundle(
     onnx_files = [f for f in manifest.files if f.format == "onnx"]
     sessions = {}
     for f in onnx_files:
-        sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads, model_file=f)
+        sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads, name=f.path)
         check_session_io(sessions[f.path], f)
     engines = [f for f in manifest.files if f.format == "tensorrt"]
     if engines:
@@ -356,8 +355,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         if f.format == "torch":
             from ..train.checkpoint import safe_torch_load
 
-            state = safe_torch_load(io.BytesIO(read_verified(bundle_path(bundle_dir, f), f)), f"{f.path} (a torch state_dict)",
-                                    error=BundleError)  # fmt: skip
+            state = safe_torch_load(bundle_path(bundle_dir, f), f"{f.path} (a torch state_dict)", error=BundleError)
             ref = model.state_dict()
             if set(state) != set(ref):
                 raise ShapeError(f"{f.path}: state_dict keys differ from the model's: {sorted(set(state) ^ set(ref))[:5]}")
