@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from .errors import InputError
 from .fileio import atomic_file, atomic_write_json, check_output_dir, foreign_entry
 
 __all__ = ["DemoResult", "run_demo", "choose_data", "budget_sweep", "format_budget_table", "ensemble_rows",
-           "format_ensemble_line", "MARKER", "DEMO_LAYOUT", "CIFAR10_NPZ", "PRETRAINED"]
+           "format_ensemble_line", "how_to_run_hne_edge", "MARKER", "DEMO_LAYOUT", "CIFAR10_NPZ", "PRETRAINED"]
 
 MARKER = ".hne-edge-demo"  # a folder with this file (and nothing a demo does not write) was written by the demo
 # what a demo writes into --out, and the folders its printed next steps write there: the next demo run
@@ -54,6 +55,29 @@ class DemoResult:
     bundle: Path
     metrics: dict[str, Any]
     budgets: list[dict[str, Any]]
+
+
+def how_to_run_hne_edge(cwd: str | Path = ".") -> str | None:
+    """The line telling a shell user how to reach ``hne-edge``, or None when it is on their PATH already.
+
+    ``make demo`` runs ``.venv/bin/hne-edge``, which is not on the PATH until the virtualenv is activated,
+    so the next commands the demo prints would end in "command not found" without this line (issue 20).
+    """
+    scripts = Path(sysconfig.get_path("scripts"))  # where this interpreter's console scripts live
+    script = scripts / "hne-edge"
+    found = shutil.which("hne-edge")
+    if found is not None and script.exists() and Path(found).resolve() == script.resolve():
+        return None
+    try:
+        shown = os.path.relpath(scripts, cwd) if scripts.is_relative_to(Path(cwd).absolute()) else str(scripts)
+    except ValueError:  # another drive (Windows)
+        shown = str(scripts)
+    if not script.exists():
+        return "hne-edge is not installed here: run these as `python -m hne_edge ...` from the repository root"
+    if (scripts / "activate").is_file():
+        return (f"hne-edge is in {shown}/, not on your PATH: run `source {shown}/activate` first, "
+                f"or write {shown}/hne-edge and {shown}/python in their place")
+    return f"hne-edge is in {shown}/, not on your PATH: write {shown}/hne-edge and {shown}/python in their place"
 
 
 def choose_data(data: str, data_dir: str | None, cwd: str | Path = ".") -> tuple[str, str | None, str | None]:
@@ -325,6 +349,9 @@ def run_demo(
     echo(f"  bundle      {bundle}")
     echo(f"  frames      {out / 'frames.npz'} (the validation images, uint8 NHWC, with labels)")
     echo("next:")
+    hint = how_to_run_hne_edge()
+    if hint is not None:
+        echo(f"  ({hint})")
     echo(f"  hne-edge inspect {bundle}")
     echo(f"  hne-edge bench {bundle} --frames {out / 'frames.npz'} --out {out / 'bench'}")
     echo(f"  hne-edge run {bundle} {out / 'frames.npz'} --budget-ms {rows[3]['budget_ms']:.3f}")

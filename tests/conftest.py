@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,22 @@ def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path 
     if check and proc.returncode != 0:
         raise AssertionError(f"hne-edge {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def clone_working_tree(repo: Path, dest: Path) -> Path:
+    """A fresh ``git clone`` of ``repo`` at ``dest`` holding its working tree as it would be committed: tracked
+    changes and new files git does not ignore, nothing ignored (no .venv, runs/, build outputs). On a clean
+    checkout (CI) that is exactly HEAD. Skips the test where git is not installed."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed here")
+
+    def git(*args: str, cwd: Path = dest) -> None:
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=300)
+
+    git("clone", "--quiet", "--no-checkout", str(repo), str(dest), cwd=dest.parent)
+    git(f"--work-tree={repo}", "add", "--all")  # the clone's index := repo's working tree (its .gitignore applies)
+    git("checkout-index", "--all")
+    return dest
 
 
 @pytest.fixture
