@@ -9,7 +9,9 @@ People watch a terminal; CI, ``nohup`` and ``> log`` read a file. So:
       export: 12/40 files (30%), 0.8 files/s, elapsed 15 s, ETA 35 s - onnx/fp32/segments/leaf07.onnx
 
 Library functions take a ``progress`` argument (a :class:`Progress`, or None for silence) rather than
-deciding how to draw; the CLI builds one with :func:`progress_for` from its ``--quiet`` flag.
+deciding how to draw; the CLI builds one with :func:`progress_for` from its ``--quiet`` flag. A function
+with several phases (export, then verify) starts each with :meth:`Progress.restart`. A loop whose figures
+cost something to read (a training step's loss, which waits for the GPU) asks :meth:`Progress.due` first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import IO, Any, Callable
 __all__ = ["Progress", "progress_for", "format_duration", "NULL_PROGRESS"]
 
 EVERY_S = 10.0  # plain-line cadence: well under the 30 s a log reader waits before suspecting a hang
+BAR_FIELDS_S = 1.0  # on a terminal, how often due() asks for fresh figures for the bar
 
 
 def format_duration(seconds: float) -> str:
@@ -52,6 +55,8 @@ class Progress:
         clock: the time source (tests pass a fake one).
         heartbeat: in line mode, a daemon thread repeats the current line every ``every_s`` while no
             update comes (a single step that takes minutes must not look like a hang).
+        initial: steps already done before this call (a resumed run): counted in ``n`` and the percentage,
+            not in the rate.
     """
 
     def __init__(
@@ -66,24 +71,26 @@ class Progress:
         every_s: float = EVERY_S,
         clock: Callable[[], float] = time.monotonic,
         heartbeat: bool = True,
+        initial: int = 0,
     ) -> None:
         self.total, self.desc, self.unit = total, desc, unit
         self.enabled = enabled
-        self.n = 0
+        self.n = self.initial = initial
         self.note = ""  # what is happening now (a file name, a phase)
         self.fields: dict[str, Any] = {}
         self._stream = stream if stream is not None else sys.stderr
         self._clock, self._every = clock, every_s
         self._start = clock()
         self._last_line: float | None = None  # when the last plain line was written (None: never)
-        self._last_n = 0
+        self._last_fields: float | None = None  # when due() last answered True on a terminal
+        self._last_n = initial
         self._lock = threading.Lock()
         self._closed = False
         self._bar = None
         self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
         self._stop = threading.Event()
         if self._tty:
-            self._bar = _tqdm_bar(total, desc, unit, self._stream)
+            self._bar = _tqdm_bar(total, desc, unit, self._stream, initial)
         elif enabled and heartbeat and every_s > 0:
             threading.Thread(target=self._heartbeat, name=f"progress:{desc}", daemon=True).start()
 
@@ -110,6 +117,37 @@ class Progress:
                 self._draw_bar(0)
             elif self._last_line is None:
                 self._write_line()
+
+    def due(self) -> bool:
+        """Whether the next :meth:`update` shows its figures: a line is due in a log (the first, one after
+        ``every_s``, or the last step's), or a second has passed on a terminal. A caller whose figures cost
+        a device synchronisation computes them only then."""
+        if not self.enabled:
+            return False
+        now = self._clock()
+        if self._bar is not None:
+            if self._last_fields is None or now - self._last_fields >= BAR_FIELDS_S:
+                self._last_fields = now
+                return True
+            return False
+        last = self._last_line
+        return last is None or now - last >= self._every or (self.total is not None and self.n + 1 >= self.total)
+
+    def restart(self, total: int | None, desc: str, unit: str | None = None, initial: int = 0) -> None:
+        """End this phase (its final line) and start the next one on the same reporter (export, then verify)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+            elif self._last_line is None or self._last_n != self.n:
+                self._write_line()
+            self.total, self.desc, self.unit = total, desc, unit or self.unit
+            self.n = self.initial = self._last_n = initial
+            self.note, self.fields = "", {}
+            self._start, self._last_line, self._last_fields = self._clock(), None, None
+            if self._bar is not None:
+                self._bar = _tqdm_bar(total, desc, self.unit, self._stream, initial)
 
     def write(self, message: str) -> None:
         """A line of its own (an epoch's summary) that does not break the bar."""
@@ -147,8 +185,8 @@ class Progress:
     @property
     def rate(self) -> float | None:
         """Steps per second so far (None before the first step)."""
-        elapsed = self.elapsed
-        return self.n / elapsed if self.n and elapsed > 0 else None
+        elapsed, done = self.elapsed, self.n - self.initial
+        return done / elapsed if done > 0 and elapsed > 0 else None
 
     @property
     def eta(self) -> float | None:
@@ -226,12 +264,14 @@ def _isatty(stream: IO[str]) -> bool:
         return False
 
 
-def _tqdm_bar(total: int | None, desc: str, unit: str, stream: IO[str]):
+def _tqdm_bar(total: int | None, desc: str, unit: str, stream: IO[str], initial: int = 0):
     try:
         from tqdm import tqdm
     except ImportError:  # runtime-only installs: redraw one line by hand
-        return _PlainBar(total, desc, unit, stream)
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=stream, dynamic_ncols=True)
+        bar = _PlainBar(total, desc, unit, stream)
+        bar.n = initial
+        return bar
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=stream, dynamic_ncols=True, initial=initial)
 
 
 class _PlainBar:
