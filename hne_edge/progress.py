@@ -73,7 +73,8 @@ class Progress:
         heartbeat: bool = True,
         initial: int = 0,
     ) -> None:
-        self.total, self.desc, self.unit = total, desc, unit
+        self._bar = None
+        self._total, self.desc, self.unit = total, desc, unit
         self.enabled = enabled
         self.n = self.initial = initial
         self.note = ""  # what is happening now (a file name, a phase)
@@ -83,10 +84,10 @@ class Progress:
         self._start = clock()
         self._last_line: float | None = None  # when the last plain line was written (None: never)
         self._last_fields: float | None = None  # when due() last answered True on a terminal
+        self._promised: bool | None = None  # due()'s answer, which the next update() keeps
         self._last_n = initial
         self._lock = threading.Lock()
         self._closed = False
-        self._bar = None
         self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
         self._stop = threading.Event()
         if self._tty:
@@ -102,9 +103,10 @@ class Progress:
         with self._lock:
             self.n += n
             self._set(note, fields)
+            promised, self._promised = self._promised, None
             if self._bar is not None:
                 self._draw_bar(n)
-            elif self._last_line is None or self._clock() - self._last_line >= self._every or self._finished():
+            elif promised if promised is not None else self._line_due(0):
                 self._write_line()
 
     def set(self, note: str | None = None, **fields: Any) -> None:
@@ -130,8 +132,8 @@ class Progress:
                 self._last_fields = now
                 return True
             return False
-        last = self._last_line
-        return last is None or now - last >= self._every or (self.total is not None and self.n + 1 >= self.total)
+        self._promised = self._line_due(1)  # the next update() writes its line exactly when this says so
+        return self._promised
 
     def restart(self, total: int | None, desc: str, unit: str | None = None, initial: int = 0) -> None:
         """End this phase (its final line) and start the next one on the same reporter (export, then verify)."""
@@ -140,9 +142,9 @@ class Progress:
         with self._lock:
             if self._bar is not None:
                 self._bar.close()
-            elif self._last_line is None or self._last_n != self.n:
+            elif self.n != self.initial and self._last_n != self.n:  # the phase's last word, unless just said
                 self._write_line()
-            self.total, self.desc, self.unit = total, desc, unit or self.unit
+            self._total, self.desc, self.unit = total, desc, unit or self.unit
             self.n = self.initial = self._last_n = initial
             self.note, self.fields = "", {}
             self._start, self._last_line, self._last_fields = self._clock(), None, None
@@ -159,8 +161,9 @@ class Progress:
             else:
                 print(message, file=self._stream, flush=True)
 
-    def close(self) -> None:
-        """Stop the heartbeat; in line mode write the final line (unless one just said the same)."""
+    def close(self, final: bool = True) -> None:
+        """Stop the heartbeat; in line mode write the final line (unless one just said the same, or ``final`` is
+        False: the command failed, and its error is the one line to read)."""
         if not self.enabled or self._closed:
             return
         self._stop.set()
@@ -168,16 +171,28 @@ class Progress:
             self._closed = True
             if self._bar is not None:
                 self._bar.close()
-            elif self._last_line is None or self._last_n != self.n:
+            elif final and (self._last_line is None or self._last_n != self.n):
                 self._write_line()
 
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(final=exc_type is None)
 
     # -- figures -------------------------------------------------------------------------------------
+    @property
+    def total(self) -> int | None:
+        return self._total
+
+    @total.setter
+    def total(self, value: int | None) -> None:
+        """Known once the work is counted (a verification counts its files after reading the manifest)."""
+        self._total = value
+        if self._bar is not None:
+            self._bar.total = value
+            self._bar.refresh()
+
     @property
     def elapsed(self) -> float:
         return self._clock() - self._start
@@ -198,11 +213,12 @@ class Progress:
 
     def line(self) -> str:
         """The plain progress line (what a log shows)."""
-        parts = [f"{self.n}/{self.total} {self.unit}s ({100 * self.n / self.total:.0f}%)" if self.total
-                 else f"{self.n} {self.unit}s"]  # fmt: skip
+        units = _plural(self.unit)
+        parts = [f"{self.n}/{self.total} {units} ({100 * self.n / self.total:.0f}%)" if self.total
+                 else f"{self.n} {units}"]  # fmt: skip
         rate = self.rate
         if rate is not None:
-            parts.append(f"{rate:.3g} {self.unit}s/s" if rate >= 1 else f"{format_duration(1 / rate)}/{self.unit}")
+            parts.append(f"{rate:.3g} {units}/s" if rate >= 1 else f"{format_duration(1 / rate)}/{self.unit}")
         parts.append(f"elapsed {format_duration(self.elapsed)}")
         if self.eta is not None and self.n < (self.total or 0):
             parts.append(f"ETA {format_duration(self.eta)}")
@@ -210,8 +226,11 @@ class Progress:
         return f"{self.desc}: {', '.join(parts)}" + (f" - {self.note}" if self.note else "")
 
     # -- internals -----------------------------------------------------------------------------------
-    def _finished(self) -> bool:
-        return self.total is not None and self.n >= self.total
+    def _line_due(self, ahead: int) -> bool:
+        """A plain line is due: the first, ``every_s`` after the last, or the last step's (``ahead`` steps on)."""
+        last = self._last_line
+        return (last is None or self._clock() - last >= self._every
+                or (self.total is not None and self.n + ahead >= self.total))  # fmt: skip
 
     def _set(self, note: str | None, fields: dict[str, Any]) -> None:
         if note is not None:
@@ -253,6 +272,10 @@ def progress_for(total: int | None, desc: str, unit: str = "step", *, quiet: boo
     return Progress(total, desc, unit, enabled=not quiet, **kwargs)
 
 
+def _plural(unit: str) -> str:
+    return unit + ("es" if unit.endswith(("s", "sh", "ch", "x")) else "s")
+
+
 def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -290,7 +313,7 @@ class _PlainBar:
 
     def refresh(self) -> None:
         count = f"{self.n}/{self.total}" if self.total else f"{self.n}"
-        self.stream.write(f"\r\033[K{self.desc}: {count} {self.unit}s {self.postfix}")
+        self.stream.write(f"\r\033[K{self.desc}: {count} {_plural(self.unit)} {self.postfix}")
         self.stream.flush()
 
     def write(self, message: str, file: IO[str] | None = None) -> None:

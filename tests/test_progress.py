@@ -60,6 +60,16 @@ def test_the_heartbeat_speaks_while_one_step_runs_long():
     assert len(lines) >= 3 and all(line.startswith("verify: 0/3 files") for line in lines[:3]), lines
 
 
+def test_a_failing_command_ends_with_its_error_not_a_progress_line():
+    out = io.StringIO()
+    try:
+        with Progress(None, "eval", "image", stream=out, heartbeat=False):
+            raise ValueError("bad checkpoint")
+    except ValueError:
+        pass
+    assert out.getvalue() == ""
+
+
 def test_quiet_prints_nothing_and_a_terminal_gets_a_bar_not_lines():
     out = io.StringIO()
     with progress_for(10, "eval", quiet=True, stream=out) as p:
@@ -116,6 +126,15 @@ def test_due_asks_for_costly_figures_only_when_a_line_will_show_them():
     # the first step, every 10 s after it, and the last step: each line carries figures read for it
     assert asked == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99], asked
     assert len(lines) == len(asked) and lines[-1].endswith("loss 99")
+    # the answer holds for the update it announces, even if the period ends in between (no line with stale figures)
+    p = Progress(100, "train", stream=out, every_s=10, clock=clock, heartbeat=False)
+    p.update(loss=1.0)
+    clock.t += 9.99
+    assert not p.due()
+    clock.t += 0.02
+    before = out.getvalue()
+    p.update()
+    assert out.getvalue() == before and p.due()
     bar = Progress(10, "eval", stream=io.StringIO(), tty=True, clock=clock)
     assert bar.due() and not bar.due()  # a terminal refreshes its figures once a second
     clock.t += 1.0
@@ -150,3 +169,11 @@ def test_a_resumed_run_counts_earlier_steps_in_the_total_but_not_in_the_rate():
     clock.t += 4
     p.update(2)
     assert out.getvalue().startswith("train: 62/100 steps (62%), 2.0 s/step, elapsed 4.0 s, ETA 1 min 16 s")
+
+
+def test_units_read_as_english():
+    clock, out = FakeClock(), io.StringIO()
+    with Progress(2, "profile", "pass", stream=out, clock=clock, heartbeat=False) as p:
+        clock.t += 1
+        p.update()
+    assert out.getvalue().startswith("profile: 1/2 passes (50%), 1 passes/s")

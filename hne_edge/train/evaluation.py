@@ -17,6 +17,7 @@ writes ``metrics.json`` and three PNGs in the style of the paper's figures.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_json, check_output_dir
 from ..plots import plot_metrics  # its home is hne_edge.plots; importable from here as before
+from ..progress import Progress
 from .losses import ensemble_logits
 
 __all__ = [
@@ -35,9 +37,30 @@ __all__ = [
     "expected_calibration_error",
     "logit_diversity",
     "anytime_metrics",
+    "chance_note",
     "evaluate_checkpoint",
     "plot_metrics",
 ]
+
+
+CHANCE_SE = 3  # accuracy "at chance": within this many standard errors of guessing
+
+
+def chance_note(accuracy: float, images: int, num_classes: int, split: str = "validation") -> str | None:
+    """What to say when ``accuracy`` on ``images`` images is at chance (None when it is not).
+
+    The rule: the accuracy is below chance (1 / classes) plus three standard errors of a classifier that
+    guesses, on that many images, i.e. not distinguishable from guessing.
+    """
+    if not images or num_classes < 2:
+        return None
+    chance = 1.0 / num_classes
+    se = math.sqrt(chance * (1 - chance) / images)
+    if accuracy >= chance + CHANCE_SE * se:
+        return None
+    return (f"the model is at chance: the full ensemble's {split} accuracy {accuracy:.1%} is within {CHANCE_SE} standard "
+            f"errors (±{se:.1%} on {images} images) of guessing among {num_classes} classes ({chance:.1%}); it has not "
+            "learned yet: train longer (--epochs) or on more images (--limit), try another --lr, or check the labels")
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -103,7 +126,7 @@ def evaluate_checkpoint(
     batch_size: int = 256,
     device: str = "auto",
     plots: bool = True,
-    progress: bool = False,
+    progress: "Progress | None" = None,
 ) -> dict[str, Any]:
     """Evaluate a training checkpoint on its validation split (or the test set) for every n.
 
@@ -118,7 +141,7 @@ def evaluate_checkpoint(
         batch_size: evaluation batch size.
         device: auto, cpu or cuda.
         plots: write the PNGs.
-        progress: show a progress bar.
+        progress: counts the images as they are evaluated (:func:`hne_edge.progress.progress_for`); None: silent.
 
     Returns the metrics dict that is written to ``metrics.json``.
     """
@@ -158,7 +181,7 @@ def evaluate_checkpoint(
 
 
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
-                 progress: bool) -> dict[str, Any]:
+                 progress: "Progress | None") -> dict[str, Any]:
     """Metrics of the checkpoint's model on the images of ``test_data`` (an .npz), checked against the model first."""
     from .data import BatchLoader, load_npz  # noqa: PLC0415
 
@@ -183,7 +206,7 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,
-             progress: bool) -> dict[str, Any]:
+             progress: "Progress | None") -> dict[str, Any]:
     """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares."""
     from ..models import tree_cost  # noqa: PLC0415
     from .engine import predict, torch_device  # noqa: PLC0415
@@ -193,6 +216,9 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
     stored = upgrade_config(state["config"]) if state.get("config") else None  # a 0.1 run: its weighting
     dev = torch_device(device)
     model = model.to(dev)
+    if progress is not None:  # the rate counts from here; a first line at once (loading took a while already)
+        progress.restart(len(loader.dataset), "eval", "image")
+        progress.set(note=f"{source['data']} {source['split']} on {dev}")
     logits, labels = predict(model, loader, dev, progress=progress)
     cost = tree_cost(model.cpu())
     metrics = anytime_metrics(logits, labels, cost.prefix_macs)
