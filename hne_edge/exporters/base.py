@@ -200,7 +200,8 @@ def atomic_output_dir(
     if out.exists() and not out.is_dir():  # first: --force would not help, so do not suggest it
         raise ExportError(f"output path {out} exists and is not a directory; expected a new or bundle folder")
     if out.exists() and not force:
-        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+        raise ExportError(f"output directory {out} already exists", hint="pass force=True to replace it",
+                          cli_hint="pass --force to replace it")
     if out.exists():
         check_replaceable(out, keep)
     out.parent.mkdir(parents=True, exist_ok=True)

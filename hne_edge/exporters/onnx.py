@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activation_name, file_path, read_manifest, sha256_file, write_manifest
 from ..errors import ExportError, InputError
+from ..progress import NULL_PROGRESS, Progress
 from .base import (
     DEFAULT_OPSET,
     ShapeError,
@@ -241,7 +242,7 @@ def export_onnx(
     extra_provenance: dict | None = None,
     verify_batch_sizes: Sequence[int] | None = None,
     post_export: Callable[[Path], None] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     first_leaf: bool = True,
     keep: Sequence[str | os.PathLike] = (),
 ) -> Path:
@@ -265,8 +266,8 @@ def export_onnx(
         verify_batch_sizes: batch sizes the verification runs at (default: min and up to 4).
         post_export: called with the temporary bundle directory after verification, before it is
             published (the TensorRT path builds its engines there, so they are atomic too).
-        progress: called with a short message as each file is written and each phase starts
-            (the CLI prints them when stderr is a terminal; big trees take minutes).
+        progress: counts the files as they are written (a total, a rate and an ETA: big trees take minutes),
+            then the verification's steps (:func:`~hne_edge.exporters.verify.verify_bundle`); None: silent.
         first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision):
             the runtime runs it when a frame stops after the first leaf, at the cost of a standalone
             network instead of the exporting segment's (up to ~10% more; BENCHMARKS.md).
@@ -294,7 +295,7 @@ def export_onnx(
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
     check_normalization(normalization, config.in_chans)
 
-    say = progress or (lambda message: None)
+    progress = progress or NULL_PROGRESS
     model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)
     model.float().cpu()
     cost = tree_cost(model)
@@ -329,6 +330,9 @@ def export_onnx(
                 )
             )
 
+        per_precision = (len(tree.nodes) if "nodes" in plans else 0) + (len(tree.segments) if "segments" in plans else 0)
+        progress.restart(len(precisions) * (per_precision + first_leaf) + torch_weights, "export", "file")
+        progress.set(note="slicing the tree into its nodes")
         leaf_index = {nid: i for i, nid in enumerate(tree.leaf_order)}
         # slice every node once (slicing copies the fused block, the dominant cost on big trees); the unfolded
         # slices are also the verification's per-node reference
@@ -350,7 +354,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "nodes", precision, [node.id], leaf_index.get(node.id),
                         cost.nodes[node.id].macs, [in_spec], [out_spec], opset)  # fmt: skip
-                    say(f"exported {rel} ({len(files)} files)")
+                    progress.update(note=rel)
             if "segments" in plans:
                 from ..models import SegmentModule
 
@@ -366,7 +370,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "segments", precision, seg.nodes, seg.leaf,
                         sum(cost.nodes[n].macs for n in seg.nodes), [in_spec], outputs, opset)  # fmt: skip
-                    say(f"exported {rel} ({len(files)} files)")
+                    progress.update(note=rel)
             if first_leaf:
                 seg = tree.segments[0]
                 rel = file_path("onnx", precision, "first", leaf=0, num_leaves=tree.num_leaves)
@@ -378,7 +382,7 @@ def export_onnx(
                 )  # fmt: skip
                 add(rel, "onnx", "first", precision, seg.nodes, 0, sum(cost.nodes[n].macs for n in seg.nodes),
                     [in_spec], [out_spec], opset)  # fmt: skip
-                say(f"exported {rel} ({len(files)} files)")
+                progress.update(note=rel)
         if torch_weights:
             rel = file_path("torch", "fp32", "weights")
             (tmp / "torch").mkdir()
@@ -387,6 +391,7 @@ def export_onnx(
             add(rel, "torch", "weights", "fp32", [n.id for n in tree.nodes], None, cost.total_macs,
                 [spec(None, "float32")],
                 [TensorSpec("logits", None, "float32", (BATCH_DIM, tree.num_leaves, config.num_classes))])  # fmt: skip
+            progress.update(note=rel)
 
         manifest = Manifest(
             model_name=config.name,
@@ -415,8 +420,7 @@ def export_onnx(
         if verify:
             from .verify import verify_bundle
 
-            say(f"verifying {len(files)} files and every anytime prefix against PyTorch")
-            report = verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes, node_modules=sliced)
+            report = verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes, node_modules=sliced, progress=progress)
             report.raise_for_failures()
         if post_export is not None:
             post_export(tmp)

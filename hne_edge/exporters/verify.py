@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, read_manifest
+from ..progress import NULL_PROGRESS, Progress
 from .base import TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -215,13 +216,19 @@ def verify_bundle(
     seed: int = 0,
     threads: int | None = None,
     node_modules: dict | None = None,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Verify a bundle (see module docstring). Raises BundleError/ShapeError for structural problems;
     numerical results are in the returned report (``report.raise_for_failures()`` to make them errors).
 
     ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
+    ``progress`` counts steps: each ONNX file loaded, each file of a variant run through the runtime (which
+    loads and runs them all), and with a model each file compared with PyTorch.
     """
     bundle_dir = Path(bundle_dir)
+    progress = progress or NULL_PROGRESS
+    progress.restart(None, "verify", "step")
+    progress.set(note="checking every file's sha256")
     manifest = read_manifest(bundle_dir, verify_files=True)
     report = VerifyReport(bundle_dir)
     if model is not None and model.config.to_dict() != manifest.model_config:
@@ -233,10 +240,14 @@ def verify_bundle(
         lo, _, hi = manifest.input.batch
         batch_sizes = sorted({lo, max(lo, min(hi, 4))})
     onnx_files = [f for f in manifest.files if f.format == "onnx"]
+    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
+    files_of = {v: len(manifest.files_for(*v, "onnx")) for v in variants}
+    progress.total = len(onnx_files) * (2 if model is not None else 1) + sum(files_of.values())
     sessions = {}
     for f in onnx_files:
         sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads)
         check_session_io(sessions[f.path], f)
+        progress.update(note=f"loaded {f.path}")
     engines = [f for f in manifest.files if f.format == "tensorrt"]
     if engines:
         report.notes.append(
@@ -246,16 +257,17 @@ def verify_bundle(
     rng = np.random.default_rng(seed)
     images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
-    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
     chains, firsts = {}, {}
     for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
+        progress.set(note=f"running onnx/{q}/{p} through the runtime")
         per_batch, first = run_anytime(bundle_dir, p, q, images, threads)
+        progress.update(files_of[(p, q)])
         chains.update({(p, q, b): leaves for b, leaves in per_batch.items()})
         if first is not None:
             firsts.setdefault(q, (p, first))
 
     if model is not None:
-        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules)
+        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules, progress)
 
     # plan agreement (no torch needed): "segments" must compute what "nodes" computes
     for precision in ("fp32", "fp16"):
@@ -295,7 +307,8 @@ def verify_bundle(
     return report
 
 
-def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules=None) -> None:
+def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules=None,
+                          progress: Progress = NULL_PROGRESS) -> None:  # fmt: skip
     import torch
 
     model = model.eval()
@@ -324,6 +337,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         worst = _merge(checks)
         worst.check = f"vs torch ({worst.check})"
         report.checks.append(worst)
+        progress.update(note=f"compared {f.path} with PyTorch")
 
     for fmt, plan, precision in manifest.variants():
         if fmt != "onnx" or plan not in ANYTIME_PLANS:

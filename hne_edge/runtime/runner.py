@@ -23,6 +23,7 @@ import numpy as np
 
 from ..bundle import ANYTIME_PLANS, read_manifest_and_digest
 from ..errors import BundleError, HNEError, InputError
+from ..progress import Progress
 from . import profiler
 from .backends import Backend, create_backend
 from .cost_model import CostModel, Profile, find_profile, host_info, save_profile
@@ -317,8 +318,11 @@ class AnytimeRunner:
         repeats: int = 50,
         save: bool = True,
         seed: int = 0,
+        progress: Progress | None = None,
     ) -> Profile:
         """Measure every leaf step and unit on this device (median/p90/p95 after warm-up); use and save it.
+
+        ``progress`` (:mod:`hne_edge.progress`) counts the passes over the tree.
 
         Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
         (or the user cache if the bundle is read-only; ``self.profile_path`` says where).
@@ -340,6 +344,7 @@ class AnytimeRunner:
                 warmup,
                 repeats,
                 seed,
+                progress,
             )
         finally:
             self._release()

@@ -166,7 +166,9 @@ def evaluate_checkpoint(
         TrainConfig.from_dict({**stored, "data": data_cfg.__dict__})  # validate the stored config as a whole
     bundle = load_data(data_cfg, seed=seed, split="test" if split == "test" else "train")
     if bundle.val is None:
-        raise InputError(f"the run held out no validation images (data.val_split={data_cfg.val_split}); use split='test', evaluate on your own images with test_data (--test-data PATH.npz), or set val_split")
+        raise InputError(f"the run held out no validation images (data.val_split={data_cfg.val_split})",
+                         hint="use split='test', evaluate on your own images with test_data=PATH.npz, or set val_split",
+                         cli_hint="use --split test, or evaluate on your own images with --test-data PATH.npz")
     if len(bundle.class_names) != model.config.num_classes or bundle.in_chans != model.config.in_chans:
         raise InputError(
             f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels) does not match the "
@@ -177,7 +179,10 @@ def evaluate_checkpoint(
     else:  # the checkpoint's normalisation is the one the weights were trained with
         norm = state["normalization"]
         loader = BatchLoader(bundle.val, batch_size, mean=norm["mean"], std=norm["std"])
-    return _measure(model, state, path, loader, {"data": data_cfg.name, "split": split}, out_dir, device, plots, progress)
+    # "npz" says how the images were stored, not what they are: the plots name the file (cifar10_train.npz)
+    dataset = Path(data_cfg.data_dir).name if data_cfg.name in ("npz", "imagefolder") and data_cfg.data_dir else data_cfg.name
+    return _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset, "split": split}, out_dir,
+                    device, plots, progress)  # fmt: skip
 
 
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
@@ -201,8 +206,8 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
         raise InputError(f"--test-data {test_data}: class names {classes} differ from the checkpoint's {list(trained)}")
     norm = state["normalization"]
     loader = BatchLoader(dataset, batch_size, mean=norm["mean"], std=norm["std"])
-    return _measure(model, state, path, loader, {"data": str(test_data), "split": "test-data"}, out_dir, device, plots,
-                    progress)
+    return _measure(model, state, path, loader, {"data": str(test_data), "dataset": Path(test_data).name,
+                                                 "split": "test-data"}, out_dir, device, plots, progress)  # fmt: skip
 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,

@@ -379,7 +379,7 @@ def test_unknown_backend_and_device_and_plan(bundle):
     [
         ([[0.0]], r"received builtins.list; expected a numpy.ndarray"),
         (np.zeros((1, C, H, W), np.float64), r"received dtype float64; expected float32"),
-        (np.zeros((1, C, H, W), np.uint8), r"received dtype uint8; expected float32 \(uint8 images: use runner.preprocess"),
+        (np.zeros((1, C, H, W), np.uint8), r"received dtype uint8; expected float32; uint8 images: use runner.preprocess"),
         (np.zeros((C, H, W), np.float32), r"received shape \(3, 4, 4\) \(rank 3\); expected rank 4.*x\[None\]"),
         (np.zeros((1, 1, H, W), np.float32), r"received 1 channels .* expected 3"),
         (np.zeros((1, H, W, C), np.float32), r"received 4 channels .*NHWC\?"),
