@@ -23,6 +23,7 @@ import argparse
 import sys
 
 from hne_edge.cli.scripts import ArgumentParser, positive, run_main
+from hne_edge.train.config import LOSSES, NORMALIZATIONS, WEIGHTINGS  # torch-free: --help stays instant
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,9 +34,11 @@ def main(argv: list[str] | None = None) -> None:
                    help=argparse.SUPPRESS)  # the old spelling; the CLI says --data
     p.add_argument("--data-dir", required=True)
     p.add_argument("--download", action="store_true")
-    p.add_argument("--loss", default="hierarchical", choices=["independent", "structured", "distill", "hierarchical"])
-    p.add_argument("--weighting", default="paper", choices=["paper", "mean-t2"],
+    p.add_argument("--loss", default="hierarchical", choices=LOSSES)
+    p.add_argument("--weighting", default="paper", choices=WEIGHTINGS,
                    help="paper: the paper's equations (default); mean-t2: hne-edge 0.1's means x T^2")
+    p.add_argument("--normalize", default="none", choices=NORMALIZATIONS,
+                   help="none: the paper's objective (default); label: divided by (1 - alpha), for short schedules")
     p.add_argument("--epochs", type=positive(int, "a number of epochs"), default=200)
     p.add_argument("--test-data", default=None, help="an .npz (x: N,32,32,3 uint8; y: N) to score the final model on")
     p.add_argument("--limit", type=positive(int, "a number of images"), default=None,
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             "data": {"name": args.data, "data_dir": args.data_dir, "download": args.download, "limit": args.limit,
                      "val_limit": args.val_limit},
             "model": {"name": args.model},
-            "loss": {"kind": args.loss, "weighting": args.weighting},
+            "loss": {"kind": args.loss, "weighting": args.weighting, "normalize": args.normalize},
             "optim": {"epochs": args.epochs},
             "out": args.out or f"runs/{args.data}_{args.model}_{args.loss}",
         },

@@ -206,7 +206,7 @@ def train_one_epoch(
     correct = torch.zeros((), dtype=torch.long, device=device)
     seen = 0
     start = time.perf_counter()
-    options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared}
+    options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared, "normalize": loss.normalize}
     steps = 0
     for step, (images, labels) in enumerate(loader, start_step + 1):
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -431,7 +431,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             f"on {config.data.name}: {len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} "
             f"validation images, {opt.epochs} epoch{'s' if opt.epochs > 1 else ''} of {steps_per_epoch} "
             f"step{'s' if steps_per_epoch > 1 else ''} "
-            f"(batch {opt.batch_size}); loss {config.loss.kind} ({config.loss.weighting}); "
+            f"(batch {opt.batch_size}); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
             f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}"
             + (where if state is not None else "")
         )
