@@ -19,6 +19,7 @@ other than 0) or an explicit ``--data`` trains here instead.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -198,6 +199,7 @@ def run_demo(
     from .exporters import export_onnx, verify_bundle
     from .models import tree_cost
     from .plots import plot_budget_sweep, plot_tree
+    from .progress import progress_for
     from .runtime import AnytimeRunner
     from .train import TrainConfig, evaluate_checkpoint, fit, load_checkpoint, model_from_checkpoint
     from .train.config import upgrade_config
@@ -241,39 +243,44 @@ def run_demo(
                 f"{config.optim.epochs} epochs)")
         checkpoint = fit(config).checkpoint
     step(2, "evaluating every ensemble size n = 1..N on the validation split")
-    metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir})
-    fused, state = model_from_checkpoint(checkpoint)
-    plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
-    step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
-    bundle = export_onnx(
-        fused,
-        out / "bundle",
-        class_names=state["class_names"],
-        normalization=state["normalization"],
-        plan="both",
-        batch=(1, 1, 16),
-        verify=False,  # step 4 runs the verification and prints its table
-    )
-    step(4, "verifying every file against PyTorch (ONNX Runtime CPU)")
-    report = verify_bundle(bundle, model=fused)
-    report.raise_for_failures()
-    worst = max((c.max_abs_diff for c in report.checks), default=0.0)
-    echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
-    step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
-    data_bundle = load_data(config.data, seed=config.seed)
-    val = data_bundle.val
-    norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
-    logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
-    by_size = ensemble_rows(logits, truth)
-    images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
-    labels = val.labels.numpy()
-    if frames is None and data != "digits":
-        frames = SWEEP_FRAMES
-    if frames is not None:
-        images, labels = images[:frames], labels[:frames]
-    np.savez(out / "frames.npz", x=images, y=labels)  # for the next commands printed at the end
-    with AnytimeRunner(bundle) as runner:
-        runner.profile(batch_sizes=(1,), warmup=5, repeats=30)
+    with contextlib.ExitStack() as stack:  # on an error too: the progress stops, the runner closes
+        progress = stack.enter_context(progress_for(None, "demo", quiet=quiet))  # each phase restarts it
+        metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir},
+                                      progress=progress)  # fmt: skip
+        fused, state = model_from_checkpoint(checkpoint)
+        plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
+        step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
+        bundle = export_onnx(
+            fused,
+            out / "bundle",
+            class_names=state["class_names"],
+            normalization=state["normalization"],
+            plan="both",
+            batch=(1, 1, 16),
+            verify=False,  # step 4 runs the verification and prints its table
+            progress=progress,
+        )
+        step(4, "verifying every file against PyTorch (ONNX Runtime CPU)")
+        report = verify_bundle(bundle, model=fused, progress=progress)
+        report.raise_for_failures()
+        worst = max((c.max_abs_diff for c in report.checks), default=0.0)
+        echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
+        step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
+        data_bundle = load_data(config.data, seed=config.seed)
+        val = data_bundle.val
+        norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
+        logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
+        by_size = ensemble_rows(logits, truth)
+        images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
+        labels = val.labels.numpy()
+        if frames is None and data != "digits":
+            frames = SWEEP_FRAMES
+        if frames is not None:
+            images, labels = images[:frames], labels[:frames]
+        np.savez(out / "frames.npz", x=images, y=labels)  # for the next commands printed at the end
+        runner = stack.enter_context(AnytimeRunner(bundle))
+        runner.profile(batch_sizes=(1,), warmup=5, repeats=30, progress=progress)
+        progress.close()
         levels = runner.profile_data.batches[1]["levels"]
         first, full = levels[0]["median_ms"], levels[-1]["median_ms"]
         step(6, f"anytime inference on {len(images)} validation frames under per-frame budgets "

@@ -54,7 +54,9 @@ class Progress:
         every_s: plain-line cadence in seconds.
         clock: the time source (tests pass a fake one).
         heartbeat: in line mode, a daemon thread repeats the current line every ``every_s`` while no
-            update comes (a single step that takes minutes must not look like a hang).
+            update comes (a single step that takes minutes must not look like a hang). It starts with the
+            first :meth:`update`, :meth:`set` or :meth:`restart`: a command that checks its inputs before it
+            counts anything fails with its one-line error, not after a line of progress.
         initial: steps already done before this call (a resumed run): counted in ``n`` and the percentage,
             not in the rate.
     """
@@ -90,10 +92,10 @@ class Progress:
         self._closed = False
         self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
         self._stop = threading.Event()
+        self._beating = not (enabled and heartbeat and every_s > 0)  # True: started, or never to start
         if self._tty:
             self._bar = _tqdm_bar(total, desc, unit, self._stream, initial)
-        elif enabled and heartbeat and every_s > 0:
-            threading.Thread(target=self._heartbeat, name=f"progress:{desc}", daemon=True).start()
+            self._beating = True
 
     # -- what callers use ----------------------------------------------------------------------------
     def update(self, n: int = 1, note: str | None = None, **fields: Any) -> None:
@@ -101,6 +103,7 @@ class Progress:
         if not self.enabled:
             return
         with self._lock:
+            self._start_heartbeat()
             self.n += n
             self._set(note, fields)
             promised, self._promised = self._promised, None
@@ -114,6 +117,7 @@ class Progress:
         if not self.enabled:
             return
         with self._lock:
+            self._start_heartbeat()
             self._set(note, fields)
             if self._bar is not None:
                 self._draw_bar(0)
@@ -148,6 +152,7 @@ class Progress:
             self.n = self.initial = self._last_n = initial
             self.note, self.fields = "", {}
             self._start, self._last_line, self._last_fields = self._clock(), None, None
+            self._start_heartbeat()
             if self._bar is not None:
                 self._bar = _tqdm_bar(total, desc, self.unit, self._stream, initial)
 
@@ -247,6 +252,11 @@ class Progress:
             bar.set_postfix_str(", ".join([f"{k} {_fmt(v)}" for k, v in self.fields.items()] + [self.note][: bool(self.note)]),
                                 refresh=False)  # fmt: skip
         bar.update(n) if n else bar.refresh()
+
+    def _start_heartbeat(self) -> None:
+        if not self._beating:
+            self._beating = True
+            threading.Thread(target=self._heartbeat, name=f"progress:{self.desc}", daemon=True).start()
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self._every):

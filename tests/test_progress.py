@@ -61,6 +61,16 @@ def test_the_heartbeat_speaks_while_one_step_runs_long():
 
 
 def test_a_failing_command_ends_with_its_error_not_a_progress_line():
+    # before its first update, set or restart, a reporter is silent: the command is still checking its inputs,
+    # and an error there is the only line (the heartbeat had printed `export: 0 files, elapsed 10 s` first)
+    out = io.StringIO()
+    p = Progress(None, "export", "file", stream=out, every_s=0.02)
+    time.sleep(0.2)
+    assert out.getvalue() == ""
+    p.set(note="slicing")
+    p.close()
+    assert out.getvalue().startswith("export: 0 files")
+
     out = io.StringIO()
     try:
         with Progress(None, "eval", "image", stream=out, heartbeat=False):

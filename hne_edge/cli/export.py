@@ -76,8 +76,7 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
     from ..exporters import export_checkpoint
 
-    with progress_for(None, "export", "file", quiet=quiet) as progress:
-        progress.set(note=f"loading {source} (and torch)")
+    with progress_for(None, "export", "file", quiet=quiet) as progress:  # its first line once the checks passed
         path = export_checkpoint(
             source, out_dir, format=fmt, precisions=precisions, plan=plan, batch=batch_range, opset=opset, force=force,
             verify=not no_verify, torch_weights=not no_torch_weights, first_leaf=not no_first_leaf, exporter=exporter,

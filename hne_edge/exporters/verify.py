@@ -227,9 +227,8 @@ def verify_bundle(
     """
     bundle_dir = Path(bundle_dir)
     progress = progress or NULL_PROGRESS
+    manifest = read_manifest(bundle_dir, verify_files=True)  # a damaged bundle: its one-line error, before any progress
     progress.restart(None, "verify", "step")
-    progress.set(note="checking every file's sha256")
-    manifest = read_manifest(bundle_dir, verify_files=True)
     report = VerifyReport(bundle_dir)
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
@@ -255,7 +254,9 @@ def verify_bundle(
         )
 
     rng = np.random.default_rng(seed)
-    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
+    # in the bundle's input dtype (float16 for an fp16-only bundle), as a user would feed it; PyTorch gets float32
+    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32).astype(manifest.input.dtype)
+              for b in batch_sizes}  # fmt: skip
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
     chains, firsts = {}, {}
     for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
@@ -318,6 +319,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
     with torch.no_grad():
         nodes = {k: v.eval() for k, v in (node_modules or model.node_modules()).items()}  # unfolded, fp32
         for b, image in images.items():
+            image = image.astype(np.float32)
             acts: dict[str | None, torch.Tensor] = {None: torch.from_numpy(image)}
             for node in tree.nodes:  # breadth-first: parents first
                 acts[node.id] = nodes[node.id](acts[node.parent])

@@ -159,7 +159,9 @@ def evaluate_checkpoint(
         return _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress)
     stored = state.get("config")
     if not stored and not data:
-        raise CheckpointError(f"{path} records no training config; pass the data to evaluate on (--data/--data-dir)")
+        raise CheckpointError(f"{path} records no training config, so its validation split cannot be rebuilt",
+                              hint="pass data={'name': ..., 'data_dir': ...}, or evaluate on test_data=PATH.npz",
+                              cli_hint="evaluate on your own images with --test-data PATH.npz")  # fmt: skip
     seed = int(stored.get("seed", 0)) if stored else 0
     data_cfg = DataConfig(**merge((stored or {}).get("data", {}), data or {}))
     if stored:

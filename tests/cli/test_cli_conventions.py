@@ -54,7 +54,7 @@ def test_batch_flags_follow_one_scheme():
 
 
 def test_every_progress_printing_command_has_quiet_and_every_device_defaults_to_auto():
-    for command in ("train", "eval", "demo", "export"):
+    for command in ("train", "eval", "demo", "export", "verify", "profile", "bench"):  # every long command
         assert "--quiet" in _help(command), command
     for command in ("train", "eval", "run", "bench", "profile"):  # demo runs on the CPU (no --device)
         text = " ".join(_help(command).split())

@@ -68,7 +68,7 @@ def test_gpu_options_on_a_cpu_backend_are_refused_in_one_line(cli_bundle):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "Error: backend 'onnxruntime' on device 'cpu': received option(s) ['cuda_graph']; expected some of "
-        "['threads', 'spinning'] (cuda_graph needs a GPU backend: device='cuda')"
+        "['threads', 'spinning'] (cuda_graph needs a GPU backend); pass --device cuda"  # a flag, not device='cuda'
     )
 
 
