@@ -88,6 +88,7 @@ class Progress:
         self._last_fields: float | None = None  # when due() last answered True on a terminal
         self._promised: bool | None = None  # due()'s answer, which the next update() keeps
         self._last_n = initial
+        self._last_by_heartbeat = False
         self._lock = threading.Lock()
         self._closed = False
         self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
@@ -232,9 +233,12 @@ class Progress:
 
     # -- internals -----------------------------------------------------------------------------------
     def _line_due(self, ahead: int) -> bool:
-        """A plain line is due: the first, ``every_s`` after the last, or the last step's (``ahead`` steps on)."""
+        """A plain line is due: the first, ``every_s`` after the last, the last step's (``ahead`` steps on), or the
+        first step after a heartbeat line (which repeats old figures: steps as long as the period would
+        otherwise never show fresh ones)."""
         last = self._last_line
         return (last is None or self._clock() - last >= self._every
+                or (self._last_by_heartbeat and self.n + ahead > self._last_n)
                 or (self.total is not None and self.n + ahead >= self.total))  # fmt: skip
 
     def _set(self, note: str | None, fields: dict[str, Any]) -> None:
@@ -242,9 +246,9 @@ class Progress:
             self.note = note
         self.fields.update(fields)
 
-    def _write_line(self) -> None:
+    def _write_line(self, heartbeat: bool = False) -> None:
         print(self.line(), file=self._stream, flush=True)
-        self._last_line, self._last_n = self._clock(), self.n
+        self._last_line, self._last_n, self._last_by_heartbeat = self._clock(), self.n, heartbeat
 
     def _draw_bar(self, n: int) -> None:
         bar = self._bar
@@ -259,13 +263,18 @@ class Progress:
             threading.Thread(target=self._heartbeat, name=f"progress:{self.desc}", daemon=True).start()
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._every):
-            with self._lock:
-                if self._closed:
-                    return
-                last = self._start if self._last_line is None else self._last_line
-                if self._clock() - last >= self._every * 0.99:  # silent for a whole period: say we are alive
-                    self._write_line()
+        while not self._stop.wait(self._every) and self._beat():
+            pass
+
+    def _beat(self) -> bool:
+        """One heartbeat: the current line again if none came for a whole period; False once closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            last = self._start if self._last_line is None else self._last_line
+            if self._clock() - last >= self._every * 0.99:  # silent for a whole period: say we are alive
+                self._write_line(heartbeat=True)
+            return True
 
 
 class _NullProgress(Progress):

@@ -152,6 +152,24 @@ def test_due_asks_for_costly_figures_only_when_a_line_will_show_them():
     assert not Progress(10, "x", enabled=False).due()
 
 
+def test_steps_as_long_as_the_period_still_show_fresh_figures():
+    """Seen in a loaded run: 10 s steps, and every line was the heartbeat's, repeating figures never read."""
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(100, "train", stream=out, every_s=10, clock=clock, heartbeat=False)
+    p.set(note="epoch 1")
+    for step in range(3):
+        clock.t += 10.2
+        p._beat()  # the period ends while the step runs: the heartbeat repeats the line
+        clock.t += 0.3
+        if p.due():
+            p.update(loss=float(step))
+        else:
+            p.update()
+    lines = out.getvalue().splitlines()
+    assert [line.endswith(f"loss {k:g} - epoch 1") for line, k in zip(lines[2::2], range(3))] == [True] * 3, lines
+    assert len(lines) == 7  # the first line, then per step: the heartbeat's and the step's with its figures
+
+
 def test_restart_closes_a_phase_and_counts_the_next_one_afresh():
     clock, out = FakeClock(), io.StringIO()
     p = Progress(2, "export", "file", stream=out, clock=clock, heartbeat=False)

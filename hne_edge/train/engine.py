@@ -610,16 +610,17 @@ class _RunEstimate:
         if self.steps == 1:
             self.after_first = now
             if now - self.start >= 30:
-                self.say(now - self.start, 1)
+                self.say(now - self.start, "the first step, start-up included")
         elif now - self.after_first >= 5 or self.steps >= 21 or self.steps == self.epoch_left:
-            self.say((now - self.after_first) / (self.steps - 1), self.steps - 1)
+            n = self.steps - 1
+            self.say((now - self.after_first) / n, f"{n} step{'s' if n > 1 else ''} after the first")
 
-    def say(self, per_step: float, measured: int) -> None:
+    def say(self, per_step: float, measured: str) -> None:
         self.said = True
         total = per_step * self.steps_left
         to_checkpoint = per_step * max(self.epoch_left - self.steps, 0)
         line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
-                f"({format_duration(per_step)}/step over {'the first step' if measured == 1 else f'{measured} steps'}; "
+                f"({format_duration(per_step)}/step over {measured}; "
                 f"validation adds to it); a checkpoint is written at the end of every epoch (the next in about "
                 f"{format_duration(to_checkpoint)}){' and on Ctrl-C' if self.on_ctrl_c else ''}")
         if total >= 3600:

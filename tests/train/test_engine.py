@@ -290,7 +290,8 @@ def test_the_run_estimate_names_a_faster_model_when_it_is_hours():
         t[0] += 20.0 if step == 1 else 0.5  # a slow first step, then 0.5 s a step
         estimate.after_step(step)
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("estimate: 9 h 43 min for the 70000 training steps of this run on cpu (0.5 s/step over 10 steps")
+    assert lines[0].startswith("estimate: 9 h 43 min for the 70000 training steps of this run on cpu (0.5 s/step over "
+                              "10 steps after the first; validation adds to it)")
     assert lines[1] == ("  that is hours on this cpu: --model hne_tiny (42x fewer MACs per image than hne_resnet), or fewer "
                         "--epochs or a --limit on the images make a shorter run")
     assert len(lines) == 2  # said once
