@@ -31,6 +31,7 @@ side file.
 from __future__ import annotations
 
 import copy
+import io
 import os
 import warnings
 from pathlib import Path
@@ -38,6 +39,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activation_name, file_path, read_manifest, sha256_file, write_manifest
 from ..errors import ExportError, InputError
+from ..fileio import atomic_write_bytes
+from ..limits import MAX_BATCH
 from ..progress import NULL_PROGRESS, Progress
 from .base import (
     DEFAULT_OPSET,
@@ -109,14 +112,14 @@ def export_module(
     if exporter not in EXPORTERS:
         raise InputError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer notices
         if exporter == "torchscript":
+            buffer = io.BytesIO()  # in memory: the one write below goes through fileio (a full disk names the file)
             torch.onnx.export(
                 module,
                 (example,),
-                str(path),
+                buffer,
                 input_names=list(input_names),
                 output_names=list(output_names),
                 opset_version=opset,
@@ -125,7 +128,7 @@ def export_module(
                 dynamo=False,
             )
         else:
-            batch = torch.export.Dim(BATCH_DIM, min=1, max=4096)
+            batch = torch.export.Dim(BATCH_DIM, min=1, max=MAX_BATCH)
             program = torch.onnx.export(
                 module,
                 (example,),
@@ -137,8 +140,7 @@ def export_module(
                 external_data=False,
                 verbose=False,
             )
-            program.save(str(path), external_data=False)
-    proto = onnx.load(str(path))
+    proto = onnx.load_from_string(buffer.getvalue()) if exporter == "torchscript" else program.model_proto
     if precision == "fp16":
         proto = to_float16(proto, path)
     for key, value in (metadata or {}).items():
@@ -150,7 +152,7 @@ def export_module(
             f"{path.name}: the {exporter} exporter wrote an opset-{got} graph; the bundle records opset {opset} "
             f"(the exporter could not convert its graph to it)", hint=f"pass opset={got}", cli_hint=f"pass --opset {got}")
     check_onnx_model(proto, path, input_names, output_names)
-    onnx.save(proto, str(path))  # small graphs: one file, weights inline
+    atomic_write_bytes(path, proto.SerializeToString())  # small graphs: one file, weights inline
     return path
 
 
@@ -299,6 +301,7 @@ def export_onnx(
     import torch
 
     from ..models import tree_cost
+    from ..train.checkpoint import torch_bytes, unusable_reason
 
     precisions = parse_precisions(precisions)
     plans = parse_plan(plan)
@@ -313,6 +316,9 @@ def export_onnx(
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
     check_normalization(normalization, config.in_chans)
 
+    why = unusable_reason(model.state_dict())  # the checkpoint rule: what no export of it could verify
+    if why is not None:
+        raise ExportError(f"cannot export {config.name}: {why}")
     progress = progress or NULL_PROGRESS
     model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)
     model.float().cpu()
@@ -403,9 +409,8 @@ def export_onnx(
                 progress.update(note=rel)
         if torch_weights:
             rel = file_path("torch", "fp32", "weights")
-            (tmp / "torch").mkdir()
             # plain dict of tensors: loads with torch.load(weights_only=True); architecture is in the manifest
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp / rel)
+            atomic_write_bytes(tmp / rel, torch_bytes({k: v.detach().cpu() for k, v in model.state_dict().items()}))
             add(rel, "torch", "weights", "fp32", [n.id for n in tree.nodes], None, cost.total_macs,
                 [spec(None, "float32")],
                 [TensorSpec("logits", None, "float32", (BATCH_DIM, tree.num_leaves, config.num_classes))])  # fmt: skip

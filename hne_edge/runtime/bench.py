@@ -8,6 +8,7 @@ import numpy as np
 
 from ..progress import NULL_PROGRESS, Progress
 from .cost_model import summarize
+from .inputs import check_labels
 from .runner import AnytimeRunner
 
 __all__ = ["level_latencies", "level_accuracy", "load_arrays"]
@@ -42,6 +43,7 @@ def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repe
 def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None,
                    progress: Progress | None = None) -> list[float]:
     """Top-1 accuracy of the first-n-leaves ensemble for every n, over (x, y); ``progress`` counts the frames."""
+    y = check_labels(y, len(x), runner.num_classes)
     progress = progress or NULL_PROGRESS
     progress.restart(len(x), "accuracy", "frame")
     batch_size = batch_size or runner.input_spec.batch[2]
@@ -56,7 +58,7 @@ def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_si
 
 
 def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``)."""
+    """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``); x holds at least one image."""
     from ..errors import InputError
 
     try:
@@ -64,8 +66,15 @@ def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     except (ValueError, EOFError, OSError) as exc:  # not numpy, truncated, pickled objects
         raise InputError(f"{path}: cannot read as a numpy .npy/.npz file ({type(exc).__name__}); expected x (and y)") from exc
     if isinstance(data, np.ndarray):
-        return data, None
-    with data:
-        if "x" not in data.files:
-            raise InputError(f"{path}: received arrays {data.files}; expected 'x' (and optionally 'y')")
-        return data["x"], (data["y"] if "y" in data.files else None)
+        x, y = data, None
+    else:
+        with data:
+            if "x" not in data.files:
+                raise InputError(f"{path}: received arrays {data.files}; expected 'x' (and optionally 'y')")
+            x, y = data["x"], (data["y"] if "y" in data.files else None)
+    if x.ndim < 2:  # a scalar or a vector is no image
+        raise InputError(f"{path}: received x of shape {x.shape} ({x.ndim}-d); expected images: (N, C, H, W) float "
+                         "or (N, H, W, C) uint8 (or one image without the N)")  # fmt: skip
+    if x.size == 0:  # an empty frame file would run nothing and report nothing
+        raise InputError(f"{path}: received x of shape {x.shape}, which holds no samples; expected at least one image")
+    return x, y
