@@ -10,10 +10,10 @@ import numpy as np
 
 from ..bundle import ANYTIME_PLANS, PRECISIONS, path_component
 from ..fileio import atomic_write_json, staged_output
+from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
 from . import printable
-from ..progress import progress_for
 from .options import batch_sizes_option, device_option, quiet_option, threads_option
 
 
