@@ -201,3 +201,41 @@ def test_demo_says_how_to_reach_hne_edge_when_it_is_not_on_path(tmp_path, monkey
     assert str(scripts) in how_to_run_hne_edge(cwd=tmp_path)  # from elsewhere: the absolute path
     monkeypatch.setenv("PATH", os.pathsep.join([str(scripts), str(tmp_path)]))  # activated: nothing to say
     assert how_to_run_hne_edge(cwd=project) is None
+
+
+def test_the_forced_column_counts_budgets_shorter_than_the_first_leaf_not_preemptions(tmp_path):
+    """Reproduces issue 20 item 9: 2 "forced" misses at a 2.663 ms budget when the first leaf takes 0.103 ms.
+
+    A virtual clock: leaf 0 costs 3 ms (3 nodes of 1 ms); one frame is pre-empted for 7 ms inside it."""
+    from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle
+
+    from hne_edge.bundle import read_manifest
+    from hne_edge.demo import budget_sweep, format_budget_table
+    from hne_edge.runtime import AnytimeRunner
+
+    bundle = make_fake_bundle(tmp_path / "b")
+    frame = {"i": 0}
+
+    def cost(node, batch):
+        return 0.001 + (0.007 if node == "b0.0" and frame["i"] == 25 else 0.0)
+
+    manifest = read_manifest(bundle)
+    runner = AnytimeRunner(bundle, backend=FakeBackend(manifest.tree, manifest.num_classes, cost), load_profile=False,
+                           warmup=0)  # fmt: skip
+    x = np.random.default_rng(0).standard_normal((40, C, H, W)).astype(np.float32)
+    for _ in range(10):  # the runner learns the leaves' costs
+        runner.run(x[:1])
+
+    class Counting:  # the sweep's frames, counted so that frame 25 of the first budget is the stalled one
+        def __getattr__(self, name):
+            return getattr(runner, name)
+
+        def run(self, *args, **kwargs):
+            frame["i"] += 1
+            return runner.run(*args, **kwargs)
+
+    rows = budget_sweep(Counting(), x, np.zeros(40, np.int64), [5.0, 2.0])
+    fits, short = rows
+    assert (fits["misses"], fits["forced_misses"]) == (1, 0)  # the stall: a miss, not a forced one
+    assert (short["misses"], short["forced_misses"]) == (40, 40)  # shorter than the first leaf: every frame forced
+    assert "budget was shorter than the first leaf (which always runs) as the runner predicted it" in format_budget_table(rows)

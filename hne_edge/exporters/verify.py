@@ -31,6 +31,7 @@ import numpy as np
 from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest
 from ..errors import BundleError
 from ..limits import check_threads
+from ..progress import NULL_PROGRESS, Progress
 from .base import TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -229,14 +230,19 @@ def verify_bundle(
     seed: int = 0,
     threads: int | None = None,
     node_modules: dict | None = None,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Verify a bundle (see module docstring). Raises BundleError/ShapeError for structural problems;
     numerical results are in the returned report (``report.raise_for_failures()`` to make them errors).
 
     ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
+    ``progress`` counts steps: each ONNX file loaded, each file of a variant run through the runtime (which
+    loads and runs them all), and with a model each file compared with PyTorch.
     """
     bundle_dir = Path(bundle_dir)
-    manifest = read_manifest(bundle_dir, verify_files=True)
+    progress = progress or NULL_PROGRESS
+    manifest = read_manifest(bundle_dir, verify_files=True)  # a damaged bundle: its one-line error, before any progress
+    progress.restart(None, "verify", "step")
     report = VerifyReport(bundle_dir)
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
@@ -247,10 +253,14 @@ def verify_bundle(
         lo, _, hi = manifest.input.batch
         batch_sizes = sorted({lo, max(lo, min(hi, 4))})
     onnx_files = [f for f in manifest.files if f.format == "onnx"]
+    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
+    files_of = {v: len(manifest.files_for(*v, "onnx")) for v in variants}
+    progress.total = len(onnx_files) * (2 if model is not None else 1) + sum(files_of.values())
     sessions = {}
     for f in onnx_files:
         sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads, name=f.path)
         check_session_io(sessions[f.path], f)
+        progress.update(note=f"loaded {f.path}")
     engines = [f for f in manifest.files if f.format == "tensorrt"]
     if engines:
         report.notes.append(
@@ -258,18 +268,21 @@ def verify_bundle(
         )
 
     rng = np.random.default_rng(seed)
-    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
+    # in the bundle's input dtype (float16 for an fp16-only bundle), as a user would feed it; PyTorch gets float32
+    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32).astype(manifest.input.dtype)
+              for b in batch_sizes}  # fmt: skip
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
-    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
     chains, firsts = {}, {}
     for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
+        progress.set(note=f"running onnx/{q}/{p} through the runtime")
         per_batch, first = run_anytime(bundle_dir, p, q, images, threads)
+        progress.update(files_of[(p, q)])
         chains.update({(p, q, b): leaves for b, leaves in per_batch.items()})
         if first is not None:
             firsts.setdefault(q, (p, first))
 
     if model is not None:
-        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules)
+        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules, progress)
 
     # plan agreement (no torch needed): "segments" must compute what "nodes" computes
     for precision in ("fp32", "fp16"):
@@ -309,7 +322,8 @@ def verify_bundle(
     return report
 
 
-def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules=None) -> None:
+def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules=None,
+                          progress: Progress = NULL_PROGRESS) -> None:  # fmt: skip
     import torch
 
     model = model.eval()
@@ -319,6 +333,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
     with torch.no_grad():
         nodes = {k: v.eval() for k, v in (node_modules or model.node_modules()).items()}  # unfolded, fp32
         for b, image in images.items():
+            image = image.astype(np.float32)
             acts: dict[str | None, torch.Tensor] = {None: torch.from_numpy(image)}
             for node in tree.nodes:  # breadth-first: parents first
                 acts[node.id] = nodes[node.id](acts[node.parent])
@@ -338,6 +353,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         worst = _merge(checks)
         worst.check = f"vs torch ({worst.check})"
         report.checks.append(worst)
+        progress.update(note=f"compared {f.path} with PyTorch")
 
     for fmt, plan, precision in manifest.variants():
         if fmt != "onnx" or plan not in ANYTIME_PLANS:

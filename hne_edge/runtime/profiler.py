@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..bundle import InputSpec
+from ..progress import NULL_PROGRESS, Progress
 from .cost_model import summarize
 from .program import Call
 from .session import AnytimeSession, UnitHook
@@ -58,11 +59,15 @@ def measure(
     warmup: int,
     repeats: int,
     seed: int,
+    progress: Progress | None = None,
 ) -> dict[int, dict[str, Any]]:
     """``Profile.batches``: per batch size, leaf / unit / level statistics of ``repeats`` full passes.
 
     ``open_session(x)``: a session over ``x`` that does not feed the cost model (the caller holds the lock).
+    ``progress`` counts the passes (warm-up ones included).
     """
+    progress = progress or NULL_PROGRESS
+    progress.restart(len(sizes) * (warmup + repeats), "profile", "pass")
     rng = np.random.default_rng(seed)
     clock = backend.clock
     batches: dict[int, dict[str, Any]] = {}
@@ -76,6 +81,7 @@ def measure(
             session.advance(clock(), None, None, n, n, on_unit=unit_timer(backend, unit_t if rep >= warmup else None))
             if rep >= warmup:
                 leaf_t.append(list(session.leaf_seconds))
+            progress.update(note=f"batch {b}{', warm-up' if rep < warmup else ''}")
         per_leaf = [list(t) for t in zip(*leaf_t)]  # (N, repeats)
         levels = np.cumsum(np.asarray(per_leaf), axis=0)
         batches[b] = {

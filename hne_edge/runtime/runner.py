@@ -25,6 +25,7 @@ import numpy as np
 from ..bundle import ANYTIME_PLANS, PRECISIONS, read_manifest_and_digest
 from ..errors import BundleError, HNEError, InputError
 from ..limits import check_memory
+from ..progress import Progress
 from . import profiler
 from .backends import Backend, create_backend
 from .cost_model import CostModel, Profile, find_profile, host_info, save_profile
@@ -336,8 +337,11 @@ class AnytimeRunner:
         repeats: int = 50,
         save: bool = True,
         seed: int = 0,
+        progress: Progress | None = None,
     ) -> Profile:
         """Measure every leaf step and unit on this device (median/p90/p95 after warm-up); use and save it.
+
+        ``progress`` (:mod:`hne_edge.progress`) counts the passes over the tree.
 
         Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
         (or the user cache if the bundle is read-only; ``self.profile_path`` says where).
@@ -359,6 +363,7 @@ class AnytimeRunner:
                 warmup,
                 repeats,
                 seed,
+                progress,
             )
         finally:
             self._release()

@@ -117,12 +117,33 @@ def test_parse_device():
 
 
 @pytest.mark.skipif(HAS_ORT_CUDA, reason="onnxruntime-gpu is installed")
-def test_onnxruntime_cuda_without_the_cuda_provider_names_what_is_missing():
+def test_onnxruntime_cuda_without_the_cuda_provider_names_what_is_missing(monkeypatch, tmp_path):
+    import hne_edge.runtime.backends.cuda as cuda
+
+    monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path),))  # a GPU machine with the CPU onnxruntime
     with pytest.raises(BackendUnavailable) as info:
         create_backend("onnxruntime", device="cuda")
     msg = str(info.value)
     assert "expected CUDAExecutionProvider" in msg and "onnxruntime-gpu" in msg and "fallback_to_cpu=True" in msg
     assert "has providers [" in msg
+
+
+@pytest.mark.skipif(HAS_ORT_CUDA and HAS_CUDA, reason="CUDA is usable here")
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_a_machine_without_a_gpu_is_told_to_run_on_the_cpu_not_to_install_gpu_packages(monkeypatch, tmp_path, backend):
+    """Issue 20 item 7: a machine with no GPU was told to install onnxruntime-gpu."""
+    import sys
+
+    import hne_edge.runtime.backends.cuda as cuda
+
+    monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path / "nvidia0"),))  # no driver device
+    monkeypatch.setattr(sys, "platform", "linux")
+    with pytest.raises(BackendUnavailable) as info:
+        create_backend(backend, device="cuda")
+    msg, cli = str(info.value), info.value.cli_message()
+    assert "this machine has no NVIDIA GPU" in msg and "device='cpu'" in msg and "fallback_to_cpu=True" in msg
+    assert "--device cpu" in cli and "=" not in cli.split("GPU", 1)[1]  # flags, not Python arguments
+    assert "install" not in msg and "onnxruntime-gpu" not in msg
 
 
 @pytest.mark.skipif(HAS_ORT_CUDA and HAS_CUDA, reason="CUDA is usable here")
@@ -142,8 +163,11 @@ def test_onnxruntime_cuda_falls_back_to_cpu_only_when_asked(tiny_bundle, caplog)
 
 
 @pytest.mark.skipif(HAS_TORCH_CUDA, reason="torch sees a CUDA device")
-def test_torch_cuda_without_a_device_names_what_is_missing():
+def test_torch_cuda_without_a_device_names_what_is_missing(monkeypatch, tmp_path):
     pytest.importorskip("torch")
+    import hne_edge.runtime.backends.cuda as cuda
+
+    monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path),))  # a driver, but torch sees no device
     with pytest.raises(BackendUnavailable, match=r"backend 'torch' on device 'cuda': torch .*expected a CUDA build"):
         create_backend("torch", device="cuda")
 

@@ -53,7 +53,9 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
     if unknown:
         raise InputError(
             f"backend {name!r} on device {device!r}: received option(s) {unknown}; expected some of {accepted}"
-            + (" (cuda_graph needs a GPU backend: device='cuda')" if "cuda_graph" in unknown else "")
+            + (" (cuda_graph needs a GPU backend)" if "cuda_graph" in unknown else ""),
+            hint="pass device='cuda'" if "cuda_graph" in unknown else None,
+            cli_hint="pass --device cuda" if "cuda_graph" in unknown else None,
         )
     try:
         return cls(device=device, **options)
@@ -61,7 +63,11 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
         if kind == "cpu" or (name, "cpu") not in BACKENDS:
             raise
         if not fallback_to_cpu:
-            raise BackendUnavailable(f"{exc} (or pass fallback_to_cpu=True to run on the CPU)") from None
+            hint = "or pass fallback_to_cpu=True to run on the CPU"
+            raise BackendUnavailable(
+                exc.args[0] if exc.args else str(exc), hint=f"{exc.hint}; {hint}" if exc.hint else hint,
+                cli_hint=exc.cli_hint if exc.cli_hint is not None else "or pass --device cpu to run on the CPU",
+            ) from None
         cpu = _backend_class(name, "cpu")
         cpu_options = {k: v for k, v in options.items() if k in inspect.signature(cpu).parameters}
         log.warning("%s: %s requested but unusable, falling back to the CPU: %s", name, device, exc)
