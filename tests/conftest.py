@@ -44,14 +44,15 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
     """Environment for a subprocess in which importing ``packages`` fails (edge devices lack torch).
 
     Writes a ``sitecustomize.py`` into ``tmp_path`` that installs a meta-path
-    finder refusing those top-level packages, and puts it first on PYTHONPATH.
+    finder refusing those top-level packages (``ModuleNotFoundError``, as where they are not installed),
+    and puts it first on PYTHONPATH.
     """
     (tmp_path / "sitecustomize.py").write_text(
         "import sys\n"
         "class _Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         f"        if name.split('.')[0] in {tuple(packages)!r}:\n"
-        "            raise ImportError(name + ' is blocked: edge devices do not carry it')\n"
+        "            raise ModuleNotFoundError(name + ' is blocked: edge devices do not carry it', name=name)\n"
         "        return None\n"
         "sys.meta_path.insert(0, _Block())\n"
     )
