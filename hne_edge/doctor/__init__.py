@@ -29,7 +29,7 @@ from .checks import Availability, Check, availability, build_engines_for, check_
 from .environment import Environment, collect_environment
 from .tiny import ASSET, TinyBundle, export_tiny, unpack_shipped
 
-__all__ = ["DoctorReport", "run_doctor"]
+__all__ = ["DoctorReport", "run_doctor", "check_backend", "check_failed"]
 
 
 @dataclass
@@ -67,7 +67,12 @@ class DoctorReport:
 
 
 def run_doctor(
-    *, export: bool | None = None, repeats: int = 20, threads: int | None = 1, progress: Callable[[str], None] | None = None
+    *,
+    export: bool | None = None,
+    repeats: int = 20,
+    threads: int | None = 1,
+    progress: Callable[[str], None] | None = None,
+    environment: Environment | None = None,
 ) -> DoctorReport:
     """Run every check (see the module docstring); never raises for what it finds.
 
@@ -79,11 +84,12 @@ def run_doctor(
             tiny model's operators take microseconds, so a thread pool only adds synchronisation, and on a
             busy machine a worker that is not scheduled stalls every operator.
         progress: called with a short line before each step (the CLI prints them on a terminal).
+        environment: what :func:`~.environment.collect_environment` returned, if the caller has it already.
     """
     started = time.perf_counter()
     say = progress or (lambda line: None)
     say("looking at the environment")
-    env = collect_environment()
+    env = environment or collect_environment()
     available = availability(env)
     present = [a for a in available if a.present]
     if export is None:
@@ -107,10 +113,10 @@ def run_doctor(
         with _torch_threads_kept(env):
             if tinies:
                 for a in present:
-                    checks += _check_backend(tinies, a, env, repeats, threads, say)
+                    checks += check_backend(tinies, a, env, repeats, threads, say)
             if fresh is not None and shipped is not None and any(a.label == "onnxruntime cpu" for a in present):
                 # the bundle a runtime-only install runs: its fp32 files too, so the asset cannot rot unnoticed
-                checks += _check_backend([shipped], Availability("onnxruntime", "cpu", True), env, repeats, threads, say,
+                checks += check_backend([shipped], Availability("onnxruntime", "cpu", True), env, repeats, threads, say,
                                          precisions=("fp32",))  # fmt: skip
     return DoctorReport(env, available, checks, bundles, time.perf_counter() - started)
 
@@ -143,7 +149,7 @@ def _bundle(make: Callable[[], TinyBundle], origin: str, checks: list[Check]) ->
         return None
 
 
-def _check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, repeats: int, threads: int | None,
+def check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, repeats: int, threads: int | None,
                    say: Callable[[str], None], precisions: tuple[str, ...] = PRECISIONS) -> list[Check]:  # fmt: skip
     """Every precision x anytime plan of ``a`` on the first of ``tinies`` that has it (the fresh export is
     fp32 only: the ONNX backends' fp16 rows run the shipped bundle's fp16 files)."""
