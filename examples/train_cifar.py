@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 
 from hne_edge.train import TrainConfig, evaluate_checkpoint, fit
+from hne_edge.train.config import LOSSES, NORMALIZATIONS, WEIGHTINGS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,9 +29,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dataset", default="cifar10", choices=["cifar10", "cifar100", "npz"])
     p.add_argument("--data-dir", required=True)
     p.add_argument("--download", action="store_true")
-    p.add_argument("--loss", default="hierarchical", choices=["independent", "structured", "distill", "hierarchical"])
-    p.add_argument("--weighting", default="paper", choices=["paper", "mean-t2"],
+    p.add_argument("--loss", default="hierarchical", choices=LOSSES)
+    p.add_argument("--weighting", default="paper", choices=WEIGHTINGS,
                    help="paper: the paper's equations (default); mean-t2: hne-edge 0.1's means x T^2")
+    p.add_argument("--normalize", default="none", choices=NORMALIZATIONS,
+                   help="none: the paper's objective (default); label: divided by (1 - alpha), for short schedules")
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--test-data", default=None, help="an .npz (x: N,32,32,3 uint8; y: N) to score the final model on")
     p.add_argument("--limit", type=int, default=None, help="train on this many images (quick checks)")
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         {
             "data": {"name": args.dataset, "data_dir": args.data_dir, "download": args.download, "limit": args.limit},
             "model": {"name": args.model},
-            "loss": {"kind": args.loss, "weighting": args.weighting},
+            "loss": {"kind": args.loss, "weighting": args.weighting, "normalize": args.normalize},
             "optim": {"epochs": args.epochs},
             "out": args.out or f"runs/{args.dataset}_{args.model}_{args.loss}",
         },

@@ -6,6 +6,12 @@ expected. The CLI prints these as one line and exits with status 2.
 subclasses also derive from the builtin they replace (``InputError`` is a
 ``ValueError``, ``ResourceExhausted`` a ``RuntimeError``) so older
 ``except`` clauses keep working.
+
+How to fix an error depends on who reads it: a Python caller passes
+``force=True``, a shell user ``--force``. An error carries both:
+``hint`` is appended to ``str(exc)`` (the library's voice) and
+``cli_hint`` replaces it in the CLI's one line (:meth:`HNEError.cli_message`;
+``cli_hint=""`` says nothing at the CLI).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ __all__ = [
     "BackendUnavailable",
     "DeviceError",
     "ResourceExhausted",
+    "MissingExtra",
+    "EXTRA_OF_MODULE",
+    "missing_extra",
     "short_repr",
 ]
 
@@ -38,7 +47,33 @@ def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
 
 
 class HNEError(Exception):
-    """Base class of hne-edge's user-facing errors."""
+    """Base class of hne-edge's user-facing errors.
+
+    Args:
+        *args: the message (what was received, what was expected), as for any exception.
+        hint: how a Python caller fixes it (``"pass force=True to replace it"``); part of ``str(exc)``.
+        cli_hint: how a command-line user fixes it (``"pass --force to replace it"``); the CLI prints it
+            instead of ``hint``. ``None``: the CLI prints ``hint``; ``""``: the CLI prints no hint.
+    """
+
+    def __init__(self, *args: Any, hint: str | None = None, cli_hint: str | None = None) -> None:
+        super().__init__(*args)
+        self.hint = hint
+        self.cli_hint = cli_hint
+
+    def _message(self) -> str:
+        return super().__str__()
+
+    def __str__(self) -> str:
+        return _join(self._message(), self.hint)
+
+    def cli_message(self) -> str:
+        """The message with the hint a shell user can act on (see the class docstring)."""
+        return _join(self._message(), self.hint if self.cli_hint is None else self.cli_hint)
+
+
+def _join(message: str, hint: str | None) -> str:
+    return f"{message}; {hint}" if hint else message
 
 
 class InputError(HNEError, ValueError):
@@ -67,3 +102,29 @@ class DeviceError(HNEError, RuntimeError):
 
 class ResourceExhausted(HNEError, RuntimeError):
     """A bounded pool (paused sessions' device buffers) is full."""
+
+
+# The extra of pyproject.toml that installs each optional top-level module (tests check it against pyproject).
+EXTRA_OF_MODULE = {
+    "torch": "train", "torchvision": "train", "yaml": "train", "matplotlib": "train", "sklearn": "train",
+    "tqdm": "train", "PIL": "train", "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "runtime",
+    "tensorrt": "tensorrt", "cuda": "gpu",
+}
+
+
+class MissingExtra(BackendUnavailable):
+    """A command or feature needs an optional dependency that this installation lacks (e.g. a runtime-only
+    device install running a training command)."""
+
+
+def missing_extra(exc: ImportError, what: str) -> MissingExtra | None:
+    """The :class:`MissingExtra` to raise for ``exc`` (a failed import while running ``what``), or None when
+    the missing module is not one of hne-edge's optional dependencies (then it is a bug, not the install)."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(name)
+    if not isinstance(exc, ModuleNotFoundError) or extra is None:
+        return None
+    return MissingExtra(
+        f"{what} needs {name}, which is not installed here: it comes with hne-edge's '{extra}' extra",
+        hint=f"pip install 'hne-edge[{extra}]' (from a wheel: pip install 'hne_edge-<version>-py3-none-any.whl[{extra}]')",
+    )

@@ -44,8 +44,7 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
     """Environment for a subprocess in which importing ``packages`` fails (edge devices lack torch).
 
     Writes a ``sitecustomize.py`` into ``tmp_path`` that installs a meta-path
-    finder refusing those top-level packages (``ModuleNotFoundError``, as where they are not installed),
-    and puts it first on PYTHONPATH.
+    finder refusing those top-level packages, and puts it first on PYTHONPATH.
     """
     (tmp_path / "sitecustomize.py").write_text(
         "import sys\n"

@@ -17,12 +17,16 @@ from conftest import REPO, blocking_env
 EXAMPLES = REPO / "examples"
 
 def run_example(name: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {})}
+    # the checkout under test first: a script's sys.path[0] is examples/, so it would otherwise import the
+    # installed hne_edge (in a git worktree, another checkout's) and test that instead
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**os.environ, **(env or {})},
+        env=env,
         timeout=timeout,
     )
 
@@ -93,6 +97,7 @@ def test_shipped_training_configs_load():
         assert cfg.optim.epochs == 200 and cfg.optim.batch_size == 128 and cfg.optim.lr == 0.1
         assert cfg.optim.weight_decay == 5e-4 and cfg.optim.momentum == 0.9 and not cfg.optim.nesterov
         assert cfg.loss.kind == "hierarchical" and cfg.loss.alpha == 0.5 and cfg.loss.temperature == 2.0
+        assert cfg.loss.weighting == "paper" and cfg.loss.normalize == "none"  # the paper's objective
 
 
 def test_train_cifar_example_on_real_data(shared_cifar10, tmp_path):

@@ -1,10 +1,18 @@
-"""The README is what newcomers follow: its commands exist and its CLI reference is current."""
+"""The README and docs/ are what newcomers follow: their commands exist, their links resolve and the CLI
+reference is current. (tests/test_quickstart.py runs the README's quickstart itself.)"""
 
 from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import REPO
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# [text](target) outside code; images too. External links (http:, mailto:) are not checked: no internet here.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
 def test_readme_shows_the_two_commands_and_ci_runs_the_test_one():
@@ -15,11 +23,21 @@ def test_readme_shows_the_two_commands_and_ci_runs_the_test_one():
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
 
 
-def test_cli_reference_is_generated_from_click():
-    from hne_edge.cli.reference import README, render
+def test_readme_is_a_front_door():
+    # issue 20: a newcomer reads it in ten minutes; the rest lives in docs/
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for page in ("guide", "cli", "guarantees", "gpu", "architecture", "results"):
+        assert f"(docs/{page}.md" in readme, f"README does not link docs/{page}.md"
+    assert "source .venv/bin/activate" in readme  # hne-edge lives in .venv/bin, not on PATH
+    assert "from hne_edge.runtime import AnytimeRunner, Agreement" in readme
 
-    text = README.read_text()
-    assert render(text) == text, "README's CLI reference is stale: run python -m hne_edge.cli.reference --write"
+
+def test_cli_reference_is_generated_from_click():
+    from hne_edge.cli.reference import CLI_DOC, render
+
+    text = CLI_DOC.read_text()
+    assert render(text) == text, "docs/cli.md's CLI reference is stale: run python -m hne_edge.cli.reference --write"
 
 
 def test_every_command_is_listed_with_a_description():
@@ -28,3 +46,30 @@ def test_every_command_is_listed_with_a_description():
     expected = {"train", "eval", "info", "export", "verify", "inspect", "profile", "bench", "run", "demo", "doctor"}
     assert set(COMMANDS) == expected
     assert all(help_ for _, _, help_ in COMMANDS.values())
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation dropped (but - and _), spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path) -> set[str]:
+    text = FENCE.sub("", path.read_text())
+    return {github_anchor(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, re.M)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(doc):
+    text = FENCE.sub("", doc.read_text())
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (doc.parent / path).resolve() if path else doc
+        if not resolved.exists():
+            broken.append(f"{target} (no file {resolved})")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"{target} (no heading #{anchor} in {resolved.name})")
+    assert not broken, f"{doc.relative_to(REPO)}: broken links: {broken}"

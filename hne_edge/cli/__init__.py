@@ -12,7 +12,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import HNEError
+from ..errors import HNEError, missing_extra
 
 # command name -> (module, function, one-line help). Help lives here so that
 # listing commands imports nothing.
@@ -67,9 +67,13 @@ class LazyGroup(click.Group):
                 raise
             click.echo("Interrupted", err=True)
             sys.exit(130)
-        except (HNEError, OSError) as exc:  # the user's input or the file system: one line, exit 2
+        except (HNEError, OSError, ImportError) as exc:  # the user's input, the file system, the install: one line, exit 2
             if ctx.obj and ctx.obj.get("debug"):
                 raise
+            if isinstance(exc, ImportError) and not isinstance(exc, HNEError):
+                exc = missing_extra(exc, f"hne-edge {ctx.invoked_subcommand or 'this command'}") or exc
+                if not isinstance(exc, HNEError):
+                    raise  # not an optional dependency: a bug in hne-edge, shown as one
             click.echo(f"Error: {one_line(exc)}", err=True)
             sys.exit(2)
         # anything else is a bug in hne-edge: Python's traceback and exit 1, never dressed up as a user error
@@ -85,7 +89,9 @@ def printable(text: object) -> str:
 
 def one_line(exc: BaseException) -> str:
     """The CLI's message for a user error ``exc`` (an :class:`HNEError` or an ``OSError``): one printable line."""
-    if isinstance(exc, KeyError) and exc.args:
+    if isinstance(exc, HNEError):
+        message = exc.cli_message()
+    elif isinstance(exc, KeyError) and exc.args:
         message = str(exc.args[0])
     elif isinstance(exc, OSError) and exc.strerror:  # e.g. ENOSPC: "No space left on device: 'out/...'"
         message = exc.strerror + (f": {exc.filename}" if exc.filename else "")

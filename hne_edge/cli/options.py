@@ -1,6 +1,6 @@
 """The options several commands share, defined once so that one concept has one flag and one meaning.
 
-Conventions (README, "CLI conventions"):
+Conventions (docs/cli.md, "Conventions"):
 
 * ``--batch-size N``: one batch size; ``--batch-sizes N[,N...]``: a list of them; ``export --batch-range
   MIN:OPT:MAX``: the range a bundle is built for (trtexec's min/opt/max shapes).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..train.config import DATASETS, LOSSES, PRESETS, WEIGHTINGS  # torch-free: --help stays instant
+from ..train.config import DATASETS, LOSSES, NORMALIZATIONS, PRESETS, WEIGHTINGS  # torch-free: --help stays instant
 from ..tree import TREE_PRESETS
 from .options import config_device_option, device_option, quiet_option, threads_option
 
@@ -27,6 +27,10 @@ from .options import config_device_option, device_option, quiet_option, threads_
               help="paper: the paper's sums (L^HD weighs B/N of L^I; default). mean-t2: hne-edge 0.1's means x T^2.")
 @click.option("--t-squared/--no-t-squared", "temperature_squared", default=None,
               help="Multiply the distillation term by T^2 (off by default; mean-t2 always does).")
+@click.option("--normalize", type=click.Choice(NORMALIZATIONS), default=None,
+              help="none: the paper's objective (default). label: divide it by (1 - alpha), i.e. L^I + alpha/(1-alpha) "
+                   "L^HD, the label term at full weight (weight decay unchanged). Use label for short schedules "
+                   "(tens of epochs), where the paper's halved label term costs accuracy (RESULTS.md).")
 @click.option("--epochs", type=int, default=None)
 @click.option("--batch-size", type=int, default=None, help="Global batch size (split across processes).")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (SGD, cosine schedule).")
@@ -43,7 +47,7 @@ from .options import config_device_option, device_option, quiet_option, threads_
 @threads_option("torch")
 @quiet_option
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
-def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, epochs, batch_size, lr, weight_decay, accum_steps,
+def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, normalize, epochs, batch_size, lr, weight_decay, accum_steps,
           seed, val_split, limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
     """Train an HNE; with no options, hne_tiny on the bundled digits (~20 s on a CPU).
 
@@ -68,7 +72,7 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     if tree is not None:
         overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = parse_tree(tree, "--tree")
     for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature), ("weighting", weighting),
-                       ("temperature_squared", temperature_squared)):
+                       ("temperature_squared", temperature_squared), ("normalize", normalize)):
         put("loss", key, value)
     for key, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr), ("weight_decay", weight_decay), ("accum_steps", accum_steps)):
         put("optim", key, value)

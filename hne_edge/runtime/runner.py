@@ -53,7 +53,7 @@ class AnytimeRunner:
     Args:
         bundle_dir: the bundle (see :mod:`hne_edge.bundle`); read and validated once.
         backend: "onnxruntime" (default), "torch", or a :class:`Backend` instance.
-        device: "cpu", "cuda" or "cuda:N" (GPU backends; see the README's GPU section).
+        device: "cpu", "cuda" or "cuda:N" (GPU backends; see docs/gpu.md).
         plan: "segments" (one model file per leaf chain; fewer calls) or "nodes" (one per node).
         precision: "fp32" or "fp16" (what the bundle holds).
         threads: intra-op threads for the backend (None: its default).

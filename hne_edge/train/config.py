@@ -24,11 +24,12 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["DATASETS", "LOSSES", "WEIGHTINGS", "SCHEDULES", "DEFAULT_PRESET", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
+__all__ = ["DATASETS", "LOSSES", "WEIGHTINGS", "NORMALIZATIONS", "SCHEDULES", "DEFAULT_PRESET", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "npz", "imagefolder")
 LOSSES = ("independent", "structured", "distill", "hierarchical")  # see hne_edge.train.losses
 WEIGHTINGS = ("paper", "mean-t2")
+NORMALIZATIONS = ("none", "label")  # loss.normalize: see LossConfig
 SCHEDULES = ("cosine", "step", "constant")
 AMP_DTYPES = ("auto", "bfloat16", "float16")
 
@@ -121,6 +122,11 @@ class LossConfig:
             L^I, L^D 1:1) or ``mean-t2`` (hne-edge 0.1: means over members, times T^2).
         temperature_squared: also multiply the distillation term by T^2 under ``paper``
             (``mean-t2`` always does).
+        normalize: ``none`` (the paper's objective) or ``label``: divide the objective by (1 - alpha), so
+            the label term keeps weight 1 (L^I + alpha / (1 - alpha) L^HD). With SGD that is the
+            paper's objective with the learning rate of its loss gradient, not of its weight decay,
+            multiplied by 1 / (1 - alpha). For short schedules (RESULTS.md); needs alpha < 1.
+            ``independent`` and ``structured`` have no distillation term: there it changes nothing.
     """
 
     kind: str = "hierarchical"
@@ -128,13 +134,18 @@ class LossConfig:
     temperature: float = 2.0
     weighting: str = "paper"
     temperature_squared: bool = False
+    normalize: str = "none"
 
     def __post_init__(self) -> None:
         _expect(self.kind in LOSSES, "loss.kind", self.kind, f"one of {', '.join(LOSSES)}")
+        _expect(self.normalize in NORMALIZATIONS, "loss.normalize", self.normalize, f"one of {', '.join(NORMALIZATIONS)}")
         _expect(self.weighting in WEIGHTINGS, "loss.weighting", self.weighting, f"one of {', '.join(WEIGHTINGS)}")
         _expect(isinstance(self.temperature_squared, bool), "loss.temperature_squared", self.temperature_squared, "true or false")
         _expect(_is_num(self.alpha) and 0 <= self.alpha <= 1, "loss.alpha", self.alpha, "0 <= alpha <= 1")
         _expect(_is_num(self.temperature) and self.temperature > 0, "loss.temperature", self.temperature, "> 0")
+        if self.normalize == "label" and self.alpha >= 1:
+            raise InputError(f"loss.normalize=label divides the objective by (1 - alpha); received alpha={self.alpha!r}, "
+                             "expected alpha < 1 (alpha = 1 has no label term to normalise by)")
 
 
 @dataclass
@@ -333,13 +344,16 @@ DEFAULT_PRESET = {"digits": "digits", "cifar10": "cifar", "cifar100": "cifar", "
 def upgrade_config(stored: dict[str, Any]) -> dict[str, Any]:
     """A config dict saved by an earlier release, with the fields it lacked set to what that release did.
 
-    hne-edge 0.1 weighted the losses ``mean-t2`` and autocast in float16; a run it started resumes as it began.
+    hne-edge 0.1 weighted the losses ``mean-t2`` and autocast in float16; releases before ``loss.normalize``
+    trained the paper's objective unnormalised. A run they started resumes as it began.
     """
     stored = copy.deepcopy(stored)
     loss = stored.setdefault("loss", {})
     if isinstance(loss, dict) and "weighting" not in loss:
         loss["weighting"] = "mean-t2"
         loss.setdefault("temperature_squared", False)
+    if isinstance(loss, dict):
+        loss.setdefault("normalize", "none")
     stored.setdefault("amp_dtype", "float16")
     return stored
 

@@ -202,7 +202,7 @@ def train_one_epoch(
     seen = 0
     start = time.perf_counter()
     total = len(loader)
-    options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared}
+    options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared, "normalize": loss.normalize}
     with _progress(total, progress, desc) as bar:
         for step, (images, labels) in enumerate(loader, 1):
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -390,7 +390,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     if main_process and not config.quiet:
         print(f"training {config.model.name} (tree {tree.branching}, {tree.num_leaves} leaves) on {config.data.name}: "
               f"{len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} validation images, "
-              f"{opt.epochs} epochs of {len(train_loader)} steps; loss {config.loss.kind} ({config.loss.weighting}); "
+              f"{opt.epochs} epochs of {len(train_loader)} steps; loss {config.loss.kind} ({config.loss.weighting}, "
+              f"normalize {config.loss.normalize}); "
               f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}",
               file=sys.stderr, flush=True)
     if main_process:

@@ -257,3 +257,20 @@ def test_device_auto_resolves_per_backend(monkeypatch):
     assert resolve_device("torch", "auto") == "cuda"
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert resolve_device("onnxruntime", "auto") == "cuda"
+
+
+TRAIN_EXTRA_MODULES = ("torch", "torchvision", "yaml", "matplotlib", "sklearn", "tqdm", "PIL", "onnx", "onnxscript")
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--epochs", "1", "--limit", "64"],
+    ["info", "hne_tiny"],
+    ["demo", "--data", "digits"],
+])
+def test_runtime_only_install_names_the_missing_extra_in_one_line(tmp_path, args):
+    """A device with `pip install hne-edge[runtime]` (no torch): torch commands say which extra, not a traceback."""
+    proc = run_cli(*args, env=blocking_env(tmp_path, *TRAIN_EXTRA_MODULES), cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"hne-edge {args[0]} needs torch" in lines[0] and "pip install 'hne-edge[train]'" in lines[0], lines[0]
+    assert not list(tmp_path.glob("runs*")), "nothing may be written by a command that cannot run"

@@ -26,7 +26,7 @@ def test_train_then_eval_on_digits(tmp_path):
     assert "checkpoint" in train.stdout and "val acc n=1" in train.stdout
     log = json.loads((out / "train_log.json").read_text())
     assert log["config"]["loss"] == {"kind": "distill", "alpha": 0.4, "temperature": 2.0, "weighting": "paper",
-                                     "temperature_squared": False}
+                                     "temperature_squared": False, "normalize": "none"}
     assert len(log["step_losses"]) == 2 * (256 // 32)
     ev = run_cli("eval", str(out / "checkpoint.pt"), "--out", str(tmp_path / "ev"), check=True)
     assert "per-leaf acc" in ev.stdout and " 16 " in ev.stdout
@@ -41,6 +41,7 @@ def test_train_then_eval_on_digits(tmp_path):
         (("--epochs", "0"), "optim.epochs: received 0; expected a positive integer"),
         (("--data", "npz"), "needs data.data_dir (--data-dir)"),
         (("--alpha", "2"), "loss.alpha: received 2.0"),
+        (("--normalize", "label", "--alpha", "1"), "loss.normalize=label divides the objective by (1 - alpha); received alpha=1.0"),
         (("--preset", "cifar", "--config", "x.yaml"), "--config and --preset contradict"),
         (("--data", "npz", "--data-dir", "/nonexistent/d.npz"), "npz data not found"),
         (("--nproc-per-node", "0"), "--nproc-per-node: received 0"),
@@ -161,6 +162,21 @@ def test_train_weighting_flags(tmp_path):
     assert log["config"]["loss"]["weighting"] == "paper" and log["config"]["loss"]["temperature_squared"] is True
     proc = run_cli("train", "--out", str(tmp_path / "x"), "--weighting", "sum")
     assert proc.returncode == 2 and "'sum' is not one of 'paper', 'mean-t2'" in proc.stderr
+
+
+def test_train_normalize_flag(tmp_path):
+    """--normalize label is saved with the run and named in its first line; --help says when to use it."""
+    out = tmp_path / "n"
+    proc = run_cli("train", "--out", str(out), "--normalize", "label", "--alpha", "0.25", "--epochs", "1", *SMALL[:2],
+                   "--batch-size", "64", "--threads", "1", check=True)
+    assert "loss hierarchical (paper, normalize label)" in proc.stderr
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["config"]["loss"]["normalize"] == "label" and log["config"]["loss"]["alpha"] == 0.25
+    assert "normalize: label" in (out / "config.yaml").read_text()
+    proc = run_cli("train", "--out", str(tmp_path / "x"), "--normalize", "full")
+    assert proc.returncode == 2 and "'full' is not one of 'none', 'label'" in proc.stderr
+    help_text = " ".join(run_cli("train", "--help", check=True).stdout.split())
+    assert "Use label for short schedules" in help_text
 
 
 def test_ctrl_c_exits_130_in_one_line(tmp_path):

@@ -35,6 +35,9 @@ def test_paper_recipes():
     cifar, imagenet = TrainConfig.from_preset("cifar").optim, TrainConfig.from_preset("imagenet", {"data": {"data_dir": "x"}}).optim
     assert (cifar.lr, cifar.momentum, cifar.nesterov, cifar.schedule, cifar.epochs, cifar.batch_size, cifar.weight_decay) == (
         0.1, 0.9, False, "cosine", 200, 128, 5e-4)
+    for name in PRESETS:  # the paper's objective stays the default until a 200-epoch run says otherwise
+        loss = TrainConfig.from_preset(name, {"data": {"data_dir": "x"}} if name == "imagenet" else None).loss
+        assert (loss.kind, loss.alpha, loss.weighting, loss.normalize) == ("hierarchical", 0.5, "paper", "none")
     assert (imagenet.epochs, imagenet.batch_size, imagenet.weight_decay) == (120, 256, 1e-5)
 
 
@@ -44,6 +47,8 @@ def test_paper_recipes():
         ({"optim": {"epochs": 0}}, r"optim.epochs: received 0; expected a positive integer"),
         ({"loss": {"kind": "kd"}}, r"loss.kind: received 'kd'; expected one of independent"),
         ({"loss": {"alpha": 1.5}}, r"loss.alpha: received 1.5"),
+        ({"loss": {"normalize": "full"}}, r"loss.normalize: received 'full'; expected one of none, label"),
+        ({"loss": {"normalize": "label", "alpha": 1.0}}, r"loss.normalize=label divides .* received alpha=1.0, expected alpha < 1"),
         ({"data": {"name": "mnist"}}, r"data.name: received 'mnist'"),
         ({"data": {"name": "npz"}}, r"needs data.data_dir"),
         ({"data": {"download": True}}, r"download is only for cifar10/cifar100"),
@@ -125,6 +130,35 @@ def test_resume_refuses_a_different_config(tmp_path):
         fit(_small(tmp_path / "r", epochs=2, lr=0.1), resume=True)
     with pytest.raises(CheckpointError, match="not found"):
         fit(_small(tmp_path / "missing"), resume=True)
+
+
+def _normalised(out, normalize: str, **optim) -> TrainConfig:
+    config = _small(out, **optim)
+    return TrainConfig.from_dict({**config.to_dict(), "loss": {**config.to_dict()["loss"], "normalize": normalize}})
+
+
+def test_label_normalisation_reaches_the_step_and_resumes_exactly(tmp_path):
+    """loss.normalize=label through fit: without weight decay it is the paper's objective at lr / (1 - alpha)
+    (SGD is linear in lr x gradient); it is saved in the checkpoint, resumes bit for bit and refuses a resume
+    that would change it."""
+    alpha = TrainConfig.from_preset("digits").loss.alpha
+    label = fit(_normalised(tmp_path / "label", "label", weight_decay=0.0, lr=0.1))
+    scaled = fit(_normalised(tmp_path / "scaled", "none", weight_decay=0.0, lr=0.1 / (1 - alpha)))
+    plain = fit(_normalised(tmp_path / "plain", "none", weight_decay=0.0, lr=0.1))
+    a, b, c = (load_checkpoint(r.checkpoint) for r in (label, scaled, plain))
+    assert a["config"]["loss"]["normalize"] == "label"
+    weights = [k for k in a["model"] if a["model"][k].is_floating_point()]
+    for key in weights:
+        assert torch.allclose(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5), key
+    assert any(not torch.allclose(a["model"][k], c["model"][k], rtol=1e-4, atol=1e-5) for k in weights)
+
+    interrupted = _normalised(tmp_path / "resumed", "label", weight_decay=0.0, lr=0.1)
+    fit(interrupted, stop_after=1)
+    with pytest.raises(ValueError, match=r"loss.normalize \(checkpoint 'label', now 'none'\)"):
+        fit(_normalised(tmp_path / "resumed", "none", weight_decay=0.0, lr=0.1), resume=True)
+    resumed = load_checkpoint(fit(interrupted, resume=True).checkpoint)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], resumed["model"][key]), key
 
 
 def test_rng_state_survives_weights_only_round_trip(tmp_path):
@@ -211,10 +245,16 @@ def test_old_run_configs_resume_with_the_weighting_they_started_with():
     del old["amp_dtype"]
     upgraded = upgrade_config(old)
     assert upgraded["loss"]["weighting"] == "mean-t2" and upgraded["amp_dtype"] == "float16"
+    assert upgraded["loss"]["normalize"] == "none"  # the paper's objective, as every release before the option
     assert "weighting" not in old["loss"]  # the caller's dict is left alone
     assert _config_diff(upgraded, TrainConfig.from_dict(upgraded).to_dict()) == []
     new = TrainConfig.from_preset("digits").to_dict()
     assert upgrade_config(new) == new
+    # a config saved after loss.weighting but before loss.normalize: the paper's objective, unnormalised
+    before = TrainConfig.from_preset("digits", {"loss": {"weighting": "paper"}}).to_dict()
+    del before["loss"]["normalize"]
+    assert upgrade_config(before)["loss"] == {**before["loss"], "normalize": "none"}
+    assert _config_diff(upgrade_config(before), TrainConfig.from_preset("digits").to_dict()) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (device-resident data and augmentation)")

@@ -253,3 +253,76 @@ def test_paper_distillation_gradient_treats_teacher_as_constant():
 def test_unknown_weighting_is_refused():
     with pytest.raises(ValueError, match="received 'sum'"):
         hne_loss("hierarchical", _logits(), _targets(), TREE, weighting="sum")
+
+
+# -- the label normalisation (normalize="label", beside the paper's objective) ------------------------------
+@pytest.mark.parametrize("kind", ["distill", "hierarchical"])
+@pytest.mark.parametrize("alpha,t", [(0.5, 2.0), (0.3, 1.0), (0.8, 4.0), (0.0, 2.0)])
+def test_label_normalisation_is_the_objective_divided_by_one_minus_alpha(kind, alpha, t):
+    """normalize="label" = L^I + alpha / (1 - alpha) L^X, from the hand-computed sums of Eq. (1), (3), (5)."""
+    z, y = _logits(9), _targets()
+    zl, yl = z.tolist(), y.tolist()
+    label_term = _paper_objective_sums(zl, yl, "independent", 0.0, t) / (N * B)  # L^I, weight 1
+    distill_term = (_paper_objective_sums(zl, yl, kind, 1.0, t)) / (N * B)  # alpha = 1: the distillation sum alone
+    got = hne_loss(kind, z, y, TREE, alpha=alpha, temperature=t, normalize="label")
+    assert got.item() == pytest.approx(label_term + alpha / (1 - alpha) * distill_term, rel=1e-12)
+    paper = _paper_objective_sums(zl, yl, kind, alpha, t) / (N * B)
+    assert got.item() == pytest.approx(paper / (1 - alpha), rel=1e-12)
+
+
+def test_label_normalisation_leaves_losses_without_alpha_alone():
+    z, y = _logits(10), _targets()
+    for kind in ("independent", "structured"):
+        assert hne_loss(kind, z, y, TREE, normalize="label").item() == hne_loss(kind, z, y, TREE).item()
+
+
+def test_label_normalised_gradient_is_the_papers_over_one_minus_alpha():
+    alpha = 0.3
+    grads = {}
+    for normalize in ("none", "label"):
+        z = _logits(11)
+        hne_loss("hierarchical", z, _targets(), TREE, alpha=alpha, normalize=normalize).backward()
+        grads[normalize] = z.grad
+    assert torch.allclose(grads["label"], grads["none"] / (1 - alpha), rtol=1e-12, atol=0)
+
+
+def test_label_normalised_sgd_is_the_papers_with_the_loss_lr_scaled_and_the_decay_lr_not():
+    """torch SGD (momentum, coupled weight decay) on the normalised objective == a hand-written SGD on the
+    paper's objective whose loss gradient steps at lr / (1 - alpha) and whose decay steps at lr, over 4 steps.
+
+    Scaling the whole paper objective's lr by 1 / (1 - alpha) instead would scale the decay too: not the same run.
+    """
+    alpha, lr, momentum, wd = 0.5, 0.1, 0.9, 5e-4
+    y = _targets()
+
+    def paper_grad(p: torch.Tensor) -> torch.Tensor:
+        x = p.detach().clone().requires_grad_()
+        hne_loss("hierarchical", x, y, TREE, alpha=alpha).backward()
+        return x.grad
+
+    def torch_sgd(normalize: str, lr: float) -> torch.Tensor:
+        p = torch.nn.Parameter(_logits(12).detach().clone())
+        opt = torch.optim.SGD([p], lr=lr, momentum=momentum, weight_decay=wd)
+        for _ in range(4):
+            opt.zero_grad()
+            hne_loss("hierarchical", p, y, TREE, alpha=alpha, normalize=normalize).backward()
+            opt.step()
+        return p.detach()
+
+    p, buf = _logits(12).detach().clone(), None
+    for _ in range(4):  # torch's SGD with the two learning rates written out: d = g / (1 - alpha) + wd p (lr folded in)
+        step = paper_grad(p) * (lr / (1 - alpha)) + (lr * wd) * p
+        buf = step if buf is None else momentum * buf + step
+        p = p - buf
+    normalised = torch_sgd("label", lr)
+    assert torch.allclose(normalised, p, rtol=0, atol=1e-12)
+    assert not torch.allclose(normalised, torch_sgd("none", lr), rtol=0, atol=1e-6)  # it is a different run
+    assert not torch.allclose(normalised, torch_sgd("none", lr / (1 - alpha)), rtol=0, atol=1e-9)  # decay x2 differs
+
+
+def test_label_normalisation_needs_alpha_below_one():
+    z, y = _logits(), _targets()
+    with pytest.raises(ValueError, match=r"received alpha=1.0, expected alpha < 1"):
+        hne_loss("hierarchical", z, y, TREE, alpha=1.0, normalize="label")
+    with pytest.raises(ValueError, match=r"normalize must be one of none, label; received 'full'"):
+        hne_loss("hierarchical", z, y, TREE, normalize="full")

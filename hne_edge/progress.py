@@ -1,0 +1,262 @@
+"""One progress reporter for every long command (stdlib; tqdm when installed and on a terminal).
+
+People watch a terminal; CI, ``nohup`` and ``> log`` read a file. So:
+
+* on a terminal, a tqdm bar redrawn in place (plain ``\\r`` redraws when tqdm is absent);
+* elsewhere, plain lines: one at the first update, then at most every ``every_s`` seconds (and, through a
+  heartbeat thread, at least that often even while one step runs long), and one at the end::
+
+      export: 12/40 files (30%), 0.8 files/s, elapsed 15 s, ETA 35 s - onnx/fp32/segments/leaf07.onnx
+
+Library functions take a ``progress`` argument (a :class:`Progress`, or None for silence) rather than
+deciding how to draw; the CLI builds one with :func:`progress_for` from its ``--quiet`` flag.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import IO, Any, Callable
+
+__all__ = ["Progress", "progress_for", "format_duration", "NULL_PROGRESS"]
+
+EVERY_S = 10.0  # plain-line cadence: well under the 30 s a log reader waits before suspecting a hang
+
+
+def format_duration(seconds: float) -> str:
+    """``8 s``, ``3 min 05 s``, ``2 h 10 min``: how long something took or will take, for people."""
+    if seconds != seconds or seconds < 0:  # NaN or negative: unknown
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Progress:
+    """Progress of one long loop of ``total`` steps (None: unknown).
+
+    Args:
+        total: steps expected (None when unknown: no percentage or ETA).
+        desc: what is running (``"epoch 3/10"``, ``"export"``).
+        unit: what a step is (``"step"``, ``"file"``, ``"img"``).
+        enabled: False makes every method a no-op (``--quiet``).
+        stream: where to write (default: ``sys.stderr`` at construction).
+        tty: draw a bar (True) or write lines (False); default: ``stream.isatty()``.
+        every_s: plain-line cadence in seconds.
+        clock: the time source (tests pass a fake one).
+        heartbeat: in line mode, a daemon thread repeats the current line every ``every_s`` while no
+            update comes (a single step that takes minutes must not look like a hang).
+    """
+
+    def __init__(
+        self,
+        total: int | None,
+        desc: str,
+        unit: str = "step",
+        *,
+        enabled: bool = True,
+        stream: IO[str] | None = None,
+        tty: bool | None = None,
+        every_s: float = EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        heartbeat: bool = True,
+    ) -> None:
+        self.total, self.desc, self.unit = total, desc, unit
+        self.enabled = enabled
+        self.n = 0
+        self.note = ""  # what is happening now (a file name, a phase)
+        self.fields: dict[str, Any] = {}
+        self._stream = stream if stream is not None else sys.stderr
+        self._clock, self._every = clock, every_s
+        self._start = clock()
+        self._last_line: float | None = None  # when the last plain line was written (None: never)
+        self._last_n = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._bar = None
+        self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
+        self._stop = threading.Event()
+        if self._tty:
+            self._bar = _tqdm_bar(total, desc, unit, self._stream)
+        elif enabled and heartbeat and every_s > 0:
+            threading.Thread(target=self._heartbeat, name=f"progress:{desc}", daemon=True).start()
+
+    # -- what callers use ----------------------------------------------------------------------------
+    def update(self, n: int = 1, note: str | None = None, **fields: Any) -> None:
+        """``n`` more steps done; ``note``: what runs now; ``fields``: figures to show (``loss=0.53``)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self.n += n
+            self._set(note, fields)
+            if self._bar is not None:
+                self._draw_bar(n)
+            elif self._last_line is None or self._clock() - self._last_line >= self._every or self._finished():
+                self._write_line()
+
+    def set(self, note: str | None = None, **fields: Any) -> None:
+        """Change what is shown without counting a step (a phase starts, a file begins)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self._set(note, fields)
+            if self._bar is not None:
+                self._draw_bar(0)
+            elif self._last_line is None:
+                self._write_line()
+
+    def write(self, message: str) -> None:
+        """A line of its own (an epoch's summary) that does not break the bar."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._bar is not None:
+                self._bar.write(message, file=self._stream)
+            else:
+                print(message, file=self._stream, flush=True)
+
+    def close(self) -> None:
+        """Stop the heartbeat; in line mode write the final line (unless one just said the same)."""
+        if not self.enabled or self._closed:
+            return
+        self._stop.set()
+        with self._lock:
+            self._closed = True
+            if self._bar is not None:
+                self._bar.close()
+            elif self._last_line is None or self._last_n != self.n:
+                self._write_line()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- figures -------------------------------------------------------------------------------------
+    @property
+    def elapsed(self) -> float:
+        return self._clock() - self._start
+
+    @property
+    def rate(self) -> float | None:
+        """Steps per second so far (None before the first step)."""
+        elapsed = self.elapsed
+        return self.n / elapsed if self.n and elapsed > 0 else None
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the rate so far (None when the total or the rate is unknown)."""
+        rate = self.rate
+        if self.total is None or rate is None:
+            return None
+        return max(self.total - self.n, 0) / rate
+
+    def line(self) -> str:
+        """The plain progress line (what a log shows)."""
+        parts = [f"{self.n}/{self.total} {self.unit}s ({100 * self.n / self.total:.0f}%)" if self.total
+                 else f"{self.n} {self.unit}s"]  # fmt: skip
+        rate = self.rate
+        if rate is not None:
+            parts.append(f"{rate:.3g} {self.unit}s/s" if rate >= 1 else f"{format_duration(1 / rate)}/{self.unit}")
+        parts.append(f"elapsed {format_duration(self.elapsed)}")
+        if self.eta is not None and self.n < (self.total or 0):
+            parts.append(f"ETA {format_duration(self.eta)}")
+        parts += [f"{k} {_fmt(v)}" for k, v in self.fields.items()]
+        return f"{self.desc}: {', '.join(parts)}" + (f" - {self.note}" if self.note else "")
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _finished(self) -> bool:
+        return self.total is not None and self.n >= self.total
+
+    def _set(self, note: str | None, fields: dict[str, Any]) -> None:
+        if note is not None:
+            self.note = note
+        self.fields.update(fields)
+
+    def _write_line(self) -> None:
+        print(self.line(), file=self._stream, flush=True)
+        self._last_line, self._last_n = self._clock(), self.n
+
+    def _draw_bar(self, n: int) -> None:
+        bar = self._bar
+        if self.fields or self.note:
+            bar.set_postfix_str(", ".join([f"{k} {_fmt(v)}" for k, v in self.fields.items()] + [self.note][: bool(self.note)]),
+                                refresh=False)  # fmt: skip
+        bar.update(n) if n else bar.refresh()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self._every):
+            with self._lock:
+                if self._closed:
+                    return
+                last = self._start if self._last_line is None else self._last_line
+                if self._clock() - last >= self._every * 0.99:  # silent for a whole period: say we are alive
+                    self._write_line()
+
+
+class _NullProgress(Progress):
+    def __init__(self) -> None:
+        super().__init__(None, "", enabled=False)
+
+
+#: A progress that shows nothing (a default argument that needs no None checks).
+NULL_PROGRESS = _NullProgress()
+
+
+def progress_for(total: int | None, desc: str, unit: str = "step", *, quiet: bool = False, **kwargs: Any) -> Progress:
+    """The CLI's progress: silent with ``--quiet``, a bar on a terminal, lines in a log."""
+    return Progress(total, desc, unit, enabled=not quiet, **kwargs)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a file
+        return False
+
+
+def _tqdm_bar(total: int | None, desc: str, unit: str, stream: IO[str]):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # runtime-only installs: redraw one line by hand
+        return _PlainBar(total, desc, unit, stream)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=stream, dynamic_ncols=True)
+
+
+class _PlainBar:
+    """The bit of tqdm's interface :class:`Progress` uses, drawn as one ``\\r``-rewritten line."""
+
+    def __init__(self, total: int | None, desc: str, unit: str, stream: IO[str]) -> None:
+        self.total, self.desc, self.unit, self.stream = total, desc, unit, stream
+        self.n, self.postfix = 0, ""
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfix = text
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self.refresh()
+
+    def refresh(self) -> None:
+        count = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        self.stream.write(f"\r\033[K{self.desc}: {count} {self.unit}s {self.postfix}")
+        self.stream.flush()
+
+    def write(self, message: str, file: IO[str] | None = None) -> None:
+        self.stream.write(f"\r\033[K{message}\n")
+        self.refresh()
+
+    def close(self) -> None:
+        self.stream.write("\r\033[K")
+        self.stream.flush()
