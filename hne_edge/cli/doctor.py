@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from .options import quiet_option
+
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts) instead of the table.")
@@ -16,8 +18,9 @@ import click
               help="Runs per timing (the first leaf's and the full tree's medians).")  # fmt: skip
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="CPU threads of the CPU backends (0: the library's default).")  # fmt: skip
+@quiet_option
 @click.pass_context
-def doctor(ctx: click.Context, as_json: bool, no_export: bool, repeats: int, threads: int) -> None:
+def doctor(ctx: click.Context, as_json: bool, no_export: bool, repeats: int, threads: int, quiet: bool | None) -> None:
     """Check that this install works on this machine: the environment (Python, numpy, onnxruntime, torch,
     cuda-python, TensorRT, GPUs, CPU features), then every backend x device x precision x plan that is present,
     run on a tiny HNE bundle against a float64 reference (every anytime prefix, a budgeted session, cancel),
@@ -26,9 +29,10 @@ def doctor(ctx: click.Context, as_json: bool, no_export: bool, repeats: int, thr
     Exit status 0 when everything present works, 1 when something present fails (named on stderr).
     """
     from ..doctor import run_doctor
+    from ..progress import progress_for
 
-    progress = (lambda line: click.echo(f"doctor: {line}", err=True)) if sys.stderr.isatty() else None
-    report = run_doctor(export=False if no_export else None, repeats=repeats, threads=threads or None, progress=progress)
+    with progress_for(None, "doctor", "check", quiet=bool(quiet)) as progress:
+        report = run_doctor(export=False if no_export else None, repeats=repeats, threads=threads or None, progress=progress)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.format_table())
     if report.ok:
         return

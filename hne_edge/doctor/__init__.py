@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..bundle import PRECISIONS
+from ..progress import NULL_PROGRESS, Progress
 from .checks import Availability, Check, availability, build_engines_for, check_variant, plans_for
 from .environment import Environment, collect_environment
 from .tiny import ASSET, TinyBundle, export_tiny, unpack_shipped
@@ -71,7 +72,7 @@ def run_doctor(
     export: bool | None = None,
     repeats: int = 20,
     threads: int | None = 1,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     environment: Environment | None = None,
 ) -> DoctorReport:
     """Run every check (see the module docstring); never raises for what it finds.
@@ -83,11 +84,12 @@ def run_doctor(
         threads: CPU threads of the CPU backends (``None``: the library's default). One by default: the
             tiny model's operators take microseconds, so a thread pool only adds synchronisation, and on a
             busy machine a worker that is not scheduled stalls every operator.
-        progress: called with a short line before each step (the CLI prints them on a terminal).
+        progress: counts the checks and names the one running (:mod:`hne_edge.progress`; None: silent).
         environment: what :func:`~.environment.collect_environment` returned, if the caller has it already.
     """
     started = time.perf_counter()
-    say = progress or (lambda line: None)
+    progress = progress or NULL_PROGRESS
+    say = lambda note: progress.set(note=note)  # noqa: E731
     say("looking at the environment")
     env = environment or collect_environment()
     available = availability(env)
@@ -113,11 +115,11 @@ def run_doctor(
         with _torch_threads_kept(env):
             if tinies:
                 for a in present:
-                    checks += check_backend(tinies, a, env, repeats, threads, say)
+                    checks += check_backend(tinies, a, env, repeats, threads, progress)
             if fresh is not None and shipped is not None and any(a.label == "onnxruntime cpu" for a in present):
                 # the bundle a runtime-only install runs: its fp32 files too, so the asset cannot rot unnoticed
-                checks += check_backend([shipped], Availability("onnxruntime", "cpu", True), env, repeats, threads, say,
-                                         precisions=("fp32",))  # fmt: skip
+                checks += check_backend([shipped], Availability("onnxruntime", "cpu", True), env, repeats, threads,
+                                        progress, precisions=("fp32",))  # fmt: skip
     return DoctorReport(env, available, checks, bundles, time.perf_counter() - started)
 
 
@@ -150,7 +152,7 @@ def _bundle(make: Callable[[], TinyBundle], origin: str, checks: list[Check]) ->
 
 
 def check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, repeats: int, threads: int | None,
-                   say: Callable[[str], None], precisions: tuple[str, ...] = PRECISIONS) -> list[Check]:  # fmt: skip
+                  progress: Progress = NULL_PROGRESS, precisions: tuple[str, ...] = PRECISIONS) -> list[Check]:  # fmt: skip
     """Every precision x anytime plan of ``a`` on the first of ``tinies`` that has it (the fresh export is
     fp32 only: the ONNX backends' fp16 rows run the shipped bundle's fp16 files)."""
     from ..runtime.backends import backend_class
@@ -169,7 +171,7 @@ def check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, r
             mine = [c for c in chosen if c[0] is tiny]
             if not mine:
                 continue
-            say(f"building TensorRT engines ({tiny.origin} bundle)")
+            progress.set(note=f"building TensorRT engines ({tiny.origin} bundle)")
             try:
                 build_engines_for(tiny.bundle_dir, env, sorted({c[1] for c in mine}), sorted({c[2] for c in mine}))
             except Exception as exc:
@@ -177,8 +179,9 @@ def check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, r
                 chosen = [c for c in chosen if c[0] is not tiny]
     options = {"threads": threads} if a.device == "cpu" and threads else {}
     for tiny, precision, plan in chosen:
-        say(f"checking {a.label} {precision} {plan} ({tiny.origin} bundle)")
+        progress.set(note=f"{a.label} {precision} {plan} ({tiny.origin} bundle)")
         rows.append(check_variant(tiny, a.backend, a.device, precision, plan, repeats=repeats, backend_options=options))
+        progress.update(1)
     return rows
 
 

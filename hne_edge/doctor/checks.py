@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, PRECISIONS, read_manifest
+from ..bundle import ANYTIME_PLANS, read_manifest
+from ..errors import EXTRA_OF_MODULE
 from ..exporters.base import TOLERANCES
 from ..runtime import AnytimeRunner, SessionCancelled
 from ..runtime.backends import BACKENDS, Backend, create_backend
@@ -42,6 +43,12 @@ from .tiny import TinyBundle
 __all__ = ["Availability", "Check", "CheckFailed", "availability", "plans_for", "check_variant", "build_engines_for"]
 
 NO_GPU = "needs an NVIDIA GPU; none was found on this machine"
+CUDA_TORCH = "install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
+
+
+def _pip(module: str) -> str:
+    """How to install the extra of hne-edge that brings ``module`` (errors.EXTRA_OF_MODULE is its one home)."""
+    return f"pip install 'hne-edge[{EXTRA_OF_MODULE[module]}]'"
 
 
 @dataclass(frozen=True)
@@ -113,33 +120,32 @@ def _availability(env: Environment, name: str, kind: str) -> Availability:
     if (name, kind) == ("onnxruntime", "cpu"):
         if ort.error:
             return broken()
-        return Availability(name, kind, True) if ort.ok else absent("onnxruntime is not installed", "pip install 'hne-edge[runtime]'")
+        return Availability(name, kind, True) if ort.ok else absent("onnxruntime is not installed", _pip("onnxruntime"))
     if (name, kind) == ("torch", "cpu"):
         if torch.error:
             return broken()
         return Availability(name, kind, True) if torch.ok else absent(
-            "torch is not installed", "pip install torch (or 'hne-edge[train]'; the runtime does not need it)")  # fmt: skip
+            "torch is not installed", f"{_pip('torch')} (the runtime does not need it: this backend is optional)")  # fmt: skip
     if kind == "cuda" and not env.has_gpu:
         return absent(NO_GPU)
     if (name, kind) == ("onnxruntime", "cuda"):
         if not ort.ok:
-            return absent("onnxruntime is not installed", "pip install 'hne-edge[gpu]' (onnxruntime-gpu and cuda-python)")
+            return absent("onnxruntime is not installed", f"{_pip('cuda')} (onnxruntime-gpu and cuda-python)")
         if "CUDAExecutionProvider" not in env.ort_providers:
             return absent(
                 f"onnxruntime {ort.version} has no CUDAExecutionProvider (providers {env.ort_providers})",
-                "pip uninstall onnxruntime && pip install 'hne-edge[gpu]' (onnxruntime-gpu installs the same "
-                "package, so the CPU one goes first)",
+                f"pip uninstall onnxruntime && {_pip('cuda')} (onnxruntime-gpu installs the same package, so the CPU "
+                "one goes first)",
             )
         if not env.cuda.device_count:
             return absent("no library here gives it a CUDA stream: neither torch with CUDA nor cuda-python sees the GPU",
-                          "pip install cuda-python (or a CUDA build of torch)")  # fmt: skip
+                          f"{_pip('cuda')} (cuda-python), or a CUDA build of torch")  # fmt: skip
         return Availability(name, kind, True)
     if (name, kind) == ("torch", "cuda"):
         if not torch.ok:
-            return absent("torch is not installed", "install a CUDA build of torch (https://pytorch.org/get-started/locally/)")
+            return absent("torch is not installed", CUDA_TORCH)
         if env.torch_cuda_build is None:
-            return absent(f"torch {torch.version} is a CPU-only build",
-                          "install a CUDA build of torch (https://pytorch.org/get-started/locally/)")  # fmt: skip
+            return absent(f"torch {torch.version} is a CPU-only build", CUDA_TORCH)
         return Availability(name, kind, True)  # a GPU and torch with CUDA: if torch cannot use it, that is a failure
     if (name, kind) == ("tensorrt", "cuda"):
         if trt.error:

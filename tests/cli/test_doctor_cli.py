@@ -54,7 +54,7 @@ def test_doctor_on_a_runtime_only_install_runs_the_shipped_bundle(tmp_path):
     table = [line.split() for line in out.splitlines() if line.startswith("onnxruntime  cpu")]
     assert sorted((row[2], row[3]) for row in table) == sorted((p, q) for p in PRECISIONS for q in ANYTIME_PLANS)
     assert all(row[4] == "shipped" and row[5] == "16/16" and row[-1] == "ok" for row in table)
-    assert "torch cpu: torch is not installed; to get it: pip install torch" in out
+    assert "torch cpu: torch is not installed; to get it: pip install 'hne-edge[train]'" in out
     assert out.rstrip().splitlines()[-1].startswith(f"ok: {len(table)} checks passed")
 
 
