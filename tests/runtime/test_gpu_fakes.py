@@ -690,11 +690,16 @@ def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert [(r["model"], r["batch"], r["device"]) for r in rows] == [("hne_tiny", 1, "cpu"), ("hne_tiny", 16, "cpu")]
+    from hne_edge.bundle import ANYTIME_PLANS  # every plan the bundle has, by default
+
+    assert [(r["model"], r["plan"], r["batch"], r["device"]) for r in rows] == [
+        ("hne_tiny", plan, b, "cpu") for plan in ANYTIME_PLANS for b in (1, 16)
+    ]
     for r in rows:
         assert r["full_ms"] > 0 and r["fused_ms"] > 0 and r["standalone_ms"] > 0 and r["sixteen_ms"] > 0
         assert r["mac_ratio"] > 1 and 0 <= r["miss_rate"] <= 1 and 0 < r["leaves_vs_oracle"] <= 1
-    assert "smoke run: not figures" in out.read_text() and out.read_text().count("| hne_tiny | torch | off |") == 2
+    text = out.read_text()
+    assert "smoke run: not figures" in text and all(text.count(f"| hne_tiny | torch | {plan} | off |") == 2 for plan in ANYTIME_PLANS)
     if not HAS_CUDA:
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "bench_gpu: skipped - no CUDA device" in proc.stdout
