@@ -152,6 +152,9 @@ def _availability(env: Environment, name: str, kind: str) -> Availability:
             return broken()
         if not trt.ok:
             return absent("TensorRT is not installed", TENSORRT_HINT.split(": ", 1)[-1].split(" and run on")[0])
+        if not env.cuda.device_count:  # its device memory and stream come from torch with CUDA or cuda-python
+            return absent("no library here gives it device memory and a stream: neither torch with CUDA nor cuda-python "
+                          "sees the GPU", f"{_pip('tensorrt')} (brings cuda-python), or a CUDA build of torch")  # fmt: skip
         return Availability(name, kind, True)
     # a backend this doctor does not know yet: present when it can be created here
     try:

@@ -63,6 +63,8 @@ def test_with_a_gpu_each_missing_piece_is_named_with_how_to_get_it(here):
     assert "pip uninstall onnxruntime && pip install 'hne-edge[gpu]'" in cpu_ort.how
     no_stream = by_key(gpu_env(here, torch_cuda=None, cuda_python=False))
     assert "neither torch with CUDA nor cuda-python" in no_stream[("onnxruntime", "cuda")].reason
+    assert "neither torch with CUDA nor cuda-python" in no_stream[("tensorrt", "cuda")].reason
+    assert "pip install 'hne-edge[tensorrt]' (brings cuda-python)" in no_stream[("tensorrt", "cuda")].how
     assert no_stream[("torch", "cuda")].reason.endswith("is a CPU-only build")
     assert "pytorch.org" in no_stream[("torch", "cuda")].how
     no_trt = by_key(gpu_env(here, trt=None))[("tensorrt", "cuda")]
