@@ -52,7 +52,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -275,7 +275,8 @@ class Run:
             result = self.results[stage.name]
             budget = self.budget(stage)
             if budget < MIN_STAGE_S:
-                result.status, result.summary = "not run", f"the {self.args.cap_s:.0f} s cap was reached ({max(self.left(), 0):.0f} s left)"
+                result.status = "not run"
+                result.summary = f"the {self.args.cap_s:.0f} s cap was reached ({max(self.left(), 0):.0f} s left)"
                 self.write()
                 continue
             print(f"gpu_acceptance: {stage.name} (at most {budget:.0f} s)", flush=True)
@@ -310,7 +311,8 @@ class Run:
         checks = data["checks"]
         result.figures = {
             "gpus": data["environment"]["gpus"],
-            "checks": [{k: c[k] for k in ("label", "ok", "first_leaf_ms", "full_tree_ms", "max_error", "bound", "error")} for c in checks],
+            "checks": [{k: c[k] for k in ("label", "ok", "first_leaf_ms", "full_tree_ms", "max_error", "bound", "error")}
+                       for c in checks],  # fmt: skip
             "absent": data["absent"],
         }
         gpus = ", ".join(g["name"] for g in data["environment"]["gpus"]) or "no GPU"
@@ -388,7 +390,8 @@ class Run:
         base += ["--data", str(train)] if train else ["--data", ""]  # "": synthetic CIFAR-shaped images (throughput only)
         runs = {}
         t_end = time.monotonic() + budget
-        for variant, extra, env in (("eager", [], None), ("compile", ["--compile"], {"TORCHDYNAMO_DISABLE": "1"} if self.args.smoke else None)):
+        no_inductor = {"TORCHDYNAMO_DISABLE": "1"} if self.args.smoke else None  # see the module docstring
+        for variant, extra, env in (("eager", [], None), ("compile", ["--compile"], no_inductor)):
             left = t_end - time.monotonic()
             timeout = left / 2 if variant == "eager" else left  # the compiled run compiles: it gets the rest
             out = self.out / f"bench_train_{variant}.json"
@@ -409,7 +412,8 @@ class Run:
             util = f", GPU {r['utilisation_pct']:.0f}%" if r.get("utilisation_pct") is not None else ""
             return f"{v}: {r['images_per_s']:,.0f} img/s, {r['tflops']:.2f} TFLOP/s{util}"
 
-        result.summary = "; ".join(line(v, r) for v, r in runs.items()) + (" (compile: dynamo disabled in --smoke)" if self.args.smoke else "")
+        result.summary = "; ".join(line(v, r) for v, r in runs.items())
+        result.summary += " (compile: dynamo disabled in --smoke)" if self.args.smoke else ""
 
     # 5 --------------------------------------------------------------------------------------------
     def stage_losses(self, result: StageResult, budget: float) -> None:

@@ -28,7 +28,8 @@ from ..bundle import PRECISIONS
 from ..progress import NULL_PROGRESS, Progress
 from .checks import Availability, Check, availability, build_engines_for, check_variant, plans_for
 from .environment import Environment, collect_environment
-from .tiny import ASSET, TinyBundle, export_tiny, unpack_shipped
+from . import tiny as tiny_module
+from .tiny import TinyBundle, export_tiny, unpack_shipped
 
 __all__ = ["DoctorReport", "run_doctor", "check_backend", "check_failed"]
 
@@ -101,8 +102,9 @@ def run_doctor(
     with tempfile.TemporaryDirectory(prefix="hne-doctor-") as tmp:
         shipped = _bundle(lambda: unpack_shipped(Path(tmp) / "shipped"), "shipped", checks)
         if shipped is not None:
-            bundles["shipped"] = f"{ASSET.name} ({ASSET.stat().st_size / 1024:.0f} KiB, shipped with hne-edge): " \
-                                 "its float64 reference was computed when it was built"
+            asset = tiny_module.ASSET
+            bundles["shipped"] = (f"{asset.name} ({asset.stat().st_size / 1024:.0f} KiB, shipped with hne-edge): "
+                                  "its float64 reference was computed when it was built")
         fresh = None
         if export:
             say("exporting the tiny bundle")
@@ -157,12 +159,15 @@ def check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, r
     fp32 only: the ONNX backends' fp16 rows run the shipped bundle's fp16 files)."""
     from ..runtime.backends import backend_class
 
-    cls = backend_class(a.backend, a.device)
     chosen: list[tuple[TinyBundle, str, str]] = []
-    for precision in precisions:
-        for tiny in tinies:
-            chosen += [(tiny, precision, p) for p in plans_for(tiny.bundle_dir, cls, precision)
-                       if not any(c[1:] == (precision, p) for c in chosen)]  # fmt: skip
+    try:  # importing the backend's module can fail on a broken install: that is this backend's failure
+        cls = backend_class(a.backend, a.device)
+        for precision in precisions:
+            for tiny in tinies:
+                chosen += [(tiny, precision, p) for p in plans_for(tiny.bundle_dir, cls, precision)
+                           if not any(c[1:] == (precision, p) for c in chosen)]  # fmt: skip
+    except Exception as exc:
+        return [check_failed(a, tinies[0], "-", exc)]
     if not chosen:
         return [check_failed(a, tinies[0], "-", RuntimeError(f"no bundle has a plan {a.label} can run"))]
     rows = []

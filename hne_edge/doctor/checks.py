@@ -89,7 +89,8 @@ class Check:
 
     @property
     def label(self) -> str:
-        return f"{self.backend} {self.device} {self.precision} {self.plan} ({self.bundle} bundle)"
+        what = " ".join(v for v in (self.backend, self.device, self.precision, self.plan) if v != "-")
+        return f"{what} ({self.bundle} bundle)"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "label": self.label}
@@ -259,7 +260,8 @@ def _run_checks(tiny: TinyBundle, check: Check, repeats: int, options: dict) -> 
             r = runner.run(x, max_leaves=n)
             if r.leaves != n:
                 raise CheckFailed(f"run(max_leaves={n}) evaluated {r.leaves} leaves")
-            compare(r.logits, n, f"run(max_leaves={n})" + (f" (first-leaf file {runner.first_leaf_file})" if n == 1 and runner.first_leaf_file else ""))
+            first = f" (first-leaf file {runner.first_leaf_file})" if n == 1 and runner.first_leaf_file else ""
+            compare(r.logits, n, f"run(max_leaves={n}){first}")
             check.prefixes = n
         # times at batch 1 (medians); the cost model has learned from every run above
         check.first_leaf_ms = _median_ms(lambda: runner.run(x1, max_leaves=1), repeats)

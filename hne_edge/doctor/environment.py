@@ -201,13 +201,15 @@ def list_gpus() -> tuple[list[Gpu], list[str]]:
         err, count = rt.cudaGetDeviceCount()
         if int(err) == 0 and count:
             err_v, driver_api = rt.cudaDriverGetVersion()
-            driver = _driver_version() or (f"CUDA driver API {driver_api // 1000}.{driver_api % 1000 // 10}" if int(err_v) == 0 else None)
+            api = f"CUDA driver API {driver_api // 1000}.{driver_api % 1000 // 10}" if int(err_v) == 0 else None
+            driver = _driver_version() or api
             gpus = []
             for i in range(int(count)):
                 err, p = rt.cudaGetDeviceProperties(i)
                 if int(err) == 0:
                     name = p.name.decode() if isinstance(p.name, bytes) else str(p.name)
-                    gpus.append(Gpu(i, name.strip("\x00 "), int(p.totalGlobalMem) >> 20, driver, f"{p.major}.{p.minor}", "cuda-python"))
+                    gpus.append(Gpu(i, name.strip("\x00 "), int(p.totalGlobalMem) >> 20, driver, f"{p.major}.{p.minor}",
+                                    "cuda-python"))  # fmt: skip
             return gpus, notes
         notes.append(f"cuda-python sees no CUDA device ({err})")
     except ImportError:
@@ -233,7 +235,8 @@ def cpu_info() -> Cpu:
             model = value
         if flags is None and key in ("flags", "Features"):
             flags, source = set(value.split()), f"/proc/cpuinfo {key}"
-    family = "x86_64" if machine.lower() in ("x86_64", "amd64", "i686", "i386") else "arm" if machine.lower().startswith(("arm", "aarch")) else None
+    lower = machine.lower()
+    family = "x86_64" if lower in ("x86_64", "amd64", "i686", "i386") else "arm" if lower.startswith(("arm", "aarch")) else None
     features = {}
     if flags is not None and family:
         features = {name: any(f in flags for f in names) for name, names in ISA_FEATURES[family].items()}

@@ -44,7 +44,8 @@ def format_environment(env: "Environment") -> list[str]:
     elif env.gpu_notes:
         rows.append(("GPU notes", "; ".join(env.gpu_notes)))
     c = env.cpu
-    cores = f"{c.logical_cores} logical cores" + (f" ({c.usable_cores} usable)" if c.usable_cores not in (None, c.logical_cores) else "")
+    usable = f" ({c.usable_cores} usable)" if c.usable_cores not in (None, c.logical_cores) else ""
+    cores = f"{c.logical_cores} logical cores{usable}"
     load = f", load average {c.load_average:.1f}" if c.load_average is not None else ""
     rows.append(("CPU", f"{c.model}, {c.machine}, {cores}{load}"))
     if c.features:

@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import io
 import lzma
-import json
 import os
 import platform
 import sys
@@ -150,10 +149,11 @@ def export_tiny(out_dir: str | os.PathLike, *, precisions: tuple[str, ...] = PRE
     return TinyBundle(Path(bundle), x, reference_logits(model, x), "fresh")
 
 
-def unpack_shipped(out_dir: str | os.PathLike, asset: str | os.PathLike = ASSET) -> TinyBundle:
-    """Unpack the shipped asset into ``out_dir`` (real files; their sha256 are checked here) with its reference."""
+def unpack_shipped(out_dir: str | os.PathLike, asset: str | os.PathLike | None = None) -> TinyBundle:
+    """Unpack the shipped asset (default :data:`ASSET`) into ``out_dir`` (real files; their sha256 are checked
+    here) with its reference."""
     out = Path(out_dir)
-    asset = Path(asset)
+    asset = Path(ASSET if asset is None else asset)
     if not asset.is_file():
         raise BundleError(f"the doctor's shipped bundle {asset} is missing; reinstall hne-edge (it is package data)")
     try:

@@ -128,7 +128,7 @@ def test_a_gpu_backend_that_is_present_but_fails_is_a_failure(here, fake_gpu, mo
     report = run_doctor(environment=env, export=False, repeats=2)
     failed = {c.label: c.error for c in report.failures}
     assert not report.ok
-    assert failed["tensorrt cuda - engine build (shipped bundle)"].endswith("this GPU is 7.0 (sm_70)")
+    assert failed["tensorrt cuda engine build (shipped bundle)"].endswith("this GPU is 7.0 (sm_70)")
     assert fake_gpu.built == []  # nothing was built for a GPU TensorRT does not support
     torch_rows = [label for label in failed if label.startswith("torch cuda")]
     assert len(torch_rows) == len(PRECISIONS) * len(ANYTIME_PLANS)

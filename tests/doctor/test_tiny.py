@@ -83,3 +83,18 @@ def test_a_tampered_asset_is_refused(tmp_path):
     (tmp_path / "junk.tar.xz").write_bytes(b"not an archive")
     with pytest.raises(BundleError, match="is not a valid .tar.xz"):
         tiny.unpack_shipped(tmp_path / "c", asset=tmp_path / "junk.tar.xz")
+
+
+def test_doctor_with_a_corrupted_shipped_bundle_fails_naming_it(tmp_path, monkeypatch):
+    """What an install whose package data was damaged sees: exit 1 (report.ok False) naming the unpack."""
+    from hne_edge.doctor import run_doctor
+
+    members = [(info, data[:-1] + bytes([data[-1] ^ 1]) if info.name.endswith("nodes/b2.1.onnx") else data)
+               for info, data in _members(tiny.ASSET)]  # fmt: skip
+    (tmp_path / "damaged.tar.xz").write_bytes(_repack(tiny.ASSET, members))
+    monkeypatch.setattr(tiny, "ASSET", tmp_path / "damaged.tar.xz")
+    report = run_doctor(export=False, repeats=1)
+    assert not report.ok
+    assert [c.label for c in report.failures] == ["unpack (shipped bundle)"]
+    assert "b2.1.onnx" in report.failures[0].error and "does not match the manifest" in report.failures[0].error
+    assert "FAILED: 1 of 1 checks" in report.format_table()
