@@ -11,6 +11,9 @@ A bundle is a directory::
       torch/model.pt                # optional: the fused state_dict, for the PyTorch backend
       profiles/*.json               # cost models written by the runtime (not listed in the manifest)
 
+and nothing else (:data:`BUNDLE_LAYOUT`): a folder holding anything more is
+not a bundle, and an export never replaces it (:func:`why_not_replaceable`).
+
 The manifest is the only thing the runtime reads to know what to run. Reading
 it validates everything: the schema version, the exact key set of every
 object (missing and unknown keys are errors), that every file path stays
@@ -37,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BundleError, short_repr
-from .fileio import atomic_write_json
+from .fileio import atomic_write_json, foreign_entry
+from .limits import MAX_BATCH
 from .tree import TreeSpec
 
 __all__ = [
@@ -53,6 +57,9 @@ __all__ = [
     "variant_label",
     "SCHEMA_VERSION",
     "MANIFEST_NAME",
+    "PROFILES_DIR",
+    "BUNDLE_LAYOUT",
+    "why_not_replaceable",
     "TensorSpec",
     "InputSpec",
     "ModelFile",
@@ -65,12 +72,17 @@ __all__ = [
     "sha256_file",
     "read_verified",
     "onnx_external_data",
+    "check_self_contained",
     "activation_name",
+    "batch_range_ok",
 ]
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FORMATS = ("onnx", "tensorrt", "torch")
+PROFILES_DIR = "profiles"  # cost models a runtime measured on this bundle (cost_model.py)
+# the top-level entries of a bundle folder: its manifest, one folder per format, the profiles; nothing else
+BUNDLE_LAYOUT = {MANIFEST_NAME: "file", **dict.fromkeys(FORMATS, "dir"), PROFILES_DIR: "dir"}
 # "first": leaf 0's chain (image -> logits) without the exported activations, which a run that stops
 # after the first leaf never reads and which cost up to ~10% (layout reorders, no fusion across them).
 # "weights": one torch file holding the fused state_dict.
@@ -80,7 +92,18 @@ ANYTIME_PLANS = ("segments", "nodes")
 PRECISIONS = ("fp32", "fp16")
 DTYPES = ("float32", "float16")
 DTYPE_OF = dict(zip(PRECISIONS, DTYPES))  # a precision's tensor dtype: {"fp32": "float32", "fp16": "float16"}
+_ITEMSIZE = {"float32": 4, "float16": 2}
 _SUFFIX = {"onnx": ".onnx", "tensorrt": ".plan"}
+
+
+def batch_range_ok(batch: Any) -> bool:
+    """The one rule for a bundle's batch range ``(min, opt, max)``: ints with ``1 <= min <= opt <= max <=``
+    :data:`~hne_edge.limits.MAX_BATCH` (what ``export`` accepts and what :func:`read_manifest` accepts)."""
+    return (
+        isinstance(batch, (tuple, list)) and len(batch) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in batch)
+        and 1 <= batch[0] <= batch[1] <= batch[2] <= MAX_BATCH
+    )  # fmt: skip
 
 
 def activation_name(node_id: str | None) -> str:
@@ -269,8 +292,11 @@ class InputSpec:
                 f"manifest: input.mean/std need {shape[1]} values (std > 0); received mean={list(mean)} std={list(std)}"
             )
         batch = tuple(_typed(v, int, "input.batch[]") for v in _typed(d["batch"], list, "input.batch"))
-        if len(batch) != 3 or not 1 <= batch[0] <= batch[1] <= batch[2]:
-            raise BundleError(f"manifest: input.batch must be [min, opt, max] with 1 <= min <= opt <= max; received {list(batch)}")
+        if not batch_range_ok(batch):
+            raise BundleError(
+                f"manifest: input.batch must be [min, opt, max] with 1 <= min <= opt <= max <= {MAX_BATCH}; "
+                f"received {short_repr(list(batch))}"
+            )
         return cls(
             name=_typed(d["name"], str, "input.name"),
             shape=shape,
@@ -394,6 +420,23 @@ class Manifest:
         if plan == "weights":
             return chosen
         return sorted(chosen, key=lambda f: f.leaf)
+
+    def sample_bytes(self, plan: str, precision: str) -> int:
+        """Bytes per sample of the image and of every tensor the files of ``plan`` / ``precision`` output.
+
+        A pass over the whole tree holds at most these (the activations it exports and the leaves'
+        logits), plus the backend's own scratch: what :class:`~hne_edge.runtime.AnytimeRunner`'s warm-up
+        checks against the machine's memory. The files of the first format that has the variant are read.
+        """
+        image = math.prod(self.input.shape[1:]) * _ITEMSIZE[self.input.dtype]
+        for fmt in FORMATS:
+            files = [f for f in self.files if (f.format, f.plan, f.precision) == (fmt, plan, precision)]
+            if files:
+                return image + sum(
+                    math.prod(d for d in t.shape[1:] if isinstance(d, int)) * _ITEMSIZE[t.dtype]
+                    for f in files for t in f.outputs
+                )  # fmt: skip
+        return image
 
     def prefix_macs(self) -> list[int]:
         """MACs of the first n leaves (shared nodes once), n = 1..N."""
@@ -561,9 +604,21 @@ def resolve_in_bundle(bundle_dir: Path, relpath: str, where: str) -> Path:
         raise BundleError(f"manifest: {where} path {relpath!r} contains '..'; files must stay inside the bundle")
     root = bundle_dir.resolve()
     target = (root / relpath).resolve()  # follows symlinks
+    if target == root:
+        raise BundleError(f"manifest: {where} path {relpath!r} names the bundle folder itself; expected a file inside it")
     if root not in target.parents:
         raise BundleError(f"manifest: {where} path {relpath!r} resolves to {target}, outside the bundle {root}")
     return target
+
+
+def _check_on_disk(target: Path, f: "ModelFile", where: str, listed: str = "is listed in the manifest but not on disk") -> None:
+    """A listed model file must be a regular file (a folder or a device in its place is not "missing")."""
+    if target.is_file():
+        return
+    if target.exists():
+        kind = "a folder" if target.is_dir() else "not a regular file"
+        raise BundleError(f"bundle file {f.path} ({where}) is {kind}; expected a file (the bundle was modified)")
+    raise BundleError(f"bundle file missing: {f.path} ({where}) {listed}")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -608,22 +663,45 @@ def read_manifest_and_digest(bundle_dir: str | os.PathLike, verify_files: bool =
     return manifest, sha256_bytes(raw)
 
 
+def why_not_replaceable(folder: str | os.PathLike) -> str | None:
+    """Why an export may not replace ``folder`` (deleting everything in it), or None when it may.
+
+    It may when ``folder`` is empty, or is a bundle: it holds nothing but :data:`BUNDLE_LAYOUT`'s
+    entries (no symbolic links), and its ``manifest.json`` parses as an hne-edge manifest of this
+    schema version. Its model files are not checked: a damaged bundle is still ours to replace.
+    The reason names the first entry that is not a bundle's.
+    """
+    folder = Path(folder)
+    entry = foreign_entry(folder, BUNDLE_LAYOUT)
+    if entry is not None:
+        return f"it holds {entry}, which is not part of a bundle"
+    if not any(folder.iterdir()):
+        return None
+    try:
+        _parse_manifest(folder / MANIFEST_NAME)
+    except BundleError as exc:
+        return f"it is not an hne-edge bundle ({exc})"
+    return None
+
+
+def _parse_manifest(path: Path) -> tuple[Manifest, bytes]:
+    """The manifest in file ``path``, validated (not the files it lists), and the bytes it was parsed from."""
+    if not path.is_file():
+        raise BundleError(f"{path.parent} is not a bundle: {MANIFEST_NAME} is missing")
+    raw = path.read_bytes()
+    return Manifest.from_dict(parse_json(raw, str(path))), raw
+
+
 def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[Manifest, bytes]:
     bundle_dir = Path(bundle_dir)
-    path = bundle_dir / MANIFEST_NAME
     if not bundle_dir.is_dir():
         raise BundleError(f"bundle directory not found: {bundle_dir}")
-    if not path.is_file():
-        raise BundleError(f"{bundle_dir} is not a bundle: {MANIFEST_NAME} is missing")
-    raw = path.read_bytes()
-    data = parse_json(raw, str(path))
-    manifest = Manifest.from_dict(data)
+    manifest, raw = _parse_manifest(bundle_dir / MANIFEST_NAME)
     for i, f in enumerate(manifest.files):
         target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
         if f.source is not None:
             resolve_in_bundle(bundle_dir, f.source, f"files[{i}].source")
-        if not target.is_file():
-            raise BundleError(f"bundle file missing: {f.path} (files[{i}]) is listed in the manifest but not on disk")
+        _check_on_disk(target, f, f"files[{i}]")
         if verify_files:
             _check_digest(f, sha256_file(target), f"files[{i}].sha256")
     return manifest, raw
@@ -719,6 +797,21 @@ def onnx_external_data(data: bytes) -> list[str]:
     return found
 
 
+def check_self_contained(data: bytes, name: str) -> None:
+    """Refuse ONNX bytes that are no valid protobuf, or that keep tensors in external files (the one rule for
+    every loader: the runtime's sessions and ``verify``): those files are neither listed nor hashed, and
+    their paths may point anywhere."""
+    try:
+        external = onnx_external_data(data)
+    except ValueError as exc:
+        raise BundleError(f"{name}: not a valid ONNX file ({exc})") from None
+    if external:
+        raise BundleError(
+            f"{name}: {len(external)} tensor(s) ({', '.join(external[:3])}) keep their values in external "
+            "files, which the manifest neither lists nor hashes; expected one self-contained ONNX file per entry"
+        )
+
+
 def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> Path:
     """Write ``manifest.json`` (after checking it reads back)."""
     data = manifest.to_dict()
@@ -740,9 +833,7 @@ def update_manifest(bundle_dir: str | os.PathLike, entries: "list[ModelFile] | t
     files = tuple(f for f in manifest.files if f.path not in new_paths) + tuple(entries)
     updated = replace(manifest, files=files)
     for i, f in enumerate(updated.files):
-        target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
-        if not target.is_file():
-            raise BundleError(f"bundle file missing: {f.path} (files[{i}]) would be listed in the manifest but is not on disk")
+        _check_on_disk(resolve_in_bundle(bundle_dir, f.path, f"files[{i}]"), f, f"files[{i}]", "would be listed in the manifest but is not on disk")
     write_manifest(bundle_dir, updated)
     return updated
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -30,12 +31,16 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import InputError
-from .fileio import atomic_write_json
+from .fileio import atomic_file, atomic_write_json, check_output_dir, foreign_entry
 
 __all__ = ["DemoResult", "run_demo", "choose_data", "budget_sweep", "format_budget_table", "ensemble_rows",
-           "format_ensemble_line", "MARKER", "CIFAR10_NPZ", "PRETRAINED"]
+           "format_ensemble_line", "MARKER", "DEMO_LAYOUT", "CIFAR10_NPZ", "PRETRAINED"]
 
-MARKER = ".hne-edge-demo"  # a folder with this file was written by the demo and may be replaced by it
+MARKER = ".hne-edge-demo"  # a folder with this file (and nothing a demo does not write) was written by the demo
+# what a demo writes into --out, and the folders its printed next steps write there: the next demo run
+# replaces a folder holding these and nothing else
+DEMO_LAYOUT = {MARKER: "file", "train": "dir", "eval": "dir", "bundle": "dir", "frames.npz": "file", "demo.json": "file",
+               "bench": "dir", "stack": "dir"}
 CIFAR10_NPZ = "../shared/data/cifar10_train.npz"  # the data convention: ../shared beside the project root
 ASSETS = Path(__file__).parent / "assets"
 PRETRAINED = ASSETS / "cifar10_demo.pt"  # its record: cifar10_demo.json; its config: cifar10_demo.yaml
@@ -175,11 +180,21 @@ def _train_config(out: Path, data: str, data_dir: str | None, model: str | None,
 
 
 def _prepare_out(out: Path, force: bool) -> None:
-    if out.exists():
-        if not (force or (out / MARKER).exists()):
+    """Make ``out`` a new, empty demo folder, replacing only a previous demo's (see :data:`DEMO_LAYOUT`)."""
+    if out.is_symlink():
+        raise InputError(f"--out {out} is a symbolic link (to {os.readlink(out)}); expected a folder",
+                         hint="pass the folder it points to")  # fmt: skip
+    if check_output_dir(out, "--out").exists():
+        entry = foreign_entry(out, DEMO_LAYOUT)
+        if entry is not None:
             raise InputError(
-                f"{out} exists and was not written by hne-edge demo; expected a new folder or a previous demo's "
-                "(choose another --out, or pass --force to replace it)"
+                f"{out} was not written by hne-edge demo: it holds {entry}, which a demo never writes",
+                hint="choose another out_dir, or remove it yourself", cli_hint="choose another --out, or remove it yourself",
+            )
+        if any(out.iterdir()) and not (out / MARKER).is_file() and not force:
+            raise InputError(
+                f"{out} holds only what a demo writes but not its {MARKER} file, so it may not be a demo's",
+                hint="pass force=True to replace it", cli_hint="pass --force to replace it",
             )
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -277,7 +292,8 @@ def run_demo(
         frames = SWEEP_FRAMES
     if frames is not None:
         images, labels = images[:frames], labels[:frames]
-    np.savez(out / "frames.npz", x=images, y=labels)  # for the next commands printed at the end
+    with atomic_file(out / "frames.npz") as f:  # for the next commands printed at the end
+        np.savez(f, x=images, y=labels)
     with AnytimeRunner(bundle) as runner:
         runner.profile(batch_sizes=(1,), warmup=5, repeats=30)
         levels = runner.profile_data.batches[1]["levels"]

@@ -101,7 +101,8 @@ class DeviceError(HNEError, RuntimeError):
 
 
 class ResourceExhausted(HNEError, RuntimeError):
-    """A bounded pool (paused sessions' device buffers) is full."""
+    """Memory ran out or would (a model, a warm-up or a batch this machine cannot hold; an allocation ONNX
+    Runtime could not make), or a bounded pool (paused sessions' device buffers) is full."""
 
 
 # The extra of pyproject.toml that installs each optional top-level module (tests check it against pyproject).

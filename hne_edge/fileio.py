@@ -6,6 +6,13 @@ sibling ``.NAME.KIND-PID-RANDOM``, are flushed and fsync'ed, and are renamed
 over the target in one step. A reader therefore sees the old file or the new
 one, never a prefix. The PID in the scratch name lets a later writer remove
 the leftovers of a killed one (:func:`remove_stale`).
+
+Folders: a command that writes several files into an output folder stages them
+(:func:`staged_output`), so a failure leaves the folder as it was and no new
+empty folder behind; a bundle is swapped in whole (:func:`swap_dir_into_place`).
+What a command may replace is decided by its owner's layout (a bundle's in
+``bundle.py``, a training run's in ``train/engine.py``, a demo's in ``demo.py``)
+through :func:`foreign_entry`, never by the presence of one file name.
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ import ctypes
 import glob
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Container, Iterator, Mapping, Sequence
 
 __all__ = [
     "scratch_path",
@@ -30,7 +38,12 @@ __all__ = [
     "atomic_write_json",
     "swap_dir_into_place",
     "check_output_dir",
+    "foreign_entry",
+    "is_scratch",
+    "staged_output",
 ]
+
+_SCRATCH = re.compile(r"\.(?P<name>.+)\.(?:tmp|partial|old)-\d+-[0-9a-f]+")  # what scratch_path makes
 
 
 def _alive(pid: int) -> bool:
@@ -51,6 +64,33 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Pa
     if path.exists() and not path.is_dir():
         raise InputError(f"{what} {path}: received an existing file; expected a folder (new or existing)")
     return path
+
+
+def foreign_entry(folder: str | os.PathLike, layout: Mapping[str, str]) -> str | None:
+    """The first entry of ``folder`` (by name) that ``layout`` does not allow, described for an error; None if none.
+
+    ``layout`` maps each allowed name to ``"file"`` (a regular file) or ``"dir"`` (a folder); a symbolic
+    link is never allowed (what a link points to is not ours to judge). A scratch sibling of an allowed
+    name (``.NAME.tmp-PID-HEX``, from :func:`scratch_path`) is ours: a killed writer's leftover.
+    """
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if is_scratch(entry.name, layout) and not entry.is_symlink():
+            continue
+        kind = layout.get(entry.name)
+        if entry.is_symlink():
+            return f"{entry.name!r} (a symbolic link)"
+        if kind is None:
+            return repr(entry.name)
+        if (kind == "dir") != entry.is_dir():
+            found, expected = ("folder", "file") if entry.is_dir() else ("file", "folder")
+            return f"{entry.name!r} (a {found}, where a {expected} belongs)"
+    return None
+
+
+def is_scratch(name: str, of: Container[str]) -> bool:
+    """Whether ``name`` is a scratch sibling (:func:`scratch_path`) of one of the names ``of``."""
+    scratch = _SCRATCH.fullmatch(name)
+    return scratch is not None and scratch["name"] in of
 
 
 def scratch_path(target: Path, kind: str) -> Path:
@@ -80,7 +120,8 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
 
     The file gets the umask's mode (not ``mkstemp``'s 0600), and its bytes
     reach the disk (fsync) before the rename, so a power cut after the
-    rename cannot leave an empty file.
+    rename cannot leave an empty file. An OS error that names no file (a
+    full disk fails ``write()``) is raised again naming ``path``.
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_file mode: received {mode!r}; expected 'wb' or 'w'")
@@ -95,6 +136,11 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:  # write()/fsync() (ENOSPC, EFBIG, EIO) name no file
+            raise type(exc)(exc.errno, exc.strerror, str(target)) from exc
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -127,6 +173,7 @@ def _exchange(a: Path, b: Path) -> bool:
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
         return False
+    sys.audit("hne_edge.fileio.exchange", a, b)  # os.rename raises os.rename; a crash test can stop here too
     at_fdcwd, rename_exchange = -100, 2
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
@@ -147,3 +194,48 @@ def swap_dir_into_place(tmp: Path, out: Path) -> None:
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_output(out_dir: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
+    """Yield an empty scratch folder for a command's output files; they reach ``out_dir`` only if the block succeeds.
+
+    On success each file replaces its namesake in ``out_dir`` (``os.replace``: atomic per file), or,
+    when ``out_dir`` is new, the whole folder appears in one rename. On an error the scratch folder,
+    and any parent folder this call created, are removed: a failed ``eval`` or ``bench`` leaves
+    ``out_dir`` as it was and no new empty folder behind.
+    """
+    out = check_output_dir(out_dir, what).absolute()
+    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()][::-1]  # outermost first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        remove_stale(out)
+        stage = scratch_path(out, "partial")
+        stage.mkdir()
+        try:
+            yield stage
+            if out.is_dir():
+                _move_into(stage, out)
+                stage.rmdir()
+            else:
+                os.rename(stage, out)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    except BaseException:
+        for parent in reversed(created):  # innermost first; a folder someone else filled meanwhile stays
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _move_into(src: Path, dst: Path) -> None:
+    for entry in sorted(src.iterdir()):
+        target = dst / entry.name
+        if entry.is_dir() and target.is_dir() and not target.is_symlink():
+            _move_into(entry, target)
+            entry.rmdir()
+        else:
+            os.replace(entry, target)

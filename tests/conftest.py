@@ -58,6 +58,27 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (links not followed) -> a file's sha256, a link's target, or 'dir'.
+
+    Equal digests before and after a command: it deleted, added and changed nothing there.
+    """
+    import hashlib
+
+    found: dict[str, str] = {}
+    for here, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(here) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                found[rel] = "link -> " + os.readlink(p)
+            elif p.is_dir():
+                found[rel] = "dir"
+            else:
+                found[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return found
+
+
 def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
     """Run ``hne-edge`` in a subprocess (what users do) and return the CompletedProcess."""
     proc = subprocess.run(

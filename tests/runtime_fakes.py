@@ -7,6 +7,7 @@ node, so budget and deadline behaviour is exact (no sleeping, no flakiness).
 
 :class:`FakeTorchCuda` stands in for the torch CUDA backend's device, so the
 real ``TorchCudaBackend`` / ``TorchCudaRunner`` run on CPU tensors.
+:class:`FakeTensorRT` is the slice of TensorRT's Python API the engine builder uses.
 """
 
 from __future__ import annotations
@@ -464,3 +465,100 @@ class _OrtContext:
         for out_name, value in zip(e.outputs, e.session.run(None, {name: x})):
             dev.view(self.address[out_name], value.shape, value.dtype)[...] = value
         return True
+
+
+class FakeTensorRT:
+    """The slice of the documented TensorRT Python API that build_engines uses, recording the calls.
+
+    Not a substitute for a real build (see tests/exporters/test_tensorrt.py::test_build_real_engines): it checks our side of the
+    contract — network flags per major version, one shared timing cache, the optimization profile,
+    TF32 off for fp32 — and that the manifest entries written afterwards are valid.
+    """
+
+    def __init__(self, version):
+        import types
+
+        self.__version__ = version
+        self.calls = {"networks": [], "profiles": [], "cleared": [], "caches_created": 0, "set_cache": 0}
+        fake = self
+        self.Logger = type("Logger", (), {"WARNING": 1, "VERBOSE": 0, "__init__": lambda s, level: None})
+        self.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=0)
+        self.BuilderFlag = types.SimpleNamespace(TF32=7, VERSION_COMPATIBLE=8)
+        self.MemoryPoolType = types.SimpleNamespace(WORKSPACE=0)
+        self.HardwareCompatibilityLevel = types.SimpleNamespace(AMPERE_PLUS=1)
+
+        class Tensor:
+            def __init__(self, name, shape):
+                self.name, self.shape = name, shape
+
+        class Network:
+            def __init__(self, flags):
+                fake.calls["networks"].append(flags)
+                self.inputs = []
+
+            @property
+            def num_inputs(self):
+                return len(self.inputs)
+
+            def get_input(self, i):
+                return self.inputs[i]
+
+        class OnnxParser:
+            def __init__(self, network, logger):
+                self.network = network
+                self.num_errors = 0
+
+            def parse(self, model, path=None):  # TensorRT's OnnxParser.parse(model: bytes, path: str = None)
+                import onnx
+
+                g = onnx.load_from_string(model).graph
+                for v in g.input:
+                    dims = [d.dim_value or -1 for d in v.type.tensor_type.shape.dim]
+                    self.network.inputs.append(Tensor(v.name, tuple(dims)))
+                return True
+
+        class Cache:
+            def serialize(self):
+                return b"timing-cache"
+
+        class Config:
+            def create_timing_cache(self, data):
+                fake.calls["caches_created"] += 1
+                return Cache()
+
+            def set_timing_cache(self, cache, ignore_mismatch):
+                fake.calls["set_cache"] += 1
+
+            def set_flag(self, flag):
+                pass
+
+            def clear_flag(self, flag):
+                fake.calls["cleared"].append(flag)
+
+            def add_optimization_profile(self, profile):
+                fake.calls["profiles"].append(profile.shapes)
+
+        class Profile:
+            def __init__(self):
+                self.shapes = {}
+
+            def set_shape(self, name, lo, opt, hi):
+                self.shapes[name] = (lo, opt, hi)
+
+        class Builder:
+            def __init__(self, logger):
+                pass
+
+            def create_network(self, flags):
+                return Network(flags)
+
+            def create_builder_config(self):
+                return Config()
+
+            def create_optimization_profile(self):
+                return Profile()
+
+            def build_serialized_network(self, network, config):
+                return b"plan:" + network.inputs[0].name.encode()
+
+        self.Builder, self.OnnxParser = Builder, OnnxParser

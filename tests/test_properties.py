@@ -180,3 +180,130 @@ def test_export_option_parsers(value):
             assert 1 <= out[0] <= out[1] <= out[2]
         else:
             assert out and set(out) <= {"fp32", "fp16"}
+
+
+# -- export --force and train --out touch only what is theirs (issue 19) ------------------------------------
+
+from conftest import tree_digest  # noqa: E402
+
+_BUNDLE_NAMES = ("onnx", "tensorrt", "torch", "profiles")  # the bundle layout's folders (bundle.BUNDLE_LAYOUT)
+_OTHER_NAMES = ("notes.txt", ".git", "config.yaml", "train_log.json", "index.html", "a", "Documents")
+_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=4),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4), kids, max_size=3),
+                     max_leaves=6)  # fmt: skip
+_link_targets = st.sampled_from(["../outside/secret.txt", "../outside", "nowhere", "../outside/bundle/manifest.json"])
+_leaf = st.one_of(
+    st.tuples(st.just("file"), st.binary(max_size=16)),
+    st.tuples(st.just("link"), _link_targets),
+)
+
+
+@st.composite
+def _entries(draw, names, depth=0):
+    """{name: ("file", bytes) | ("link", target) | ("dir", {...})}, a few entries, nested a little."""
+    out = {}
+    for name in draw(st.lists(st.sampled_from(names), max_size=3, unique=True)):
+        if depth < 2 and draw(st.booleans()):
+            out[name] = ("dir", draw(_entries(("x.onnx", "y", "z.json"), depth + 1)))
+        else:
+            out[name] = draw(_leaf)
+    return out
+
+
+@st.composite
+def _folders(draw):
+    """A folder to hand to --out: empty, a user's, a bundle, a bundle plus things, a manifest of random JSON."""
+    base = draw(st.sampled_from(["empty", "bundle", "random-manifest", "no-manifest"]))
+    extras = draw(_entries(_BUNDLE_NAMES + _OTHER_NAMES if draw(st.booleans()) else _BUNDLE_NAMES))
+    manifest = draw(_json) if base == "random-manifest" else None
+    return base, extras, manifest
+
+
+def _materialize(folder, spec) -> None:
+    for name, (kind, value) in spec.items():
+        path = folder / name
+        if path.is_symlink() or path.exists():  # a bundle copy already has it: replace it with the drawn entry
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if kind == "file":
+            path.write_bytes(value)
+        elif kind == "link":
+            path.symlink_to(value)
+        else:
+            path.mkdir()
+            _materialize(path, value)
+
+
+def _build(root, tiny_bundle, case):
+    """root/outside (what links point to) and root/out (the drawn folder); returns (out, ours) where ours says
+    whether out is, by construction, an empty folder or an unaltered bundle plus only bundle-layout folders."""
+    base, extras, manifest = case
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "outside").mkdir(parents=True)
+    (root / "outside" / "secret.txt").write_text("not yours\n")
+    shutil.copytree(tiny_bundle.bundle_dir, root / "outside" / "bundle")
+    out = root / "out"
+    if base == "bundle":
+        shutil.copytree(tiny_bundle.bundle_dir, out)
+    else:
+        out.mkdir()
+    if base == "random-manifest":
+        (out / "manifest.json").write_text(json.dumps(manifest))
+    _materialize(out, extras)
+    bundle_shaped = all(name in _BUNDLE_NAMES and kind == "dir" for name, (kind, _) in extras.items())
+    ours = (base in ("empty", "no-manifest") and not extras) or (base == "bundle" and bundle_shaped)
+    return out, ours
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=_folders())
+def test_export_force_replaces_only_an_empty_folder_or_a_bundle(tiny_bundle, tmp_path, case):
+    from hne_edge.errors import ExportError
+    from hne_edge.exporters import export_checkpoint
+
+    out, ours = _build(tmp_path / "t", tiny_bundle, case)
+    before = tree_digest(tmp_path / "t")
+    try:
+        export_checkpoint(tiny_bundle.checkpoint_path, out, force=True, verify=False, plan="segments", first_leaf=False,
+                          torch_weights=False)  # fmt: skip
+        replaced = True
+    except ExportError as exc:
+        assert "refusing to replace" in str(exc)
+        replaced = False
+    after = tree_digest(tmp_path / "t")
+    assert replaced == ours, (case, sorted(before))
+    if replaced:
+        read_manifest(out, verify_files=True)  # the new bundle, whole
+        mine = lambda k: k == "out" or k.startswith("out/")  # noqa: E731
+        assert {k: v for k, v in after.items() if not mine(k)} == {k: v for k, v in before.items() if not mine(k)}
+        assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "onnx"]
+    else:
+        assert after == before  # not a byte changed, nothing left beside it
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=_folders(), new=st.booleans())
+def test_train_out_writes_only_into_a_new_or_empty_folder(tiny_bundle, tmp_path, case, new):
+    from hne_edge.train import TrainConfig, fit
+
+    out, ours = _build(tmp_path / "t", tiny_bundle, case)
+    ours = ours and case[0] != "bundle"  # a bundle is not a run folder
+    if new:
+        out = out / "new-run"  # a new folder, wherever it is
+    before = tree_digest(tmp_path / "t")
+    config = TrainConfig.for_data("digits", {"out": str(out), "quiet": True, "threads": 1, "eval_every": 1,
+                                             "data": {"limit": 64}, "optim": {"epochs": 1, "batch_size": 32}})  # fmt: skip
+    try:
+        fit(config)
+        trained = True
+    except HNEError as exc:
+        assert "neither empty nor a run" in str(exc) or "exists and is not" in str(exc), exc
+        trained = False
+    after = tree_digest(tmp_path / "t")
+    assert trained == (ours or new), (case, new, sorted(before))
+    if trained:
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "config.yaml", "train_log.json"]
+        rel = str(out.relative_to(tmp_path / "t"))
+        mine = lambda k: k == rel or k.startswith(rel + "/")  # noqa: E731
+        assert {k: v for k, v in after.items() if not mine(k)} == {k: v for k, v in before.items() if not mine(k)}
+    else:
+        assert after == before

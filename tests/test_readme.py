@@ -73,3 +73,18 @@ def test_relative_links_resolve(doc):
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{target} (no heading #{anchor} in {resolved.name})")
     assert not broken, f"{doc.relative_to(REPO)}: broken links: {broken}"
+
+
+def test_every_test_the_guarantees_name_exists():
+    """docs/guarantees.md backs its sentences with test names (`file.py::test_x`, `test_x`, `test_x_*`):
+    each must be a test function in that file (or, without a file, in some test file)."""
+    import fnmatch
+
+    defined: dict[str, set[str]] = {}
+    for path in (REPO / "tests").rglob("*.py"):
+        defined[path.name] = set(re.findall(r"^def (test_\w+)", path.read_text(), re.M))
+    named = re.findall(r"`(?:(\w+\.py)::)?(test_\w+\*?)`", (REPO / "docs" / "guarantees.md").read_text())
+    assert len(named) >= 10
+    for file, name in named:
+        pool = defined.get(file, set()) if file else set().union(*defined.values())
+        assert fnmatch.filter(pool, name), f"docs/guarantees.md names {file + '::' if file else ''}{name}: no such test"

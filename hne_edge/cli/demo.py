@@ -9,7 +9,7 @@ from ..train.config import DATASETS
 
 @click.command("demo")
 @click.option("--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
-              help="Output folder (a previous demo's folder is replaced).")
+              help="Output folder: new, empty, or a previous demo's (replaced); never a folder holding anything else.")
 @click.option("--data", default="auto", show_default=True,
               type=click.Choice(("auto",) + DATASETS),
               help="Dataset. auto: CIFAR-10 from ../shared/data/cifar10_train.npz with the shipped checkpoint if that "
@@ -22,7 +22,8 @@ from ..train.config import DATASETS
               help="Validation frames for the budget sweep (default: all for digits, 1000 otherwise).")
 @click.option("--frames", "frames_alias", type=click.IntRange(min=1), default=None, hidden=True)  # old --num-frames
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--force", is_flag=True, help="Replace --out even if it was not written by a demo.")
+@click.option("--force", is_flag=True,
+              help="Also replace a folder holding only what a demo writes but not its .hne-edge-demo marker.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def demo(out_dir, data, data_dir, model, epochs, limit, frames, frames_alias, seed, force, quiet) -> None:
     """Train, evaluate, export, verify, profile and run a small distilled HNE end to end.

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ..limits import THREADS_PER_CPU
 from .options import quiet_option
 
 
@@ -17,7 +18,7 @@ from .options import quiet_option
 @click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
               help="Runs per timing (the first leaf's and the full tree's medians).")  # fmt: skip
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
-              help="CPU threads of the CPU backends (0: the library's default).")  # fmt: skip
+              help=f"CPU threads of the CPU backends (0: the library's default; at most {THREADS_PER_CPU} per CPU).")  # fmt: skip
 @quiet_option
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool, no_export: bool, repeats: int, threads: int, quiet: bool | None) -> None:
@@ -29,10 +30,12 @@ def doctor(ctx: click.Context, as_json: bool, no_export: bool, repeats: int, thr
     Exit status 0 when everything present works, 1 when something present fails (named on stderr).
     """
     from ..doctor import run_doctor
+    from ..limits import check_threads
     from ..progress import progress_for
 
+    threads = check_threads(threads or None, "--threads")  # before anything is shown
     with progress_for(None, "doctor", "check", quiet=bool(quiet)) as progress:
-        report = run_doctor(export=False if no_export else None, repeats=repeats, threads=threads or None, progress=progress)
+        report = run_doctor(export=False if no_export else None, repeats=repeats, threads=threads, progress=progress)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.format_table())
     if report.ok:
         return

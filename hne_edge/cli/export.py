@@ -14,12 +14,13 @@ from ..exporters.base import PLAN_CHOICES
 from ..exporters.checkpoint import EXPORT_FORMATS
 from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
 from ..exporters.tensorrt import HARDWARE_LEVELS
+from . import printable
 from .options import batch_sizes_option, quiet_option
 
 
 @click.command("export")
 @click.argument("source", type=click.Path(exists=True, path_type=Path), metavar="CHECKPOINT")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+@click.option("--out", "out_dir", type=click.Path(), default=None,  # a str: an empty --out must not become "."
               help="Bundle directory to write (required for a checkpoint; refused if it exists without --force).")
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="onnx", show_default=True,
               help="onnx: the portable bundle. tensorrt: ONNX plus engines built on this GPU.")
@@ -68,7 +69,7 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
         device_info()
         entries = build_engines(source, precisions=precisions, plans=None if plan == "both" else (plan,),
                                 batch=batch_range, **trt_options)  # fmt: skip
-        click.echo(f"built {len(entries)} TensorRT engine(s) into {source}")
+        click.echo(f"built {len(entries)} TensorRT engine(s) into {printable(source)}")
         return
     if out_dir is None:
         raise click.UsageError("--out DIR is required when exporting a checkpoint")
@@ -88,7 +89,7 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
     click.echo(
         f"exported {len(manifest.files)} file(s), {total / 1e6:.2f} MB, "
         f"{', '.join(variant_label(*v) for v in manifest.variants())}"
-        f"{'' if no_verify else ' (verified against PyTorch)'} -> {path}"
+        f"{'' if no_verify else ' (verified against PyTorch)'} -> {printable(path)}"
     )
 
 
@@ -135,8 +136,6 @@ def inspect(bundle: Path, as_json: bool, no_verify_files: bool) -> None:
 
 def _printable_lines(text: str) -> str:
     """Names in a manifest come from a file: escape control characters, keep the line breaks."""
-    from . import printable
-
     return "\n".join(printable(line) for line in text.splitlines())
 
 

@@ -5,7 +5,8 @@ Conventions (docs/cli.md, "Conventions"):
 * ``--batch-size N``: one batch size; ``--batch-sizes N[,N...]``: a list of them; ``export --batch-range
   MIN:OPT:MAX``: the range a bundle is built for (trtexec's min/opt/max shapes).
 * ``--device``: ``auto`` everywhere (a GPU when the command's backend can use one here, else the CPU).
-* ``--threads N``: CPU threads; ``0`` (the default) leaves the library's default.
+* ``--threads N``: CPU threads; ``0`` (the default) leaves the library's default; at most 4 per CPU
+  (:func:`hne_edge.limits.check_threads`, applied by the library each option reaches).
 * ``--quiet``: no progress output, on every command that prints progress.
 * ``--debug``: tracebacks instead of one-line errors, before or after the command name.
 * Input files: a bundle and frames (``.npz``/``.npy``/images) are arguments of ``run``; elsewhere frames are
@@ -17,6 +18,8 @@ from __future__ import annotations
 from typing import Callable
 
 import click
+
+from ..limits import THREADS_PER_CPU
 
 DEVICE_HELP = "auto (a GPU when one can be used here, else the CPU) | cpu | cuda[:N]."
 
@@ -32,7 +35,7 @@ def config_device_option(f: Callable) -> Callable:
 
 def threads_option(what: str) -> Callable[[Callable], Callable]:
     return click.option("--threads", type=click.IntRange(min=0), default=None,
-                        help=f"{what} CPU threads (0 or unset: the default).")  # fmt: skip
+                        help=f"{what} CPU threads (0 or unset: the default; at most {THREADS_PER_CPU} per CPU).")  # fmt: skip
 
 
 def quiet_option(f: Callable, help: str = "No progress output.") -> Callable:

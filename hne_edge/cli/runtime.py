@@ -10,9 +10,9 @@ import click
 import numpy as np
 
 from ..bundle import ANYTIME_PLANS, PRECISIONS, path_component
-from ..errors import InputError
-from ..fileio import atomic_write_json, check_output_dir
+from ..fileio import atomic_write_json, staged_output
 from ..runtime.backends import BACKEND_NAMES
+from ..runtime.inputs import check_labels
 from . import printable
 from .options import batch_sizes_option, device_option, threads_option
 
@@ -44,14 +44,6 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
     options = {} if cuda_graph is None else {"cuda_graph": cuda_graph == "on"}  # CPU backends refuse it with a clear error
     return AnytimeRunner(bundle, backend=backend, device=resolve_device(backend, device), plan=plan, precision=precision,
                          threads=threads or None, **options)  # fmt: skip
-
-
-def _check_labels(source, x: np.ndarray, y: np.ndarray) -> None:
-    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
-        raise InputError(
-            f"{source}: received y of shape {tuple(y.shape)} and dtype {y.dtype} for {len(x)} samples of x; "
-            f"expected {len(x)} integer labels"
-        )
 
 
 @click.command()
@@ -103,17 +95,19 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
     data = frames or frames_alias
 
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
-        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats)
-        accuracy = None
-        if data:
+        if data:  # checked before anything is measured
             x, y = load_arrays(data)
             if y is None:
                 raise click.BadParameter(f"{data}: received no 'y'; expected labels for accuracy", param_hint="--frames")
-            _check_labels(data, x, y)
+            y = np.atleast_1d(y)
             if limit:
                 x, y = x[:limit], y[:limit]
             if x.dtype == np.uint8:
                 x = runner.preprocess(x)
+            y = check_labels(y, len(x), runner.num_classes, str(data))
+        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats)
+        accuracy = None
+        if data:
             accuracy = level_accuracy(runner, x, y)
             for level, acc in zip(levels, accuracy):
                 level["accuracy"] = acc
@@ -131,13 +125,14 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             "levels": levels,
         }
         out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
-    atomic_write_json(check_output_dir(out_dir, "--out") / "bench.json", result)
-    try:
-        from ..plots import plot_bench
+    with staged_output(out_dir, "--out") as stage:  # a failure (a full disk) leaves nothing, not even a new empty folder
+        atomic_write_json(stage / "bench.json", result)
+        try:
+            from ..plots import plot_bench
 
-        png = plot_bench(result, out_dir / "bench.png")
-    except ImportError:  # matplotlib is not part of the runtime's dependencies
-        png = None
+            png = out_dir / plot_bench(result, stage / "bench.png").relative_to(stage)
+        except ImportError:  # matplotlib is not part of the runtime's dependencies
+            png = None
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -163,13 +158,12 @@ def _load_inputs(paths, runner):
             from ..runtime.bench import load_arrays
 
             x, y = load_arrays(str(path))
-            if y is not None:
-                y = np.atleast_1d(y)
-                _check_labels(path, x if x.ndim == 4 else x[None], y)
             if x.dtype == np.uint8:
                 x = runner.preprocess(x)
             elif x.ndim == 3:
                 x = x[None]
+            if y is not None:
+                y = check_labels(np.atleast_1d(y), len(x), runner.num_classes, str(path))
             items.append((path.name, x, y))
         elif is_image_path(path):
             items.append((path.name, runner.preprocess(read_image(path, runner.input_spec.channels)), None))
@@ -207,7 +201,7 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
                     if y is not None:  # "class" is an index and "label" its name, for the truth as for the answer
                         rec["class_true"] = int(y[idx])
                         names = runner.class_names
-                        rec["label_true"] = names[int(y[idx])] if int(y[idx]) < len(names) else str(int(y[idx]))
+                        rec["label_true"] = names[int(y[idx])]  # in range: check_labels
                         rec["correct"] = int(y[idx]) == s["class"]
                     records.append(rec)
     if as_json:

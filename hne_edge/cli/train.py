@@ -114,9 +114,9 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
     """Re-run this command under ``python -m torch.distributed.run`` with ``nproc`` processes."""
     import subprocess
 
-    ckpt = Path(config.out) / "checkpoint.pt"
-    if ckpt.exists() and not resume:  # fail here, once, rather than in every rank
-        raise FileExistsError(f"{ckpt} exists; pass --resume to continue it or choose another --out")
+    from ..train.engine import check_run_folder
+
+    check_run_folder(config.out, resume)  # fail here, once, rather than in every rank
     argv = sys.argv[1:]
     clean: list[str] = []
     skip = False

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..bundle import PRECISIONS
+from ..limits import check_threads
 from ..progress import NULL_PROGRESS, Progress
 from .checks import Availability, Check, availability, build_engines_for, check_variant, plans_for
 from .environment import Environment, collect_environment
@@ -89,6 +90,7 @@ def run_doctor(
         environment: what :func:`~.environment.collect_environment` returned, if the caller has it already.
     """
     started = time.perf_counter()
+    threads = check_threads(threads)  # bad input: one InputError up front, not a failed row per backend
     progress = progress or NULL_PROGRESS
     say = lambda note: progress.set(note=note)  # noqa: E731
     say("looking at the environment")

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..bundle import ANYTIME_PLANS, MANIFEST_NAME, PLANS, PRECISIONS
+from ..bundle import ANYTIME_PLANS, PLANS, PRECISIONS, batch_range_ok, why_not_replaceable
 from ..errors import ExportError, InputError, short_repr
 from ..fileio import remove_stale, scratch_path, swap_dir_into_place
+from ..limits import MAX_BATCH
 
 __all__ = [
     "ShapeError",
@@ -95,15 +96,15 @@ def parse_precisions(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...
 
 
 def parse_batch(value: str | tuple[int, int, int] | list[int]) -> tuple[int, int, int]:
-    """``"MIN:OPT:MAX"`` (or ``"N"`` = ``N:N:N``) or a 3-tuple -> validated (min, opt, max)."""
+    """``"MIN:OPT:MAX"`` (or ``"N"`` = ``N:N:N``) or a 3-tuple -> validated (min, opt, max) (:func:`batch_range_ok`)."""
     try:
         parts = [int(v) for v in value.split(":")] if isinstance(value, str) else [int(v) for v in value]
     except (TypeError, ValueError):
         parts = []
     if len(parts) == 1:
         parts = parts * 3
-    if len(parts) != 3 or not 1 <= parts[0] <= parts[1] <= parts[2]:
-        raise InputError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX; received {value!r}")
+    if not batch_range_ok(parts):
+        raise InputError(f"batch must be MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX <= {MAX_BATCH}; received {short_repr(value)}")
     return parts[0], parts[1], parts[2]
 
 
@@ -164,21 +165,37 @@ def provenance(**extra) -> dict:
 
 
 def check_replaceable(out: Path, keep: Sequence[str | os.PathLike] = ()) -> None:
-    """Refuse to ``--force``-replace anything but a bundle: ``out`` must hold ``manifest.json`` (or be empty),
-    and must not be or contain the current directory or any path in ``keep`` (the export's source)."""
+    """Refuse to ``force``-replace anything but an empty folder or a bundle (:func:`bundle.why_not_replaceable`),
+    the current directory or a folder holding it, and a folder holding any path in ``keep`` (the export's source)."""
     real = out.resolve()
     here = Path.cwd().resolve()
     if real == here or real in here.parents:
-        raise ExportError(f"--force refuses to replace {out}: it is or contains the current directory")
-    for path in keep:
-        p = Path(path).resolve()
-        if p == real or real in p.parents:
-            raise ExportError(f"--force refuses to replace {out}: it contains the export's source {path}")
-    if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
+        reason = "it is or contains the current directory"
+    else:
+        source = next((p for p in keep if real in (Path(p).resolve(), *Path(p).resolve().parents)), None)
+        reason = f"it contains the export's source {source}" if source is not None else why_not_replaceable(out)
+    if reason is not None:
         raise ExportError(
-            f"--force refuses to replace {out}: it is not a bundle (no {MANIFEST_NAME}); --force only replaces "
-            "a bundle folder. Choose another --out or remove it yourself"
+            f"refusing to replace {out}: {reason}",
+            hint="force=True replaces only an empty folder or an hne-edge bundle; choose another out_dir or remove it yourself",
+            cli_hint="--force replaces only an empty folder or an hne-edge bundle; choose another --out or remove it yourself",
         )
+
+
+def _check_out(out: Path, force: bool, keep: Sequence[str | os.PathLike]) -> None:
+    """What :func:`atomic_output_dir` may put its bundle at (see there)."""
+    if out.is_symlink():  # first: it may point nowhere, and --force would not help
+        raise ExportError(
+            f"output path {out} is a symbolic link (to {os.readlink(out)}); expected a folder",
+            hint="pass the folder it points to as out_dir", cli_hint="pass the folder it points to as --out",
+        )
+    if not out.exists():
+        return
+    if not out.is_dir():  # --force would not help, so do not suggest it
+        raise ExportError(f"output path {out} exists and is not a directory; expected a new or bundle folder")
+    if not force:
+        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+    check_replaceable(out, keep)
 
 
 @contextlib.contextmanager
@@ -189,26 +206,35 @@ def atomic_output_dir(
 
     ``out_dir`` is refused up front when it exists and ``force`` is false, so
     nothing is computed for an export that could not be written. ``force``
-    replaces only a bundle (see :func:`check_replaceable`; ``keep``: paths
-    that must survive, e.g. the source checkpoint). The swap is one atomic
-    exchange where the OS has one (Linux), so a crash leaves the old bundle
-    or the new one at ``out_dir``. Leftovers of killed exports are removed
-    on the next export to the same place. The directory gets the usual
-    umask mode (not ``mkdtemp``'s 0700).
+    replaces only an empty folder or a bundle (see :func:`check_replaceable`;
+    ``keep``: paths that must survive, e.g. the source checkpoint), checked
+    again just before the swap, so a file a user put there meanwhile is not
+    deleted with it. A symbolic link at ``out_dir`` is refused: replacing the
+    link would leave its target stale, replacing the target would write
+    where the user did not name. The swap is one atomic exchange where the
+    OS has one (Linux), so a crash leaves the old bundle or the new one at
+    ``out_dir``. Leftovers of killed exports are removed on the next export
+    to the same place. The directory gets the usual umask mode (not
+    ``mkdtemp``'s 0700).
     """
+    if not str(out_dir).strip():  # Path("") is the current directory: never what an empty --out meant
+        raise InputError("output folder: received an empty path; expected the name of a folder to create",
+                         hint="pass out_dir='bundle' (any new folder)", cli_hint="pass --out DIR, e.g. --out bundle")  # fmt: skip
     out = Path(out_dir).absolute()
-    if out.exists() and not out.is_dir():  # first: --force would not help, so do not suggest it
-        raise ExportError(f"output path {out} exists and is not a directory; expected a new or bundle folder")
-    if out.exists() and not force:
-        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
-    if out.exists():
-        check_replaceable(out, keep)
+    _check_out(out, force, keep)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(out)
     tmp = scratch_path(out, "partial")
     tmp.mkdir()
     try:
         yield tmp
+        _check_out(out, force, keep)  # again: the export took a while, and the user may have been busy
+    except OSError as exc:  # a full disk: name the file as the user knows it, not its scratch folder (removed now)
+        shutil.rmtree(tmp, ignore_errors=True)
+        name = exc.filename if isinstance(exc.filename, str) else None
+        if name and exc.errno is not None and Path(name).is_relative_to(tmp):
+            raise type(exc)(exc.errno, exc.strerror, str(out / Path(name).relative_to(tmp))) from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -18,6 +18,7 @@ side file.
 from __future__ import annotations
 
 import copy
+import io
 import os
 import warnings
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activation_name, file_path, read_manifest, sha256_file, write_manifest
 from ..errors import ExportError, InputError
+from ..fileio import atomic_write_bytes
+from ..limits import MAX_BATCH
 from .base import (
     DEFAULT_OPSET,
     ShapeError,
@@ -95,14 +98,14 @@ def export_module(
     if exporter not in EXPORTERS:
         raise InputError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer notices
         if exporter == "torchscript":
+            buffer = io.BytesIO()  # in memory: the one write below goes through fileio (a full disk names the file)
             torch.onnx.export(
                 module,
                 (example,),
-                str(path),
+                buffer,
                 input_names=list(input_names),
                 output_names=list(output_names),
                 opset_version=opset,
@@ -111,7 +114,7 @@ def export_module(
                 dynamo=False,
             )
         else:
-            batch = torch.export.Dim(BATCH_DIM, min=1, max=4096)
+            batch = torch.export.Dim(BATCH_DIM, min=1, max=MAX_BATCH)
             program = torch.onnx.export(
                 module,
                 (example,),
@@ -123,15 +126,14 @@ def export_module(
                 external_data=False,
                 verbose=False,
             )
-            program.save(str(path), external_data=False)
-    proto = onnx.load(str(path))
+    proto = onnx.load_from_string(buffer.getvalue()) if exporter == "torchscript" else program.model_proto
     if precision == "fp16":
         proto = to_float16(proto, path)
     for key, value in (metadata or {}).items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     check_onnx_model(proto, path, input_names, output_names)
-    onnx.save(proto, str(path))  # small graphs: one file, weights inline
+    atomic_write_bytes(path, proto.SerializeToString())  # small graphs: one file, weights inline
     return path
 
 
@@ -280,6 +282,7 @@ def export_onnx(
     import torch
 
     from ..models import tree_cost
+    from ..train.checkpoint import torch_bytes, unusable_reason
 
     precisions = parse_precisions(precisions)
     plans = parse_plan(plan)
@@ -294,6 +297,9 @@ def export_onnx(
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
     check_normalization(normalization, config.in_chans)
 
+    why = unusable_reason(model.state_dict())  # the checkpoint rule: what no export of it could verify
+    if why is not None:
+        raise ExportError(f"cannot export {config.name}: {why}")
     say = progress or (lambda message: None)
     model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)
     model.float().cpu()
@@ -381,9 +387,8 @@ def export_onnx(
                 say(f"exported {rel} ({len(files)} files)")
         if torch_weights:
             rel = file_path("torch", "fp32", "weights")
-            (tmp / "torch").mkdir()
             # plain dict of tensors: loads with torch.load(weights_only=True); architecture is in the manifest
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp / rel)
+            atomic_write_bytes(tmp / rel, torch_bytes({k: v.detach().cpu() for k, v in model.state_dict().items()}))
             add(rel, "torch", "weights", "fp32", [n.id for n in tree.nodes], None, cost.total_macs,
                 [spec(None, "float32")],
                 [TensorSpec("logits", None, "float32", (BATCH_DIM, tree.num_leaves, config.num_classes))])  # fmt: skip

@@ -21,6 +21,7 @@ This module imports torch only when a model is given.
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, read_manifest
+from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest, read_verified
+from ..errors import BundleError
+from ..limits import check_threads
 from .base import TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,8 +53,9 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
 # -- loaders / runners ------------------------------------------------------------------------------
 
 
-def ort_session(path: str | os.PathLike, threads: int | None = None):
-    """An ONNX Runtime CPU session for one file (the loader)."""
+def ort_session(path: str | os.PathLike, threads: int | None = None, model_file: ModelFile | None = None):
+    """An ONNX Runtime CPU session for one file (the loader): its bytes are read once (checked against
+    ``model_file``'s sha256 when given), must be self-contained, and are what ONNX Runtime loads."""
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency of the exporters
@@ -59,10 +63,17 @@ def ort_session(path: str | os.PathLike, threads: int | None = None):
 
         raise BackendUnavailable("verification needs onnxruntime: pip install 'hne-edge[onnx]'") from exc
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: errors reach the caller as exceptions
+    threads = check_threads(threads or None)
     if threads:
         options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = model_file.path if model_file is not None else str(path)
+    data = read_verified(path, model_file)
+    check_self_contained(data, name)  # the runtime's rule: never let ONNX Runtime follow external paths
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise BundleError(f"{name}: onnxruntime could not load the model: {exc}") from None
 
 
 def check_session_io(session, model_file: ModelFile) -> None:
@@ -150,8 +161,12 @@ def compare_outputs(file: str, check: str, got: np.ndarray, ref: np.ndarray, pre
     ref = np.asarray(ref, dtype=np.float32)
     if got.shape != ref.shape:
         raise ShapeError(f"{file} ({check}): received output shape {list(got.shape)}; expected {list(ref.shape)}")
-    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    finite_ref = np.isfinite(ref)
+    scale = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
     bound = TOLERANCES[precision].bound(scale)
+    if not finite_ref.all():  # no bound can say anything: name the cause, not "exceeds the bound nan"
+        return Check(file, check, float("inf"), bound, False,
+                     "the PyTorch reference itself is not finite (NaN/Inf): check the model's weights and BatchNorm statistics")  # fmt: skip
     if not np.all(np.isfinite(got)):
         return Check(file, check, float("inf"), bound, False, "non-finite values in the output")
     diff = np.abs(got - ref)
@@ -235,7 +250,7 @@ def verify_bundle(
     onnx_files = [f for f in manifest.files if f.format == "onnx"]
     sessions = {}
     for f in onnx_files:
-        sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads)
+        sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads, model_file=f)
         check_session_io(sessions[f.path], f)
     engines = [f for f in manifest.files if f.format == "tensorrt"]
     if engines:
@@ -339,7 +354,10 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
 
     for f in manifest.files:
         if f.format == "torch":
-            state = torch.load(bundle_path(bundle_dir, f), map_location="cpu", weights_only=True)
+            from ..train.checkpoint import safe_torch_load
+
+            state = safe_torch_load(io.BytesIO(read_verified(bundle_path(bundle_dir, f), f)), f"{f.path} (a torch state_dict)",
+                                    error=BundleError)  # fmt: skip
             ref = model.state_dict()
             if set(state) != set(ref):
                 raise ShapeError(f"{f.path}: state_dict keys differ from the model's: {sorted(set(state) ^ set(ref))[:5]}")

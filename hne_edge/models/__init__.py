@@ -29,9 +29,10 @@ __all__ = [
     "list_models",
     "model_config",
     "register_model",
+    "model_weight_bytes",
 ]
 
-_LAZY = {"HNE": ".hne", "NodeModule": ".hne", "SegmentModule": ".hne", "NodeCost": ".cost", "TreeCost": ".cost",
+_LAZY = {"HNE": ".hne", "model_weight_bytes": ".hne", "NodeModule": ".hne", "SegmentModule": ".hne", "NodeCost": ".cost", "TreeCost": ".cost",
          "tree_cost": ".cost"}
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import InputError
+from ..errors import InputError, short_repr
+from ..limits import MAX_IN_CHANS, MAX_INPUT_SIZE, MAX_NUM_CLASSES
 from ..tree import TreeSpec
 
 if TYPE_CHECKING:
@@ -31,9 +32,10 @@ class HNEConfig:
     Attributes:
         name: zoo name the model was created from.
         tree: the tree spec (one branching factor per block).
-        num_classes: classifier outputs per leaf.
-        in_chans: input image channels.
-        input_size: default square input side (FLOP counts and export use it).
+        num_classes: classifier outputs per leaf (at most :data:`~hne_edge.limits.MAX_NUM_CLASSES`).
+        in_chans: input image channels (at most :data:`~hne_edge.limits.MAX_IN_CHANS`).
+        input_size: default square input side (FLOP counts and export use it; at most
+            :data:`~hne_edge.limits.MAX_INPUT_SIZE`).
     """
 
     name: str
@@ -49,10 +51,10 @@ class HNEConfig:
             object.__setattr__(self, "tree", TreeSpec(tuple(self.tree)))
         if not isinstance(self.tree, TreeSpec):
             raise TypeError(f"tree must be a TreeSpec or a tuple of branching factors; received {self.tree!r}")
-        for name in ("num_classes", "in_chans", "input_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be a positive integer; received {value!r}")
+        for name, top in (("num_classes", MAX_NUM_CLASSES), ("in_chans", MAX_IN_CHANS), ("input_size", MAX_INPUT_SIZE)):
+            value = getattr(self, name)  # bounded here, before anything is allocated (hne_edge.limits)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+                raise InputError(f"{name} must be a positive integer of at most {top}; received {short_repr(value)}")
         if self.num_classes < 2:
             raise InputError(f"num_classes must be at least 2; received {self.num_classes}")
         if len(self.block_rows()) != self.tree.num_blocks:

@@ -13,9 +13,12 @@ backend use these views; the trainer uses the fused model.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
+from ..limits import check_memory
 from ..tree import Segment
 from .configs import HNEConfig, MobileNetV2HNEConfig, ResNetHNEConfig, config_from_dict
 from .layers import copy_branch_weights, replicate_branches
@@ -28,6 +31,7 @@ __all__ = [
     "NodeModule",
     "SegmentModule",
     "config_from_dict",
+    "model_weight_bytes",
 ]
 
 
@@ -40,12 +44,11 @@ class HNE(nn.Module):
 
     def __init__(self, config: HNEConfig) -> None:
         super().__init__()
+        check_memory(model_weight_bytes(config), f"{config.name}'s weights",  # before one weight is allocated
+                     hint="ask for a smaller model (fewer classes, narrower or fewer blocks) or free memory")  # fmt: skip
         self.config = config
         self.tree = config.tree
-        self.blocks = nn.ModuleList(
-            config.build_block(depth, self.tree.width(depth)) for depth in range(self.tree.num_blocks)
-        )
-        self.head = config.build_head(self.tree.num_leaves)
+        self.blocks, self.head = _build_parts(config)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -94,6 +97,28 @@ class HNE(nn.Module):
         if isinstance(segment, int):
             segment = self.tree.segments[segment]
         return SegmentModule(segment, [self.node_module(nid) for nid in segment.nodes])
+
+
+def _build_parts(config: HNEConfig) -> tuple[nn.ModuleList, nn.Module]:
+    """The fused blocks (one per depth, every branch of it) and the head of all leaves."""
+    tree = config.tree
+    blocks = nn.ModuleList(config.build_block(depth, tree.width(depth)) for depth in range(tree.num_blocks))
+    return blocks, config.build_head(tree.num_leaves)
+
+
+@functools.lru_cache(maxsize=32)
+def _weight_bytes(config: HNEConfig) -> int:
+    with torch.device("meta"):  # shapes only: nothing is allocated (and no normal_ init, slow on meta)
+        blocks, head = _build_parts(config)
+    return sum(t.numel() * t.element_size() for m in (blocks, head) for t in (*m.parameters(), *m.buffers()))
+
+
+def model_weight_bytes(config: HNEConfig) -> int:
+    """Bytes of every parameter and buffer of ``HNE(config)``, counted without allocating them."""
+    try:
+        return _weight_bytes(config)
+    except TypeError:  # an unhashable config (a list where a tuple belongs): count without the cache
+        return _weight_bytes.__wrapped__(config)
 
 
 class NodeModule(nn.Module):

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .cost_model import summarize
+from .inputs import check_labels
 from .runner import AnytimeRunner
 
 __all__ = ["level_latencies", "level_accuracy", "load_arrays"]
@@ -35,6 +36,7 @@ def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repe
 
 def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None) -> list[float]:
     """Top-1 accuracy of the first-n-leaves ensemble for every n, over (x, y)."""
+    y = check_labels(y, len(x), runner.num_classes)
     batch_size = batch_size or runner.input_spec.batch[2]
     correct = np.zeros(runner.num_leaves, dtype=np.int64)
     for start in range(0, len(x), batch_size):
@@ -46,7 +48,7 @@ def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_si
 
 
 def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``)."""
+    """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``); x holds at least one image."""
     from ..errors import InputError
 
     try:
@@ -54,8 +56,15 @@ def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     except (ValueError, EOFError, OSError) as exc:  # not numpy, truncated, pickled objects
         raise InputError(f"{path}: cannot read as a numpy .npy/.npz file ({type(exc).__name__}); expected x (and y)") from exc
     if isinstance(data, np.ndarray):
-        return data, None
-    with data:
-        if "x" not in data.files:
-            raise InputError(f"{path}: received arrays {data.files}; expected 'x' (and optionally 'y')")
-        return data["x"], (data["y"] if "y" in data.files else None)
+        x, y = data, None
+    else:
+        with data:
+            if "x" not in data.files:
+                raise InputError(f"{path}: received arrays {data.files}; expected 'x' (and optionally 'y')")
+            x, y = data["x"], (data["y"] if "y" in data.files else None)
+    if x.ndim < 2:  # a scalar or a vector is no image
+        raise InputError(f"{path}: received x of shape {x.shape} ({x.ndim}-d); expected images: (N, C, H, W) float "
+                         "or (N, H, W, C) uint8 (or one image without the N)")  # fmt: skip
+    if x.size == 0:  # an empty frame file would run nothing and report nothing
+        raise InputError(f"{path}: received x of shape {x.shape}, which holds no samples; expected at least one image")
+    return x, y

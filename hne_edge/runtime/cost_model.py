@@ -69,6 +69,12 @@ priority on a busy 2-core machine (benchmarks/bench_runtime.py --max-ratios
 budget of twice the full tree every cap ran 100% of them, the uncapped
 model 26%.
 
+**A profile that does not describe this machine** (hand-edited, or made on another one) is dropped with
+a warning once the first ``AUDIT_SAMPLES`` (8) leaf times are in: when their median ratio to the
+profile is outside [1/10, 10], the model forgets the profile and starts over from those measurements, as
+without one. Bounded influence would otherwise unlearn it 5% per observation: a profile 1e300 times too
+fast made 263 of 300 frames miss their budget. Within a factor of 10 the profile is kept and refined.
+
 **Without a profile** no frame is spent measuring: the first leaf is always
 evaluated (``min_leaves >= 1``), so its time calibrates seconds-per-MAC and
 unseen leaves are predicted from the manifest's MACs; each leaf's own time
@@ -93,6 +99,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..bundle import PROFILES_DIR
 from ..errors import HNEError, InputError
 from ..fileio import atomic_write_json
 
@@ -112,6 +119,8 @@ _INF = math.inf
 PROFILE_FORMAT = "hne-edge-profile"
 PROFILE_VERSION = 1
 MIN_LEAF_SECONDS = 1e-9  # a coarse or virtual clock may time a fast leaf at 0 s: later ratios divide by it
+AUDIT_SAMPLES = 8  # a profile's first measurements here, whose median ratio decides whether it is kept
+PROFILE_TOLERANCE = 10.0  # a profile off by more than this factor (either way) is dropped, not slowly unlearned
 
 
 def summarize(samples_s: Sequence[float]) -> dict[str, float]:
@@ -322,7 +331,7 @@ def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path,
     """
     if not profile.created:
         profile.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    target = Path(bundle_dir) / "profiles" / profile.filename
+    target = Path(bundle_dir) / PROFILES_DIR / profile.filename
     why = _outside(bundle_dir, target)
     if why is None:
         try:
@@ -359,7 +368,7 @@ def find_profile(
     An invalid profile, or one reached through a symlink out of the bundle, is ignored with a warning.
     """
     name = profile_filename(device, backend, plan, precision)
-    in_bundle = Path(bundle_dir) / "profiles" / name
+    in_bundle = Path(bundle_dir) / PROFILES_DIR / name
     candidates = [in_bundle, user_cache_dir() / "profiles" / manifest_sha256[:16] / name]
     reasons = []
     for path in candidates:
@@ -399,6 +408,9 @@ class _BatchModel:
     ) -> None:
         n = len(macs)
         self.n = n
+        self.cm = cm
+        # a profile's first AUDIT_SAMPLES measurements here decide whether it describes this machine at all
+        self.audit: list[tuple[int, float, float]] | None = [] if base is not None else None
         self.macs = [float(m) for m in macs]
         self.known = [base is not None] * n
         self.all_known = base is not None
@@ -458,6 +470,8 @@ class _BatchModel:
 
     def observe(self, leaf: int, seconds: float) -> None:
         base = self.base[leaf]
+        if self.audit is not None and self._audit(leaf, seconds):
+            return  # the profile was dropped and these measurements learned afresh
         if self.known[leaf] and not self.probing[leaf]:  # the hot path
             ratio = seconds / base
             if ratio > self.max_ratio:
@@ -517,6 +531,36 @@ class _BatchModel:
         else:  # only this leaf changed (its anchor is leaf 0's base now: no factor)
             p = min(base * self.scale, top, self.full + base)
             self.pred[leaf] = p
+
+    def _audit(self, leaf: int, seconds: float) -> bool:
+        """Check the profile against the first measurements; drop it (True) when it is off by PROFILE_TOLERANCE.
+
+        One observation moves a base by at most ``alpha`` (5%), so a profile off by a factor of 1e300
+        would take thousands of frames to unlearn, each one missing its budget. The median of the first
+        AUDIT_SAMPLES ratios (robust to a stall or two) is compared instead; within the tolerance the
+        profile stays and the usual bounded learning takes over.
+        """
+        audit = self.audit
+        audit.append((leaf, seconds, max(seconds, MIN_LEAF_SECONDS) / self.base[leaf]))
+        if len(audit) < AUDIT_SAMPLES:
+            return False
+        self.audit = None
+        ratio = sorted(r for _, _, r in audit)[len(audit) // 2]
+        if 1 / PROFILE_TOLERANCE <= ratio <= PROFILE_TOLERANCE:
+            return False
+        pred = self.pred  # the scheduler holds this list: keep it, refill it
+        self.__init__(self.macs, None, (), self.cm)
+        pred[:] = self.pred
+        self.pred = pred
+        for i, t, _ in audit:
+            self.observe(i, t)
+        name = self.cm.profile.filename if self.cm.profile is not None else "the profile"
+        warnings.warn(
+            f"saved profile {name} predicts {max(ratio, 1 / ratio):.3g} times {'faster' if ratio > 1 else 'slower'} than "
+            f"the first {len(audit)} measurements here; dropped it and learns from measurements (run `hne-edge profile` "
+            "again on this machine)", stacklevel=2,
+        )  # fmt: skip
+        return True
 
     def _refresh(self) -> None:
         scale = self.scale = self._quantile()
@@ -617,6 +661,7 @@ class CostModel:
             base = [m * batch / nearest for m in profile.leaf_medians_s(nearest)]
         if len(base) != len(self.leaf_macs):
             return _BatchModel(self.leaf_macs, None, (), self)
+        base = [max(b, MIN_LEAF_SECONDS) for b in base]  # medians of 1e-320 ms underflow to 0 s
         seeds = []
         leaves = profile.batches[nearest]["leaves"]
         reps = min(len(leaf.get("samples_ms", ())) for leaf in leaves)

@@ -13,7 +13,7 @@ import numpy as np
 from ..bundle import InputSpec
 from ..errors import InputError
 
-__all__ = ["check_input", "preprocess"]
+__all__ = ["check_input", "check_labels", "preprocess"]
 
 
 _DTYPES: dict[str, np.dtype] = {}
@@ -73,6 +73,25 @@ def check_input(x: Any, spec: InputSpec) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def check_labels(y: Any, num_samples: int, num_classes: int, where: str = "labels") -> np.ndarray:
+    """Class labels for ``num_samples`` samples: one integer in ``0..num_classes-1`` each (``run``, ``bench``,
+    :func:`~hne_edge.runtime.bench.level_accuracy`); returns them as an int64 array."""
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != num_samples or not np.issubdtype(y.dtype, np.integer):
+        raise InputError(
+            f"{where}: received y of shape {tuple(y.shape)} and dtype {y.dtype} for {num_samples} samples of x; "
+            f"expected {num_samples} integer labels"
+        )
+    outside = y[(y < 0) | (y >= num_classes)]
+    if outside.size:
+        shown = ", ".join(str(int(v)) for v in outside[:5]) + (", ..." if outside.size > 5 else "")
+        raise InputError(
+            f"{where}: received {outside.size} outside 0..{num_classes - 1} ({shown}); expected the index of one "
+            f"of the bundle's {num_classes} classes"
+        )
+    return y.astype(np.int64, copy=False)
+
+
 def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np.ndarray:
     """uint8 images -> the bundle's normalised NCHW float input.
 
@@ -83,7 +102,14 @@ def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np
     if isinstance(images, (list, tuple)):
         if not images:
             raise InputError("preprocess: received an empty list; expected at least one image")
-        images = np.stack([np.asarray(im) for im in images])
+        arrays = [np.asarray(im) for im in images]
+        odd = next((i for i, a in enumerate(arrays) if a.shape != arrays[0].shape), None)
+        if odd is not None:
+            raise InputError(
+                f"preprocess: received images of different sizes: image {odd} is {arrays[odd].shape}; image 0 is "
+                f"{arrays[0].shape}; expected images of one size (resize them first)"
+            )
+        images = np.stack(arrays)
     elif not isinstance(images, np.ndarray):
         raise InputError(f"preprocess: received {type(images).__name__}; expected a uint8 numpy array or a list of them")
     c, (h, w) = spec.channels, spec.spatial

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
+from ..errors import InputError
+
 __all__ = ["AnytimeResult", "Uncertainty", "StopRule", "Agreement", "softmax"]
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -166,15 +174,15 @@ class Agreement(StopRule):
     margin: float | None = None
     max_std: float | None = None
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.min_leaves, int) or self.min_leaves < 1:
-            raise ValueError(f"Agreement.min_leaves must be an int >= 1; received {self.min_leaves!r}")
-        if not 0.0 < self.vote <= 1.0:
-            raise ValueError(f"Agreement.vote must be in (0, 1]; received {self.vote!r}")
-        if self.margin is not None and not 0.0 <= self.margin <= 1.0:
-            raise ValueError(f"Agreement.margin must be in [0, 1] or None; received {self.margin!r}")
-        if self.max_std is not None and self.max_std < 0:
-            raise ValueError(f"Agreement.max_std must be >= 0 or None; received {self.max_std!r}")
+    def __post_init__(self) -> None:  # written so that NaN fails every comparison, and so every check
+        if not isinstance(self.min_leaves, int) or isinstance(self.min_leaves, bool) or self.min_leaves < 1:
+            raise InputError(f"Agreement.min_leaves: received {self.min_leaves!r}; expected an int >= 1")
+        if not (_real(self.vote) and 0.0 < self.vote <= 1.0):
+            raise InputError(f"Agreement.vote: received {self.vote!r}; expected a number in (0, 1]")
+        if self.margin is not None and not (_real(self.margin) and 0.0 <= self.margin <= 1.0):
+            raise InputError(f"Agreement.margin: received {self.margin!r}; expected a number in [0, 1] or None")
+        if self.max_std is not None and not (_real(self.max_std) and 0.0 <= self.max_std < math.inf):
+            raise InputError(f"Agreement.max_std: received {self.max_std!r}; expected a finite number >= 0 or None")
 
     def __call__(self, leaf_logits: np.ndarray) -> bool:
         n = leaf_logits.shape[0]

@@ -15,14 +15,16 @@ input check).
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, read_manifest_and_digest
+from ..bundle import ANYTIME_PLANS, PRECISIONS, read_manifest_and_digest
 from ..errors import BundleError, HNEError, InputError
+from ..limits import check_memory
 from . import profiler
 from .backends import Backend, create_backend
 from .cost_model import CostModel, Profile, find_profile, host_info, save_profile
@@ -41,6 +43,9 @@ from .session import (
 )
 
 __all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClosedError", "NoResultError", "SessionCancelled"]
+
+
+MAX_WARMUP = 1000  # full passes over the tree at construction; more only delays the first frame
 
 
 class ConcurrentUseError(HNEError, RuntimeError):
@@ -64,8 +69,9 @@ class AnytimeRunner:
         first_leaf: when a frame stops after leaf 0 (``max_leaves=1``), run the bundle's export-free
             first-leaf file (plan "first") if it has one for this backend and precision: it costs what a
             standalone network costs, up to ~10% less than leaf 0's exporting segment (one more session).
-        warmup: full passes over the tree at the bundle's optimal batch size on construction, so
-            the first real frame does not pay for lazy allocations (not recorded by the cost model).
+        warmup: full passes over the tree at the bundle's optimal batch size on construction (0..1000), so
+            the first real frame does not pay for lazy allocations (not recorded by the cost model). What
+            they hold is checked against the machine's available memory first (:class:`ResourceExhausted`).
         **backend_options: passed to the backend (e.g. ``spinning`` for onnxruntime).
 
     Thread safety: a runner serves one call at a time. A call while another
@@ -96,11 +102,23 @@ class AnytimeRunner:
         self._closed = True  # until fully built
         self._runners: list[Any] = []
         self._first_runner: Any = None
+        if not isinstance(bundle_dir, (str, os.PathLike)):
+            raise InputError(f"bundle_dir: received {type(bundle_dir).__name__}; expected the path of a bundle folder")
         if plan not in ANYTIME_PLANS:
             raise InputError(f"plan: received {plan!r}; expected one of {list(ANYTIME_PLANS)}")
+        if precision not in PRECISIONS:
+            raise InputError(f"precision: received {precision!r}; expected one of {list(PRECISIONS)}")
+        warmup = check_count(warmup, "warmup", 0, MAX_WARMUP)
         self.bundle_dir = Path(bundle_dir)
         # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
         self.manifest, self.manifest_sha256 = read_manifest_and_digest(self.bundle_dir, verify_files=False)
+        if warmup:  # before anything is allocated: a warm-up the machine cannot hold fails here, in one line
+            opt = self.manifest.input.batch[1]
+            check_memory(
+                opt * self.manifest.sample_bytes(plan, precision), f"the warm-up at batch {opt} (the bundle's opt batch)",
+                hint="pass warmup=0, or re-export the bundle with a smaller opt batch (batch=(min, opt, max))",
+                cli_hint="re-export the bundle with a smaller OPT (--batch-range MIN:OPT:MAX)",
+            )  # fmt: skip
         self.plan, self.precision = plan, precision
         if threads is not None:
             backend_options["threads"] = threads
@@ -307,8 +325,9 @@ class AnytimeRunner:
 
     # -- cost model --------------------------------------------------------------
     def predicted_ms(self, batch: int = 1) -> list[float]:
-        """The cost model's current per-leaf predictions (ms) for ``batch``."""
-        return [p * 1e3 for p in self.cost.predict(batch)]
+        """The cost model's current per-leaf predictions (ms) for ``batch`` (within the bundle's batch range)."""
+        lo, _, hi = self.input_spec.batch
+        return [p * 1e3 for p in self.cost.predict(check_count(batch, "batch", lo, hi))]
 
     def profile(
         self,

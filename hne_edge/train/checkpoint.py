@@ -17,7 +17,9 @@ The exporters read ``model``, ``model_config``, ``class_names`` and
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import zipfile
 import zlib
 from pathlib import Path
@@ -25,11 +27,12 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, InputError
-from ..fileio import atomic_file
+from ..errors import CheckpointError, HNEError, InputError
+from ..fileio import atomic_write_bytes
 from ..models import HNE, build_model
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "model_from_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "model_from_checkpoint",
+           "check_usable", "unusable_reason", "torch_bytes", "safe_torch_load"]
 
 CHECKPOINT_FORMAT = "hne-edge-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -75,13 +78,33 @@ def save_checkpoint(
         "config": config,
         "extra": extra or {},
     }
-    with atomic_file(path, "wb") as f:
-        torch.save(state, f)
+    atomic_write_bytes(path, torch_bytes(state))
     return path
 
 
+def torch_bytes(obj: Any) -> bytes:
+    """``torch.save(obj)`` into memory. Files are then written by :mod:`hne_edge.fileio`, whose errors name
+    the file: torch's own writer reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc]``."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def safe_torch_load(source: Any, what: str, error: type[HNEError] = CheckpointError, map_location: Any = "cpu") -> Any:
+    """``torch.load(source, weights_only=True)``; a file it refuses is ``error`` naming ``what`` and the refused
+    object, never torch's advice to load it with ``weights_only=False`` (which would run its code)."""
+    try:
+        return torch.load(source, map_location=map_location, weights_only=True)
+    except Exception as exc:  # damaged archive, a pickle holding classes the safe loader refuses, ...
+        text = str(exc)
+        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        why = (f"it holds global {refused.group(1)!r}, which the safe loader (weights_only=True) refuses: only "
+               "tensors and plain containers are loaded" if refused else f"{type(exc).__name__} while loading with weights_only=True")  # fmt: skip
+        raise error(f"cannot read {what}: {why} (a corrupt file, or one not written by hne-edge)") from None
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and validate a checkpoint written by :func:`save_checkpoint`."""
+    """Load and validate a checkpoint written by :func:`save_checkpoint` (archive, layout, :func:`check_usable`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -91,13 +114,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             "expected a file written by hne-edge train"
         )
     check_archive(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # damaged archive, pickle with classes the safe loader refuses, ...
-        raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(exc).__name__} while loading with weights_only=True "
-            "(corrupt file, or not written by hne-edge train)"
-        ) from exc
+    state = safe_torch_load(path, f"checkpoint {path}", map_location=map_location)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         found = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(
@@ -110,6 +127,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     missing = [k for k in _REQUIRED if k not in state]
     if missing:
         raise CheckpointError(f"{path}: checkpoint is missing keys {missing}")
+    check_usable(state, path)  # every reader (eval, export, verify, --resume) holds it to one rule
     return state
 
 
@@ -131,22 +149,51 @@ def check_archive(path: Path) -> None:
         )
 
 
-def check_finite(state_dict: dict[str, Any], path: Any) -> None:
-    """Refuse weights holding NaN/Inf (a diverged run): every metric and every export of them would be NaN."""
-    for name, value in state_dict.items():
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            bad = int((~torch.isfinite(value)).sum())
-            raise CheckpointError(
-                f"checkpoint {path}: {bad} non-finite value(s) (NaN/Inf) in weight {name!r}; the run diverged or the "
-                "file is damaged. Expected finite weights"
-            )
+def unusable_reason(model_state: dict[str, Any]) -> str | None:
+    """Why a model's ``state_dict`` is not usable, or None: the one rule, shared by every reader of a checkpoint
+    (:func:`check_usable`) and by the trainer before it saves one.
+
+    Usable: every floating tensor finite (NaN/Inf come from a diverged run or a damaged file: every metric
+    and every export of them would be NaN), and every BatchNorm ``running_var`` >= 0 (a variance; a negative
+    one makes ``sqrt(var + eps)`` NaN in eval mode although every weight is finite).
+    """
+    for name, value in model_state.items():
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        finite = torch.isfinite(value)
+        if not bool(finite.all()):
+            return f"{int((~finite).sum())} non-finite value(s) (NaN/Inf) in weight {name!r}; expected finite weights"
+        if name.endswith("running_var") and bool((value < 0).any()):
+            return (f"BatchNorm statistic {name!r} holds {int((value < 0).sum())} negative value(s); expected "
+                    "variances >= 0")  # fmt: skip
+    return None
+
+
+def check_usable(state: dict[str, Any], path: Any) -> None:
+    """Refuse a checkpoint whose model weights break :func:`unusable_reason`'s rule, or whose optimizer state
+    (what ``--resume`` continues from) holds NaN/Inf; :class:`CheckpointError` names the file and the tensor."""
+    model = state.get("model")
+    why = unusable_reason(model) if isinstance(model, dict) else None
+    if why is not None:
+        raise CheckpointError(f"checkpoint {path}: {why} (the run diverged, or the file was edited or damaged)")
+    optimizer = state.get("optimizer")
+    per_param = optimizer.get("state") if isinstance(optimizer, dict) else None
+    for key, entry in (per_param or {}).items():
+        for name, value in (entry.items() if isinstance(entry, dict) else ()):
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise CheckpointError(
+                    f"checkpoint {path}: optimizer state {name!r} of parameter {key} holds non-finite values (NaN/Inf); "
+                    "expected finite state to resume from (the run diverged, or the file was damaged)"
+                )
 
 
 def model_from_checkpoint(checkpoint: str | os.PathLike | dict[str, Any]) -> tuple[HNE, dict[str, Any]]:
     """Rebuild the model (eval mode) from a checkpoint path or loaded dict; returns ``(model, checkpoint)``."""
-    state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
-    if isinstance(state.get("model"), dict):
-        check_finite(state["model"], checkpoint if not isinstance(checkpoint, dict) else "(dict)")
+    if isinstance(checkpoint, dict):
+        state = checkpoint
+        check_usable(state, "(dict)")
+    else:
+        state = load_checkpoint(checkpoint)
     try:
         model = build_model(state["model_config"])
         model.load_state_dict(state["model"])

@@ -18,11 +18,13 @@ Presets (paper recipes, Ruiz & Verbeek 2021, section 5):
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..limits import check_threads
 
 __all__ = ["DATASETS", "LOSSES", "WEIGHTINGS", "NORMALIZATIONS", "SCHEDULES", "DEFAULT_PRESET", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
 
@@ -44,7 +46,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite real number: every number of a config is (NaN and Inf are refused here, before anything runs)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass
@@ -73,7 +76,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _expect(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
-        _expect(_is_num(self.val_split) and 0 <= self.val_split < 1, "data.val_split", self.val_split, "0 <= x < 1")
+        _expect(_is_num(self.val_split) and 0 <= self.val_split < 1, "data.val_split", self.val_split, "a finite number with 0 <= x < 1")
         _expect(self.limit is None or (_is_int(self.limit) and self.limit > 0), "data.limit", self.limit, "a positive integer or null")
         _expect(_is_int(self.num_workers) and self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
         if self.name in ("npz", "imagefolder") and not self.data_dir:
@@ -141,8 +144,8 @@ class LossConfig:
         _expect(self.normalize in NORMALIZATIONS, "loss.normalize", self.normalize, f"one of {', '.join(NORMALIZATIONS)}")
         _expect(self.weighting in WEIGHTINGS, "loss.weighting", self.weighting, f"one of {', '.join(WEIGHTINGS)}")
         _expect(isinstance(self.temperature_squared, bool), "loss.temperature_squared", self.temperature_squared, "true or false")
-        _expect(_is_num(self.alpha) and 0 <= self.alpha <= 1, "loss.alpha", self.alpha, "0 <= alpha <= 1")
-        _expect(_is_num(self.temperature) and self.temperature > 0, "loss.temperature", self.temperature, "> 0")
+        _expect(_is_num(self.alpha) and 0 <= self.alpha <= 1, "loss.alpha", self.alpha, "a finite number with 0 <= alpha <= 1")
+        _expect(_is_num(self.temperature) and self.temperature > 0, "loss.temperature", self.temperature, "a finite number > 0")
         if self.normalize == "label" and self.alpha >= 1:
             raise InputError(f"loss.normalize=label divides the objective by (1 - alpha); received alpha={self.alpha!r}, "
                              "expected alpha < 1 (alpha = 1 has no label term to normalise by)")
@@ -174,9 +177,9 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _expect(_is_int(self.epochs) and self.epochs > 0, "optim.epochs", self.epochs, "a positive integer")
         _expect(_is_int(self.batch_size) and self.batch_size > 0, "optim.batch_size", self.batch_size, "a positive integer")
-        _expect(_is_num(self.lr) and self.lr > 0, "optim.lr", self.lr, "> 0")
-        _expect(_is_num(self.momentum) and 0 <= self.momentum < 1, "optim.momentum", self.momentum, "0 <= m < 1")
-        _expect(_is_num(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, ">= 0")
+        _expect(_is_num(self.lr) and self.lr > 0, "optim.lr", self.lr, "a finite number > 0")  # too large: fit stops when the loss diverges
+        _expect(_is_num(self.momentum) and 0 <= self.momentum < 1, "optim.momentum", self.momentum, "a finite number with 0 <= m < 1")
+        _expect(_is_num(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "a finite number >= 0")
         _expect(self.schedule in SCHEDULES, "optim.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
         _expect(_is_int(self.accum_steps) and self.accum_steps > 0, "optim.accum_steps", self.accum_steps, "a positive integer")
         if self.nesterov and self.momentum == 0:
@@ -199,7 +202,7 @@ class TrainConfig:
         amp: autocast on CUDA (ignored on CPU).
         amp_dtype: auto (bfloat16 where the GPU supports it, else float16 with loss scaling), bfloat16 or float16.
         channels_last: channels-last memory format; CUDA only.
-        threads: torch CPU threads (0: leave torch's default).
+        threads: torch CPU threads (0: leave torch's default; at most :func:`hne_edge.limits.max_threads`).
         quiet: no progress bar (it is also off when stderr is not a terminal).
         eval_every: validate every this many epochs (and always after the last).
         log_every: when stderr is not a terminal, print a progress line every this many steps (0: per epoch only).
@@ -231,7 +234,7 @@ class TrainConfig:
                 raise InputError(f"{name}: received {type(value).__name__}; expected a mapping of {cls.__name__} fields")
         _expect(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _expect(self.device == "auto" or self.device == "cpu" or str(self.device).startswith("cuda"), "device", self.device, "auto, cpu or cuda[:i]")
-        _expect(_is_int(self.threads) and self.threads >= 0, "threads", self.threads, "an integer >= 0")
+        check_threads(self.threads, "threads", minimum=0)  # the one thread bound (0: torch's default)
         _expect(_is_int(self.eval_every) and self.eval_every > 0, "eval_every", self.eval_every, "a positive integer")
         _expect(_is_int(self.log_every) and self.log_every >= 0, "log_every", self.log_every, "an integer >= 0")
         _expect(self.amp_dtype in AMP_DTYPES, "amp_dtype", self.amp_dtype, f"one of {', '.join(AMP_DTYPES)}")
@@ -274,9 +277,15 @@ class TrainConfig:
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: received bytes that are not UTF-8 text (byte {exc.start}); expected a YAML config") from None
+        try:
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise InputError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc})".replace("\n", " ")) from exc
+        except RecursionError:
+            raise InputError(f"{path}: YAML nested too deeply; expected a training config") from None
         if not isinstance(data, dict):
             raise InputError(f"{path}: a training config is a YAML mapping; received {type(data).__name__}")
         return cls.from_dict(merge(data, overrides or {}))

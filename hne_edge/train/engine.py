@@ -9,7 +9,11 @@ writes into ``config.out``:
   There is no separate "best" checkpoint: the paper reports the final model, and
   selecting on the validation split would bias the numbers reported on it.
 * ``train_log.json``: per-epoch metrics and every step's loss.
-* ``config.yaml``: the resolved config.
+* ``config.yaml``: the resolved config (written with the first checkpoint).
+
+and nothing else (:data:`RUN_LAYOUT`). A run starts only in a new or empty
+folder, and resumes only a folder holding its checkpoint
+(:func:`check_run_folder`): a user's files are never overwritten.
 
 Resuming (``fit(config, resume=True)``) restores everything the next epoch
 depends on (weights, optimizer momentum, scheduler, RNG states; shuffling and
@@ -38,20 +42,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, InputError
-from ..fileio import atomic_write_json, atomic_write_text
+from ..errors import CheckpointError, HNEError, InputError
+from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch
 from ..models import HNE, create_model
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint, unusable_reason
 from .config import LossConfig, ModelSpec, TrainConfig, upgrade_config
 from .data import DataBundle, load_data
 from .losses import ensemble_logits, hne_loss
 
-__all__ = ["FitResult", "train_one_epoch", "evaluate", "fit", "build_model_for_data", "capture_rng_state", "restore_rng_state"]
+__all__ = ["FitResult", "TrainingDiverged", "train_one_epoch", "evaluate", "fit", "build_model_for_data", "capture_rng_state",
+           "restore_rng_state", "check_run_folder", "RUN_LAYOUT"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "train_log.json"
+CONFIG_NAME = "config.yaml"
+RUN_LAYOUT = {CHECKPOINT_NAME: "file", LOG_NAME: "file", CONFIG_NAME: "file"}  # what a run writes into its folder
 # Fields that may differ between an interrupted run and its resumption without changing the result.
 _RESUME_FREE = {"quiet", "threads", "out", "device", "eval_every", "log_every", "compile"}
+
+
+class TrainingDiverged(HNEError, ArithmeticError):
+    """The loss or the weights became NaN/Inf: training stopped, the last finite checkpoint was kept."""
 
 
 @dataclass
@@ -302,6 +313,44 @@ def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return diffs
 
 
+def check_run_folder(out: str | os.PathLike, resume: bool = False) -> Path:
+    """The folder a run may write into, or an error before anything is written.
+
+    A new run needs a new or empty folder (a killed writer's scratch files aside): its files
+    (:data:`RUN_LAYOUT`) would replace any namesakes, and a ``config.yaml`` of the user's is not
+    ours to overwrite. ``resume`` needs the folder of a run (its ``checkpoint.pt``; :func:`fit`
+    checks it holds the training state).
+    """
+    if str(out) == "":
+        raise InputError("--out: received ''; expected a folder for the run (checkpoint.pt, train_log.json, config.yaml)")
+    path = check_output_dir(out, "--out")
+    if resume or not path.is_dir():
+        return path
+    if (path / CHECKPOINT_NAME).exists():
+        raise FileExistsError(f"{path / CHECKPOINT_NAME} exists; pass --resume to continue it or choose another --out")
+    found = next((name for name in sorted(os.listdir(path)) if not is_scratch(name, RUN_LAYOUT)), None)
+    if found is not None:
+        raise InputError(
+            f"run folder {path} holds {found!r} and no {CHECKPOINT_NAME}: it is neither empty nor a run to resume; "
+            "training would overwrite files that are not its own",
+            hint="choose a new or empty folder", cli_hint="choose a new or empty --out folder (or --resume a run's)",
+        )
+    return path
+
+
+def _check_converging(epoch: int, losses: list[float], model: nn.Module, ckpt_path: Path, lr: float) -> None:
+    """Stop a diverged run before it saves: a non-finite loss in this epoch, or weights the checkpoint rule
+    (:func:`~.checkpoint.unusable_reason`) refuses. The checkpoint of the last finite epoch stays."""
+    bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    why = (f"a non-finite loss (NaN/Inf) at step {bad + 1} of {len(losses)}" if bad is not None
+           else None if (reason := unusable_reason(model.state_dict())) is None else f"weights that are not usable: {reason}")  # fmt: skip
+    if why is None:
+        return
+    kept = f"{ckpt_path} keeps epoch {epoch} (the last finite one)" if epoch > 0 and ckpt_path.exists() else "no checkpoint was written"
+    raise TrainingDiverged(f"training diverged: epoch {epoch + 1} produced {why}; {kept}",
+                           hint=f"lower optim.lr (received {lr:g})", cli_hint=f"lower --lr (received {lr:g})")  # fmt: skip
+
+
 def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> FitResult:
     """Train ``config``; return where the checkpoint and log are.
 
@@ -313,11 +362,9 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             time-sliced jobs, and the resume test).
     """
     rank, world_size, local_rank = _distributed()
-    out = Path(config.out)
-    ckpt_path = out / CHECKPOINT_NAME
     # 1. refuse before anything is written
-    if not resume and ckpt_path.exists():
-        raise FileExistsError(f"{ckpt_path} exists; pass --resume to continue it or choose another --out")
+    out = check_run_folder(config.out, resume)
+    ckpt_path = out / CHECKPOINT_NAME
     state = None
     if resume:
         state = load_checkpoint(ckpt_path)
@@ -394,9 +441,6 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
               f"normalize {config.loss.normalize}); "
               f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}",
               file=sys.stderr, flush=True)
-    if main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "config.yaml", config.to_yaml())
     log_path = out / LOG_NAME
     epochs_run = 0
     for epoch in range(start_epoch, opt.epochs):
@@ -408,6 +452,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             accum_steps=opt.accum_steps, scaler=scaler, amp_dtype=amp_dtype, channels_last=channels_last,
             world_size=world_size, progress=progress, log_every=log_every, desc=f"epoch {epoch + 1}/{opt.epochs}",
         )
+        _check_converging(epoch, stats["step_losses"], model, ckpt_path, opt.lr)
         step_losses += stats.pop("step_losses")
         record = {"epoch": epoch + 1, "lr": optimizer.param_groups[0]["lr"],
                   **{f"train_{k}": v for k, v in stats.items()}}
@@ -427,6 +472,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             )
             atomic_write_json(log_path, {"config": config.to_dict(), "world_size": world_size, "epochs": history,
                                    "step_losses": step_losses}, allow_nan=True)
+            if epochs_run == 1:  # after the checkpoint: a run killed earlier leaves its folder empty, free to restart
+                atomic_write_text(out / CONFIG_NAME, config.to_yaml())
             if not config.quiet:
                 val = f"  val acc n=1 {record['val_acc_first']:.4f}  n={tree.num_leaves} {record['val_acc']:.4f}" if "val_acc" in record else ""
                 print(f"epoch {epoch + 1}/{opt.epochs}  loss {record['train_loss']:.4f}  train acc {record['train_acc']:.4f}"

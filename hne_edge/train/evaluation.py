@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CheckpointError, InputError
-from ..fileio import atomic_write_json, check_output_dir
+from ..fileio import atomic_write_json, check_output_dir, staged_output
 from ..plots import plot_metrics  # its home is hne_edge.plots; importable from here as before
 from .losses import ensemble_logits
 
@@ -213,7 +213,9 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
         **metrics,
     }
     out = Path(out_dir) if out_dir is not None else path.parent
-    atomic_write_json(out / "metrics.json", metrics, allow_nan=True)
-    if plots:
-        metrics["plots"] = [str(p) for p in plot_metrics(metrics, out)]
+    with staged_output(out, "--out") as stage:  # a failure (a full disk) leaves nothing, not even a new empty folder
+        atomic_write_json(stage / "metrics.json", metrics, allow_nan=True)
+        written = plot_metrics(metrics, stage) if plots else None
+    if written is not None:
+        metrics["plots"] = [str(out / p.relative_to(stage)) for p in written]
     return metrics

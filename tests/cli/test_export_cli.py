@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
-from conftest import run_cli
+import pytest
+
+from conftest import REPO, run_cli
+from gpu_env import HAS_CUDA, HAS_TRT
 
 
 def test_export_verify_inspect(tiny_bundle, tmp_path):
@@ -42,11 +46,57 @@ def test_existing_output_is_refused(tiny_bundle, tmp_path):
     assert f"output directory {tiny_bundle.bundle_dir} already exists; pass --force" in proc.stderr
 
 
+def _check_tensorrt_export(proc, out) -> None:
+    """What `export --format tensorrt` promises: exit 0, the verified ONNX bundle, and one engine per ONNX file,
+    built from it with the bundle's batch range, all listed in the manifest with their sha256."""
+    from hne_edge.bundle import read_manifest
+
+    assert proc.returncode == 0, proc.stderr
+    manifest = read_manifest(out, verify_files=True)
+    onnx = {f.path: f for f in manifest.files if f.format == "onnx"}
+    engines = [f for f in manifest.files if f.format == "tensorrt"]
+    assert len(onnx) == 17 and sorted(e.source for e in engines) == sorted(onnx)  # 16 segments + the first leaf
+    for e in engines:
+        src = onnx[e.source]
+        assert (e.plan, e.precision, e.nodes, e.leaf) == (src.plan, src.precision, src.nodes, src.leaf)
+        assert e.build["batch_profile"] == [1, 1, 4] and (out / e.path).stat().st_size == e.bytes > 0
+    assert "tensorrt/fp32/segments" in proc.stdout and "(verified against PyTorch)" in proc.stdout
+
+
+TENSORRT_EXPORT = ("--format", "tensorrt", "--plan", "segments", "--batch-range", "1:1:4", "--no-torch-weights")
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not (HAS_TRT and HAS_CUDA), reason="needs TensorRT and a CUDA device")
+def test_tensorrt_export_on_a_gpu(tiny_bundle, tmp_path):
+    out = tmp_path / "b"
+    _check_tensorrt_export(run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), *TENSORRT_EXPORT), out)
+
+
+def test_tensorrt_export_cli_with_a_fake_tensorrt(tiny_bundle, tmp_path):
+    """The same command and checks with TensorRT's API faked (runtime_fakes.FakeTensorRT), so the CLI's
+    success path is checked on every machine, not only where TensorRT and a GPU are (never here)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO / 'tests')!r})\n"
+        "from runtime_fakes import FakeTensorRT\n"
+        "import hne_edge.exporters.tensorrt as trt\n"
+        "fake = FakeTensorRT('10.3.0')\n"
+        "trt.load_tensorrt = lambda: fake\n"
+        "trt.device_info = lambda: ('Orin (fake)', '8.7')\n"
+    )
+    out = tmp_path / "b"
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), *TENSORRT_EXPORT,
+                   env={"PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])})
+    _check_tensorrt_export(proc, out)
+
+
+@pytest.mark.skipif(HAS_TRT and HAS_CUDA, reason="TensorRT and a CUDA device are here: see test_tensorrt_export_on_a_gpu")
 def test_tensorrt_without_tensorrt(tiny_bundle, tmp_path):
     """Without TensorRT (or without a GPU) the command stops before any work: one line, exit 2, nothing written."""
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--format", "tensorrt", "--out", str(tmp_path / "b"))
-    if proc.returncode == 0:  # pragma: no cover - a machine with TensorRT and a GPU
-        return
     assert proc.returncode == 2
     assert "Error: " in proc.stderr and ("pip install 'hne-edge[tensorrt]'" in proc.stderr or "no CUDA device" in proc.stderr)
     assert not (tmp_path / "b").exists()

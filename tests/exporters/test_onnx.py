@@ -166,14 +166,19 @@ def test_export_refuses_existing_dir_and_force_replaces(tmp_path, tiny_bundle):
     with pytest.raises(ExportError, match=rf"output directory {out} already exists; pass --force"):
         export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False)
     # --force replaces a bundle, never a folder of other files (issue 13, D1)
-    with pytest.raises(ExportError, match="not a bundle"):
+    with pytest.raises(ExportError, match="'keep.txt', which is not part of a bundle; force=True replaces only"):
         export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)
     assert (out / "keep.txt").read_text() == "x"
     (out / "keep.txt").unlink()
     export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)  # empty
-    (out / "stale.txt").write_text("x")  # a bundle with extra files is still a bundle
+    (out / "profiles").mkdir()  # what a runner adds to a bundle is the bundle's
+    (out / "profiles" / "cpu.json").write_text("{}")
     export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)
-    assert not (out / "stale.txt").exists() and read_manifest(out)
+    assert not (out / "profiles").exists() and read_manifest(out)
+    (out / "stale.txt").write_text("x")  # a bundle with a file of someone else's is no longer ours (issue 19)
+    with pytest.raises(ExportError, match="'stale.txt'"):
+        export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)
+    assert (out / "stale.txt").read_text() == "x" and read_manifest(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # no temporary leftovers
 
 

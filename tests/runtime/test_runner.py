@@ -283,14 +283,31 @@ def test_agreement_rule():
         Agreement(vote=0)
 
 
-def test_agreement_in_runner_saves_leaves(big_bundle):
+def _first_agreement(leaf_logits: np.ndarray, min_leaves: int, vote: float) -> int:
+    """By hand: the first n >= min_leaves at which, for every sample, >= vote of the n leaves pick the
+    n-leaf ensemble's class (None: never)."""
+    for n in range(min_leaves, leaf_logits.shape[0] + 1):
+        top = leaf_logits[:n].mean(0).argmax(-1)  # (batch,)
+        share = (leaf_logits[:n].argmax(-1) == top).mean(0)  # (batch,)
+        if (share >= vote).all():
+            return n
+    return None
+
+
+@pytest.mark.parametrize("seed, min_leaves, vote", [(0, 2, 0.5), (4, 2, 0.5), (0, 3, 0.75), (1, 3, 0.75), (2, 3, 0.75)])
+def test_agreement_in_runner_saves_leaves(big_bundle, seed, min_leaves, vote):
+    """The runner stops at the first leaf where the rule holds, found by hand on the reference logits (here
+    after 2, 8, 3 and 4 of 16 leaves; the last input never agrees): a rule that never stops early fails."""
     runner, _ = fake_runner(big_bundle)
-    x = images(1)
-    full = runner.run(x)
-    r = runner.run(x, stop_when=Agreement(min_leaves=2, vote=0.5))
-    assert 2 <= r.leaves <= 16
-    assert r.stopped_by in ("stop_when", "complete")
-    assert full.leaves == 16
+    x = images(1, seed=seed)
+    ref = reference_leaf_logits(runner.tree, x, CLASSES)
+    expected = _first_agreement(ref, min_leaves, vote)
+    r = runner.run(x, stop_when=Agreement(min_leaves=min_leaves, vote=vote))
+    if expected is None:
+        assert r.leaves == 16 and r.stopped_by == "complete"
+    else:
+        assert r.leaves == expected < 16 and r.stopped_by == "stop_when"
+    np.testing.assert_allclose(r.leaf_logits, ref[: r.leaves], rtol=1e-5, atol=1e-6)
 
 
 def test_uncertainty_fields(big_bundle):

@@ -201,15 +201,41 @@ def test_corrupt_and_foreign_checkpoints_are_clear_errors(tmp_path):
 
 
 def test_accumulation_matches_full_batch_without_batchnorm_effects(tmp_path):
-    """accum_steps=k averages k micro-batch losses: with BN in eval mode it is the full-batch loss."""
-    from hne_edge.models import create_model
-    from hne_edge.train.losses import hne_loss
+    """train_one_epoch with accum_steps=k (k micro-batches, each loss / k, one optimizer step) takes the same
+    step as one full batch, on a network whose samples do not interact (no BatchNorm): same weights after
+    the step, same reported loss. Dropping the division by accum_steps doubles both."""
+    from torch import nn
 
-    model = create_model("hne_tiny", in_chans=1, input_size=8, tree=(1, 2, 2, 1, 1)).eval()
-    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
-    full = hne_loss("hierarchical", model(x), y, model.tree)
-    halves = sum(hne_loss("hierarchical", model(xi), yi, model.tree) / 2 for xi, yi in zip(x.chunk(2), y.chunk(2)))
-    assert full.item() == pytest.approx(halves.item(), rel=1e-5)
+    from hne_edge.train.config import LossConfig
+    from hne_edge.train.engine import train_one_epoch
+    from hne_edge.tree import TreeSpec
+
+    tree, classes = TreeSpec((1, 2, 2)), 10
+
+    class LinearEnsemble(nn.Module):  # one linear member per leaf: (b, 1, 8, 8) -> (b, leaves, classes)
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(64, tree.num_leaves * classes)
+
+        def forward(self, x):
+            return self.fc(x.flatten(1)).view(len(x), tree.num_leaves, classes)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, classes, (8,))
+    start = LinearEnsemble().state_dict()
+    weights, losses = [], []
+    for accum_steps in (1, 2, 4):
+        model = LinearEnsemble()
+        model.load_state_dict(start)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        stats = train_one_epoch(model, [(x, y)], opt, None, tree=tree, loss=LossConfig(), accum_steps=accum_steps)
+        weights.append(model.fc.weight.detach().clone())
+        losses.append(stats["loss"])
+    moved = (weights[0] - start["fc.weight"]).abs().max().item()
+    assert moved > 1e-3  # the step did something
+    for w, loss in zip(weights[1:], losses[1:]):
+        assert (w - weights[0]).abs().max().item() <= 1e-6 * max(1.0, moved) + 1e-7
+        assert loss == pytest.approx(losses[0], rel=1e-5)
 
 
 # -- the training loop's device contract --------------------------------------------------------------

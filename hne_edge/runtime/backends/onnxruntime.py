@@ -13,15 +13,37 @@ device as ``OrtValue`` s bound with IOBinding).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
-from ...bundle import onnx_external_data
-from ...errors import BackendUnavailable, BundleError, InputError
+from ...bundle import check_self_contained
+from ...errors import BackendUnavailable, BundleError, ResourceExhausted
+from ...limits import check_threads, format_bytes
 from .base import Backend, Handle, LoadedPlan, Runner, Unit
 
-__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeRunner"]
+__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeRunner", "allocation_error"]
 
 _ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
+# how ONNX Runtime words a failed allocation (its CPU arena, std::bad_alloc, the CUDA allocator)
+_ALLOCATION_FAILURES = ("failed to allocate memory", "bad_alloc", "bad allocation", "out of memory")
+
+
+def allocation_error(exc: BaseException, name: str, batch: Any = None) -> ResourceExhausted | None:
+    """The :class:`ResourceExhausted` that ONNX Runtime's error ``exc`` stands for, or None when it is no allocation failure."""
+    text = str(exc)
+    if not any(words in text.lower() for words in _ALLOCATION_FAILURES):
+        return None
+    size = re.search(r"buffer of size (\d+)", text)
+    asked = f" (one buffer of {format_bytes(int(size.group(1)))})" if size else ""
+    at = f" to run batch {batch}" if batch is not None else ""
+    return ResourceExhausted(f"{name}: ONNX Runtime could not allocate memory{asked}{at}",
+                             hint="run a smaller batch, or free memory (other processes, fewer runners)")  # fmt: skip
+
+
+def _batch(handle: Any) -> int | None:
+    shape = getattr(handle, "shape", None)
+    shape = shape() if callable(shape) else shape  # numpy: a tuple; OrtValue: a method
+    return int(shape[0]) if shape else None
 
 
 def _import_ort():
@@ -37,19 +59,13 @@ def _import_ort():
 def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, where: str = ""):
     """An InferenceSession for ``runner.unit``, its graph I/O names checked against the manifest."""
     data = runner._backend.read_file(runner.unit.path, runner.unit.file)  # hashed once; these bytes are what runs
-    try:
-        external = onnx_external_data(data)
-    except ValueError as exc:
-        raise BundleError(f"{runner.name}: not a valid ONNX file ({exc})") from None
-    if external:
-        raise BundleError(
-            f"{runner.name}: {len(external)} tensor(s) ({', '.join(external[:3])}) keep their values in external "
-            "files, which the manifest neither lists nor hashes; expected one self-contained ONNX file per entry"
-        )
+    check_self_contained(data, runner.name)
     try:
         session = ort.InferenceSession(data, sess_options=sess_options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types
-        raise BundleError(f"{runner.name}: onnxruntime could not load the model{where}: {exc}") from None
+        raise allocation_error(exc, runner.name) or BundleError(
+            f"{runner.name}: onnxruntime could not load the model{where}: {exc}"
+        ) from None
     names_in = [i.name for i in session.get_inputs()]
     names_out = [o.name for o in session.get_outputs()]
     if names_in != list(runner.input_names) or sorted(names_out) != sorted(runner.output_names):
@@ -90,13 +106,25 @@ class OnnxRuntimeRunner(Runner):
         self._single = len(self.unit.inputs) == 1
 
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
-        if self._single:
-            return self._run(self._out_names, {self._in_name: inputs[0]})
-        return self._run(self._out_names, dict(zip(self.input_names, inputs)))
+        try:
+            if self._single:
+                return self._run(self._out_names, {self._in_name: inputs[0]})
+            return self._run(self._out_names, dict(zip(self.input_names, inputs)))
+        except Exception as exc:  # free when nothing is raised
+            error = allocation_error(exc, self.name, _batch(inputs[0]))
+            if error is None:
+                raise
+            raise error from None
 
     def run_logits_impl(self, inputs: Sequence[Handle]) -> Handle:
         # ask onnxruntime for the logits only: the exported activations are not copied out
-        return self._run(self._out_names[-1:], {self._in_name: inputs[0]} if self._single else dict(zip(self.input_names, inputs)))[0]
+        try:
+            return self._run(self._out_names[-1:], {self._in_name: inputs[0]} if self._single else dict(zip(self.input_names, inputs)))[0]
+        except Exception as exc:
+            error = allocation_error(exc, self.name, _batch(inputs[0]))
+            if error is None:
+                raise
+            raise error from None
 
     def release_impl(self) -> None:
         self.session = None
@@ -106,7 +134,8 @@ class OnnxRuntimeRunner(Runner):
 class OnnxRuntimeBackend(Backend):
     """Args:
     device: "cpu".
-    threads: intra-op threads per session (None: onnxruntime's default, the physical cores).
+    threads: intra-op threads per session (None: onnxruntime's default, the physical cores); at most
+        :func:`hne_edge.limits.max_threads`.
     spinning: let idle intra-op threads spin (lower latency, burns CPU); None: onnxruntime's default.
     """
 
@@ -117,9 +146,7 @@ class OnnxRuntimeBackend(Backend):
     def __init__(self, device: str = "cpu", threads: int | None = None, spinning: bool | None = None) -> None:
         super().__init__(device)
         self.ort = _import_ort()
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise InputError(f"threads must be a positive int or None; received {threads!r}")
-        self.threads = threads
+        self.threads = check_threads(threads)
         self.spinning = spinning
         self.providers = ["CPUExecutionProvider"]
 
@@ -133,7 +160,7 @@ class OnnxRuntimeBackend(Backend):
             options.intra_op_num_threads = self.threads
         if self.spinning is not None:
             options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # fatal only: every error reaches the caller as an exception, said once
         return options
 
     def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:

@@ -38,7 +38,7 @@ import numpy as np
 from ...errors import BackendUnavailable
 from .base import Handle, LoadedPlan, Runner, Unit
 from .cuda import CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, require_cuda
-from .onnxruntime import OnnxRuntimeBackend, open_session
+from .onnxruntime import OnnxRuntimeBackend, _batch, allocation_error, open_session
 
 __all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
 
@@ -81,9 +81,15 @@ class OnnxRuntimeCudaRunner(Runner):
         return tuple(io.get_outputs())
 
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
-        if self._graphs is None:
-            return self._run_eager(inputs[0], self._backend.run_options)
-        return self._run_graph(inputs[0])
+        try:
+            if self._graphs is None:
+                return self._run_eager(inputs[0], self._backend.run_options)
+            return self._run_graph(inputs[0])
+        except Exception as exc:  # free when nothing is raised
+            error = allocation_error(exc, self.name, _batch(inputs[0]))
+            if error is None:
+                raise
+            raise error from None
 
     # -- CUDA graph path: fixed output OrtValues per batch size, graphs per (batch, input address) ----
     def _make_slot(self, x: Handle) -> Slot:

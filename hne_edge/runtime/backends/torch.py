@@ -26,6 +26,7 @@ import numpy as np
 
 from ...bundle import Manifest, bundle_path
 from ...errors import BackendUnavailable, BundleError
+from ...limits import check_threads
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
 
 __all__ = ["TorchBackend", "TorchRunner"]
@@ -66,7 +67,8 @@ class TorchRunner(Runner):
 class TorchBackend(Backend):
     """Args:
     device: "cpu".
-    threads: torch intra-op threads (``torch.set_num_threads``; process-wide), None: leave as is.
+    threads: torch intra-op threads (``torch.set_num_threads``; process-wide), None: leave as is; at most
+        :func:`hne_edge.limits.max_threads`.
     fold_batchnorm: fold each BatchNorm into its convolution when a unit's module is built
         (fewer kernels; the same function up to fp32 rounding).
     """
@@ -77,9 +79,10 @@ class TorchBackend(Backend):
 
     def __init__(self, device: str = "cpu", threads: int | None = None, fold_batchnorm: bool = True) -> None:
         super().__init__(device)
+        threads = check_threads(threads)
         self.torch = _import_torch()
         if threads is not None:
-            self.torch.set_num_threads(int(threads))
+            self.torch.set_num_threads(threads)
         self.threads = threads
         self.fold_batchnorm = bool(fold_batchnorm)
 
@@ -108,10 +111,9 @@ class TorchBackend(Backend):
     def _build(self, manifest: Manifest, path: Path, data: bytes) -> Any:
         from ...models import build_model
 
-        try:
-            state = self.torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise BundleError(f"{path}: not a loadable torch state_dict ({exc})") from None
+        from ...train.checkpoint import safe_torch_load
+
+        state = safe_torch_load(io.BytesIO(data), f"{path} (a torch state_dict)", error=BundleError)
         if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
             state = state["model"]  # tolerate a checkpoint-shaped file
         model = build_model(manifest.model_config)

@@ -1,0 +1,254 @@
+"""Issue 19 section 4: every failure the README promises as one line (exit 2) is one, and says what went wrong.
+
+Each case printed a traceback (or exited 0 in silence, or named the wrong cause) before its fix. The
+runtime-only install (torch commands on a device) is in test_cli_conventions.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cli
+
+FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf")
+
+
+def one_line_error(proc, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path) -> Path:
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    return bundle
+
+
+def _edit_manifest(bundle: Path, edit) -> None:
+    data = json.loads((bundle / "manifest.json").read_text())
+    edit(data)
+    (bundle / "manifest.json").write_text(json.dumps(data))
+
+
+def _rehash(bundle: Path, rel: str) -> None:
+    """Make the manifest agree with the file now at ``rel`` (what a careful attacker, or a bad tool, does)."""
+    from hne_edge.bundle import sha256_file
+
+    def edit(d):
+        for f in d["files"]:
+            if f["path"] == rel:
+                f["sha256"], f["bytes"] = sha256_file(bundle / rel), (bundle / rel).stat().st_size
+
+    _edit_manifest(bundle, edit)
+
+
+# -- tracebacks at the command line ---------------------------------------------------------------------
+
+
+def test_run_refuses_a_scalar_and_an_empty_file_in_one_line(tiny_bundle, tmp_path):
+    np.save(tmp_path / "scalar.npy", np.float32(1.0))
+    np.save(tmp_path / "empty.npy", np.zeros((0, 3, 16, 16), np.float32))
+    one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "scalar.npy")), "scalar.npy", "0-d")
+    # was exit 0 with no output at all
+    one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "empty.npy")), "empty.npy", "no samples")
+    one_line_error(run_cli("bench", str(tiny_bundle.bundle_dir), "--frames", str(tmp_path / "empty.npy"),
+                           "--out", str(tmp_path / "bench")), "empty.npy", "no samples")  # fmt: skip
+
+
+def test_agreement_nan_is_one_line_and_the_rule_refuses_nan_everywhere(tiny_bundle, tmp_path):
+    from hne_edge.errors import InputError
+    from hne_edge.runtime import Agreement
+
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
+    one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "x.npy"), "--agreement", "nan"),
+                   "nan", "vote")  # fmt: skip
+    for kwargs in ({"vote": float("nan")}, {"margin": float("nan")}, {"max_std": float("nan")}, {"min_leaves": True}):
+        with pytest.raises(InputError, match="Agreement"):
+            Agreement(**kwargs)
+
+
+def test_a_config_file_of_random_bytes_is_one_line(tmp_path):
+    (tmp_path / "junk.bin").write_bytes(bytes(range(256)) * 4)
+    one_line_error(run_cli("train", "--config", str(tmp_path / "junk.bin")), "junk.bin", "UTF-8")
+
+
+def test_verify_refuses_external_data_that_leaves_the_bundle_in_one_line(bundle_copy, tiny_bundle, tmp_path):
+    """The runtime refused this file cleanly; verify handed its path to ONNX Runtime and printed 36 lines."""
+    import onnx
+
+    rel = "onnx/fp32/segments/leaf00.onnx"
+    proto = onnx.load(str(bundle_copy / rel))
+    onnx.save_model(proto, str(bundle_copy / rel), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="w.bin", size_threshold=0)  # fmt: skip
+    proto = onnx.load(str(bundle_copy / rel), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../../../../outside.bin"
+    onnx.save_model(proto, str(bundle_copy / rel))
+    shutil.move(bundle_copy / "onnx/fp32/segments/w.bin", tmp_path / "outside.bin")
+    _rehash(bundle_copy, rel)
+    for extra in ((), ("--checkpoint", str(tiny_bundle.checkpoint_path))):
+        one_line_error(run_cli("verify", str(bundle_copy), *extra), "leaf00.onnx", "external files")
+
+
+def _fsize_limit(limit: int):
+    def apply() -> None:  # a disk that fills up: writes past `limit` bytes fail with EFBIG, and no signal kills us
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_export_force_onto_a_nearly_full_disk_is_one_line_naming_the_file(tiny_bundle, tmp_path):
+    out = tmp_path / "bundle"
+    run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), *FAST_EXPORT, check=True)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    weights = (out / "torch" / "model.pt").stat().st_size
+    proc = subprocess.run(
+        [sys.executable, "-m", "hne_edge", "export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--force",
+         *FAST_EXPORT], capture_output=True, text=True, cwd=REPO, timeout=600,
+        preexec_fn=_fsize_limit(weights - 1000),
+    )  # fmt: skip
+    one_line_error(proc, "File too large", str(out / "torch" / "model.pt"))  # was RuntimeError: [enforce fail ...
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the old bundle, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no partial folder left beside it
+
+
+def test_a_write_error_without_a_file_name_gets_the_path(tmp_path):
+    """ENOSPC / EFBIG arrive from write() and fsync(), which name no file: the one writer adds it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from hne_edge.fileio import atomic_write_bytes as w; "
+         f"w({str(tmp_path / 'big.bin')!r}, bytes(100_000))"], capture_output=True, text=True, cwd=REPO,
+        preexec_fn=_fsize_limit(50_000),
+    )  # fmt: skip
+    assert f"OSError: [Errno 27] File too large: '{tmp_path / 'big.bin'}'" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the scratch file is gone
+
+
+# -- library errors that were not HNEError ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda b: {"bundle_dir": None}, r"bundle_dir: received NoneType; expected the path of a bundle folder"),
+        (lambda b: {"warmup": 2.5}, r"warmup: received 2.5; expected an int in 0..1000"),
+        (lambda b: {"warmup": -1}, r"warmup: received -1; expected an int in 0..1000"),
+        (lambda b: {"precision": "int8"}, r"precision: received 'int8'; expected one of \['fp32', 'fp16'\]"),
+    ],
+)
+def test_runner_arguments_are_input_errors(tiny_bundle, make, match):
+    from hne_edge.errors import InputError
+    from hne_edge.runtime import AnytimeRunner
+
+    kwargs = {"bundle_dir": tiny_bundle.bundle_dir, "load_profile": False, **make(tiny_bundle)}
+    with pytest.raises(InputError, match=match):
+        AnytimeRunner(**kwargs)
+
+
+def test_preprocess_and_predicted_ms_refuse_what_the_bundle_cannot_run(tiny_bundle):
+    from hne_edge.errors import InputError
+    from hne_edge.runtime import AnytimeRunner
+
+    with AnytimeRunner(tiny_bundle.bundle_dir, load_profile=False, warmup=0) as runner:
+        with pytest.raises(InputError, match=r"preprocess: received images of different sizes: image 1 is \(16, 17, 3\); image 0 is \(16, 16, 3\)"):
+            runner.preprocess([np.zeros((16, 16, 3), np.uint8), np.zeros((16, 17, 3), np.uint8)])
+        for batch in (0, -1, 1000, 2.0):
+            with pytest.raises(InputError, match=rf"batch: received {batch!r}; expected an int in 1..8"):
+                runner.predicted_ms(batch)
+        assert len(runner.predicted_ms(8)) == 16
+
+
+# -- messages that named the wrong thing -------------------------------------------------------------------
+
+
+def test_a_manifest_path_naming_the_bundle_itself_says_so(bundle_copy):
+    from hne_edge.bundle import read_manifest
+    from hne_edge.errors import BundleError
+
+    _edit_manifest(bundle_copy, lambda d: d["files"][0].__setitem__("path", "."))
+    with pytest.raises(BundleError) as info:
+        read_manifest(bundle_copy, verify_files=False)
+    assert "names the bundle folder itself; expected a file inside it" in str(info.value)
+    assert "outside the bundle" not in str(info.value)
+
+
+def test_a_model_file_replaced_by_a_folder_is_not_missing(bundle_copy):
+    from hne_edge.bundle import read_manifest
+    from hne_edge.errors import BundleError
+
+    rel = "onnx/fp32/segments/leaf03.onnx"
+    (bundle_copy / rel).unlink()
+    (bundle_copy / rel).mkdir()
+    with pytest.raises(BundleError, match=r"bundle file onnx/fp32/segments/leaf03.onnx \(files\[\d+\]\) is a folder; expected a file") as info:
+        read_manifest(bundle_copy, verify_files=False)
+    assert "missing" not in str(info.value)
+
+
+def test_export_with_an_empty_out_does_not_offer_force_on_the_current_directory(tiny_bundle, tmp_path):
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", "", *FAST_EXPORT, cwd=tmp_path,
+                   env={"PYTHONPATH": str(REPO)})  # this checkout, run from another folder  # fmt: skip
+    line = one_line_error(proc, "--out", "empty")
+    assert "--force" not in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_pickle_never_repeats_torchs_advice_to_turn_the_check_off(bundle_copy, tiny_bundle, tmp_path):
+    import torch
+
+    from hne_edge.errors import BundleError
+    from hne_edge.runtime import AnytimeRunner
+
+    torch.save({"x": print}, bundle_copy / "torch" / "model.pt")  # a global: the safe unpickler refuses it
+    _rehash(bundle_copy, "torch/model.pt")
+    with pytest.raises(BundleError) as info:
+        AnytimeRunner(bundle_copy, backend="torch", load_profile=False, warmup=0)
+    for message in (str(info.value), one_line_error(run_cli("verify", str(bundle_copy), "--checkpoint",
+                                                            str(tiny_bundle.checkpoint_path)))):  # fmt: skip
+        assert "torch/model.pt" in message and "global 'print'" in message and "refuses" in message, message
+        assert "weights_only=False" not in message and "add_safe_globals" not in message and "\x1b" not in message, message
+    state = torch.load(tiny_bundle.checkpoint_path, weights_only=True)
+    state["extra"] = {"x": print}
+    torch.save(state, tmp_path / "evil.pt")
+    line = one_line_error(run_cli("eval", str(tmp_path / "evil.pt"), "--no-plots", "--quiet"), "evil.pt", "global 'print'")
+    assert "weights_only=False" not in line
+
+
+def test_exporting_a_model_with_negative_variance_names_the_statistic_not_nan(tiny_bundle, tmp_path):
+    import copy
+
+    import torch
+
+    from hne_edge.errors import ExportError
+    from hne_edge.exporters import export_onnx
+
+    model = copy.deepcopy(tiny_bundle.model)
+    name, buffer = next((n, b) for n, b in model.named_buffers() if n.endswith("running_var"))
+    with torch.no_grad():
+        buffer[0] = -1.0
+    with pytest.raises(ExportError) as info:
+        export_onnx(model, tmp_path / "b", plan="segments", first_leaf=False, torch_weights=False)
+    assert name in str(info.value) and "negative" in str(info.value) and "nan" not in str(info.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_exports_success_line_escapes_control_characters(tiny_bundle, tmp_path):
+    out = tmp_path / "b\x1b[2Jx"
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), *FAST_EXPORT, check=True)
+    assert "\x1b" not in proc.stdout and "b\\x1b[2Jx" in proc.stdout

@@ -1,0 +1,297 @@
+"""Issue 19, section 1: a command deletes or overwrites only what it made.
+
+``export --force`` replaces an empty folder or an hne-edge bundle (a manifest that parses, and nothing
+a bundle does not hold), ``train --out`` writes into a new or empty folder or resumes its own run,
+``demo`` replaces only a demo's folder, a symlink at ``export --out`` is refused, and a failed ``eval``
+or ``bench`` leaves nothing behind. Every case was reproduced here before it was fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cli, tree_digest
+
+FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
+_HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def one_line_error(proc, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("Error: ") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
+
+
+# -- export --force ------------------------------------------------------------------------------------
+
+
+def _web_app(home: Path, bundle: Path) -> str:
+    (home / "Documents").mkdir()
+    (home / "Documents" / "thesis.txt").write_text("precious\n")
+    (home / "manifest.json").write_text('{"name": "my web app"}\n')
+    return "Documents"
+
+
+def _empty_manifest(home: Path, bundle: Path) -> str:
+    (home / "manifest.json").write_text("")
+    return "manifest.json"
+
+
+def _linked_manifest(home: Path, bundle: Path) -> str:
+    (home / "manifest.json").symlink_to(bundle / "manifest.json")  # another bundle's manifest
+    (home / "thesis.txt").write_text("precious\n")
+    return "manifest.json"
+
+
+def _git_repo(home: Path, bundle: Path) -> str:
+    (home / ".git").mkdir()
+    (home / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (home / "manifest.json").write_text("{}")
+    (home / "src.py").write_text("print('hi')\n")
+    return ".git"
+
+
+def _bundle_plus_notes(home: Path, bundle: Path) -> str:
+    shutil.copytree(bundle, home, dirs_exist_ok=True)  # a real bundle the user keeps notes in
+    (home / "notes.txt").write_text("measured on the robot: 12 ms\n")
+    return "notes.txt"
+
+
+def _bundle_manifest_only(home: Path, bundle: Path) -> str:
+    shutil.copy(bundle / "manifest.json", home / "manifest.json")  # a valid manifest beside a user's folder
+    (home / "photos").mkdir()
+    (home / "photos" / "a.jpg").write_bytes(b"\xff\xd8\xff")
+    return "photos"
+
+
+@pytest.mark.parametrize("make", [_web_app, _empty_manifest, _linked_manifest, _git_repo, _bundle_plus_notes,
+                                  _bundle_manifest_only])  # fmt: skip
+def test_force_refuses_a_folder_that_is_not_a_bundle(tiny_bundle, tmp_path, make):
+    """Issue 19 (1): each of these was deleted by `export --force` (exit 0) before the fix."""
+    home = tmp_path / "home"
+    home.mkdir()
+    first = make(home, tiny_bundle.bundle_dir)
+    before = tree_digest(tmp_path)
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(home), "--force", *FAST_EXPORT)
+    err = one_line_error(proc, "refusing to replace", str(home), first, "--force replaces only")
+    assert "force=True" not in err  # the shell user's hint, not the library's
+    assert tree_digest(tmp_path) == before  # not a byte changed, no leftovers beside it
+
+
+def test_force_replaces_a_bundle_with_profiles_and_a_dead_writers_scratch(tiny_bundle, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(tiny_bundle.bundle_dir, out)
+    (out / "profiles").mkdir()
+    (out / "profiles" / "cpu-onnxruntime-segments-fp32.json").write_text("{}")  # written by a runner
+    (out / ".manifest.json.tmp-999999999-dead").write_text("{")  # a killed update_manifest's scratch
+    old = (out / "manifest.json").read_bytes()
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--force", *FAST_EXPORT)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "manifest.json").read_bytes() != old and not (out / "profiles").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_symlink_at_out_is_refused_and_nothing_changes(tiny_bundle, tmp_path):
+    """Issue 19 (1): the link was replaced by a real folder, its target left stale and a .NAME.partial-* link
+    left behind. We refuse a link at --out (with or without --force): pass the folder it points to."""
+    target = tmp_path / "bundles" / "v1"
+    shutil.copytree(tiny_bundle.bundle_dir, target)
+    link = tmp_path / "current"
+    link.symlink_to(target)
+    before = tree_digest(tmp_path)
+    for extra in (("--force",), ()):
+        proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(link), *extra, *FAST_EXPORT)
+        one_line_error(proc, str(link), "symbolic link", str(target))
+        assert tree_digest(tmp_path) == before
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(dangling), *FAST_EXPORT)
+    one_line_error(proc, "symbolic link")
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_force_checks_again_just_before_the_swap(tiny_bundle, tmp_path):
+    """A file the user drops into the bundle while the export runs is not deleted with it."""
+    from hne_edge.errors import ExportError
+    from hne_edge.exporters import export_onnx
+
+    out = tmp_path / "out"
+    shutil.copytree(tiny_bundle.bundle_dir, out)
+
+    def user_writes(tmp):
+        (out / "notes.txt").write_text("written during the export\n")
+
+    with pytest.raises(ExportError, match="notes.txt"):
+        export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True,
+                    post_export=user_writes)  # fmt: skip
+    assert (out / "notes.txt").read_text() == "written during the export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# -- train --out -----------------------------------------------------------------------------------------
+
+TRAIN = ("train", "--data", "digits", "--epochs", "1", "--limit", "200", "--quiet")
+
+
+def test_train_refuses_a_folder_holding_a_users_files(tmp_path):
+    """Issue 19 (1): config.yaml was overwritten (and train_log.json) with exit 0 before the fix."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "config.yaml").write_text("my: config\n")
+    (proj / "train_log.json").write_text('{"mine": true}\n')
+    before = tree_digest(tmp_path)
+    proc = run_cli(*TRAIN, "--out", str(proj))
+    one_line_error(proc, str(proj), "config.yaml", "--resume")
+    assert tree_digest(tmp_path) == before
+
+
+def test_train_refuses_an_empty_out(tmp_path):
+    """Issue 19 (1): `--out ""` trained into the current directory before the fix."""
+    proc = run_cli(*TRAIN, "--out", "", cwd=tmp_path, env=_HERE)
+    one_line_error(proc, "--out", "''")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_refuses_a_file_and_a_symlinked_users_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    one_line_error(run_cli(*TRAIN, "--out", str(tmp_path / "notes.txt")), "notes.txt", "existing file")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    before = tree_digest(tmp_path)
+    one_line_error(run_cli(*TRAIN, "--out", str(tmp_path / "link")), "keep.txt")
+    assert tree_digest(tmp_path) == before
+
+
+# -- eval and bench that fail leave nothing ------------------------------------------------------------------
+
+
+def _full_disk_env(tmp_path: Path) -> dict[str, str]:
+    """A subprocess in which every fsync fails with ENOSPC (what a full disk does to our atomic writes)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import errno, os\n"
+        "def _full(fd):\n"
+        "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "os.fsync = _full\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture
+def frames(tmp_path) -> Path:
+    rng = np.random.default_rng(0)
+    path = tmp_path / "frames.npz"
+    np.savez(path, x=rng.integers(0, 256, (4, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 4),
+             classes=np.array([f"c{i}" for i in range(10)]))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("plots", [True, False])
+def test_eval_on_a_full_disk_leaves_nothing(tiny_bundle, tmp_path, frames, plots):
+    """Issue 19 (1): the new --out folder (and its new parents) stayed behind, empty, before the fix."""
+    out = tmp_path / "new" / "eval"
+    env = _full_disk_env(tmp_path)
+    before = tree_digest(tmp_path)
+    proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(out),
+                   *(() if plots else ("--no-plots",)), env=env)  # fmt: skip
+    one_line_error(proc, "No space left on device")
+    assert tree_digest(tmp_path) == before
+
+
+def test_eval_on_a_full_disk_leaves_an_existing_folder_as_it_was(tiny_bundle, tmp_path, frames):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(tiny_bundle.checkpoint_path, run / "checkpoint.pt")  # the default --out: the checkpoint's folder
+    env = _full_disk_env(tmp_path)
+    before = tree_digest(tmp_path)
+    proc = run_cli("eval", str(run / "checkpoint.pt"), "--test-data", str(frames), env=env)
+    one_line_error(proc, "No space left on device")
+    assert tree_digest(tmp_path) == before
+
+
+def test_bench_on_a_full_disk_leaves_nothing(tiny_bundle, tmp_path, frames):
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    out = tmp_path / "new" / "bench"
+    env = _full_disk_env(tmp_path)
+    before = tree_digest(tmp_path)
+    proc = run_cli("bench", str(bundle), "--repeats", "1", "--warmup", "0", "--frames", str(frames), "--out", str(out),
+                   env=env)  # fmt: skip
+    one_line_error(proc, "No space left on device")
+    assert tree_digest(tmp_path) == before
+
+
+def test_eval_and_bench_write_into_a_new_nested_folder(tiny_bundle, tmp_path, frames):
+    """The success path of the same commands: every file lands in --out, nothing beside it."""
+    out = tmp_path / "new" / "eval"
+    proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert "metrics.json" in names and any(n.endswith(".png") for n in names), names
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_images"] == 4
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["eval"]
+    out = tmp_path / "new" / "bench"
+    proc = run_cli("bench", str(tiny_bundle.bundle_dir), "--repeats", "1", "--warmup", "0", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "bench.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["bench", "eval"]
+
+
+# -- demo --------------------------------------------------------------------------------------------------
+
+DEMO = ("demo", "--data", "digits", "--epochs", "1", "--limit", "100", "--quiet")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_demo_refuses_a_folder_it_did_not_write(tmp_path, force):
+    """Issue 19 (1): `demo --force` deleted any --out before the fix."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("precious\n")
+    before = tree_digest(tmp_path)
+    proc = run_cli(*DEMO, "--out", str(mine), *(("--force",) if force else ()))
+    one_line_error(proc, str(mine), "thesis.txt")
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_demo_refuses_its_own_folder_once_a_user_file_is_in_it(tmp_path, force):
+    from hne_edge.demo import MARKER
+
+    out = tmp_path / "demo"
+    (out / "eval").mkdir(parents=True)
+    (out / MARKER).write_text("written by hne-edge demo\n")
+    (out / "demo.json").write_text("{}")
+    (out / "my_results.csv").write_text("1,2\n")
+    before = tree_digest(tmp_path)
+    proc = run_cli(*DEMO, "--out", str(out), *(("--force",) if force else ()))
+    one_line_error(proc, "my_results.csv")
+    assert tree_digest(tmp_path) == before
+
+
+def test_demo_force_adds_only_a_folder_of_demo_entries_without_its_marker(tmp_path):
+    from hne_edge.demo import MARKER, _prepare_out
+
+    out = tmp_path / "demo"
+    (out / "bundle").mkdir(parents=True)
+    (out / "demo.json").write_text("{}")
+    before = tree_digest(tmp_path)
+    one_line_error(run_cli(*DEMO, "--out", str(out)), MARKER, "--force")  # no marker: not known to be a demo's
+    assert tree_digest(tmp_path) == before
+    _prepare_out(out, force=True)  # what `demo --force` does before it trains
+    assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    (out / "eval").mkdir()
+    _prepare_out(out, force=False)  # a demo's folder (its marker, demo entries): the next demo replaces it
+    assert sorted(p.name for p in out.iterdir()) == [MARKER]

@@ -1,0 +1,210 @@
+"""Issue 19 section 2: every resource a user controls is bounded (batch range, threads, model size, memory).
+
+Each case was reproduced here before its fix: an export that ran the host out of memory, a thread count
+that hung it, a model size that ended in a 200 GB allocation's traceback. The bounds live in one module,
+:mod:`hne_edge.limits`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cli
+
+FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
+
+
+def one_line_error(proc, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path) -> Path:
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    return bundle
+
+
+def _edit_manifest(bundle: Path, edit) -> None:
+    data = json.loads((bundle / "manifest.json").read_text())
+    edit(data)
+    (bundle / "manifest.json").write_text(json.dumps(data))
+
+
+# -- the batch range: bounded at export and at read --------------------------------------------------
+
+
+def test_export_refuses_a_batch_range_past_the_bound_before_writing(tiny_bundle, tmp_path):
+    from hne_edge.limits import MAX_BATCH
+
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(tmp_path / "big"),
+                   "--batch-range", "1:200000:200000", *FAST_EXPORT)  # fmt: skip
+    one_line_error(proc, "1:200000:200000", f"MAX <= {MAX_BATCH}")
+    assert not (tmp_path / "big").exists()
+    # the bound itself is accepted by the one rule
+    from hne_edge.exporters.base import parse_batch
+
+    assert parse_batch(f"1:1:{MAX_BATCH}") == (1, 1, MAX_BATCH)
+
+
+def test_a_manifest_declaring_a_huge_batch_range_is_refused_at_read(bundle_copy):
+    from hne_edge.bundle import read_manifest
+    from hne_edge.errors import BundleError
+    from hne_edge.limits import MAX_BATCH
+
+    _edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 200000, 1000000000]))
+    with pytest.raises(BundleError, match=rf"input.batch .* max <= {MAX_BATCH}; received \[1, 200000, 1000000000\]"):
+        read_manifest(bundle_copy, verify_files=False)
+    one_line_error(run_cli("run", str(bundle_copy), str(bundle_copy / "manifest.json")), "input.batch")
+
+
+def test_the_warm_up_is_checked_against_the_memory_this_machine_has(bundle_copy, monkeypatch):
+    """The runner warms up at the bundle's opt batch: it estimates what that holds and refuses what cannot fit."""
+    from hne_edge import limits
+    from hne_edge.bundle import read_manifest
+    from hne_edge.errors import ResourceExhausted
+    from hne_edge.runtime import AnytimeRunner, AnytimeSession
+
+    _edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 4096, 4096]))
+    per_sample = read_manifest(bundle_copy, verify_files=False).sample_bytes("segments", "fp32")
+    assert per_sample > 3 * 16 * 16 * 4  # the image and every activation a pass over the tree outputs
+    monkeypatch.setattr(limits, "available_memory", lambda: 4096 * per_sample - 1)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the warm-up ran before its memory was checked")
+
+    monkeypatch.setattr(AnytimeSession, "advance", never)
+    with pytest.raises(ResourceExhausted, match=r"warm-up at batch 4096 \(the bundle's opt batch\) would need about .* of memory; this machine has"):
+        AnytimeRunner(bundle_copy, load_profile=False)
+    monkeypatch.setattr(limits, "available_memory", lambda: 4096 * per_sample + 1)
+    with pytest.raises(AssertionError, match="the warm-up ran"):  # enough memory: it goes on to warm up
+        AnytimeRunner(bundle_copy, load_profile=False)
+    with AnytimeRunner(bundle_copy, load_profile=False, warmup=0):  # no warm-up, nothing to check
+        pass
+
+
+def test_an_onnxruntime_allocation_failure_is_resource_exhausted(bundle_copy, tmp_path):
+    """A real ONNX Runtime allocation failure (the address space capped with RLIMIT_AS in a child process)."""
+    _edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 1, 4096]))
+    script = textwrap.dedent(f"""
+        import resource, numpy as np
+        from hne_edge.errors import ResourceExhausted
+        from hne_edge.runtime import AnytimeRunner
+        runner = AnytimeRunner({str(bundle_copy)!r}, load_profile=False, warmup=0, threads=1)
+        runner.run(np.zeros((1, 3, 16, 16), np.float32))
+        x = np.ones((4096, 3, 16, 16), np.float32)  # allocated before the cap
+        vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + 48 * 2**20, resource.RLIM_INFINITY))
+        try:
+            runner.run(x)
+        except ResourceExhausted as exc:
+            print("ResourceExhausted:", exc)
+        """)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip()
+    assert line.startswith("ResourceExhausted: onnx/fp32/segments/leaf00.onnx: ONNX Runtime could not allocate"), line
+    assert "batch 4096" in line and "smaller batch" in line
+    assert "[E:onnxruntime" not in proc.stderr  # ONNX Runtime's own log stays quiet: the error says it once
+
+
+# -- threads ------------------------------------------------------------------------------------------
+
+
+def test_threads_past_the_bound_are_refused_everywhere(tiny_bundle, tmp_path):
+    from hne_edge.errors import InputError
+    from hne_edge.limits import max_threads
+    from hne_edge.runtime import AnytimeRunner
+    from hne_edge.runtime.backends.onnxruntime import OnnxRuntimeBackend
+    from hne_edge.train.config import TrainConfig
+
+    top = max_threads()
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
+    # a hang of minutes (100,000 OS threads) before the bound; the timeout makes that a failure here
+    one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "x.npy"), "--threads", "100000",
+                           timeout=120), "threads", "100000", f"1..{top}")  # fmt: skip
+    one_line_error(run_cli("train", "--threads", "100000", "--epochs", "1", "--out", str(tmp_path / "t"), timeout=120),
+                   "threads", "100000", f"0..{top}")  # fmt: skip
+    assert not (tmp_path / "t").exists()
+    for make in (
+        lambda: AnytimeRunner(tiny_bundle.bundle_dir, threads=top + 1, load_profile=False, warmup=0),
+        lambda: OnnxRuntimeBackend(threads=top + 1),
+        lambda: TrainConfig(threads=top + 1),
+    ):
+        with pytest.raises(InputError, match=rf"threads: received {top + 1}; expected an int in [01]\.\.{top}"):
+            make()
+    with AnytimeRunner(tiny_bundle.bundle_dir, threads=top, load_profile=False, warmup=0) as runner:  # the bound is allowed
+        assert runner.run(np.zeros((1, 3, 16, 16), np.float32)).leaves == 16
+
+
+def test_the_torch_backend_takes_the_same_thread_bound(tiny_bundle):
+    from hne_edge.errors import InputError
+    from hne_edge.limits import max_threads
+    from hne_edge.runtime.backends.torch import TorchBackend
+
+    with pytest.raises(InputError, match=rf"threads: received {max_threads() + 1}"):
+        TorchBackend(threads=max_threads() + 1)
+
+
+# -- model size -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, value, bound",
+    [("--num-classes", "100000000", "num_classes"), ("--input-size", "100000", "input_size")],
+)
+def test_info_refuses_an_absurd_model_size_in_one_line(flag, value, bound):
+    from hne_edge import limits
+
+    limit = {"num_classes": limits.MAX_NUM_CLASSES, "input_size": limits.MAX_INPUT_SIZE}[bound]
+    one_line_error(run_cli("info", "hne_tiny", flag, value, timeout=120), f"{bound} must be", f"at most {limit}", value)
+
+
+def test_model_size_bounds_hold_for_the_library_and_for_configs_without_torch():
+    from hne_edge.errors import InputError
+    from hne_edge.limits import MAX_IN_CHANS, MAX_INPUT_SIZE, MAX_NUM_CLASSES
+    from hne_edge.models import create_model
+    from hne_edge.train.config import TrainConfig
+
+    for field, value in (("num_classes", MAX_NUM_CLASSES + 1), ("input_size", MAX_INPUT_SIZE + 1),
+                         ("in_chans", MAX_IN_CHANS + 1)):  # fmt: skip
+        with pytest.raises(InputError, match=rf"{field} must be a positive integer of at most"):
+            create_model("hne_tiny", **{field: value})
+        with pytest.raises(InputError, match=rf"{field} must be a positive integer of at most"):
+            TrainConfig.from_preset("digits", {"model": {"overrides": {field: value}}})
+
+
+def test_a_model_is_checked_against_the_memory_this_machine_has_before_it_is_built(monkeypatch):
+    """Within the bounds, a big model on a small machine: refused in one line before any weight is allocated."""
+    from click.testing import CliRunner
+
+    from hne_edge import cli, limits
+    from hne_edge.errors import ResourceExhausted
+    from hne_edge.models import create_model, model_config, model_weight_bytes
+
+    weights = model_weight_bytes(model_config("hne_tiny"))
+    model = create_model("hne_tiny")
+    assert weights == sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    monkeypatch.setattr(limits, "available_memory", lambda: weights - 1)
+    with pytest.raises(ResourceExhausted, match=r"hne_tiny's weights would need about .* of memory; this machine has"):
+        create_model("hne_tiny")
+    result = CliRunner().invoke(cli.main, ["info", "hne_tiny"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith("Error: hne_tiny's weights would need about")
+    monkeypatch.setattr(limits, "available_memory", lambda: weights)
+    assert create_model("hne_tiny").config.name == "hne_tiny"
