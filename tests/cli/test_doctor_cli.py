@@ -100,3 +100,10 @@ def test_doctor_exits_1_naming_each_broken_backend(tmp_path):
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
     assert report["ok"] is False and "onnxruntime cpu fp16 nodes (shipped bundle)" in report["failures"]
+
+
+def test_doctor_bad_threads_is_one_line_and_exit_2():
+    proc = run_cli("doctor", "--threads", "100000")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("Error: --threads: received 100000; expected an int in 1..")
