@@ -22,15 +22,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..bundle import PRECISIONS
 from ..limits import check_threads
 from ..progress import NULL_PROGRESS, Progress
 from .checks import Availability, Check, availability, build_engines_for, check_variant, plans_for
 from .environment import Environment, collect_environment
-from . import tiny as tiny_module
-from .tiny import TinyBundle, export_tiny, unpack_shipped
+
+if TYPE_CHECKING:  # pragma: no cover - .tiny is imported when the doctor runs, so `python -m hne_edge.doctor.tiny` runs clean
+    from .tiny import TinyBundle
 
 __all__ = ["DoctorReport", "run_doctor", "check_backend", "check_failed"]
 
@@ -89,6 +90,8 @@ def run_doctor(
         progress: counts the checks and names the one running (:mod:`hne_edge.progress`; None: silent).
         environment: what :func:`~.environment.collect_environment` returned, if the caller has it already.
     """
+    from . import tiny
+
     started = time.perf_counter()
     threads = check_threads(threads)  # bad input: one InputError up front, not a failed row per backend
     progress = progress or NULL_PROGRESS
@@ -102,15 +105,15 @@ def run_doctor(
     checks: list[Check] = []
     bundles: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="hne-doctor-") as tmp:
-        shipped = _bundle(lambda: unpack_shipped(Path(tmp) / "shipped"), "shipped", checks)
+        shipped = _bundle(lambda: tiny.unpack_shipped(Path(tmp) / "shipped"), "shipped", checks)
         if shipped is not None:
-            asset = tiny_module.ASSET
+            asset = tiny.ASSET
             bundles["shipped"] = (f"{asset.name} ({asset.stat().st_size / 1024:.0f} KiB, shipped with hne-edge): "
                                   "its float64 reference was computed when it was built")
         fresh = None
         if export:
             say("exporting the tiny bundle")
-            fresh = _bundle(lambda: export_tiny(Path(tmp) / "fresh", precisions=("fp32",)), "fresh", checks)
+            fresh = _bundle(lambda: tiny.export_tiny(Path(tmp) / "fresh", precisions=("fp32",)), "fresh", checks)
             if fresh is not None:
                 torch = env.libraries["torch"].version
                 bundles["fresh"] = f"exported now (torch {torch}, onnx {env.libraries['onnx'].version}); " \

@@ -27,7 +27,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -38,7 +38,9 @@ from ..runtime import AnytimeRunner, SessionCancelled
 from ..runtime.backends import BACKENDS, Backend, create_backend
 from ..tensorrt_compat import INSTALL_HINT as TENSORRT_HINT
 from .environment import Environment
-from .tiny import TinyBundle
+
+if TYPE_CHECKING:  # pragma: no cover - (importing .tiny here would make `python -m hne_edge.doctor.tiny` warn)
+    from .tiny import TinyBundle
 
 __all__ = ["Availability", "Check", "CheckFailed", "availability", "plans_for", "check_variant", "build_engines_for"]
 
