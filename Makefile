@@ -16,7 +16,7 @@ SETUP_KEY := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 # What demo and test import; INSTALL=no checks that VENV has them.
 NEEDED := torch onnx onnxruntime sklearn matplotlib yaml click pytest
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench gpu-acceptance clean
 
 # The targets run `$(PY) -m ...` from this folder, so this checkout's code runs whichever virtualenv it is.
 setup:
@@ -41,6 +41,13 @@ test: setup
 # The runtime targets of BENCHMARKS.md (hne_resnet_small, ONNX Runtime CPU); see benchmarks/ for the others.
 bench: setup
 	$(PY) benchmarks/bench_runtime.py --out benchmarks/results/runtime_latest.md
+
+# The GPU acceptance run (benchmarks/gpu_acceptance.py; BENCHMARKS.md says what it does): on a GPU machine as it is,
+# with its own Python and nothing installed (such machines are often offline), 8 minutes at most.
+GPU_PYTHON ?= python3
+ACCEPTANCE_ARGS ?=
+gpu-acceptance:
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_acceptance.py $(ACCEPTANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -5,8 +5,9 @@
 
 Per backend (torch CUDA; ONNX Runtime CUDA and TensorRT where installed),
 model (hne_resnet_small, hne_resnet; randomized weights: latency does not
-depend on their values), batch 1 and 16, CUDA graphs on (the torch default)
-and off. Every ratio is of medians, the two calls interleaved (ABBA) in one
+depend on their values), anytime plan (every plan of ``bundle.ANYTIME_PLANS``
+by default, so a new plan is measured as soon as the bundle has it), batch 1
+and 16, CUDA graphs on (the torch default) and off. Every ratio is of medians, the two calls interleaved (ABBA) in one
 process; every call ends with the logits on the host. The targets (issue 12):
 
 * full tree: ``runner.run(x)`` <= 1.0x the fused grouped model's single call
@@ -195,7 +196,7 @@ def deadlines(runner, x: np.ndarray, lo: float, hi: float, frames: int, rng) -> 
     return {"frames": frames, "miss_rate": misses / frames, "forced_overruns": forced, "leaves_vs_oracle": leaves / oracle}
 
 
-def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int, args, rng) -> dict:
+def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int, args, rng) -> dict:  # noqa: PLR0913
     spec = runner.input_spec
     x = rng.standard_normal((b, spec.channels, *spec.spatial)).astype(np.float32)
     N = runner.num_leaves
@@ -212,7 +213,8 @@ def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int,
     first = lambda: runner.run(x, max_leaves=1).logits  # noqa: E731
     for _ in range(args.warmup):
         full(), first(), one(), fused and fused()
-    row = {"model": model.config.name, "backend": backend, "device": runner.device, "cuda_graph": graph, "batch": b}
+    row = {"model": model.config.name, "backend": backend, "plan": runner.plan, "device": runner.device, "cuda_graph": graph,
+           "batch": b}
     if fused is not None:
         row["full_ms"], row["fused_ms"] = paired(full, fused, args.repeats)
         row["full_vs_fused"] = row["full_ms"] / row["fused_ms"]
@@ -229,7 +231,7 @@ def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int,
     return row
 
 
-def bench_model(name: str, backends: list[str], device: str, args) -> list[dict]:
+def bench_model(name: str, backends: list[str], device: str, plans: list[str], args) -> list[dict]:
     import torch
 
     from hne_edge.exporters import export_onnx, export_standalone_network
@@ -239,25 +241,28 @@ def bench_model(name: str, backends: list[str], device: str, args) -> list[dict]
     torch.manual_seed(0)
     model = create_model(name).eval()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_gpu_{name}_"))
-    bundle = export_onnx(model, tmp / "bundle", precisions=("fp32",), plan="segments", batch=(1, 1, 16), torch_weights=True)
+    bundle = export_onnx(model, tmp / "bundle", precisions=("fp32",), plan=plans[0] if len(plans) == 1 else "both",
+                         batch=(1, 1, 16), torch_weights=True)  # fmt: skip
     single = export_standalone_network(model, 0, tmp / "single.onnx") if set(backends) - {"torch"} else None
     if "tensorrt" in backends:
         from hne_edge.exporters.tensorrt import build_engines
 
-        build_engines(bundle, precisions=("fp32",), plans=("segments",))
+        build_engines(bundle, precisions=("fp32",), plans=tuple(plans))
     rows = []
     rng = np.random.default_rng(0)
     for backend in backends:
-        for graph in ((True, False) if device != "cpu" else (False,)):
-            options = {"cuda_graph": graph} if device != "cpu" else {"threads": 1}  # cpu: one core, less noise
-            with AnytimeRunner(bundle, backend=backend, device=device, load_profile=False, **options) as runner:
-                for b in BATCHES:
-                    try:
-                        row = bench_config(runner, model, single, backend, graph, b, args, rng)
-                    except Exception as exc:  # one configuration failing must not hide the others
-                        row = {"model": name, "backend": backend, "cuda_graph": graph, "batch": b, "error": f"{type(exc).__name__}: {exc}"}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+        for plan in plans:
+            for graph in ((True, False) if device != "cpu" else (False,)):
+                options = {"cuda_graph": graph} if device != "cpu" else {"threads": 1}  # cpu: one core, less noise
+                with AnytimeRunner(bundle, backend=backend, device=device, plan=plan, load_profile=False, **options) as runner:
+                    for b in BATCHES:
+                        try:
+                            row = bench_config(runner, model, single, backend, graph, b, args, rng)
+                        except Exception as exc:  # one configuration failing must not hide the others
+                            row = {"model": name, "backend": backend, "plan": plan, "cuda_graph": graph, "batch": b,
+                                   "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -277,12 +282,12 @@ def to_markdown(rows: list[dict], where: str) -> str:
     lines = [
         f"# GPU runtime targets on {where}",
         "",
-        "| model | backend | graphs | batch | full / fused (<= 1.0) | first / standalone (<= 1.05) | (16 indep. / HNE) / MAC ratio (>= 0.9) "
+        "| model | backend | plan | graphs | batch | full / fused (<= 1.0) | first / standalone (<= 1.05) | (16 indep. / HNE) / MAC ratio (>= 0.9) "
         "| misses (<= 1%) | leaves vs oracle (>= 95%) | full, fused, first, standalone, 16 indep. (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        head = f"| {r['model']} | {r['backend']} | {'on' if r['cuda_graph'] else 'off'} | {r['batch']} |"
+        head = f"| {r['model']} | {r['backend']} | {r.get('plan', '?')} | {'on' if r['cuda_graph'] else 'off'} | {r['batch']} |"
         if "error" in r:
             lines.append(f"{head} {r['error']} |||||| ")
             continue
@@ -299,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--backends", default=None, help="comma list (default: every GPU backend installed; cpu: torch)")
+    ap.add_argument("--plans", default=None, help="comma list of anytime plans (default: every one of bundle.ANYTIME_PLANS)")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: the torch CPU backend, to check the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny repeats and frames: checks that everything runs, measures nothing")
     ap.add_argument("--warmup", type=int, default=20)
@@ -322,9 +328,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         where = gpu
         backends = args.backends.split(",") if args.backends else available_backends()
+    from hne_edge.bundle import ANYTIME_PLANS
+
+    plans = args.plans.split(",") if args.plans else list(ANYTIME_PLANS)
+    unknown = [p for p in plans if p not in ANYTIME_PLANS]
+    if unknown:
+        ap.error(f"--plans: received {unknown}; expected some of {list(ANYTIME_PLANS)}")
     rows = []
     for name in args.models.split(","):
-        rows += bench_model(name, backends, args.device, args)
+        rows += bench_model(name, backends, args.device, plans, args)
     md = to_markdown(rows, where)
     print(md)
     if args.out:

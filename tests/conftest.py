@@ -168,3 +168,20 @@ def reference64(tiny_bundle):
     with torch.no_grad():
         ref = model(torch.from_numpy(x).double()).numpy()  # (B, N, classes)
     return x, ref
+
+
+@pytest.fixture
+def fake_torch_cuda(monkeypatch):
+    """TorchCudaBackend builds FakeTorchCuda devices (CPU tensors) and skips the CUDA check; yields them."""
+    import hne_edge.runtime.backends.torch_cuda as tc
+    from runtime_fakes import FakeTorchCuda
+
+    devices = []
+
+    def make(device_id=0):
+        devices.append(FakeTorchCuda(device_id))
+        return devices[-1]
+
+    monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
+    monkeypatch.setattr(tc, "TorchCuda", make)
+    return devices

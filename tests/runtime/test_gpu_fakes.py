@@ -26,10 +26,10 @@ from hne_edge.bundle import read_manifest, write_manifest
 from hne_edge.errors import BackendUnavailable, BundleError
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
-from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device
+from hne_edge.runtime.backends.cuda import GraphCache, Slot, SlotPool, parse_device
 
 from gpu_env import HAS_CUDA, HAS_ORT_CUDA, HAS_TORCH_CUDA, HAS_TRT  # noqa: E402
-from runtime_fakes import FakeTorchCuda, make_fake_bundle, node_forward, reference_leaf_logits  # noqa: E402
+from runtime_fakes import FakeDevice, make_fake_bundle, node_forward, reference_leaf_logits  # noqa: E402
 
 FP32 = dict(rtol=1e-4, atol=1e-4)
 FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
@@ -347,52 +347,6 @@ def test_profile_times_units_with_the_backends_timer(tiny_bundle):
 # -- the TensorRT runner on a fake TensorRT and a fake device -------------------------------------
 
 
-class FakeDevice(CudaDevice):
-    """Device memory as numpy byte arrays keyed by fake pointers; graphs replay the captured launch."""
-
-    kind = "fake"
-
-    def __init__(self) -> None:
-        self.mem: dict[int, np.ndarray] = {}
-        self.next = 0x1000
-        self.stream_handle = 7
-        self.captures = 0
-        self.replays = 0
-
-    def malloc(self, nbytes):
-        ptr, self.next = self.next, self.next + ((nbytes + 255) // 256 + 1) * 256
-        self.mem[ptr] = np.zeros(nbytes, np.uint8)
-        return ptr, self.mem[ptr]
-
-    def view(self, ptr, shape, dtype):
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return self.mem[ptr][:n].view(dtype).reshape(shape)
-
-    def upload(self, dst, array):
-        self.mem[dst][: array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-    def download(self, src, out):
-        out[...] = self.view(src, out.shape, out.dtype)
-
-    def synchronize(self):
-        pass
-
-    def device_synchronize(self):
-        pass
-
-    def timer(self):
-        return (lambda: None), (lambda: 0.001)
-
-    def capture(self, launch):
-        self.captures += 1
-
-        def replay():
-            self.replays += 1
-            launch()
-
-        return replay
-
-
 def _fake_trt(manifest, tree, classes, dev, log):
     D = 6  # runtime_fakes.D
     by_path = {f.path: f for f in manifest.files}
@@ -616,23 +570,6 @@ def test_onnxruntime_cuda_runner_plumbing_on_cpu_ortvalues(tiny_bundle, plan, cu
 # -- the torch CUDA backend's logic on a fake device (CPU tensors) ---------------------------------
 
 
-@pytest.fixture
-def fake_torch_cuda(monkeypatch):
-    """TorchCudaBackend builds FakeTorchCuda devices (CPU tensors) and skips the CUDA check; yields them."""
-    import hne_edge.runtime.backends.torch_cuda as tc
-
-    devices = []
-
-    def make(device_id=0):
-        devices.append(FakeTorchCuda(device_id))
-        return devices[-1]
-
-    monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
-    monkeypatch.setattr(tc, "TorchCuda", make)
-    return devices
-
-
-
 def _count_calls(runner, dev):
     """{phase: module calls} for every unit module of ``runner`` (eager, capture, replay)."""
     counts = {"eager": 0, "capture": 0, "replay": 0}
@@ -777,11 +714,16 @@ def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert [(r["model"], r["batch"], r["device"]) for r in rows] == [("hne_tiny", 1, "cpu"), ("hne_tiny", 16, "cpu")]
+    from hne_edge.bundle import ANYTIME_PLANS  # every plan the bundle has, by default
+
+    assert [(r["model"], r["plan"], r["batch"], r["device"]) for r in rows] == [
+        ("hne_tiny", plan, b, "cpu") for plan in ANYTIME_PLANS for b in (1, 16)
+    ]
     for r in rows:
         assert r["full_ms"] > 0 and r["fused_ms"] > 0 and r["standalone_ms"] > 0 and r["sixteen_ms"] > 0
         assert r["mac_ratio"] > 1 and 0 <= r["miss_rate"] <= 1 and 0 < r["leaves_vs_oracle"] <= 1
-    assert "smoke run: not figures" in out.read_text() and out.read_text().count("| hne_tiny | torch | off |") == 2
+    text = out.read_text()
+    assert "smoke run: not figures" in text and all(text.count(f"| hne_tiny | torch | {plan} | off |") == 2 for plan in ANYTIME_PLANS)
     if not HAS_CUDA:
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "bench_gpu: skipped - no CUDA device" in proc.stdout
