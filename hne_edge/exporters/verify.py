@@ -236,13 +236,13 @@ def verify_bundle(
     numerical results are in the returned report (``report.raise_for_failures()`` to make them errors).
 
     ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
-    ``progress`` counts steps: each ONNX file loaded, each file of a variant run through the runtime (which
-    loads and runs them all), and with a model each file compared with PyTorch.
+    ``progress`` counts steps: each file of a variant run through the runtime (which loads and runs them all),
+    and with a model each file compared with PyTorch. It starts once the bundle's structure is checked (manifest,
+    sha256, every file loaded, the torch weights read): a damaged bundle fails with its error alone.
     """
     bundle_dir = Path(bundle_dir)
     progress = progress or NULL_PROGRESS
-    manifest = read_manifest(bundle_dir, verify_files=True)  # a damaged bundle: its one-line error, before any progress
-    progress.restart(None, "verify", "step")
+    manifest = read_manifest(bundle_dir, verify_files=True)
     report = VerifyReport(bundle_dir)
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
@@ -255,12 +255,20 @@ def verify_bundle(
     onnx_files = [f for f in manifest.files if f.format == "onnx"]
     variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
     files_of = {v: len(manifest.files_for(*v, "onnx")) for v in variants}
-    progress.total = len(onnx_files) * (2 if model is not None else 1) + sum(files_of.values())
     sessions = {}
     for f in onnx_files:
         sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads, name=f.path)
         check_session_io(sessions[f.path], f)
-        progress.update(note=f"loaded {f.path}")
+    torch_states = {}
+    if model is not None:
+        from ..train.checkpoint import safe_torch_load
+
+        for f in manifest.files:
+            if f.format == "torch":
+                # read by path: the manifest's hash of it was checked with the manifest (one sha256 per file)
+                torch_states[f.path] = safe_torch_load(bundle_path(bundle_dir, f), f"{f.path} (a torch state_dict)",
+                                                       error=BundleError)  # fmt: skip
+    progress.restart(sum(files_of.values()) + (len(onnx_files) if model is not None else 0), "verify", "step")
     engines = [f for f in manifest.files if f.format == "tensorrt"]
     if engines:
         report.notes.append(
@@ -282,7 +290,8 @@ def verify_bundle(
             firsts.setdefault(q, (p, first))
 
     if model is not None:
-        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules, progress)
+        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules, progress,
+                              torch_states)  # fmt: skip
 
     # plan agreement (no torch needed): "segments" must compute what "nodes" computes
     for precision in ("fp32", "fp16"):
@@ -323,7 +332,7 @@ def verify_bundle(
 
 
 def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, report, node_modules=None,
-                          progress: Progress = NULL_PROGRESS) -> None:  # fmt: skip
+                          progress: Progress = NULL_PROGRESS, torch_states: dict | None = None) -> None:  # fmt: skip
     import torch
 
     model = model.eval()
@@ -369,9 +378,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
 
     for f in manifest.files:
         if f.format == "torch":
-            from ..train.checkpoint import safe_torch_load
-
-            state = safe_torch_load(bundle_path(bundle_dir, f), f"{f.path} (a torch state_dict)", error=BundleError)
+            state = (torch_states or {})[f.path]  # read (and its pickle checked) before verify_bundle's progress
             ref = model.state_dict()
             if set(state) != set(ref):
                 raise ShapeError(f"{f.path}: state_dict keys differ from the model's: {sorted(set(state) ^ set(ref))[:5]}")

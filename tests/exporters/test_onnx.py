@@ -163,7 +163,7 @@ def test_export_refuses_existing_dir_and_force_replaces(tmp_path, tiny_bundle):
     out = tmp_path / "existing"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(ExportError, match=rf"output directory {out} already exists; pass --force"):
+    with pytest.raises(ExportError, match=rf"output directory {out} already exists; pass force=True to replace it"):
         export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False)
     # --force replaces a bundle, never a folder of other files (issue 13, D1)
     with pytest.raises(ExportError, match="'keep.txt', which is not part of a bundle; force=True replaces only"):
