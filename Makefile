@@ -5,27 +5,49 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRAS ?= train,onnx,dev
+# auto: install into VENV when it was not built from this pyproject.toml, constraints.txt and EXTRAS.
+# no: use VENV as it is and never install into it (e.g. a virtualenv another clone built, as CI's quickstart test does).
+INSTALL ?= auto
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+# The stamp holds a checksum of what the install depends on, not a time: every file of a fresh clone is
+# new, so a time stamp would reinstall into a virtualenv built from the very same files.
+SETUP_KEY := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(EXTRAS)
+# What demo and test import; INSTALL=no checks that VENV has them.
+NEEDED := torch onnx onnxruntime sklearn matplotlib yaml click pytest
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench gpu-acceptance clean
 
-$(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
-	touch $(STAMP)
+# The targets run `$(PY) -m ...` from this folder, so this checkout's code runs whichever virtualenv it is.
+setup:
+ifeq ($(INSTALL),no)
+	@$(PY) -c 'import importlib.util as u, sys; m = [n for n in sys.argv[1:] if u.find_spec(n) is None]; m and sys.exit("make: INSTALL=no, but $(VENV) lacks " + ", ".join(m) + "; install them, or drop INSTALL=no")' $(NEEDED)
+else
+	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(SETUP_KEY)" ]; then \
+	  set -e; \
+	  test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	  echo "$(PY) -m pip install -c constraints.txt -e '.[$(EXTRAS)]'"; \
+	  $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'; \
+	  echo '$(SETUP_KEY)' > $(STAMP); \
+	fi
+endif
 
-setup: $(STAMP)
+demo: setup
+	$(PY) -m hne_edge demo $(DEMO_ARGS)
 
-demo: $(STAMP)
-	$(VENV)/bin/hne-edge demo $(DEMO_ARGS)
-
-test: $(STAMP)
+test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The runtime targets of BENCHMARKS.md (hne_resnet_small, ONNX Runtime CPU); see benchmarks/ for the others.
-bench: $(STAMP)
+bench: setup
 	$(PY) benchmarks/bench_runtime.py --out benchmarks/results/runtime_latest.md
+
+# The GPU acceptance run (benchmarks/gpu_acceptance.py; BENCHMARKS.md says what it does): on a GPU machine as it is,
+# with its own Python and nothing installed (such machines are often offline), 8 minutes at most.
+GPU_PYTHON ?= python3
+ACCEPTANCE_ARGS ?=
+gpu-acceptance:
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_acceptance.py $(ACCEPTANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

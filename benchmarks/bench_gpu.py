@@ -5,8 +5,9 @@
 
 Per backend (torch CUDA; ONNX Runtime CUDA and TensorRT where installed),
 model (hne_resnet_small, hne_resnet; randomized weights: latency does not
-depend on their values), batch 1 and 16, CUDA graphs on (the torch default)
-and off. Every ratio is of medians, the two calls interleaved (ABBA) in one
+depend on their values), anytime plan (every plan of ``bundle.ANYTIME_PLANS``
+by default, so a new plan is measured as soon as the bundle has it), batch 1
+and 16, CUDA graphs on (the torch default) and off. Every ratio is of medians, the two calls interleaved (ABBA) in one
 process; every call ends with the logits on the host. The targets (issue 12):
 
 * full tree: ``runner.run(x)`` <= 1.0x the fused grouped model's single call
@@ -200,7 +201,7 @@ def deadlines(runner, x: np.ndarray, lo: float, hi: float, frames: int, rng) -> 
     return {"frames": frames, "miss_rate": misses / frames, "forced_overruns": forced, "leaves_vs_oracle": leaves / oracle}
 
 
-def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int, args, rng) -> dict:
+def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int, args, rng) -> dict:  # noqa: PLR0913
     spec = runner.input_spec
     x = rng.standard_normal((b, spec.channels, *spec.spatial)).astype(np.float32)
     N = runner.num_leaves
@@ -235,7 +236,7 @@ def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int,
     return row
 
 
-def bench_model(name: str, backends: list[str], device: str, args) -> list[dict]:
+def bench_model(name: str, backends: list[str], device: str, plans: list[str], args) -> list[dict]:
     import torch
 
     from hne_edge.exporters import export_onnx, export_standalone_network
@@ -245,7 +246,9 @@ def bench_model(name: str, backends: list[str], device: str, args) -> list[dict]
     torch.manual_seed(0)
     model = create_model(name).eval()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_gpu_{name}_"))
-    bundle = export_onnx(model, tmp / "bundle", precisions=("fp32",), plan="segments,subtrees,fused", batch=(1, 1, 16),
+    # the files every runner plan asked for needs: mixed runs segments, subtrees and fused files
+    files = sorted({q for p in plans for q in (("segments", "subtrees", "fused") if p == "mixed" else (p,))})
+    bundle = export_onnx(model, tmp / "bundle", precisions=("fp32",), plan=",".join(files), batch=(1, 1, 16),
                          torch_weights=True)  # fmt: skip
     single = export_standalone_network(model, 0, tmp / "single.onnx") if set(backends) - {"torch"} else None
     if "tensorrt" in backends:
@@ -255,9 +258,9 @@ def bench_model(name: str, backends: list[str], device: str, args) -> list[dict]
     rows = []
     rng = np.random.default_rng(0)
     for backend in backends:
-        for graph in ((True, False) if device != "cpu" else (False,)):
-            options = {"cuda_graph": graph} if device != "cpu" else {"threads": 1}  # cpu: one core, less noise
-            for plan in args.plans.split(","):
+        for plan in plans:
+            for graph in ((True, False) if device != "cpu" else (False,)):
+                options = {"cuda_graph": graph} if device != "cpu" else {"threads": 1}  # cpu: one core, less noise
                 with AnytimeRunner(bundle, backend=backend, device=device, plan=plan, load_profile=False, **options) as runner:
                     for b in BATCHES:
                         try:
@@ -308,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--backends", default=None, help="comma list (default: every GPU backend installed; cpu: torch)")
-    ap.add_argument("--plans", default="segments,subtrees,mixed", help="comma list of runner plans (issue 21)")
+    ap.add_argument("--plans", default="segments,subtrees,mixed",
+                    help="comma list of runner plans (nodes: debugging; fused: the whole tree only)")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: the torch CPU backend, to check the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny repeats and frames: checks that everything runs, measures nothing")
     ap.add_argument("--warmup", type=int, default=20)
@@ -332,9 +336,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         where = gpu
         backends = args.backends.split(",") if args.backends else available_backends()
+    from hne_edge.bundle import RUNNER_PLANS
+
+    plans = args.plans.split(",")
+    unknown = [p for p in plans if p not in RUNNER_PLANS]
+    if unknown:
+        ap.error(f"--plans: received {unknown}; expected some of {list(RUNNER_PLANS)}")
     rows = []
     for name in args.models.split(","):
-        rows += bench_model(name, backends, args.device, args)
+        rows += bench_model(name, backends, args.device, plans, args)
     md = to_markdown(rows, where)
     print(md)
     if args.out:

@@ -252,7 +252,7 @@ def bench_plans(runners, standalone, batch, repeats, frames, rng, frame_gap=0.2)
     """Issue 21's rows for one model and batch size (see the module docstring). ``runners``: plan -> AnytimeRunner."""
     from hne_edge.runtime.program import best_leaves
 
-    mixed, fused, segments = runners["mixed"], runners["fused"], runners["segments"]
+    mixed, segments = runners["mixed"], runners["segments"]
     spec = mixed.input_spec
     x = rng.standard_normal((batch, spec.channels, *spec.spatial)).astype(np.float32)
     N = mixed.num_leaves
@@ -498,7 +498,7 @@ def main_plans(args, batches, workdir) -> None:
         finally:
             for r in runners.values():
                 r.close()
-        lines += plans_table(name, rows, args) + [f"", f"(load average {os.getloadavg()[0]:.1f} at the end of {name})", ""]
+        lines += plans_table(name, rows, args) + ["", f"(load average {os.getloadavg()[0]:.1f} at the end of {name})", ""]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

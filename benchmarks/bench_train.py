@@ -18,6 +18,7 @@ The script uses only config fields that hne-edge 0.1 also had unless a flag asks
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -106,6 +107,7 @@ def main() -> None:
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for the utilisation of peak")
     p.add_argument("--out", default=None, help="append the markdown result to this file")
+    p.add_argument("--json", default=None, help="write the figures to this JSON file (scripts: gpu_acceptance.py)")
     args = p.parse_args()
 
     import torch
@@ -159,6 +161,12 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     print(text)
+    if args.json:
+        figures = {"model": args.model, "batch": args.batch, "device": device, "device_name": name, "torch": torch.__version__,
+                   "compile": args.compile, "amp": device != "cpu" and not args.no_amp, "epochs": args.epochs,
+                   "images": args.limit, "images_per_s": img_s, "tflops": tflops, "peak_tflops": peak,
+                   "utilisation_pct": util, "wall_s": wall}  # fmt: skip
+        Path(args.json).write_text(json.dumps(figures, indent=1))
     if args.out:
         with open(args.out, "a") as f:
             f.write(text + f"Command: `{' '.join(['python', *sys.argv])}`\n\n")

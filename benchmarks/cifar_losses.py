@@ -9,6 +9,10 @@ label``; see hne_edge/train/losses.py), or one of the CONTROLS below.
     # CPU, the slim 53k-parameter model of RESULTS.md, 8 epochs, three runs side by side:
     nice .venv/bin/python benchmarks/cifar_losses.py --epochs 8 --parallel \
         --runs independent distill hierarchical distill@mean-t2 hierarchical@mean-t2
+    # CPU, three seeds, the paper's objective against L^I and against it divided by (1 - alpha) (RESULTS.md):
+    OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/cifar_losses.py --data pool40k.npz --test-data test10k.npz \
+        --val-split 0 --limit 2500 --epochs 30 --seeds 0 1 2 --parallel --jobs 2 \
+        --runs independent hierarchical hierarchical+label
     # GPU, the paper's model and schedule, scored on your own held-out test set:
     python benchmarks/cifar_losses.py --model hne_resnet_small --device cuda --epochs 200 --val-split 0 \
         --test-data cifar10_test.npz --parallel --threads 4

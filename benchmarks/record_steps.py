@@ -12,7 +12,6 @@ backend's) and compares the mixed runner with an oracle that knows every step's 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys

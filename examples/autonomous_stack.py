@@ -21,7 +21,6 @@ misses, leaves and accuracy (when labels are given).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hne_edge.errors import HNEError
+from hne_edge.cli.scripts import ArgumentParser, positive, run_main
 from hne_edge.runtime import AnytimeRunner
 
 
@@ -149,27 +148,23 @@ def plot(rows: list[dict], path: Path, num_leaves: int | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("--frames", default=None, help=".npz with x (N,H,W,C uint8) and optional y")
-    parser.add_argument("--count", type=int, default=300)
-    parser.add_argument("--period-ms", type=float, default=None,
+    parser.add_argument("--count", type=positive(int, "a number of frames"), default=300)
+    parser.add_argument("--period-ms", type=positive(float, "a number of milliseconds"), default=None,
                         help="frame period (default: 1.5 x the profiled full-tree latency)")
     parser.add_argument("--out", default="runs/autonomous_stack")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    try:
-        runner = AnytimeRunner(args.bundle)
-    except HNEError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    runner = AnytimeRunner(args.bundle)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with runner:
         if runner.profile_data is None or 1 not in runner.profile_data.batches:
             runner.profile(batch_sizes=(1,), warmup=5, repeats=30)
         full_ms = runner.profile_data.batches[1]["levels"][-1]["median_ms"]
-        period_ms = args.period_ms or 1.5 * full_ms
+        period_ms = args.period_ms if args.period_ms is not None else 1.5 * full_ms
         x, y = load_frames(args.frames, runner, args.count, args.seed)
         rows = simulate(runner, x, y, period_ms, args.seed)
     with open(out / "timeline.csv", "w", newline="") as f:
@@ -192,4 +187,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

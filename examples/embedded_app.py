@@ -12,12 +12,11 @@ Without ``--frames`` it feeds random frames (to show the loop and the timing).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
-from hne_edge.errors import HNEError
+from hne_edge.cli.scripts import ArgumentParser, positive, run_main
 from hne_edge.runtime import AnytimeRunner
 
 
@@ -36,18 +35,15 @@ def frames_from(path: str | None, runner: AnytimeRunner, count: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", help="bundle directory written by `hne-edge export`")
-    parser.add_argument("--budget-ms", type=float, default=None, help="per-frame time budget (default: all leaves)")
+    parser.add_argument("--budget-ms", type=positive(float, "a number of milliseconds"), default=None,
+                        help="per-frame time budget (default: all leaves)")
     parser.add_argument("--frames", default=None, help=".npz with x (N,H,W,C uint8) and optional y")
-    parser.add_argument("--count", type=int, default=20, help="frames to process")
+    parser.add_argument("--count", type=positive(int, "a number of frames"), default=20, help="frames to process")
     args = parser.parse_args(argv)
 
-    try:
-        runner = AnytimeRunner(args.bundle)  # validates the bundle once; sessions created here
-    except HNEError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    runner = AnytimeRunner(args.bundle)  # validates the bundle once; sessions created here
     correct = seen = 0
     with runner:
         for i, (frame, label) in enumerate(frames_from(args.frames, runner, args.count)):
@@ -69,4 +65,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

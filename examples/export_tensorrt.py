@@ -14,45 +14,40 @@ latency of every anytime level with the TensorRT backend.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
 from hne_edge.bundle import RUNNER_PLANS
-from hne_edge.errors import HNEError
+from hne_edge.cli.scripts import ArgumentParser, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", help="an ONNX bundle written by `hne-edge export`")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16"])
     p.add_argument("--plan", default="segments", choices=RUNNER_PLANS,
                    help="mixed: engines for every plan the bundle has (segments, subtrees and fused are its parts)")
     p.add_argument("--cuda-graph", action="store_true", help="capture a CUDA graph per engine and batch size")
     args = p.parse_args(argv)
-    try:
-        from hne_edge.exporters import build_engines
-        from hne_edge.runtime import AnytimeRunner
+    from hne_edge.exporters import build_engines
+    from hne_edge.runtime import AnytimeRunner
 
-        built = build_engines(args.bundle, precisions=[args.precision], plans=None if args.plan == "mixed" else [args.plan])
-        print(f"built {len(built)} engines into {args.bundle}")
-        with AnytimeRunner(args.bundle, plan=args.plan, precision=args.precision) as reference, AnytimeRunner(
-            args.bundle, backend="tensorrt", device="cuda", plan=args.plan, precision=args.precision,
-            cuda_graph=args.cuda_graph,
-        ) as runner:
-            spec = runner.input_spec
-            x = np.random.default_rng(0).standard_normal((1, spec.channels, *spec.spatial)).astype(spec.dtype)
-            diff = np.abs(runner.run(x).logits - reference.run(x).logits).max()
-            print(f"TensorRT vs ONNX Runtime CPU, all leaves: max |diff| = {diff:.2e}")
-            profile = runner.profile(batch_sizes=(1,))
-            for level in profile.batches[1]["levels"]:
-                print(f"n={level['n']:2d}  median {level['median_ms']:.3f} ms  p95 {level['p95_ms']:.3f} ms")
-    except HNEError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    built = build_engines(args.bundle, precisions=[args.precision], plans=None if args.plan == "mixed" else [args.plan])
+    print(f"built {len(built)} engines into {args.bundle}")
+    with AnytimeRunner(args.bundle, plan=args.plan, precision=args.precision) as reference, AnytimeRunner(
+        args.bundle, backend="tensorrt", device="cuda", plan=args.plan, precision=args.precision,
+        cuda_graph=args.cuda_graph,
+    ) as runner:
+        spec = runner.input_spec
+        x = np.random.default_rng(0).standard_normal((1, spec.channels, *spec.spatial)).astype(spec.dtype)
+        diff = np.abs(runner.run(x).logits - reference.run(x).logits).max()
+        print(f"TensorRT vs ONNX Runtime CPU, all leaves: max |diff| = {diff:.2e}")
+        profile = runner.profile(batch_sizes=(1,))
+        for level in profile.batches[1]["levels"]:
+            print(f"n={level['n']:2d}  median {level['median_ms']:.3f} ms  p95 {level['p95_ms']:.3f} ms")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -19,10 +19,12 @@ other than 0) or an explicit ``--data`` trains here instead.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from .errors import InputError
 from .fileio import atomic_file, atomic_write_json, check_output_dir, foreign_entry
 
 __all__ = ["DemoResult", "run_demo", "choose_data", "budget_sweep", "format_budget_table", "ensemble_rows",
-           "format_ensemble_line", "MARKER", "DEMO_LAYOUT", "CIFAR10_NPZ", "PRETRAINED"]
+           "format_ensemble_line", "how_to_run_hne_edge", "MARKER", "DEMO_LAYOUT", "CIFAR10_NPZ", "PRETRAINED"]
 
 MARKER = ".hne-edge-demo"  # a folder with this file (and nothing a demo does not write) was written by the demo
 # what a demo writes into --out, and the folders its printed next steps write there: the next demo run
@@ -54,6 +56,29 @@ class DemoResult:
     bundle: Path
     metrics: dict[str, Any]
     budgets: list[dict[str, Any]]
+
+
+def how_to_run_hne_edge(cwd: str | Path = ".") -> str | None:
+    """The line telling a shell user how to reach ``hne-edge``, or None when it is on their PATH already.
+
+    ``make demo`` runs ``.venv/bin/hne-edge``, which is not on the PATH until the virtualenv is activated,
+    so the next commands the demo prints would end in "command not found" without this line (issue 20).
+    """
+    scripts = Path(sysconfig.get_path("scripts"))  # where this interpreter's console scripts live
+    script = scripts / "hne-edge"
+    found = shutil.which("hne-edge")
+    if found is not None and script.exists() and Path(found).resolve() == script.resolve():
+        return None
+    try:
+        shown = os.path.relpath(scripts, cwd) if scripts.is_relative_to(Path(cwd).absolute()) else str(scripts)
+    except ValueError:  # another drive (Windows)
+        shown = str(scripts)
+    if not script.exists():
+        return "hne-edge is not installed here: run these as `python -m hne_edge ...` from the repository root"
+    if (scripts / "activate").is_file():
+        return (f"hne-edge is in {shown}/, not on your PATH: run `source {shown}/activate` first, "
+                f"or write {shown}/hne-edge and {shown}/python in their place")
+    return f"hne-edge is in {shown}/, not on your PATH: write {shown}/hne-edge and {shown}/python in their place"
 
 
 def choose_data(data: str, data_dir: str | None, cwd: str | Path = ".") -> tuple[str, str | None, str | None]:
@@ -110,33 +135,26 @@ def format_ensemble_line(rows: list[dict[str, Any]]) -> str:
 
 
 def budget_sweep(runner, images: np.ndarray, labels: np.ndarray, budgets_ms: list[float | None]) -> list[dict[str, Any]]:
-    """Run every image (batch 1) under each budget; summarise leaves, accuracy, latency and misses.
+    """Run every image (batch 1) under each budget; summarise leaves, accuracy, latency and misses
+    (:func:`hne_edge.runtime.summarize_frames`, what ``hne-edge run`` prints too).
 
-    A miss is a frame whose answer came after its budget (the first leaf is
-    always evaluated, so a budget below the first leaf's time is a forced miss).
+    A miss is a frame whose answer came after its budget. It is forced when the budget was shorter than the
+    first leaf (which always runs) as the runner predicted it; a miss on a budget that fits the first leaf
+    is the machine's (a leaf slower than predicted: a pre-empted process), not the budget's.
     """
+    from .runtime import summarize_frames
+
     rows = []
     for budget in budgets_ms:
-        leaves, correct, elapsed, misses, forced = [], 0, [], 0, 0
+        results, correct = [], []
         for i in range(len(images)):
             r = runner.run(images[i : i + 1], budget_ms=budget)
-            leaves.append(r.leaves)
-            correct += int(r.predictions[0] == labels[i])
-            elapsed.append(r.elapsed_ms)
-            misses += int(not r.met_budget)
-            forced += int(r.overran_min_leaves)
-        rows.append(
-            {
-                "budget_ms": budget,
-                "frames": len(images),
-                "mean_leaves": float(np.mean(leaves)),
-                "accuracy": correct / len(images),
-                "p50_ms": float(np.percentile(elapsed, 50)),
-                "p99_ms": float(np.percentile(elapsed, 99)),
-                "misses": misses,
-                "forced_first_leaf_misses": forced,
-            }
-        )
+            results.append(r)
+            correct.append(bool(r.predictions[0] == labels[i]))
+        s = summarize_frames(results, correct)
+        rows.append({"budget_ms": budget, "frames": s["frames"], "mean_leaves": s["mean_leaves"], "accuracy": s["accuracy"],
+                     "p50_ms": s["latency_ms"]["p50"], "p99_ms": s["latency_ms"]["p99"], "misses": s["misses"],
+                     "forced_misses": s["forced_misses"]})  # fmt: skip
     return rows
 
 
@@ -146,10 +164,11 @@ def format_budget_table(rows: list[dict[str, Any]]) -> str:
         budget = "none" if r["budget_ms"] is None else f"{r['budget_ms']:.3f} ms"
         lines.append(
             f"{budget:>10} {r['mean_leaves']:>7.2f} {r['accuracy']:>9.2%} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
-            f"{r['misses']:>4}/{r['frames']:<4}  {r['forced_first_leaf_misses']:>8}"
+            f"{r['misses']:>4}/{r['frames']:<4}  {r['forced_misses']:>8}"
         )
     lines.append("misses: answers later than the budget; (forced): of those, frames whose budget was shorter "
-                 "than the first leaf, which always runs")
+                 "than the first leaf (which always runs) as the runner predicted it; the others ran slower than that (on a "
+                 "busy machine, the process pre-empted)")
     return "\n".join(lines)
 
 
@@ -219,6 +238,7 @@ def run_demo(
     from .exporters import export_onnx, verify_bundle
     from .models import tree_cost
     from .plots import plot_budget_sweep, plot_tree
+    from .progress import progress_for
     from .runtime import AnytimeRunner
     from .train import TrainConfig, evaluate_checkpoint, fit, load_checkpoint, model_from_checkpoint
     from .train.config import upgrade_config
@@ -262,40 +282,45 @@ def run_demo(
                 f"{config.optim.epochs} epochs)")
         checkpoint = fit(config).checkpoint
     step(2, "evaluating every ensemble size n = 1..N on the validation split")
-    metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir})
-    fused, state = model_from_checkpoint(checkpoint)
-    plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
-    step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
-    bundle = export_onnx(
-        fused,
-        out / "bundle",
-        class_names=state["class_names"],
-        normalization=state["normalization"],
-        plan="both",
-        batch=(1, 1, 16),
-        verify=False,  # step 4 runs the verification and prints its table
-    )
-    step(4, "verifying every file against PyTorch (ONNX Runtime CPU)")
-    report = verify_bundle(bundle, model=fused)
-    report.raise_for_failures()
-    worst = max((c.max_abs_diff for c in report.checks), default=0.0)
-    echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
-    step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
-    data_bundle = load_data(config.data, seed=config.seed)
-    val = data_bundle.val
-    norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
-    logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
-    by_size = ensemble_rows(logits, truth)
-    images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
-    labels = val.labels.numpy()
-    if frames is None and data != "digits":
-        frames = SWEEP_FRAMES
-    if frames is not None:
-        images, labels = images[:frames], labels[:frames]
-    with atomic_file(out / "frames.npz") as f:  # for the next commands printed at the end
-        np.savez(f, x=images, y=labels)
-    with AnytimeRunner(bundle) as runner:
-        runner.profile(batch_sizes=(1,), warmup=5, repeats=30)
+    with contextlib.ExitStack() as stack:  # on an error too: the progress stops, the runner closes
+        progress = stack.enter_context(progress_for(None, "demo", quiet=quiet))  # each phase restarts it
+        metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir},
+                                      progress=progress)  # fmt: skip
+        fused, state = model_from_checkpoint(checkpoint)
+        plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
+        step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
+        bundle = export_onnx(
+            fused,
+            out / "bundle",
+            class_names=state["class_names"],
+            normalization=state["normalization"],
+            plan="both",
+            batch=(1, 1, 16),
+            verify=False,  # step 4 runs the verification and prints its table
+            progress=progress,
+        )
+        step(4, "verifying every file against PyTorch (ONNX Runtime CPU)")
+        report = verify_bundle(bundle, model=fused, progress=progress)
+        report.raise_for_failures()
+        worst = max((c.max_abs_diff for c in report.checks), default=0.0)
+        echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
+        step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
+        data_bundle = load_data(config.data, seed=config.seed)
+        val = data_bundle.val
+        norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
+        logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
+        by_size = ensemble_rows(logits, truth)
+        images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
+        labels = val.labels.numpy()
+        if frames is None and data != "digits":
+            frames = SWEEP_FRAMES
+        if frames is not None:
+            images, labels = images[:frames], labels[:frames]
+        with atomic_file(out / "frames.npz") as f:  # for the next commands printed at the end
+            np.savez(f, x=images, y=labels)
+        runner = stack.enter_context(AnytimeRunner(bundle))
+        runner.profile(batch_sizes=(1,), warmup=5, repeats=30, progress=progress)
+        progress.close()
         levels = runner.profile_data.batches[1]["levels"]
         first, full = levels[0]["median_ms"], levels[-1]["median_ms"]
         step(6, f"anytime inference on {len(images)} validation frames under per-frame budgets "
@@ -325,6 +350,9 @@ def run_demo(
     echo(f"  bundle      {bundle}")
     echo(f"  frames      {out / 'frames.npz'} (the validation images, uint8 NHWC, with labels)")
     echo("next:")
+    hint = how_to_run_hne_edge()
+    if hint is not None:
+        echo(f"  ({hint})")
     echo(f"  hne-edge inspect {bundle}")
     echo(f"  hne-edge bench {bundle} --frames {out / 'frames.npz'} --out {out / 'bench'}")
     echo(f"  hne-edge run {bundle} {out / 'frames.npz'} --budget-ms {rows[3]['budget_ms']:.3f}")

@@ -4,7 +4,7 @@ One home for every bound, so that each is one constant and one check
 (the runtime imports this module; it needs nothing but the standard library):
 
 * **Batch range** (:data:`MAX_BATCH`): what ``export --batch-range`` accepts and what a manifest may declare
-  (:func:`hne_edge.bundle.check_batch_range` applies it at both). 4096 samples is far beyond an anytime
+  (:func:`hne_edge.bundle.batch_range_ok` is the one rule both apply). 4096 samples is far beyond an anytime
   frame and matches the largest batch the dynamo exporter is asked to support.
 * **Threads** (:func:`check_threads`): at most :data:`THREADS_PER_CPU` per CPU of this machine, wherever a
   thread count is taken (``--threads``, ``AnytimeRunner(threads=)``, the backends, ``TrainConfig.threads``).
@@ -66,7 +66,7 @@ def check_threads(value: Any, where: str = "threads", minimum: int = 1) -> int |
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= top:
         raise InputError(
             f"{where}: received {value!r}; expected an int in {minimum}..{top} "
-            f"(at most {THREADS_PER_CPU} per CPU: this machine has {cpu_count()})"
+            f"(at most {THREADS_PER_CPU} per CPU: this machine has {cpu_count()} CPUs)"
         )
     return int(value)
 

@@ -56,29 +56,38 @@ def _accuracy_limits(percents: Sequence[float], min_span: float = 20.0) -> tuple
     return bottom, top
 
 
+# mantissas of round tick values, coarsest first: a log axis takes the coarsest that labels at least 3 ticks
+_ROUND_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 1.5, 2, 3, 4, 5, 6, 8))
+LOSS_LABELS = {  # the paper's names of the objectives (independent reads like a kind of tree)
+    "independent": "$L^{I}$", "structured": "$L^{S}$", "distill": "$L^{I} + L^{D}$", "hierarchical": "$L^{I} + L^{HD}$",
+}  # fmt: skip
+
+
 def _tick_text(v: float) -> str:
-    return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
+    return f"{v:.0f}" if v >= 10 else f"{v:.3g}"
 
 
-def _label_log_x(ax, xs: Sequence[float]) -> None:
-    """Log x axis whose every tick is labelled: the data's ends (one leaf, all leaves) and round values between.
+def _label_log_x(ax, xs: Sequence[float], pad: float = 0.06) -> None:
+    """Log x axis labelled at round values only (1, 2, 5 x 10^k, denser when the data spans little), every tick
+    labelled; the axis runs ``pad`` of the data's span (in decades) beyond each end.
 
-    matplotlib's log locator labels decades only, so a curve spanning less than a
-    decade (0.13 .. 0.67 MMACs) starts before any label.
+    matplotlib's log locator labels decades only, so a curve spanning less than a decade (0.13 .. 0.67 MMACs)
+    had no label at all; labelling the data's ends instead gave odd numbers (0.97, 3.1). The points carry their
+    ensemble size n (:func:`_label_points`), so the ends need no tick of their own.
     """
     from matplotlib.ticker import NullLocator  # noqa: PLC0415
 
     lo, hi = min(xs), max(xs)
     ax.set_xscale("log")
-    ticks = [lo] if hi <= lo else [lo, hi]
-    decades = math.log10(hi / lo) if hi > lo else 1.0
-    for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
-        for m in (1, 2, 5):
-            v = m * 10.0**k
-            # round values inside the data, not crowding an end's label (8% of the axis)
-            if lo < v < hi and all(abs(math.log10(v / t)) > 0.08 * decades for t in ticks):
-                ticks.append(v)
-    ticks.sort()
+    span = math.log10(hi / lo) if hi > lo else 0.3
+    left, right = lo / 10 ** (pad * span), hi * 10 ** (pad * span)
+    ticks: list[float] = []
+    for mantissas in _ROUND_MANTISSAS:
+        ticks = [m * 10.0**k for k in range(math.floor(math.log10(left)) - 1, math.ceil(math.log10(right)) + 1)
+                 for m in mantissas if left <= m * 10.0**k <= right]  # fmt: skip
+        if len(ticks) >= 3:
+            break
+    ax.set_xlim(left, right)
     ax.set_xticks(ticks, [_tick_text(v) for v in ticks])
     ax.xaxis.set_minor_locator(NullLocator())
 
@@ -122,8 +131,14 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
         elif len(node.leaves) >= n / 2 or tree.num_blocks <= 3:
             ax.annotate(label, (node.depth, y[node.id]), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7,
                         bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5})  # readable over the edges
-    ax.set_xticks(range(tree.num_blocks), [f"block {d}\n{tree.width(d)} node{'s' if tree.width(d) > 1 else ''}"
-                                           for d in range(tree.num_blocks)], fontsize=8)
+    def block_label(d: int) -> str:  # every block's cost, where the node labels would crowd (blocks >= 2)
+        label = f"block {d}\n{tree.width(d)} node{'s' if tree.width(d) > 1 else ''}"
+        if node_macs is not None:
+            per_node = sorted({node_macs[n.id] for n in tree.nodes if n.depth == d})
+            label += "\n" + "/".join(f"{m / 1e6:.3g}" for m in per_node) + (" M MACs each" if tree.width(d) > 1 else " M MACs")
+        return label
+
+    ax.set_xticks(range(tree.num_blocks), [block_label(d) for d in range(tree.num_blocks)], fontsize=8)
     ax.set_yticks([])
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
@@ -202,29 +217,41 @@ def metrics_figures(
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     runs = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
-    labels = labels or [r.get("loss") or r.get("model", "model") for r in runs]
+    labels = labels or [LOSS_LABELS.get(r.get("loss"), r.get("loss")) or r.get("model", "model") for r in runs]
     figures = {}
-    about = f"{runs[0].get('model', '')} on {runs[0].get('data', '')} ({runs[0].get('split', '')})"
+    first = runs[0]
+    images = f", {first['num_images']} images" if first.get("num_images") else ""
+    about = f"{first.get('model', '')} on {first.get('dataset') or first.get('data', '')} ({first.get('split', '')}{images})"
+    legend_title = "loss" if all(r.get("loss") in LOSS_LABELS for r in runs) and labels == [
+        LOSS_LABELS[r["loss"]] for r in runs] else None  # fmt: skip
 
     def curve(key: str, ylabel: str, name: str, scale: float = 1.0) -> None:
         fig, ax = _figure((5, 3.6), dpi=120)
-        xs, ys = [], []
+        xs, ys, first_xy = [], [], None
         for run, label in zip(runs, labels):
             rows = run["anytime"]
             x = [r["macs"] / 1e6 if "macs" in r else r["n"] for r in rows]
             y = [r[key] * scale for r in rows]
-            ax.plot(x, y, marker="o", ms=3, label=label, clip_on=False)
+            # accuracy: one binomial standard error of each point, sqrt(p (1 - p) / images)
+            err = ([scale * math.sqrt(r[key] * (1 - r[key]) / run["num_images"]) for r in rows]
+                   if key == "accuracy" and run.get("num_images") else None)  # fmt: skip
+            ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2 if err else 0, elinewidth=0.8, label=label,
+                        clip_on=False)  # fmt: skip
             xs += x
-            ys += y
+            ys += y + ([v + e for v, e in zip(y, err)] + [v - e for v, e in zip(y, err)] if err else [])
+            first_xy = first_xy or (x, y, [r["n"] for r in rows])
         _label_log_x(ax, xs)
         if key == "accuracy":
             ax.set_ylim(*_accuracy_limits(ys))
-        ax.set_title(about, fontsize=9)
+        title = about + ("; bars: ± one standard error" if key == "accuracy" and first.get("num_images") else "")
+        ax.set_title(title, fontsize=8)
         ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n (leaves)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
         fig.tight_layout()
+        x, y, ns = first_xy  # every run has the same n at the same MACs: one run's points carry them
+        _label_points(ax, x, y, [f"n={n}" if k == 0 else str(n) for k, n in enumerate(ns)])
         figures[name] = fig
 
     curve("accuracy", "accuracy (%)", "accuracy_vs_macs.png", 100.0)
@@ -240,10 +267,12 @@ def metrics_figures(
     ax.set_ylim(*_accuracy_limits([100 * r["accuracy"] for run in runs for r in run["leaves"]]))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if len(runs) == 1:  # the bars fill the plotting area: name the run in the title, or the runs beside it
-        ax.set_title(f"each leaf alone: {about}, {labels[0]}", fontsize=9)
+        ax.set_title(f"each leaf alone: {about}, loss {labels[0]}" if legend_title else
+                     f"each leaf alone: {about}, {labels[0]}", fontsize=9)  # fmt: skip
     else:
         ax.set_title(f"each leaf alone: {about}", fontsize=9)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title=legend_title,
+                  title_fontsize=8)  # fmt: skip
     fig.tight_layout()
     figures["leaf_accuracy.png"] = fig
     return figures

@@ -9,7 +9,9 @@ People watch a terminal; CI, ``nohup`` and ``> log`` read a file. So:
       export: 12/40 files (30%), 0.8 files/s, elapsed 15 s, ETA 35 s - onnx/fp32/segments/leaf07.onnx
 
 Library functions take a ``progress`` argument (a :class:`Progress`, or None for silence) rather than
-deciding how to draw; the CLI builds one with :func:`progress_for` from its ``--quiet`` flag.
+deciding how to draw; the CLI builds one with :func:`progress_for` from its ``--quiet`` flag. A function
+with several phases (export, then verify) starts each with :meth:`Progress.restart`. A loop whose figures
+cost something to read (a training step's loss, which waits for the GPU) asks :meth:`Progress.due` first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import IO, Any, Callable
 __all__ = ["Progress", "progress_for", "format_duration", "NULL_PROGRESS"]
 
 EVERY_S = 10.0  # plain-line cadence: well under the 30 s a log reader waits before suspecting a hang
+BAR_FIELDS_S = 1.0  # on a terminal, how often due() asks for fresh figures for the bar
 
 
 def format_duration(seconds: float) -> str:
@@ -51,7 +54,11 @@ class Progress:
         every_s: plain-line cadence in seconds.
         clock: the time source (tests pass a fake one).
         heartbeat: in line mode, a daemon thread repeats the current line every ``every_s`` while no
-            update comes (a single step that takes minutes must not look like a hang).
+            update comes (a single step that takes minutes must not look like a hang). It starts with the
+            first :meth:`update`, :meth:`set` or :meth:`restart`: a command that checks its inputs before it
+            counts anything fails with its one-line error, not after a line of progress.
+        initial: steps already done before this call (a resumed run): counted in ``n`` and the percentage,
+            not in the rate.
     """
 
     def __init__(
@@ -66,26 +73,30 @@ class Progress:
         every_s: float = EVERY_S,
         clock: Callable[[], float] = time.monotonic,
         heartbeat: bool = True,
+        initial: int = 0,
     ) -> None:
-        self.total, self.desc, self.unit = total, desc, unit
+        self._bar = None
+        self._total, self.desc, self.unit = total, desc, unit
         self.enabled = enabled
-        self.n = 0
+        self.n = self.initial = initial
         self.note = ""  # what is happening now (a file name, a phase)
         self.fields: dict[str, Any] = {}
         self._stream = stream if stream is not None else sys.stderr
         self._clock, self._every = clock, every_s
         self._start = clock()
         self._last_line: float | None = None  # when the last plain line was written (None: never)
-        self._last_n = 0
+        self._last_fields: float | None = None  # when due() last answered True on a terminal
+        self._promised: bool | None = None  # due()'s answer, which the next update() keeps
+        self._last_n = initial
+        self._last_by_heartbeat = False
         self._lock = threading.Lock()
         self._closed = False
-        self._bar = None
         self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
         self._stop = threading.Event()
+        self._beating = not (enabled and heartbeat and every_s > 0)  # True: started, or never to start
         if self._tty:
-            self._bar = _tqdm_bar(total, desc, unit, self._stream)
-        elif enabled and heartbeat and every_s > 0:
-            threading.Thread(target=self._heartbeat, name=f"progress:{desc}", daemon=True).start()
+            self._bar = _tqdm_bar(total, desc, unit, self._stream, initial)
+            self._beating = True
 
     # -- what callers use ----------------------------------------------------------------------------
     def update(self, n: int = 1, note: str | None = None, **fields: Any) -> None:
@@ -93,11 +104,13 @@ class Progress:
         if not self.enabled:
             return
         with self._lock:
+            self._start_heartbeat()
             self.n += n
             self._set(note, fields)
+            promised, self._promised = self._promised, None
             if self._bar is not None:
                 self._draw_bar(n)
-            elif self._last_line is None or self._clock() - self._last_line >= self._every or self._finished():
+            elif promised if promised is not None else self._line_due(0):
                 self._write_line()
 
     def set(self, note: str | None = None, **fields: Any) -> None:
@@ -105,11 +118,44 @@ class Progress:
         if not self.enabled:
             return
         with self._lock:
+            self._start_heartbeat()
             self._set(note, fields)
             if self._bar is not None:
                 self._draw_bar(0)
             elif self._last_line is None:
                 self._write_line()
+
+    def due(self) -> bool:
+        """Whether the next :meth:`update` shows its figures: a line is due in a log (the first, one after
+        ``every_s``, or the last step's), or a second has passed on a terminal. A caller whose figures cost
+        a device synchronisation computes them only then."""
+        if not self.enabled:
+            return False
+        now = self._clock()
+        if self._bar is not None:
+            if self._last_fields is None or now - self._last_fields >= BAR_FIELDS_S:
+                self._last_fields = now
+                return True
+            return False
+        self._promised = self._line_due(1)  # the next update() writes its line exactly when this says so
+        return self._promised
+
+    def restart(self, total: int | None, desc: str, unit: str | None = None, initial: int = 0) -> None:
+        """End this phase (its final line) and start the next one on the same reporter (export, then verify)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+            elif self.n != self.initial and self._last_n != self.n:  # the phase's last word, unless just said
+                self._write_line()
+            self._total, self.desc, self.unit = total, desc, unit or self.unit
+            self.n = self.initial = self._last_n = initial
+            self.note, self.fields = "", {}
+            self._start, self._last_line, self._last_fields = self._clock(), None, None
+            self._start_heartbeat()
+            if self._bar is not None:
+                self._bar = _tqdm_bar(total, desc, self.unit, self._stream, initial)
 
     def write(self, message: str) -> None:
         """A line of its own (an epoch's summary) that does not break the bar."""
@@ -121,8 +167,9 @@ class Progress:
             else:
                 print(message, file=self._stream, flush=True)
 
-    def close(self) -> None:
-        """Stop the heartbeat; in line mode write the final line (unless one just said the same)."""
+    def close(self, final: bool = True) -> None:
+        """Stop the heartbeat; in line mode write the final line (unless one just said the same, or ``final`` is
+        False: the command failed, and its error is the one line to read)."""
         if not self.enabled or self._closed:
             return
         self._stop.set()
@@ -130,16 +177,28 @@ class Progress:
             self._closed = True
             if self._bar is not None:
                 self._bar.close()
-            elif self._last_line is None or self._last_n != self.n:
+            elif final and (self._last_line is None or self._last_n != self.n):
                 self._write_line()
 
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(final=exc_type is None)
 
     # -- figures -------------------------------------------------------------------------------------
+    @property
+    def total(self) -> int | None:
+        return self._total
+
+    @total.setter
+    def total(self, value: int | None) -> None:
+        """Known once the work is counted (a verification counts its files after reading the manifest)."""
+        self._total = value
+        if self._bar is not None:
+            self._bar.total = value
+            self._bar.refresh()
+
     @property
     def elapsed(self) -> float:
         return self._clock() - self._start
@@ -147,8 +206,8 @@ class Progress:
     @property
     def rate(self) -> float | None:
         """Steps per second so far (None before the first step)."""
-        elapsed = self.elapsed
-        return self.n / elapsed if self.n and elapsed > 0 else None
+        elapsed, done = self.elapsed, self.n - self.initial
+        return done / elapsed if done > 0 and elapsed > 0 else None
 
     @property
     def eta(self) -> float | None:
@@ -160,11 +219,12 @@ class Progress:
 
     def line(self) -> str:
         """The plain progress line (what a log shows)."""
-        parts = [f"{self.n}/{self.total} {self.unit}s ({100 * self.n / self.total:.0f}%)" if self.total
-                 else f"{self.n} {self.unit}s"]  # fmt: skip
+        units = _plural(self.unit)
+        parts = [f"{self.n}/{self.total} {units} ({100 * self.n / self.total:.0f}%)" if self.total
+                 else f"{self.n} {units}"]  # fmt: skip
         rate = self.rate
         if rate is not None:
-            parts.append(f"{rate:.3g} {self.unit}s/s" if rate >= 1 else f"{format_duration(1 / rate)}/{self.unit}")
+            parts.append(f"{rate:.3g} {units}/s" if rate >= 1 else f"{format_duration(1 / rate)}/{self.unit}")
         parts.append(f"elapsed {format_duration(self.elapsed)}")
         if self.eta is not None and self.n < (self.total or 0):
             parts.append(f"ETA {format_duration(self.eta)}")
@@ -172,17 +232,23 @@ class Progress:
         return f"{self.desc}: {', '.join(parts)}" + (f" - {self.note}" if self.note else "")
 
     # -- internals -----------------------------------------------------------------------------------
-    def _finished(self) -> bool:
-        return self.total is not None and self.n >= self.total
+    def _line_due(self, ahead: int) -> bool:
+        """A plain line is due: the first, ``every_s`` after the last, the last step's (``ahead`` steps on), or the
+        first step after a heartbeat line (which repeats old figures: steps as long as the period would
+        otherwise never show fresh ones)."""
+        last = self._last_line
+        return (last is None or self._clock() - last >= self._every
+                or (self._last_by_heartbeat and self.n + ahead > self._last_n)
+                or (self.total is not None and self.n + ahead >= self.total))  # fmt: skip
 
     def _set(self, note: str | None, fields: dict[str, Any]) -> None:
         if note is not None:
             self.note = note
         self.fields.update(fields)
 
-    def _write_line(self) -> None:
+    def _write_line(self, heartbeat: bool = False) -> None:
         print(self.line(), file=self._stream, flush=True)
-        self._last_line, self._last_n = self._clock(), self.n
+        self._last_line, self._last_n, self._last_by_heartbeat = self._clock(), self.n, heartbeat
 
     def _draw_bar(self, n: int) -> None:
         bar = self._bar
@@ -191,14 +257,24 @@ class Progress:
                                 refresh=False)  # fmt: skip
         bar.update(n) if n else bar.refresh()
 
+    def _start_heartbeat(self) -> None:
+        if not self._beating:
+            self._beating = True
+            threading.Thread(target=self._heartbeat, name=f"progress:{self.desc}", daemon=True).start()
+
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._every):
-            with self._lock:
-                if self._closed:
-                    return
-                last = self._start if self._last_line is None else self._last_line
-                if self._clock() - last >= self._every * 0.99:  # silent for a whole period: say we are alive
-                    self._write_line()
+        while not self._stop.wait(self._every) and self._beat():
+            pass
+
+    def _beat(self) -> bool:
+        """One heartbeat: the current line again if none came for a whole period; False once closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            last = self._start if self._last_line is None else self._last_line
+            if self._clock() - last >= self._every * 0.99:  # silent for a whole period: say we are alive
+                self._write_line(heartbeat=True)
+            return True
 
 
 class _NullProgress(Progress):
@@ -215,6 +291,10 @@ def progress_for(total: int | None, desc: str, unit: str = "step", *, quiet: boo
     return Progress(total, desc, unit, enabled=not quiet, **kwargs)
 
 
+def _plural(unit: str) -> str:
+    return unit + ("es" if unit.endswith(("s", "sh", "ch", "x")) else "s")
+
+
 def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -226,12 +306,14 @@ def _isatty(stream: IO[str]) -> bool:
         return False
 
 
-def _tqdm_bar(total: int | None, desc: str, unit: str, stream: IO[str]):
+def _tqdm_bar(total: int | None, desc: str, unit: str, stream: IO[str], initial: int = 0):
     try:
         from tqdm import tqdm
     except ImportError:  # runtime-only installs: redraw one line by hand
-        return _PlainBar(total, desc, unit, stream)
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=stream, dynamic_ncols=True)
+        bar = _PlainBar(total, desc, unit, stream)
+        bar.n = initial
+        return bar
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=stream, dynamic_ncols=True, initial=initial)
 
 
 class _PlainBar:
@@ -250,7 +332,7 @@ class _PlainBar:
 
     def refresh(self) -> None:
         count = f"{self.n}/{self.total}" if self.total else f"{self.n}"
-        self.stream.write(f"\r\033[K{self.desc}: {count} {self.unit}s {self.postfix}")
+        self.stream.write(f"\r\033[K{self.desc}: {count} {_plural(self.unit)} {self.postfix}")
         self.stream.flush()
 
     def write(self, message: str, file: IO[str] | None = None) -> None:

@@ -3,6 +3,7 @@
 * :func:`load_tensorrt` - ``import tensorrt`` or :class:`BackendUnavailable` with the install hint;
 * :func:`normalize_compute_capability`, :func:`version_tuple` - the spellings both sides accept;
 * :func:`engine_compatibility` - why an engine built with one TensorRT / GPU cannot run on another;
+* :func:`device_support` - why a TensorRT version cannot run on a GPU at all (its architecture);
 * :func:`device_info` - (GPU name, compute capability) of a CUDA device, without torch if possible.
 
 Engines are built by :mod:`hne_edge.exporters.tensorrt` and run by
@@ -24,6 +25,8 @@ __all__ = [
     "normalize_compute_capability",
     "version_tuple",
     "engine_compatibility",
+    "device_support",
+    "MIN_TENSORRT",
     "device_info",
 ]
 
@@ -98,6 +101,39 @@ def engine_compatibility(build_info: dict, trt_version: str, compute_capability:
             f"engine built for compute capability {built_cc} (sm_{built_cc.replace('.', '')}); "
             f"this GPU is {here_cc} (sm_{here_cc.replace('.', '')})"
         )
+    return None
+
+
+# hne-edge builds strongly typed networks and uses the name-based I/O API of TensorRT 10 (pyproject: tensorrt>=10).
+MIN_TENSORRT = (10, 0)
+# The oldest architecture each TensorRT release runs on (NVIDIA's release notes and support matrices): 10.0-10.4
+# support compute capability 7.0 (Volta) and newer; 10.5 removed Volta, so from 10.5 on the floor is 7.5 (Turing).
+_OLDEST_CC = (((10, 5), 7.5), ((10, 0), 7.0))  # (first version, oldest compute capability), newest rule first
+# Blackwell (compute capability 10.x and 12.x) is supported from TensorRT 10.8 on.
+_NEWEST_ARCH = ((10.0, (10, 8)),)  # (compute capability at or above which, the first version that runs it)
+
+
+def device_support(trt_version: str, compute_capability: str | Sequence[int]) -> str | None:
+    """Why TensorRT ``trt_version`` cannot run on a GPU of ``compute_capability`` at all (``None``: it can).
+
+    Applies the rules above (too old for hne-edge, architecture dropped, architecture newer than the
+    release); an architecture the rules do not name is assumed supported.
+    """
+    here = version_tuple(trt_version)
+    cc_text = normalize_compute_capability(compute_capability)
+    cc, sm = float(cc_text), f"sm_{cc_text.replace('.', '')}"
+    shown = ".".join(map(str, here))
+    if here[:2] < MIN_TENSORRT:
+        return f"TensorRT {shown} is older than hne-edge supports (>= {'.'.join(map(str, MIN_TENSORRT))})"
+    oldest = next(floor for since, floor in _OLDEST_CC if here[:2] >= since)
+    if cc < oldest:
+        return f"TensorRT {shown} supports compute capability {oldest} and newer; this GPU is {cc_text} ({sm})"
+    for arch, since in _NEWEST_ARCH:
+        if cc >= arch and here[:2] < since:
+            return (
+                f"this GPU ({cc_text}, {sm}) needs TensorRT {'.'.join(map(str, since))} or newer; "
+                f"TensorRT {shown} does not support it"
+            )
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,22 @@ def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path 
     return proc
 
 
+def clone_working_tree(repo: Path, dest: Path) -> Path:
+    """A fresh ``git clone`` of ``repo`` at ``dest`` holding its working tree as it would be committed: tracked
+    changes and new files git does not ignore, nothing ignored (no .venv, runs/, build outputs). On a clean
+    checkout (CI) that is exactly HEAD. Skips the test where git is not installed."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed here")
+
+    def git(*args: str, cwd: Path = dest) -> None:
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=300)
+
+    git("clone", "--quiet", "--no-checkout", str(repo), str(dest), cwd=dest.parent)
+    git(f"--work-tree={repo}", "add", "--all")  # the clone's index := repo's working tree (its .gitignore applies)
+    git("checkout-index", "--all")
+    return dest
+
+
 @pytest.fixture
 def shared_cifar10() -> Path:
     path = SHARED_DATA / "cifar10_train.npz"
@@ -167,3 +184,18 @@ def steps_bundle(tiny_bundle, tmp_path_factory) -> Path:
         plan="segments,subtrees,fused",
         batch=(1, 1, 8),
     )
+@pytest.fixture
+def fake_torch_cuda(monkeypatch):
+    """TorchCudaBackend builds FakeTorchCuda devices (CPU tensors) and skips the CUDA check; yields them."""
+    import hne_edge.runtime.backends.torch_cuda as tc
+    from runtime_fakes import FakeTorchCuda
+
+    devices = []
+
+    def make(device_id=0):
+        devices.append(FakeTorchCuda(device_id))
+        return devices[-1]
+
+    monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
+    monkeypatch.setattr(tc, "TorchCuda", make)
+    return devices

@@ -22,6 +22,7 @@ import numpy as np
 
 from hne_edge.bundle import InputSpec, Manifest, ModelFile, TensorSpec, activation_name, write_manifest
 from hne_edge.runtime.backends.base import Backend, Runner
+from hne_edge.runtime.backends.cuda import CudaDevice
 from hne_edge.tree import TreeSpec
 
 C, H, W, D = 3, 4, 4, 6
@@ -253,6 +254,250 @@ class FakeTorchCuda:
                 o.copy_(v)
 
         return replay, outs
+
+
+class FakeDevice(CudaDevice):
+    """Device memory as numpy byte arrays keyed by fake pointers; graphs replay the captured launch."""
+
+    kind = "fake"
+
+    def __init__(self) -> None:
+        self.mem: dict[int, np.ndarray] = {}
+        self.next = 0x1000
+        self.stream_handle = 7
+        self.captures = 0
+        self.replays = 0
+
+    def malloc(self, nbytes):
+        ptr, self.next = self.next, self.next + ((nbytes + 255) // 256 + 1) * 256
+        self.mem[ptr] = np.zeros(nbytes, np.uint8)
+        return ptr, self.mem[ptr]
+
+    def view(self, ptr, shape, dtype):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return self.mem[ptr][:n].view(dtype).reshape(shape)
+
+    def upload(self, dst, array):
+        self.mem[dst][: array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+    def download(self, src, out):
+        out[...] = self.view(src, out.shape, out.dtype)
+
+    def synchronize(self):
+        pass
+
+    def device_synchronize(self):
+        pass
+
+    def timer(self):
+        return (lambda: None), (lambda: 0.001)
+
+    def capture(self, launch):
+        self.captures += 1
+
+        def replay():
+            self.replays += 1
+            launch()
+
+        return replay
+
+
+class OrtTensorRT:
+    """A fake ``tensorrt`` module whose engines are the ONNX files they were built from, run by ONNX Runtime
+    (CPU) on a :class:`FakeDevice`'s memory.
+
+    The real exporter (``exporters.tensorrt.build_engines``: parser, builder config, optimization profile,
+    timing cache, manifest entries) and the real ``TensorRTBackend`` / ``TensorRTRunner`` (engine checks,
+    contexts without memory, the shared scratch, shapes, addresses, staging, downloads) run on it, so what
+    comes out is the model's real numerics. What it cannot tell: anything TensorRT itself does on a GPU.
+    """
+
+    MAGIC = b"ORT-ENGINE\0"
+
+    def __init__(self, device: "FakeDevice", version: str = "10.3.0") -> None:
+        import types
+
+        self.__version__ = version
+        self.device = device
+        self.built: list[str] = []  # source paths, in build order
+        self.options: list[dict] = []  # each build's builder settings
+        ns = types.SimpleNamespace
+        self.NetworkDefinitionCreationFlag = ns(STRONGLY_TYPED=0)
+        self.BuilderFlag = ns(TF32="TF32", VERSION_COMPATIBLE="VERSION_COMPATIBLE")
+        self.MemoryPoolType = ns(WORKSPACE="WORKSPACE")
+        self.HardwareCompatibilityLevel = ns(AMPERE_PLUS="AMPERE_PLUS", SAME_COMPUTE_CAPABILITY="SAME_COMPUTE_CAPABILITY")
+        self.TensorIOMode = ns(INPUT="INPUT", OUTPUT="OUTPUT")
+        self.ExecutionContextAllocationStrategy = ns(USER_MANAGED="USER_MANAGED")
+
+        class Logger:
+            WARNING, VERBOSE = 1, 0
+
+            def __init__(self, level: int) -> None:
+                pass
+
+        self.Logger = Logger
+
+    # -- building --------------------------------------------------------------------------------
+    def Builder(self, logger):  # noqa: N802 - TensorRT's name
+        trt = self
+
+        class Network:
+            def __init__(self) -> None:
+                self.onnx: bytes | None = None
+
+            @property
+            def num_inputs(self) -> int:
+                return len(self._session().get_inputs())
+
+            def get_input(self, i):
+                import types
+
+                meta = self._session().get_inputs()[i]
+                return types.SimpleNamespace(name=meta.name, shape=tuple(-1 if not isinstance(d, int) else d for d in meta.shape))
+
+            def _session(self):
+                import onnxruntime as ort
+
+                return ort.InferenceSession(self.onnx, providers=["CPUExecutionProvider"])
+
+        class Parser:
+            num_errors = 0
+
+            def __init__(self, network, logger) -> None:
+                self.network = network
+
+            def parse(self, data: bytes, path: str) -> bool:
+                self.network.onnx, self.network.path = bytes(data), path
+                return True
+
+        class Config:
+            def __init__(self) -> None:
+                self.settings: dict = {"flags": set(), "profiles": []}
+
+            def create_timing_cache(self, data: bytes):
+                import types
+
+                return types.SimpleNamespace(serialize=lambda: b"fake timing cache")
+
+            def set_timing_cache(self, cache, ignore_mismatch: bool) -> None:
+                pass
+
+            def set_memory_pool_limit(self, pool, size: int) -> None:
+                self.settings["workspace"] = size
+
+            def set_flag(self, flag) -> None:
+                self.settings["flags"].add(flag)
+
+            def clear_flag(self, flag) -> None:
+                self.settings["flags"].discard(flag)
+
+            def add_optimization_profile(self, profile) -> None:
+                self.settings["profiles"].append(profile.shapes)
+
+            def __setattr__(self, name, value) -> None:
+                if name != "settings":
+                    self.settings[name] = value
+                object.__setattr__(self, name, value)
+
+        class Profile:
+            def __init__(self) -> None:
+                self.shapes: dict = {}
+
+            def set_shape(self, name, lo, opt, hi) -> None:
+                self.shapes[name] = (tuple(lo), tuple(opt), tuple(hi))
+
+        class Builder:
+            def create_network(self, flags: int) -> Network:
+                return Network()
+
+            def create_builder_config(self) -> Config:
+                return Config()
+
+            def create_optimization_profile(self) -> Profile:
+                return Profile()
+
+            def build_serialized_network(self, network: Network, config: Config) -> bytes:
+                trt.built.append(network.path)
+                trt.options.append(config.settings)
+                return trt.MAGIC + network.onnx
+
+        self.OnnxParser = Parser
+        return Builder()
+
+    # -- running ---------------------------------------------------------------------------------
+    @staticmethod
+    def nptype(dtype):
+        return dtype
+
+    def Runtime(self, logger):  # noqa: N802 - TensorRT's name
+        import types
+
+        return types.SimpleNamespace(deserialize_cuda_engine=self._engine)
+
+    def _engine(self, data: bytes):
+        import onnxruntime as ort
+
+        if not data.startswith(self.MAGIC):
+            return None
+        session = ort.InferenceSession(data[len(self.MAGIC):], providers=["CPUExecutionProvider"])
+        return _OrtEngine(session, self)
+
+
+_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+class _OrtEngine:
+    def __init__(self, session, trt: OrtTensorRT) -> None:
+        self.session, self.trt = session, trt
+        self.inputs = [i.name for i in session.get_inputs()]
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.dtypes = {m.name: _ORT_DTYPES[m.type] for m in [*session.get_inputs(), *session.get_outputs()]}
+        self.num_io_tensors = len(self.inputs) + len(self.outputs)
+        self.device_memory_size_v2 = 4096
+
+    def get_tensor_name(self, i: int) -> str:
+        return [*self.inputs, *self.outputs][i]
+
+    def get_tensor_mode(self, name: str) -> str:
+        return self.trt.TensorIOMode.INPUT if name in self.inputs else self.trt.TensorIOMode.OUTPUT
+
+    def get_tensor_dtype(self, name: str):
+        return self.dtypes[name]
+
+    def create_execution_context(self, strategy):
+        assert strategy == self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        return _OrtContext(self)
+
+
+class _OrtContext:
+    def __init__(self, engine: _OrtEngine) -> None:
+        self.engine, self.address, self.shape, self.memory = engine, {}, None, None
+        self.out_shapes: dict = {}
+
+    def set_device_memory(self, ptr: int, size: int) -> None:
+        self.memory = (ptr, size)
+
+    def set_input_shape(self, name: str, shape) -> bool:
+        self.shape = tuple(shape)
+        e = self.engine
+        zeros = np.zeros(self.shape, e.dtypes[name])  # what the outputs' shapes are at this input shape
+        self.out_shapes = {n: o.shape for n, o in zip(e.outputs, e.session.run(None, {name: zeros}))}
+        return True
+
+    def get_tensor_shape(self, name: str):
+        return self.out_shapes[name]
+
+    def set_tensor_address(self, name: str, ptr: int) -> None:
+        self.address[name] = ptr
+
+    def execute_async_v3(self, stream: int) -> bool:
+        e, dev = self.engine, self.engine.trt.device
+        assert self.memory is not None and stream == dev.stream_handle
+        (name,) = e.inputs
+        x = dev.view(self.address[name], self.shape, e.dtypes[name]).copy()
+        for out_name, value in zip(e.outputs, e.session.run(None, {name: x})):
+            dev.view(self.address[out_name], value.shape, value.dtype)[...] = value
+        return True
 
 
 class FakeTensorRT:

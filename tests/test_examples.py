@@ -69,7 +69,7 @@ def test_embedded_app_budget_and_bad_bundle(bundle_copy, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("frame") == 5
     proc = run_example("embedded_app.py", str(tmp_path / "nope"))
-    assert proc.returncode == 2 and "bundle directory not found" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: ") and "bundle directory not found" in proc.stderr
 
 
 def test_autonomous_stack(bundle_copy, labelled_frames, tmp_path):
@@ -85,6 +85,30 @@ def test_autonomous_stack(bundle_copy, labelled_frames, tmp_path):
         assert 0.05 <= float(r["load"]) <= 0.9
     assert (out / "timeline.png").stat().st_size > 10_000
     assert "answers late:" in proc.stdout and "accuracy on time" in proc.stdout
+
+
+def test_examples_speak_as_the_cli_does(bundle_copy, tmp_path):
+    """Issue 20 item 8: train_cifar took --dataset where the CLI takes --data; the examples printed `error:`
+    where the CLI prints `Error:`; autonomous_stack --period-ms -1 ended in a traceback and 0 meant the default."""
+
+    def one_line_error(proc, *fragments):
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in proc.stderr, proc.stderr
+        assert all(f in lines[0] for f in fragments), lines[0]
+
+    for period in ("-1", "0", "nan"):
+        one_line_error(run_example("autonomous_stack.py", str(bundle_copy), "--period-ms", period, "--out",
+                                   str(tmp_path / "s")), f"argument --period-ms: received '{period}'; expected a number "
+                       "of milliseconds > 0", "(see autonomous_stack.py --help)")  # fmt: skip
+    assert not (tmp_path / "s").exists()
+    one_line_error(run_example("embedded_app.py", str(bundle_copy), "--budget-ms", "-2"), "--budget-ms: received '-2'")
+    one_line_error(run_example("train_cifar.py", "--data", "npz", "--data-dir", str(tmp_path / "none.npz")),
+                   "npz data not found")
+    one_line_error(run_example("train_cifar.py", "--dataset", "npz", "--data-dir", str(tmp_path / "none.npz")),
+                   "npz data not found")  # the old spelling still works, and is no longer advertised
+    helptext = run_example("train_cifar.py", "--help").stdout
+    assert "--data {cifar10,cifar100,npz}" in helptext and "--dataset" not in helptext and "--val-limit" in helptext
 
 
 def test_shipped_training_configs_load():
@@ -104,7 +128,7 @@ def test_train_cifar_example_on_real_data(shared_cifar10, tmp_path):
     out = tmp_path / "run"
     with np.load(shared_cifar10) as data:  # a stand-in for the user's own test set: 200 images in the training format
         np.savez(tmp_path / "test.npz", x=data["x"][:200], y=data["y"][:200], classes=data["classes"])
-    proc = run_example("train_cifar.py", "--dataset", "npz", "--data-dir", str(shared_cifar10), "--model", "hne_tiny",
+    proc = run_example("train_cifar.py", "--data", "npz", "--data-dir", str(shared_cifar10), "--model", "hne_tiny",
                        "--epochs", "1", "--limit", "512", "--out", str(out), "--test-data", str(tmp_path / "test.npz"),
                        timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

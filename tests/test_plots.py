@@ -129,16 +129,52 @@ def test_accuracy_plots_stop_at_100_percent():
 
 
 @pytest.mark.parametrize("macs", [True, False])
-def test_log_x_axis_labels_its_first_tick(macs):
+def test_log_x_axis_labels_round_values_and_the_points_carry_n(macs):
+    """Issue 20 item 10: ticks read 0.97 / 2 / 3.1 (the data's ends), and no point said which n it was."""
+    import re
+
     figs = plots.metrics_figures(_metrics(macs=macs))
     for name in ("accuracy_vs_macs.png", "diversity_vs_macs.png"):
         [ax] = figs[name].axes
         assert ax.get_xscale() == "log"
         ticks = _visible_ticks(ax)
-        first_x = min(ax.get_lines()[0].get_xdata())
-        assert len([t for t in ticks if t[1]]) >= 3, (name, ticks)
-        assert all(label for _, label in ticks), f"{name}: unlabelled ticks {ticks}"
-        assert ticks[0][0] <= first_x * 1.001, f"{name}: the curve starts at {first_x} before any labelled tick {ticks}"
+        assert len(ticks) >= 3 and all(label for _, label in ticks), f"{name}: unlabelled ticks {ticks}"
+        for loc, label in ticks:  # round values only: 1, 1.5, 2, 3, 4, 5, 6, 8 x 10^k
+            mantissa = float(label.replace("−", "-")) / 10 ** np.floor(np.log10(loc))
+            assert np.isclose(float(label), loc, rtol=1e-9) and round(mantissa, 6) in (1, 1.5, 2, 3, 4, 5, 6, 8), ticks
+        line_x = ax.get_lines()[0].get_xdata()
+        lo, hi = ax.get_xlim()
+        assert lo < min(line_x) and max(line_x) < hi  # every point inside the axis
+        texts = _texts(ax)
+        assert texts[0] == "n=1" and "16" in texts and len(texts) >= 6, texts
+        assert all(re.fullmatch(r"n=1|\d+", t) for t in texts)
+
+
+def test_the_ticks_of_a_half_decade_curve_are_round():
+    fig, ax = plots._figure((5, 3.6))
+    plots._label_log_x(ax, [0.97, 1.4, 2.2, 3.1])
+    _draw(fig)
+    assert [label for _, label in _visible_ticks(ax)] == ["1", "2", "3"]
+
+
+def test_accuracy_points_have_binomial_error_bars_and_the_legend_names_the_loss():
+    metrics = [dict(_metrics(top=0.99), loss="independent", num_images=400),
+               dict(_metrics(top=0.99), loss="hierarchical", num_images=400)]
+    for run in metrics:
+        run["anytime"][0]["accuracy"] = 0.9
+    [ax] = plots.metrics_figures(metrics)["accuracy_vs_macs.png"].axes
+    assert _legend(ax) == ["$L^{I}$", "$L^{I} + L^{HD}$"] and ax.get_legend().get_title().get_text() == "loss"
+    bars = [c for c in ax.collections if c.get_segments()]
+    assert len(bars) == 2
+    lo, hi = bars[0].get_segments()[0][:, 1]  # n = 1: 90% +- sqrt(0.9 * 0.1 / 400) = 1.5 points
+    assert (lo, hi) == pytest.approx((90 - 1.5, 90 + 1.5))
+    assert "400 images" in ax.get_title() and "standard error" in ax.get_title()
+
+
+def test_the_title_names_the_data_not_its_file_format():
+    run = dict(_metrics(), data="npz", dataset="cifar10_train.npz", num_images=5000)
+    [ax] = plots.metrics_figures(run)["accuracy_vs_macs.png"].axes
+    assert "on cifar10_train.npz (val, 5000 images" in ax.get_title() and "on npz" not in ax.get_title()
 
 
 def test_leaf_accuracy_has_a_title_and_leaves_from_0():
@@ -158,7 +194,7 @@ def test_leaf_bars_are_not_covered_by_the_legend(runs):
     if runs == 1:
         assert legend is None and "hne" in ax.get_title()
     else:
-        assert _legend(ax) == ["hne", "independent"]
+        assert _legend(ax) == ["hne", "$L^{I}$"]  # the paper's name of the loss
         assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
 
 
@@ -227,6 +263,9 @@ def test_tree_labels_carry_units_and_leaves_count_from_0():
     cost = [t.splitlines()[-1] for t in texts if "\n" in t]
     assert cost and all(c.endswith(" M MACs") for c in cost), cost
     assert "0.031 M MACs" in cost  # the root: 31,000 MACs
+    # issue 20 item 10: the cost of blocks 2.. (too many nodes to label each) was nowhere
+    blocks = [t.get_text() for t in ax.get_xticklabels()]
+    assert blocks[0].endswith("0.031 M MACs") and blocks[4] == "block 4\n16 nodes\n0.155 M MACs each", blocks
 
 
 # -- the example's timeline ----------------------------------------------------------------------------------------

@@ -60,6 +60,26 @@ def test_the_heartbeat_speaks_while_one_step_runs_long():
     assert len(lines) >= 3 and all(line.startswith("verify: 0/3 files") for line in lines[:3]), lines
 
 
+def test_a_failing_command_ends_with_its_error_not_a_progress_line():
+    # before its first update, set or restart, a reporter is silent: the command is still checking its inputs,
+    # and an error there is the only line (the heartbeat had printed `export: 0 files, elapsed 10 s` first)
+    out = io.StringIO()
+    p = Progress(None, "export", "file", stream=out, every_s=0.02)
+    time.sleep(0.2)
+    assert out.getvalue() == ""
+    p.set(note="slicing")
+    p.close()
+    assert out.getvalue().startswith("export: 0 files")
+
+    out = io.StringIO()
+    try:
+        with Progress(None, "eval", "image", stream=out, heartbeat=False):
+            raise ValueError("bad checkpoint")
+    except ValueError:
+        pass
+    assert out.getvalue() == ""
+
+
 def test_quiet_prints_nothing_and_a_terminal_gets_a_bar_not_lines():
     out = io.StringIO()
     with progress_for(10, "eval", quiet=True, stream=out) as p:
@@ -99,3 +119,89 @@ def test_missing_extras_name_an_extra_that_pyproject_defines():
     exc = missing_extra(ModuleNotFoundError("No module named 'torch'", name="torch"), "hne-edge train")
     assert "hne-edge train needs torch" in str(exc) and "pip install 'hne-edge[train]'" in str(exc)
     assert missing_extra(ModuleNotFoundError("No module named 'foo'", name="foo"), "x") is None  # a bug, not the install
+
+
+def test_due_asks_for_costly_figures_only_when_a_line_will_show_them():
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(100, "train", stream=out, every_s=10, clock=clock, heartbeat=False)
+    asked = []
+    for step in range(100):
+        clock.t += 1.0
+        if p.due():
+            asked.append(step)
+            p.update(loss=float(step))
+        else:
+            p.update()
+    lines = out.getvalue().splitlines()
+    # the first step, every 10 s after it, and the last step: each line carries figures read for it
+    assert asked == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99], asked
+    assert len(lines) == len(asked) and lines[-1].endswith("loss 99")
+    # the answer holds for the update it announces, even if the period ends in between (no line with stale figures)
+    p = Progress(100, "train", stream=out, every_s=10, clock=clock, heartbeat=False)
+    p.update(loss=1.0)
+    clock.t += 9.99
+    assert not p.due()
+    clock.t += 0.02
+    before = out.getvalue()
+    p.update()
+    assert out.getvalue() == before and p.due()
+    bar = Progress(10, "eval", stream=io.StringIO(), tty=True, clock=clock)
+    assert bar.due() and not bar.due()  # a terminal refreshes its figures once a second
+    clock.t += 1.0
+    assert bar.due()
+    assert not Progress(10, "x", enabled=False).due()
+
+
+def test_steps_as_long_as_the_period_still_show_fresh_figures():
+    """Seen in a loaded run: 10 s steps, and every line was the heartbeat's, repeating figures never read."""
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(100, "train", stream=out, every_s=10, clock=clock, heartbeat=False)
+    p.set(note="epoch 1")
+    for step in range(3):
+        clock.t += 10.2
+        p._beat()  # the period ends while the step runs: the heartbeat repeats the line
+        clock.t += 0.3
+        if p.due():
+            p.update(loss=float(step))
+        else:
+            p.update()
+    lines = out.getvalue().splitlines()
+    assert [line.endswith(f"loss {k:g} - epoch 1") for line, k in zip(lines[2::2], range(3))] == [True] * 3, lines
+    assert len(lines) == 7  # the first line, then per step: the heartbeat's and the step's with its figures
+
+
+def test_restart_closes_a_phase_and_counts_the_next_one_afresh():
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(2, "export", "file", stream=out, clock=clock, heartbeat=False)
+    clock.t += 2
+    p.update()
+    clock.t += 2
+    p.update(note="last file")  # within 10 s of the first line: not shown yet
+    p.restart(3, "verify", "check")  # so the phase ends with its final line
+    clock.t += 1
+    p.update()
+    clock.t += 1
+    p.update()
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("export: 1/2 files (50%)")
+    assert lines[1].startswith("export: 2/2 files (100%)") and lines[1].endswith("- last file")
+    assert lines[2].startswith("verify: 1/3 checks (33%), 1 checks/s, elapsed 1.0 s, ETA 2.0 s")
+    assert lines[3].startswith("verify: 2/3 checks (67%)")  # closed: its final line
+    assert len(lines) == 4
+
+
+def test_a_resumed_run_counts_earlier_steps_in_the_total_but_not_in_the_rate():
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(100, "train", stream=out, clock=clock, heartbeat=False, initial=60)
+    clock.t += 4
+    p.update(2)
+    assert out.getvalue().startswith("train: 62/100 steps (62%), 2.0 s/step, elapsed 4.0 s, ETA 1 min 16 s")
+
+
+def test_units_read_as_english():
+    clock, out = FakeClock(), io.StringIO()
+    with Progress(2, "profile", "pass", stream=out, clock=clock, heartbeat=False) as p:
+        clock.t += 1
+        p.update()
+    assert out.getvalue().startswith("profile: 1/2 passes (50%), 1 passes/s")

@@ -161,7 +161,7 @@ def test_run_options(tiny_bundle, tmp_path_factory, batch, max_leaves, min_leave
     args += [] if budget is None else ["--budget-ms", budget]
     result = _invoke(args)
     if result.exit_code == 0:
-        records = json.loads(result.stdout)
+        records = json.loads(result.stdout)["records"]
         assert len(records) == 3 and all(1 <= r["leaves"] <= 16 for r in records)
 
 

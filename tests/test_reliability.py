@@ -443,14 +443,20 @@ def test_cli_failures_are_one_line_exit_2(tiny_bundle, tmp_path, args, message):
 def test_enospc_is_one_line(tiny_bundle, tmp_path):
     """A full disk during export: the partial bundle is removed and the message is one line."""
     sitecustomize = tmp_path / "sitecustomize.py"
-    sitecustomize.write_text(
+    sitecustomize.write_text(  # ENOSPC when an ONNX file is opened for writing, by open() or by os.open (fileio)
         "import errno, os, builtins\n"
-        "_open = builtins.open\n"
+        "_open, _os_open = builtins.open, os.open\n"
+        "def enospc(path):\n"
+        "    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
         "def full(path, mode='r', *a, **k):\n"
-        "    if 'w' in str(mode) and str(path).endswith('.onnx'):\n"
-        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
+        "    if 'w' in str(mode) and '.onnx' in str(path):\n"
+        "        raise enospc(path)\n"
         "    return _open(path, mode, *a, **k)\n"
-        "builtins.open = full\n"
+        "def full_os(path, flags, *a, **k):\n"
+        "    if flags & (os.O_WRONLY | os.O_RDWR) and '.onnx' in str(path):\n"
+        "        raise enospc(path)\n"
+        "    return _os_open(path, flags, *a, **k)\n"
+        "builtins.open, os.open = full, full_os\n"
     )
     root = Path(__file__).resolve().parents[1]
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(tmp_path / "out"), *FAST_EXPORT,

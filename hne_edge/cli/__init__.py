@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("hne_edge.cli.runtime", "bench", "Latency of every anytime level; JSON + PNG curve."),
     "run": ("hne_edge.cli.runtime", "run", "Run anytime inference on images or .npy/.npz under a per-frame budget."),
     "demo": ("hne_edge.cli.demo", "demo", "Train, evaluate, export, verify, profile and run a small HNE end to end."),
+    "doctor": ("hne_edge.cli.doctor", "doctor", "Check this install on this machine: environment, every backend present, exit 1 if one fails."),
 }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -14,6 +13,7 @@ from ..exporters.base import PLAN_CHOICES
 from ..exporters.checkpoint import EXPORT_FORMATS
 from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
 from ..exporters.tensorrt import HARDWARE_LEVELS
+from ..progress import progress_for
 from . import printable
 from .options import batch_sizes_option, quiet_option
 
@@ -70,8 +70,10 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
         load_tensorrt()  # fail before any work: clear message + install hint, exit 2
         device_info()
-        entries = build_engines(source, precisions=precisions, plans=None if plan in ("both", "all") else parse_plan(plan),
-                                batch=batch_range, **trt_options)  # fmt: skip  (the default: every plan the bundle has)
+        with progress_for(None, "tensorrt", "engine", quiet=quiet) as progress:
+            entries = build_engines(source, precisions=precisions,
+                                    plans=None if plan in ("both", "all") else parse_plan(plan),
+                                    batch=batch_range, progress=progress, **trt_options)  # fmt: skip  (None: every plan the bundle has)
         click.echo(f"built {len(entries)} TensorRT engine(s) into {printable(source)}")
         return
     if out_dir is None:
@@ -79,14 +81,12 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
     from ..exporters import export_checkpoint
 
-    progress = None if quiet else _progress()
-    path = export_checkpoint(
-        source, out_dir, format=fmt, precisions=precisions, plan=plan, batch=batch_range, opset=opset, force=force,
-        verify=not no_verify, torch_weights=not no_torch_weights, first_leaf=not no_first_leaf, exporter=exporter,
-        tensorrt_options=trt_options, progress=progress,
-    )
-    if progress:
-        click.echo("\r\033[K", err=True, nl=False)  # clear the status line
+    with progress_for(None, "export", "file", quiet=quiet) as progress:  # its first line once the checks passed
+        path = export_checkpoint(
+            source, out_dir, format=fmt, precisions=precisions, plan=plan, batch=batch_range, opset=opset, force=force,
+            verify=not no_verify, torch_weights=not no_torch_weights, first_leaf=not no_first_leaf, exporter=exporter,
+            tensorrt_options=trt_options, progress=progress,
+        )
     manifest = read_manifest(path, verify_files=False)  # just written and verified: only the summary is read
     total = sum(f.bytes for f in manifest.files)
     click.echo(
@@ -101,7 +101,8 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Compare every file and anytime prefix with this checkpoint's PyTorch model.")
 @batch_sizes_option(None, "Batch sizes to run, within the bundle's batch range (default: its min and up to 4).")
-def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] | None) -> None:
+@quiet_option
+def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] | None, quiet: bool) -> None:
     """Check BUNDLE: manifest, sha256, ONNX Runtime loads, plans agree (and vs PyTorch with --checkpoint)."""
     from ..bundle import read_manifest
     from ..exporters.verify import verify_bundle
@@ -117,7 +118,9 @@ def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] |
         from ..train.checkpoint import model_from_checkpoint
 
         model, _ = model_from_checkpoint(checkpoint)
-    report = verify_bundle(bundle, model=model, batch_sizes=list(batch_sizes) if batch_sizes else None)
+    with progress_for(None, "verify", "step", quiet=quiet) as progress:
+        report = verify_bundle(bundle, model=model, batch_sizes=list(batch_sizes) if batch_sizes else None,
+                               progress=progress)  # fmt: skip
     click.echo(_printable_lines(report.format_table()))
     report.raise_for_failures()
 
@@ -200,9 +203,3 @@ def format_manifest(manifest, bundle: Path) -> str:
                 lines.append(f"  {leaves}  {f.path}  {_size(f.bytes)}  {_macs(f.macs)}  {f.inputs[0].name} -> {nodes} -> [{outs}]")
     return "\n".join(lines)
 
-
-def _progress():
-    """One status line per file on a terminal (exports of big trees take minutes); silent in logs and pipes."""
-    if not sys.stderr.isatty():
-        return None
-    return lambda message: click.echo(f"\r\033[K{message}", err=True, nl=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -11,10 +10,11 @@ import numpy as np
 
 from ..bundle import PRECISIONS, RUNNER_PLANS, path_component
 from ..fileio import atomic_write_json, staged_output
+from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
 from . import printable
-from .options import batch_sizes_option, device_option, threads_option
+from .options import batch_sizes_option, device_option, quiet_option, threads_option
 
 
 class _BackendChoice(click.Choice):
@@ -55,15 +55,16 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=50, show_default=True, type=click.IntRange(min=1))
 @_runner_options
-def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph):
+@quiet_option
+def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph, quiet):
     """Measure each leaf step and model file; save the cost model next to the bundle."""
     import warnings
 
     sizes = batch_sizes
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, progress_for(None, "profile", "pass", quiet=quiet) as progress:
             warnings.simplefilter("always")
-            prof = runner.profile(batch_sizes=sizes, warmup=warmup, repeats=repeats)
+            prof = runner.profile(batch_sizes=sizes, warmup=warmup, repeats=repeats, progress=progress)
         for w in caught:
             click.echo(f"note: {w.message}")
         for b in sizes:
@@ -93,14 +94,16 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder (default: bench-<model>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @_runner_options
+@quiet_option
 def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out, as_json, backend, device, plan, precision,
-          threads, cuda_graph):  # fmt: skip
+          threads, cuda_graph, quiet):  # fmt: skip
     """Latency of every anytime level n = 1..N (median / p95); JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
 
     data = frames or frames_alias
 
-    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner, \
+            progress_for(None, "bench", "repetition", quiet=quiet) as progress:
         if data:  # checked before anything is measured
             x, y = load_arrays(data)
             if y is None:
@@ -111,10 +114,10 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             if x.dtype == np.uint8:
                 x = runner.preprocess(x)
             y = check_labels(y, len(x), runner.num_classes, str(data))
-        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats)
+        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats, progress=progress)
         accuracy = None
         if data:
-            accuracy = level_accuracy(runner, x, y)
+            accuracy = level_accuracy(runner, x, y, progress=progress)
             for level, acc in zip(levels, accuracy):
                 level["accuracy"] = acc
         result = {
@@ -148,7 +151,7 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
     for level in levels:
         line = f"{level['n']:>3}  {level['macs'] / 1e6:8.2f}  {level['median_ms']:9.3f}  {level['p95_ms']:8.3f}"
         if accuracy:
-            line += f"  {level['accuracy']:8.4f}"
+            line += f"  {level['accuracy']:8.2%}"
         click.echo(line)
     click.echo(f"wrote {out_dir / 'bench.json'}" + (f" and {png}" if png else " (matplotlib not installed: no PNG)"))
 
@@ -187,19 +190,21 @@ def _load_inputs(paths, runner):
 @click.option("--agreement", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Stop early when this fraction of >= 2 leaves agree.")
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1), help="Samples per frame.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON document: {summary, records} (accuracy as a fraction, as in every JSON file).")
 @_runner_options
 def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size, as_json, backend, device, plan, precision, threads, cuda_graph):
     """Anytime inference on images or .npy/.npz (x, optional y), one frame per --batch-size samples."""
-    from ..runtime import Agreement
+    from ..runtime import Agreement, summarize_frames
 
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
-    records = []
+    records, results = [], []
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         for source, x, y in _load_inputs(inputs, runner):
             for start in range(0, len(x), batch_size):
                 xb = x[start : start + batch_size]
                 r = runner.run(xb, budget_ms=budget_ms, max_leaves=max_leaves, min_leaves=min_leaves, stop_when=stop)
+                results.append(r)
                 d = r.to_dict()
                 for k, s in enumerate(d.pop("samples")):
                     idx = start + k
@@ -210,8 +215,12 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
                         rec["label_true"] = names[int(y[idx])]  # in range: check_labels
                         rec["correct"] = int(y[idx]) == s["class"]
                     records.append(rec)
+    scored = [r["correct"] for r in records if "correct" in r]
+    summary = {"bundle": str(Path(bundle).resolve()), "backend": backend, "device": runner.device, "plan": plan,
+               "precision": precision, "budget_ms": budget_ms, "total_leaves": runner.num_leaves,
+               **summarize_frames(results, scored or None)}  # fmt: skip
     if as_json:
-        click.echo(json.dumps(records, indent=1))
+        click.echo(json.dumps({"summary": summary, "records": records}, indent=1))
         return
     for rec in records:
         line = (
@@ -223,12 +232,12 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
         if "correct" in rec:
             line += "  correct" if rec["correct"] else f"  WRONG (true {printable(rec['label_true'])})"
         click.echo(line)
-    if any("correct" in r for r in records):
-        scored = [r for r in records if "correct" in r]
-        click.echo(f"accuracy {sum(r['correct'] for r in scored) / len(scored):.4f} over {len(scored)} samples", err=False)
-    if len(records) > 1:
-        click.echo(f"mean leaves {np.mean([r['leaves'] for r in records]):.2f}", file=sys.stdout)
-    if budget_ms is not None and records:
-        late = [r for r in records if not r["met_budget"]]
-        forced = sum(r["overran_min_leaves"] for r in late)
-        click.echo(f"budget misses {len(late)}/{len(records)} samples ({forced} forced: the minimum leaves did not fit)")
+    if scored:
+        click.echo(f"accuracy {summary['accuracy']:.2%} over {summary['scored']} samples")
+    if len(results) > 1:
+        lat = summary["latency_ms"]
+        click.echo(f"mean leaves {summary['mean_leaves']:.2f} of {runner.num_leaves}; latency per frame p50 "
+                   f"{lat['p50']:.3f} ms, p90 {lat['p90']:.3f} ms, p99 {lat['p99']:.3f} ms, max {lat['max']:.3f} ms")
+    if budget_ms is not None and results:
+        click.echo(f"budget misses {summary['misses']}/{summary['frames']} frames ({summary['forced_misses']} forced: "
+                   "the budget was shorter than the minimum leaves)")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..train.config import DATASETS, LOSSES, NORMALIZATIONS, PRESETS, WEIGHTINGS  # torch-free: --help stays instant
+from ..train.config import DATASETS, DEFAULT_PRESET, LOSSES, NORMALIZATIONS, PRESETS, WEIGHTINGS  # torch-free: --help stays instant
 from ..tree import TREE_PRESETS
 from .options import config_device_option, device_option, quiet_option, threads_option
 
@@ -38,7 +38,9 @@ from .options import config_device_option, device_option, quiet_option, threads_
 @click.option("--accum-steps", type=int, default=None, help="Micro-batches per step (gradient accumulation).")
 @click.option("--seed", type=int, default=None)
 @click.option("--val-split", type=float, default=None, help="Fraction of training images held out (seeded) for validation.")
-@click.option("--limit", type=int, default=None, help="Use at most this many training (and validation) images (quick runs).")
+@click.option("--limit", type=int, default=None, help="Train on at most this many images (quick runs).")
+@click.option("--val-limit", type=int, default=None,
+              help="Validate on at most this many of the held-out images (default: all of the seeded --val-split).")
 @click.option("--out", default=None, help="Output folder (checkpoint.pt, train_log.json, config.yaml).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out exactly where it stopped.")
 @click.option("--config", "config_path", default=None, help="YAML config (may name a preset); flags override it.")
@@ -48,7 +50,7 @@ from .options import config_device_option, device_option, quiet_option, threads_
 @quiet_option
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
 def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, normalize, epochs, batch_size, lr, weight_decay, accum_steps,
-          seed, val_split, limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
+          seed, val_split, limit, val_limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
     """Train an HNE; with no options, hne_tiny on the bundled digits (~20 s on a CPU).
 
     With only --data, the run starts from the matching paper preset (cifar10/cifar100/npz: cifar,
@@ -66,7 +68,8 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
         if value is not None:
             (overrides.setdefault(section, {}) if section else overrides)[key] = value
 
-    for key, value in (("name", data), ("data_dir", data_dir), ("download", download), ("val_split", val_split), ("limit", limit)):
+    for key, value in (("name", data), ("data_dir", data_dir), ("download", download), ("val_split", val_split), ("limit", limit),
+                       ("val_limit", val_limit)):
         put("data", key, value)
     put("model", "name", model)
     if tree is not None:
@@ -79,21 +82,26 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     for key, value in (("seed", seed), ("out", out), ("device", device), ("threads", threads), ("quiet", quiet)):
         put(None, key, value)
 
+    model_source = None  # how the model was chosen when --model did not name it: fit's first line says so
     if config_path:
         config = TrainConfig.from_file(config_path, overrides)
+        model_source = None if model else f"the model of {config_path}"
     elif preset:
         config = TrainConfig.from_preset(preset, overrides)
+        model_source = None if model else f"the {preset} preset's model"
     elif resume:
-        from ..train.checkpoint import load_checkpoint
+        from ..train.checkpoint import load_resumable
 
         if out is None:
             raise InputError("--resume needs --out (the folder of the run to continue)")
-        stored = load_checkpoint(Path(out) / "checkpoint.pt").get("config")
+        stored = load_resumable(Path(out) / "checkpoint.pt").get("config")
         if not stored:
             raise InputError(f"{out}/checkpoint.pt records no training config; pass --config or --preset")
         config = TrainConfig.from_dict(merge(upgrade_config(stored), overrides))
     else:  # fit's first line names the model and epochs the preset chose
         config = TrainConfig.for_data(data, overrides)
+        if model is None:
+            model_source = f"the {DEFAULT_PRESET[data or 'digits']} preset's model for --data {data or 'digits'}"
 
     if nproc_per_node < 1:
         raise InputError(f"--nproc-per-node: received {nproc_per_node}; expected >= 1")
@@ -102,12 +110,14 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
 
     from ..train.engine import fit
 
-    result = fit(config, resume=resume)
+    result = fit(config, resume=resume, model_source=model_source)
     if int(os.environ.get("RANK", "0")) == 0:
         final = result.final
-        acc = (f"val acc n=1 {final['val_acc_first']:.4f}, n={len(final['val_acc_n'])} {final['val_acc']:.4f}; "
+        acc = (f"val acc n=1 {final['val_acc_first']:.1%}, n={len(final['val_acc_n'])} {final['val_acc']:.1%}; "
                if "val_acc" in final else "")
         click.echo(f"{acc}checkpoint {result.checkpoint}; log {result.log}")
+        for note in result.notes:
+            click.echo(f"note: {note}")
 
 
 def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
@@ -147,18 +157,20 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @device_option
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
-@functools.partial(quiet_option, help="No progress bar; print only the output path.")
+@functools.partial(quiet_option, help="No progress output; print only the output path.")
 def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_plots, quiet):
     """Accuracy, NLL, ECE, logit diversity and MACs for every ensemble size n = 1..N."""
     from ..errors import InputError
+    from ..progress import progress_for
     from ..train.evaluation import evaluate_checkpoint
 
     if test_data and split:
         raise InputError(f"--test-data and --split {split} contradict each other: --test-data names the images to use")
-    metrics = evaluate_checkpoint(
-        checkpoint, out, split=split or "val", test_data=test_data, data={"data_dir": data_dir} if data_dir else None, batch_size=batch_size,
-        device=device, plots=not no_plots, progress=not quiet and sys.stderr.isatty(),
-    )
+    with progress_for(None, "eval", "image", quiet=quiet) as progress:
+        metrics = evaluate_checkpoint(
+            checkpoint, out, split=split or "val", test_data=test_data, data={"data_dir": data_dir} if data_dir else None,
+            batch_size=batch_size, device=device, plots=not no_plots, progress=progress,
+        )
     out_dir = Path(out) if out else Path(checkpoint).parent
     if not quiet:
         click.echo(f"{metrics['model']} ({metrics['loss']} loss) on {metrics['data']} {metrics['split']}: {metrics['num_images']} images")
@@ -168,4 +180,9 @@ def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_pl
                        f"{row['ece']:>7.4f} {row['diversity']:>9.4f}")
         leaves = " ".join(f"{100 * r['accuracy']:.1f}" for r in metrics["leaves"])
         click.echo(f"per-leaf acc %: {leaves}")
+    from ..train.evaluation import chance_note
+
+    note = chance_note(metrics["anytime"][-1]["accuracy"], metrics["num_images"], metrics["num_classes"], metrics["split"])
+    if note:
+        click.echo(f"note: {note}")
     click.echo(f"wrote {out_dir / 'metrics.json'}")

@@ -204,7 +204,8 @@ def _check_out(out: Path, force: bool, keep: Sequence[str | os.PathLike]) -> Non
     if not out.is_dir():  # --force would not help, so do not suggest it
         raise ExportError(f"output path {out} exists and is not a directory; expected a new or bundle folder")
     if not force:
-        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+        raise ExportError(f"output directory {out} already exists", hint="pass force=True to replace it",
+                          cli_hint="pass --force to replace it")
     check_replaceable(out, keep)
 
 

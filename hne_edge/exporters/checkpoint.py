@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .base import DEFAULT_OPSET, package_version, parse_batch, parse_plan, parse_precisions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..progress import Progress
 
 __all__ = ["EXPORT_FORMATS", "export_checkpoint"]
 
@@ -37,7 +40,7 @@ def export_checkpoint(
     first_leaf: bool = True,
     exporter: str = "torchscript",
     tensorrt_options: dict | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: "Progress | None" = None,
 ) -> Path:
     """Export the model of ``checkpoint`` (written by ``hne-edge train``) to a bundle at ``out_dir``; returns its path.
 
@@ -45,6 +48,7 @@ def export_checkpoint(
         format: ``"onnx"`` (the portable bundle) or ``"tensorrt"`` (ONNX plus engines built on this GPU).
         tensorrt_options: keyword arguments of :func:`hne_edge.exporters.tensorrt.build_engines`
             (``workspace_mb``, ``hardware_compatibility``, ``version_compatible``).
+        progress: a :class:`~hne_edge.progress.Progress` for the files, the verification and the engines.
         The other arguments are :func:`hne_edge.exporters.onnx.export_onnx`'s. The checkpoint itself is never
         replaced, even with ``force``.
     """
@@ -63,7 +67,7 @@ def export_checkpoint(
         plans = None if plan in ("both", "all") else parse_plan(plan)  # the default: every plan exported
 
         def build_engines_into(tmp: Path) -> None:
-            build_engines(tmp, precisions=precisions, plans=plans, batch=batch, **(tensorrt_options or {}))
+            build_engines(tmp, precisions=precisions, plans=plans, batch=batch, progress=progress, **(tensorrt_options or {}))
 
         build_after_verify = build_engines_into
 

@@ -1,13 +1,26 @@
 """ONNX exporter: a trained fused HNE -> a bundle of ONNX files per node, per leaf segment, per subtree unit
 (plan "subtrees") and for the whole fused tree (plan "fused"), as the plans asked for.
 
-Why the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) by
-default: on this code base it exports a node in ~0.1 s against ~3 s for the
-dynamo exporter (a bundle is ~100 files per precision), its ``dynamic_axes``
-give a symbolic batch dimension directly, and it emits opset 17 natively,
-where the dynamo exporter implements opset >= 18 and down-converts with a
-fallback. ``exporter="dynamo"`` is kept for when the TorchScript path is
-removed from PyTorch; both are checked the same way afterwards.
+Why the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) stays
+the default although PyTorch deprecates it (issue 20 item 11; measured side by
+side by ``benchmarks/bench_exporters.py``, ``benchmarks/results/exporters.md``,
+torch 2.14.1, hne_tiny, every plan): the dynamo exporter
+
+* cannot write the bundle's default opset 17: it implements opset >= 18 and its
+  down-conversion of a leaf's ``ReduceMean`` fails, so it leaves an opset-18 file
+  (which the manifest recorded as 17 until the check below refused it);
+* cannot write fp16 bundles: that ``ReduceMean`` (TorchScript writes
+  ``GlobalAveragePool``) is outside the ops the fp16 conversion handles;
+* took 20.4 s per file against 0.35 s (58x; a bundle is ~50 files per
+  precision), and wrote files 2.7x larger (1.54 MB against 0.57 MB for the
+  same weights: names, metadata and shape information);
+* at opset 18 in fp32 it passes the same verification (every file and every
+  anytime prefix within 1.2e-6 of PyTorch) and runs as fast in ONNX Runtime
+  (all 16 leaves 10.2 ms against 11.0 ms, a loaded 2-core machine, round-robin).
+
+``exporter="dynamo"`` (``--exporter dynamo --opset 18``, fp32) is kept for when
+the TorchScript path is removed from PyTorch; both are checked the same way
+afterwards, the opset included.
 
 Every file is checked after export, whatever the exporter did: ``onnx.checker``,
 a symbolic batch dimension on every input and output, the expected tensor
@@ -29,6 +42,7 @@ from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activ
 from ..errors import ExportError, InputError
 from ..fileio import atomic_write_bytes
 from ..limits import MAX_BATCH
+from ..progress import NULL_PROGRESS, Progress
 from .base import (
     DEFAULT_OPSET,
     ShapeError,
@@ -133,6 +147,11 @@ def export_module(
     for key, value in (metadata or {}).items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
+    got = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if got != opset:  # the manifest records `opset` for every file: TensorRT and old runtimes read it as such
+        raise ExportError(
+            f"{path.name}: the {exporter} exporter wrote an opset-{got} graph; the bundle records opset {opset} "
+            f"(the exporter could not convert its graph to it)", hint=f"pass opset={got}", cli_hint=f"pass --opset {got}")
     check_onnx_model(proto, path, input_names, output_names)
     atomic_write_bytes(path, proto.SerializeToString())  # small graphs: one file, weights inline
     return path
@@ -244,7 +263,7 @@ def export_onnx(
     extra_provenance: dict | None = None,
     verify_batch_sizes: Sequence[int] | None = None,
     post_export: Callable[[Path], None] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     first_leaf: bool = True,
     keep: Sequence[str | os.PathLike] = (),
 ) -> Path:
@@ -270,8 +289,8 @@ def export_onnx(
         verify_batch_sizes: batch sizes the verification runs at (default: min and up to 4).
         post_export: called with the temporary bundle directory after verification, before it is
             published (the TensorRT path builds its engines there, so they are atomic too).
-        progress: called with a short message as each file is written and each phase starts
-            (the CLI prints them when stderr is a terminal; big trees take minutes).
+        progress: counts the files as they are written (a total, a rate and an ETA: big trees take minutes),
+            then the verification's steps (:func:`~hne_edge.exporters.verify.verify_bundle`); None: silent.
         first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision):
             the runtime runs it when a frame stops after the first leaf, at the cost of a standalone
             network instead of the exporting segment's (up to ~10% more; BENCHMARKS.md).
@@ -303,7 +322,7 @@ def export_onnx(
     why = unusable_reason(model.state_dict())  # the checkpoint rule: what no export of it could verify
     if why is not None:
         raise ExportError(f"cannot export {config.name}: {why}")
-    say = progress or (lambda message: None)
+    progress = progress or NULL_PROGRESS
     model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)
     model.float().cpu()
     cost = tree_cost(model)
@@ -342,6 +361,10 @@ def export_onnx(
                 )
             )
 
+        per_precision = ((len(tree.nodes) if "nodes" in plans else 0) + (len(tree.segments) if "segments" in plans else 0)
+                         + (len(tree.subtree_units) if "subtrees" in plans else 0) + ("fused" in plans))  # fmt: skip
+        progress.restart(len(precisions) * (per_precision + first_leaf) + torch_weights, "export", "file")
+        progress.set(note="slicing the tree into its nodes")
         leaf_index = {nid: i for i, nid in enumerate(tree.leaf_order)}
         # slice every node once (slicing copies the fused block, the dominant cost on big trees); the unfolded
         # slices are also the verification's per-node reference
@@ -364,7 +387,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "nodes", precision, [node.id], leaf_index.get(node.id),
                         cost.nodes[node.id].macs, [in_spec], [out_spec], opset)  # fmt: skip
-                    say(f"exported {rel} ({len(files)} files)")
+                    progress.update(note=rel)
             if "segments" in plans:
                 from ..models import SegmentModule
 
@@ -380,7 +403,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "segments", precision, seg.nodes, seg.leaf,
                         sum(cost.nodes[n].macs for n in seg.nodes), [in_spec], outputs, opset)  # fmt: skip
-                    say(f"exported {rel} ({len(files)} files)")
+                    progress.update(note=rel)
             if "subtrees" in plans or "fused" in plans:
                 from ..models import SegmentModule
                 from ..tree import Segment
@@ -405,7 +428,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "subtrees", precision, unit.nodes, unit.first_leaf,
                         sum(cost.nodes[n].macs for n in unit.nodes), [in_spec], outputs, opset)  # fmt: skip
-                    say(f"exported {rel} ({len(files)} files)")
+                    progress.update(note=rel)
                 if "fused" in plans:
                     rel = file_path("onnx", precision, "fused")
                     if None not in subtrees:
@@ -417,7 +440,7 @@ def export_onnx(
                     )  # fmt: skip
                     add(rel, "onnx", "fused", precision, [n.id for n in tree.nodes], 0, cost.total_macs,
                         [in_spec], [out_spec], opset)  # fmt: skip
-                    say(f"exported {rel} ({len(files)} files)")
+                    progress.update(note=rel)
             if first_leaf:
                 seg = tree.segments[0]
                 rel = file_path("onnx", precision, "first", leaf=0, num_leaves=tree.num_leaves)
@@ -429,7 +452,7 @@ def export_onnx(
                 )  # fmt: skip
                 add(rel, "onnx", "first", precision, seg.nodes, 0, sum(cost.nodes[n].macs for n in seg.nodes),
                     [in_spec], [out_spec], opset)  # fmt: skip
-                say(f"exported {rel} ({len(files)} files)")
+                progress.update(note=rel)
         if torch_weights:
             rel = file_path("torch", "fp32", "weights")
             # plain dict of tensors: loads with torch.load(weights_only=True); architecture is in the manifest
@@ -437,6 +460,7 @@ def export_onnx(
             add(rel, "torch", "weights", "fp32", [n.id for n in tree.nodes], None, cost.total_macs,
                 [spec(None, "float32")],
                 [TensorSpec("logits", None, "float32", (BATCH_DIM, tree.num_leaves, config.num_classes))])  # fmt: skip
+            progress.update(note=rel)
 
         manifest = Manifest(
             model_name=config.name,
@@ -465,8 +489,7 @@ def export_onnx(
         if verify:
             from .verify import verify_bundle
 
-            say(f"verifying {len(files)} files and every anytime prefix against PyTorch")
-            report = verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes, node_modules=sliced)
+            report = verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes, node_modules=sliced, progress=progress)
             report.raise_for_failures()
         if post_export is not None:
             post_export(tmp)

@@ -43,6 +43,7 @@ from ..bundle import (
 )
 from ..errors import ExportError, InputError
 from ..fileio import atomic_write_bytes
+from ..progress import NULL_PROGRESS, Progress
 from ..tensorrt_compat import (  # noqa: F401 - the exporter's public names; the rules live in tensorrt_compat
     INSTALL_HINT,
     device_info,
@@ -99,6 +100,7 @@ def build_engines(
     hardware_compatibility: str = "none",
     version_compatible: bool = False,
     verbose: bool = False,
+    progress: Progress | None = None,
 ) -> list[ModelFile]:
     """Build one engine per ONNX file of the chosen precisions/plans and add them to the bundle's manifest.
 
@@ -110,6 +112,7 @@ def build_engines(
         optimization_level: ``builder_optimization_level`` 0..5 (default: TensorRT's, 3).
         hardware_compatibility: ``"none"`` | ``"same_compute_capability"`` | ``"ampere_plus"``.
         version_compatible: set ``VERSION_COMPATIBLE`` (later TensorRT of the same major can run it).
+        progress: counts the engines as they are built (each takes seconds to minutes); None: silent.
     """
     if hardware_compatibility not in HARDWARE_LEVELS:
         raise InputError(f"hardware_compatibility must be one of {list(HARDWARE_LEVELS)}; received {hardware_compatibility!r}")
@@ -156,12 +159,15 @@ def build_engines(
     }
     timing_cache = None
     entries: list[ModelFile] = []
+    progress = progress or NULL_PROGRESS
+    progress.restart(sum(len(manifest.files_for(p, q, "onnx")) for p, q in wanted), "tensorrt", "engine")
     for plan, precision in wanted:
         # fp32 engines: no TF32 (on by default on Ampere+, Jetson Orin included), so an "fp32" engine
         # computes in the fp32 that was verified; fp16 engines get their types from the fp16 ONNX
         no_tf32 = precision == "fp32" and hasattr(trt.BuilderFlag, "TF32")
         build_info = {**base_info, "flags": flags + (["NO_TF32"] if no_tf32 else [])}
         for source in manifest.files_for(plan, precision, "onnx"):
+            progress.set(note=f"building from {source.path}")
             rel = file_path("tensorrt", precision, plan, engine_dir=out_rel, **file_key(source, manifest.tree))
             # strongly typed: the ONNX's own types decide the precision (always on, and the flag gone, in 11)
             net_flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if major < 11 else 0
@@ -197,6 +203,7 @@ def build_engines(
             data = bytes(serialized)
             atomic_write_bytes(bundle_dir / rel, data)  # a killed build leaves no half engine beside the manifest
             entries.append(engine_entry(source, rel, build_info, data))
+            progress.update(note=rel)
     if timing_cache is not None:
         atomic_write_bytes(cache_file, bytes(timing_cache.serialize()))
     update_manifest(bundle_dir, entries)

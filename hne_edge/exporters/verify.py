@@ -25,7 +25,6 @@ This module imports torch only when a model is given.
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +32,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest, read_verified
+from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest
 from ..errors import BundleError
 from ..limits import check_threads
+from ..progress import NULL_PROGRESS, Progress
 from .base import TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,9 +57,9 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
 # -- loaders / runners ------------------------------------------------------------------------------
 
 
-def ort_session(path: str | os.PathLike, threads: int | None = None, model_file: ModelFile | None = None):
-    """An ONNX Runtime CPU session for one file (the loader): its bytes are read once (checked against
-    ``model_file``'s sha256 when given), must be self-contained, and are what ONNX Runtime loads."""
+def ort_session(path: str | os.PathLike, threads: int | None = None, name: str | None = None):
+    """An ONNX Runtime CPU session for one file (the loader): its bytes are read once, must be self-contained
+    (the runtime's rule) and are what ONNX Runtime loads, so it never follows a path the file names."""
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency of the exporters
@@ -71,8 +71,8 @@ def ort_session(path: str | os.PathLike, threads: int | None = None, model_file:
     threads = check_threads(threads or None)
     if threads:
         options.intra_op_num_threads = threads
-    name = model_file.path if model_file is not None else str(path)
-    data = read_verified(path, model_file)
+    name = name or str(path)
+    data = Path(path).read_bytes()  # verify_bundle hashed every file when it read the manifest
     check_self_contained(data, name)  # the runtime's rule: never let ONNX Runtime follow external paths
     try:
         return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
@@ -242,13 +242,18 @@ def verify_bundle(
     seed: int = 0,
     threads: int | None = None,
     node_modules: dict | None = None,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Verify a bundle (see module docstring). Raises BundleError/ShapeError for structural problems;
     numerical results are in the returned report (``report.raise_for_failures()`` to make them errors).
 
     ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
+    ``progress`` counts steps: each file of a variant run through the runtime (which loads and runs them all),
+    and with a model each file compared with PyTorch. It starts once the bundle's structure is checked (manifest,
+    sha256, every file loaded, the torch weights read): a damaged bundle fails with its error alone.
     """
     bundle_dir = Path(bundle_dir)
+    progress = progress or NULL_PROGRESS
     manifest = read_manifest(bundle_dir, verify_files=True)
     report = VerifyReport(bundle_dir)
     if model is not None and model.config.to_dict() != manifest.model_config:
@@ -260,10 +265,22 @@ def verify_bundle(
         lo, _, hi = manifest.input.batch
         batch_sizes = sorted({lo, max(lo, min(hi, 4))})
     onnx_files = [f for f in manifest.files if f.format == "onnx"]
+    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
+    files_of = {v: len(manifest.files_for(*v, "onnx")) for v in variants}
     sessions = {}
     for f in onnx_files:
-        sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads, model_file=f)
+        sessions[f.path] = ort_session(bundle_path(bundle_dir, f), threads=threads, name=f.path)
         check_session_io(sessions[f.path], f)
+    torch_states = {}
+    if model is not None:
+        from ..train.checkpoint import safe_torch_load
+
+        for f in manifest.files:
+            if f.format == "torch":
+                # read by path: the manifest's hash of it was checked with the manifest (one sha256 per file)
+                torch_states[f.path] = safe_torch_load(bundle_path(bundle_dir, f), f"{f.path} (a torch state_dict)",
+                                                       error=BundleError)  # fmt: skip
+    progress.restart(sum(files_of.values()) + (len(onnx_files) if model is not None else 0), "verify", "step")
     engines = [f for f in manifest.files if f.format == "tensorrt"]
     if engines:
         report.notes.append(
@@ -271,19 +288,23 @@ def verify_bundle(
         )
 
     rng = np.random.default_rng(seed)
-    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32) for b in batch_sizes}
+    # in the bundle's input dtype (float16 for an fp16-only bundle), as a user would feed it; PyTorch gets float32
+    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32).astype(manifest.input.dtype)
+              for b in batch_sizes}  # fmt: skip
     report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
-    variants = [(p, q) for fmt, p, q in manifest.variants() if fmt == "onnx" and p in ANYTIME_PLANS]
     chains, firsts, stops = {}, {}, {}
     for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
+        progress.set(note=f"running onnx/{q}/{p} through the runtime")
         per_batch, first, at_stops = run_anytime(bundle_dir, p, q, images, threads)
+        progress.update(files_of[(p, q)])
         chains.update({(p, q, b): leaves for b, leaves in per_batch.items()})
         stops.update({(p, q, b): by_n for b, by_n in at_stops.items()})
         if first is not None:
             firsts.setdefault(q, (p, first))
 
     if model is not None:
-        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules)
+        _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules,
+                              progress, torch_states)  # fmt: skip
 
     # plan agreement (no torch needed): every plan must compute what the first one (in the manifest's order) does
     for precision in ("fp32", "fp16"):
@@ -324,7 +345,8 @@ def verify_bundle(
     return report
 
 
-def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules=None) -> None:
+def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules=None,
+                          progress: Progress = NULL_PROGRESS, torch_states: dict | None = None) -> None:  # fmt: skip
     import torch
 
     model = model.eval()
@@ -334,6 +356,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
     with torch.no_grad():
         nodes = {k: v.eval() for k, v in (node_modules or model.node_modules()).items()}  # unfolded, fp32
         for b, image in images.items():
+            image = image.astype(np.float32)
             acts: dict[str | None, torch.Tensor] = {None: torch.from_numpy(image)}
             for node in tree.nodes:  # breadth-first: parents first
                 acts[node.id] = nodes[node.id](acts[node.parent])
@@ -358,6 +381,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         worst = _merge(checks)
         worst.check = f"vs torch ({worst.check})"
         report.checks.append(worst)
+        progress.update(note=f"compared {f.path} with PyTorch")
 
     for fmt, plan, precision in manifest.variants():
         if fmt != "onnx" or plan not in ANYTIME_PLANS:
@@ -383,10 +407,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
 
     for f in manifest.files:
         if f.format == "torch":
-            from ..train.checkpoint import safe_torch_load
-
-            state = safe_torch_load(io.BytesIO(read_verified(bundle_path(bundle_dir, f), f)), f"{f.path} (a torch state_dict)",
-                                    error=BundleError)  # fmt: skip
+            state = (torch_states or {})[f.path]  # read (and its pickle checked) before verify_bundle's progress
             ref = model.state_dict()
             if set(state) != set(ref):
                 raise ShapeError(f"{f.path}: state_dict keys differ from the model's: {sorted(set(state) ^ set(ref))[:5]}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .backends import BACKENDS, Backend, LoadedPlan, Runner, Unit, create_backend
 from .cost_model import CostModel, Profile
 from .inputs import check_input, preprocess
-from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax
+from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax, summarize_frames
 from .runner import AnytimeRunner, ConcurrentUseError
 from .session import AnytimeSession, NoResultError, RunnerClosedError, SessionCancelled
 
@@ -44,4 +44,5 @@ __all__ = [
     "check_input",
     "preprocess",
     "softmax",
+    "summarize_frames",
 ]

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..progress import NULL_PROGRESS, Progress
 from .cost_model import summarize
 from .inputs import check_labels
 from .runner import AnytimeRunner
@@ -13,11 +14,15 @@ from .runner import AnytimeRunner
 __all__ = ["level_latencies", "level_accuracy", "load_arrays"]
 
 
-def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0) -> list[dict]:
+def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0,
+                    progress: Progress | None = None) -> list[dict]:
     """Wall time of ``runner.run(x, max_leaves=n)`` for every stop n of its plan (median / p90 / p95, ms).
 
-    Levels are interleaved within each repetition so load changes hit every level alike.
+    Levels are interleaved within each repetition so load changes hit every level alike. ``progress`` counts
+    the repetitions (warm-up ones included).
     """
+    progress = progress or NULL_PROGRESS
+    progress.restart(warmup + repeats, "bench", "repetition")
     spec = runner.input_spec
     x = np.random.default_rng(seed).standard_normal((batch, spec.channels, *spec.spatial)).astype(spec.dtype)
     clock = runner.backend.clock
@@ -30,13 +35,17 @@ def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repe
             t = clock() - t0
             if rep >= warmup:
                 times[k].append(t)
+        progress.update(note="warm-up" if rep < warmup else "")
     macs = runner.manifest.prefix_macs()
     return [{"n": n, "macs": macs[n - 1], **summarize(t)} for n, t in zip(stops, times)]
 
 
-def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None) -> list[float]:
-    """Top-1 accuracy of the first-n-leaves ensemble for every n, over (x, y)."""
+def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None,
+                   progress: Progress | None = None) -> list[float]:
+    """Top-1 accuracy of the first-n-leaves ensemble for every n, over (x, y); ``progress`` counts the frames."""
     y = check_labels(y, len(x), runner.num_classes)
+    progress = progress or NULL_PROGRESS
+    progress.restart(len(x), "accuracy", "frame")
     batch_size = batch_size or runner.input_spec.batch[2]
     correct = np.zeros(runner.num_leaves, dtype=np.int64)
     for start in range(0, len(x), batch_size):
@@ -44,6 +53,7 @@ def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_si
         ll = runner.run(xb).leaf_logits  # (N, B, C)
         means = np.cumsum(ll, axis=0) / np.arange(1, runner.num_leaves + 1)[:, None, None]
         correct += (means.argmax(-1) == yb[None]).sum(axis=1)
+        progress.update(len(yb))
     return (correct / len(x)).tolist()
 
 

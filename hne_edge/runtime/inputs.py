@@ -39,11 +39,13 @@ def check_input(x: Any, spec: InputSpec) -> np.ndarray:
     """
     if not isinstance(x, np.ndarray):
         kind = f"{type(x).__module__}.{type(x).__qualname__}"
-        hint = " (use .cpu().numpy())" if kind.startswith("torch.") else ""
-        raise InputError(f"input {spec.name}: received {kind}; expected a numpy.ndarray{hint}")
+        hint = "use .cpu().numpy()" if kind.startswith("torch.") else None
+        raise InputError(f"input {spec.name}: received {kind}; expected a numpy.ndarray", hint=hint)
     if x.dtype != _dtype(spec.dtype):
-        hint = " (uint8 images: use runner.preprocess(images))" if x.dtype == np.uint8 else f" (x.astype(np.{spec.dtype}))"
-        raise InputError(f"input {spec.name}: received dtype {x.dtype}; expected {spec.dtype}{hint}")
+        hint = "uint8 images: use runner.preprocess(images)" if x.dtype == np.uint8 else f"use x.astype(np.{spec.dtype})"
+        raise InputError(f"input {spec.name}: received dtype {x.dtype}; expected {spec.dtype}", hint=hint,
+                         cli_hint=f"save the frames as uint8 images (N,H,W,C), which the command normalises, or as "
+                                  f"normalised {spec.dtype} (N,C,H,W)")  # fmt: skip
     if x.ndim != 4:
         hint = "; add a batch axis with x[None]" if x.ndim == 3 else ""
         raise InputError(
@@ -51,10 +53,12 @@ def check_input(x: Any, spec: InputSpec) -> np.ndarray:
             f"{_expected_shape(spec)}{hint}"
         )
     if x.shape[1] != spec.channels:
-        hint = " (NHWC? use runner.preprocess for images)" if x.shape[3] == spec.channels else ""
+        nhwc = x.shape[3] == spec.channels
         raise InputError(
             f"input {spec.name}: received {x.shape[1]} channels (shape {tuple(x.shape)}); expected {spec.channels}, "
-            f"{_expected_shape(spec)}{hint}"
+            f"{_expected_shape(spec)}",
+            hint="NHWC? use runner.preprocess for images" if nhwc else None,
+            cli_hint="NHWC? save the frames as uint8 images (N,H,W,C), which the command normalises" if nhwc else None,
         )
     if tuple(x.shape[2:]) != spec.spatial:
         raise InputError(

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..bundle import InputSpec
+from ..progress import NULL_PROGRESS, Progress
 from .cost_model import summarize
 from .program import Call, Program
 from .session import AnytimeSession, UnitHook
@@ -61,6 +62,7 @@ def measure(
     warmup: int,
     repeats: int,
     seed: int,
+    progress: Progress | None = None,
 ) -> dict[int, dict[str, Any]]:
     """``Profile.batches``: per batch size, step / unit / level statistics of ``repeats`` full passes per route.
 
@@ -68,7 +70,10 @@ def measure(
     does not feed the cost model (the caller holds the lock). The profile's ``leaves`` list has one entry
     per step of ``program`` (``leaf``: the step index, ``adds``: its leaves ``[first, end)``); ``levels``:
     the latency of the first ``n`` leaves at each stop of the base walk.
+    ``progress`` counts the passes (every route's, warm-up ones included).
     """
+    progress = progress or NULL_PROGRESS
+    progress.restart(len(sizes) * len(program.routes()) * (warmup + repeats), "profile", "pass")
     rng = np.random.default_rng(seed)
     clock = backend.clock
     steps = program.steps
@@ -86,6 +91,7 @@ def measure(
                 session = open_session(x, route)
                 n = session.num_leaves
                 session.advance(clock(), None, None, n, n, on_unit=unit_timer(backend, unit_t if rep >= warmup else None))
+                progress.update(note=f"batch {b}{', warm-up' if rep < warmup else ''}")
                 if rep < warmup:
                     continue
                 taken = session.steps_taken

@@ -6,12 +6,13 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Sequence
 
 import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["AnytimeResult", "Uncertainty", "StopRule", "Agreement", "softmax"]
+__all__ = ["AnytimeResult", "Uncertainty", "StopRule", "Agreement", "softmax", "summarize_frames"]
 
 
 def _real(value: object) -> bool:
@@ -60,8 +61,10 @@ class AnytimeResult:
     ``elapsed_ms`` is the wall time of the call that produced it (for
     sessions: of all calls so far). ``met_budget`` is True when the call had
     no budget or finished by its deadline; ``overran_min_leaves`` is True
-    when the forced ``min_leaves`` alone went past the deadline (that miss is
-    not the scheduler's choice). ``stopped_by``: "complete", "max_leaves",
+    when the budget was shorter than the forced ``min_leaves`` (as the cost
+    model predicted them when the call began) and they went past it: that
+    miss was unavoidable, not the scheduler's choice. A forced leaf that fits
+    its prediction but runs long (the process pre-empted) is an ordinary miss. ``stopped_by``: "complete", "max_leaves",
     "budget", "stop_when", "cancelled", "step" or "closed" (session closed early).
     """
 
@@ -178,13 +181,13 @@ class Agreement(StopRule):
 
     def __post_init__(self) -> None:  # written so that NaN fails every comparison, and so every check
         if not isinstance(self.min_leaves, int) or isinstance(self.min_leaves, bool) or self.min_leaves < 1:
-            raise InputError(f"Agreement.min_leaves: received {self.min_leaves!r}; expected an int >= 1")
+            raise InputError(f"Agreement.min_leaves must be an int >= 1; received {self.min_leaves!r}")
         if not (_real(self.vote) and 0.0 < self.vote <= 1.0):
-            raise InputError(f"Agreement.vote: received {self.vote!r}; expected a number in (0, 1]")
+            raise InputError(f"Agreement.vote must be in (0, 1]; received {self.vote!r}")
         if self.margin is not None and not (_real(self.margin) and 0.0 <= self.margin <= 1.0):
-            raise InputError(f"Agreement.margin: received {self.margin!r}; expected a number in [0, 1] or None")
+            raise InputError(f"Agreement.margin must be in [0, 1] or None; received {self.margin!r}")
         if self.max_std is not None and not (_real(self.max_std) and 0.0 <= self.max_std < math.inf):
-            raise InputError(f"Agreement.max_std: received {self.max_std!r}; expected a finite number >= 0 or None")
+            raise InputError(f"Agreement.max_std must be a finite number >= 0 or None; received {self.max_std!r}")
 
     def __call__(self, leaf_logits: np.ndarray) -> bool:
         n = leaf_logits.shape[0]
@@ -203,3 +206,28 @@ class Agreement(StopRule):
         if self.max_std is not None and n > 1 and (leaf_logits.std(axis=0).mean(-1) > self.max_std).any():
             return False
         return True
+
+
+def summarize_frames(results: "Sequence[AnytimeResult]", correct: "Sequence[bool] | None" = None) -> dict:
+    """What a run of frames did, in one record (``hne-edge run``'s summary, the demo's budget table).
+
+    ``frames``/``samples``: counted; ``mean_leaves``: per frame; ``misses``: frames answered after their
+    budget, of which ``forced_misses`` had a budget shorter than their forced leaves
+    (:attr:`AnytimeResult.overran_min_leaves`); ``latency_ms``: quantiles of the frames' wall times;
+    ``accuracy`` (a fraction, as in every JSON file) and ``scored``: over the samples ``correct`` covers.
+    """
+    elapsed = np.asarray([r.elapsed_ms for r in results], dtype=np.float64)
+    summary: dict = {
+        "frames": len(results),
+        "samples": int(sum(r.leaf_logits.shape[1] for r in results)),
+        "mean_leaves": float(np.mean([r.leaves for r in results])) if results else 0.0,
+        "misses": int(sum(not r.met_budget for r in results)),
+        "forced_misses": int(sum(r.overran_min_leaves for r in results)),
+        "latency_ms": {f"p{q}": float(np.percentile(elapsed, q)) for q in (50, 90, 99)} if len(elapsed) else {},
+    }
+    if len(elapsed):
+        summary["latency_ms"]["max"] = float(elapsed.max())
+    if correct is not None and len(correct):
+        summary["accuracy"] = float(np.mean(correct))
+        summary["scored"] = len(correct)
+    return summary

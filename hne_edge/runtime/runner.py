@@ -26,6 +26,7 @@ import numpy as np
 from ..bundle import MIXED_PLANS, PRECISIONS, RUNNER_PLANS, read_manifest_and_digest
 from ..errors import BundleError, HNEError, InputError
 from ..limits import check_memory
+from ..progress import Progress
 from . import profiler
 from .backends import Backend, create_backend
 from .cost_model import CostModel, Profile, find_profile, host_info, save_profile
@@ -370,11 +371,14 @@ class AnytimeRunner:
         repeats: int = 50,
         save: bool = True,
         seed: int = 0,
+        progress: Progress | None = None,
     ) -> Profile:
         """Measure every step and unit on this device (median/p90/p95 after warm-up); use and save it.
 
         A mixed runner times each of its routes (leaf by leaf, subtree by subtree, the whole tree) in turn,
         so every step it may choose is measured.
+
+        ``progress`` (:mod:`hne_edge.progress`) counts the passes over the tree.
 
         Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
         (or the user cache if the bundle is read-only; ``self.profile_path`` says where).
@@ -397,6 +401,7 @@ class AnytimeRunner:
                 warmup,
                 repeats,
                 seed,
+                progress,
             )
         finally:
             self._release()

@@ -315,6 +315,10 @@ class AnytimeSession:
         and (mixed programs) nothing can cancel or refine it: the whole-tree step may be taken.
         ``on_unit``: called in place of each unit call, e.g. to time it.
         """
+        # the budget covers the forced leaves as predicted when the call began: a miss then is the run's (a leaf
+        # slower than predicted, a pre-emption), not one the budget made unavoidable
+        pred = self._model.pred
+        forced_fit = stop_at is None or pred is None or t0 + sum(pred[self._next : n_min]) <= stop_at
         if self.done:
             reason = "cancelled" if self._cancelled else ("complete" if self._next >= self._num_leaves else "closed")
             t_forced = t0
@@ -326,7 +330,7 @@ class AnytimeSession:
         self._elapsed += t1 - t0
         self._status = (
             stop_at is None or t1 <= stop_at,
-            stop_at is not None and t_forced > stop_at,
+            stop_at is not None and t_forced > stop_at and not forced_fit,
             budget_ms,
             reason,
         )

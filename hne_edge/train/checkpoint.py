@@ -31,8 +31,8 @@ from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_bytes
 from ..models import HNE, build_model
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "model_from_checkpoint",
-           "check_usable", "unusable_reason", "torch_bytes", "safe_torch_load"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "load_resumable",
+           "model_from_checkpoint", "check_usable", "unusable_reason", "torch_bytes", "safe_torch_load"]
 
 CHECKPOINT_FORMAT = "hne-edge-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -128,6 +128,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if missing:
         raise CheckpointError(f"{path}: checkpoint is missing keys {missing}")
     check_usable(state, path)  # every reader (eval, export, verify, --resume) holds it to one rule
+    return state
+
+
+def load_resumable(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint of a training run to continue (``--resume``), or an error that says why there is none."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"--resume: no checkpoint at {path}, so there is nothing to resume; a run writes it at the end of each "
+            "epoch and when Ctrl-C stops it", hint="start the run with resume=False", cli_hint="start the run without --resume")
+    state = load_checkpoint(path)
+    for key in ("optimizer", "scheduler", "epoch", "config"):
+        if state.get(key) is None or (key != "epoch" and not state[key]):
+            raise CheckpointError(f"{path}: no {key} state to resume from (a weights-only checkpoint, not a training run)")
     return state
 
 

@@ -34,6 +34,9 @@ WEIGHTINGS = ("paper", "mean-t2")
 NORMALIZATIONS = ("none", "label")  # loss.normalize: see LossConfig
 SCHEDULES = ("cosine", "step", "constant")
 AMP_DTYPES = ("auto", "bfloat16", "float16")
+# fields earlier releases wrote that no longer mean anything; dropped when read.
+# log_every: progress lines are time-based now (every 10 s without a terminal), not every N steps
+REMOVED_FIELDS = ("log_every",)
 
 
 def _expect(cond: bool, field_name: str, value: Any, expected: str) -> None:
@@ -60,8 +63,9 @@ class DataConfig:
             ``train/`` and ``val/`` inside) or an ``.npz`` file with ``x`` (N,H,W,C uint8) and ``y``.
         download: let torchvision download CIFAR into ``data_dir``.
         val_split: fraction of the training images held out (seeded) for validation; 0 = none.
-        limit: use only this many training images (after the split) and at most this many
-            validation images, for quick runs.
+        limit: use only this many training images (after the split), for quick runs.
+        val_limit: validate on at most this many of the held-out images (default: all of them; the cap
+            keeps a subset of the same seeded hold-out).
         augment: the paper's augmentation on training batches (pad + random crop (+ flip)).
         num_workers: DataLoader workers (imagefolder only; in-memory data is augmented in batch).
     """
@@ -71,6 +75,7 @@ class DataConfig:
     download: bool = False
     val_split: float = 0.1
     limit: int | None = None
+    val_limit: int | None = None
     augment: bool = True
     num_workers: int = 0
 
@@ -78,6 +83,8 @@ class DataConfig:
         _expect(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
         _expect(_is_num(self.val_split) and 0 <= self.val_split < 1, "data.val_split", self.val_split, "a finite number with 0 <= x < 1")
         _expect(self.limit is None or (_is_int(self.limit) and self.limit > 0), "data.limit", self.limit, "a positive integer or null")
+        _expect(self.val_limit is None or (_is_int(self.val_limit) and self.val_limit > 0), "data.val_limit",
+                self.val_limit, "a positive integer or null")  # fmt: skip
         _expect(_is_int(self.num_workers) and self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
         if self.name in ("npz", "imagefolder") and not self.data_dir:
             raise InputError(f"data.name={self.name!r} needs data.data_dir (--data-dir); received none")
@@ -203,9 +210,8 @@ class TrainConfig:
         amp_dtype: auto (bfloat16 where the GPU supports it, else float16 with loss scaling), bfloat16 or float16.
         channels_last: channels-last memory format; CUDA only.
         threads: torch CPU threads (0: leave torch's default; at most :func:`hne_edge.limits.max_threads`).
-        quiet: no progress bar (it is also off when stderr is not a terminal).
+        quiet: no progress output (a bar on a terminal, else a line every 10 s; see :mod:`hne_edge.progress`).
         eval_every: validate every this many epochs (and always after the last).
-        log_every: when stderr is not a terminal, print a progress line every this many steps (0: per epoch only).
         compile: ``torch.compile`` the model for training (the first steps then compile; no numerical change).
     """
 
@@ -222,7 +228,6 @@ class TrainConfig:
     threads: int = 0
     quiet: bool = False
     eval_every: int = 1
-    log_every: int = 100
     compile: bool = False
 
     def __post_init__(self) -> None:
@@ -236,7 +241,6 @@ class TrainConfig:
         _expect(self.device == "auto" or self.device == "cpu" or str(self.device).startswith("cuda"), "device", self.device, "auto, cpu or cuda[:i]")
         check_threads(self.threads, "threads", minimum=0)  # the one thread bound (0: torch's default)
         _expect(_is_int(self.eval_every) and self.eval_every > 0, "eval_every", self.eval_every, "a positive integer")
-        _expect(_is_int(self.log_every) and self.log_every >= 0, "log_every", self.log_every, "an integer >= 0")
         _expect(self.amp_dtype in AMP_DTYPES, "amp_dtype", self.amp_dtype, f"one of {', '.join(AMP_DTYPES)}")
         _expect(isinstance(self.compile, bool), "compile", self.compile, "true or false")
         self.out = str(self.out)
@@ -248,6 +252,8 @@ class TrainConfig:
         if not isinstance(data, dict):
             raise InputError(f"a training config is a mapping; received {type(data).__name__}")
         data = copy.deepcopy(data)
+        for key in REMOVED_FIELDS:  # runs and configs of earlier releases still load
+            data.pop(key, None)
         preset = data.pop("preset", None)
         base = preset_dict(preset) if preset is not None else {}
         return _build(cls, merge(base, data), "config")
@@ -353,10 +359,16 @@ DEFAULT_PRESET = {"digits": "digits", "cifar10": "cifar", "cifar100": "cifar", "
 def upgrade_config(stored: dict[str, Any]) -> dict[str, Any]:
     """A config dict saved by an earlier release, with the fields it lacked set to what that release did.
 
-    hne-edge 0.1 weighted the losses ``mean-t2`` and autocast in float16; releases before ``loss.normalize``
-    trained the paper's objective unnormalised. A run they started resumes as it began.
+    hne-edge 0.1 weighted the losses ``mean-t2`` and autocast in float16, and its ``data.limit`` capped the
+    validation images too (``data.val_limit`` now); releases before ``loss.normalize`` trained the paper's
+    objective unnormalised. A run they started resumes (and evaluates) as it began.
     """
     stored = copy.deepcopy(stored)
+    for key in REMOVED_FIELDS:
+        stored.pop(key, None)
+    data = stored.get("data")
+    if isinstance(data, dict) and "val_limit" not in data:
+        data["val_limit"] = data.get("limit")
     loss = stored.setdefault("loss", {})
     if isinstance(loss, dict) and "weighting" not in loss:
         loss["weighting"] = "mean-t2"

@@ -55,16 +55,21 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
 
 
-def split_indices(n: int, val_split: float, seed: int, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded (train, val) index split of ``n`` items; ``limit`` caps both parts (a quick run stays quick).
+def split_indices(n: int, val_split: float, seed: int, limit: int | None = None,
+                  val_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded (train, val) index split of ``n`` items; ``limit`` caps the training part, ``val_limit`` the
+    validation part (each on its own: a quick run on few images still validates on the whole hold-out).
 
-    The hold-out is drawn before the cap, so a capped validation set is a subset of the full one.
+    The hold-out is drawn before either cap, so a capped validation set is a subset of the full one, and a
+    capped training set never takes a held-out image.
     """
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_val = int(round(n * val_split))
     val, train = perm[:n_val], perm[n_val:]
     if limit is not None:
-        train, val = train[:limit], val[:limit]
+        train = train[:limit]
+    if val_limit is not None:
+        val = val[:val_limit]
     return train.sort().values, val.sort().values
 
 
@@ -79,8 +84,8 @@ class Augment:
         """Augment ``images[rows]``; random draws cover the whole batch so every DDP slice sees the same draws."""
         b, c, h, w = images.shape
         # draws come from the CPU generator wherever the images are, so a GPU run sees a CPU run's crops and flips
-        offsets = torch.randint(0, 2 * self.pad + 1, (b, 2), generator=generator).to(images.device, non_blocking=True)
-        flips = (torch.rand(b, generator=generator) < 0.5).to(images.device, non_blocking=True)
+        offsets, flips = self.draw(b, generator)
+        offsets, flips = offsets.to(images.device, non_blocking=True), flips.to(images.device, non_blocking=True)
         if rows is not None:
             images, offsets, flips = images[rows], offsets[rows], flips[rows]
             b = images.shape[0]
@@ -96,6 +101,12 @@ class Augment:
         if self.flip:
             images = torch.where(flips[:, None, None, None], images.flip(-1), images)
         return images
+
+
+    def draw(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The random draws of one batch (crop offsets, flips); a resumed epoch replays those of the skipped batches."""
+        offsets = torch.randint(0, 2 * self.pad + 1, (batch, 2), generator=generator)
+        return offsets, torch.rand(batch, generator=generator) < 0.5
 
 
 class ArrayDataset:
@@ -159,13 +170,15 @@ class BatchLoader:
         self.batch_size = batch_size
         self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.epoch = 0
+        self.epoch = self.start = 0
         where = dataset.images.device
         self._scale = (torch.tensor(std, dtype=torch.float32) * 255).view(1, -1, 1, 1).to(where)
         self._shift = (torch.tensor(mean, dtype=torch.float32) * 255).view(1, -1, 1, 1).to(where)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Iterate epoch ``epoch`` from batch ``start`` on (a run resumed mid-epoch): the same batches, crops and
+        flips as an uninterrupted pass, since the skipped batches' random draws are replayed, not their work."""
+        self.epoch, self.start = epoch, start
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -176,6 +189,10 @@ class BatchLoader:
         n = len(self.dataset)
         order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
         for i in range(len(self)):
+            if i < self.start:
+                if self.augment is not None:
+                    self.augment.draw(min(self.batch_size, n - i * self.batch_size), generator)
+                continue
             index = order[i * self.batch_size : (i + 1) * self.batch_size].to(self.dataset.images.device)
             per_rank = math.ceil(index.numel() / self.world_size)
             rows = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
@@ -330,11 +347,13 @@ def load_data(cfg: DataConfig, *, seed: int, split: str = "train") -> DataBundle
     else:
         full, classes = _load_cifar(cfg, train=True)
         augment = Augment(pad=4, flip=True)
-    train_idx, val_idx = split_indices(len(full), cfg.val_split, seed, cfg.limit)
+    train_idx, val_idx = split_indices(len(full), cfg.val_split, seed, cfg.limit, cfg.val_limit)
     train = full.subset(train_idx)
     val = full.subset(val_idx) if len(val_idx) else None
     if split == "test":
         val = _load_cifar(cfg, train=False)[0]
+        if cfg.val_limit is not None:
+            val = val.subset(torch.arange(min(cfg.val_limit, len(val))))
     if cfg.name == "cifar10":
         mean, std = CIFAR10_MEAN, CIFAR10_STD
     elif cfg.name == "cifar100":
@@ -364,13 +383,16 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
             train = Subset(train, range(min(cfg.limit, len(train))))
         has_val = (root / "val").is_dir()
         val = datasets.ImageFolder(root / "val", transform=eval_tf) if has_val else None
+        if val is not None and cfg.val_limit is not None:  # a seeded subset: val/ is sorted by class
+            keep = torch.randperm(len(val), generator=torch.Generator().manual_seed(seed))[: cfg.val_limit]
+            val = Subset(val, keep.sort().values.tolist())
         classes = (train.dataset if isinstance(train, Subset) else train).classes
     else:
         if split == "test":
             raise InputError(f"split='test' needs {root}/val; the folder has no train/ and val/ subfolders")
         train_full = datasets.ImageFolder(root, transform=train_tf)
         eval_full = datasets.ImageFolder(root, transform=eval_tf)
-        train_idx, val_idx = split_indices(len(train_full), cfg.val_split, seed, cfg.limit)
+        train_idx, val_idx = split_indices(len(train_full), cfg.val_split, seed, cfg.limit, cfg.val_limit)
         train = Subset(train_full, train_idx.tolist())
         val = Subset(eval_full, val_idx.tolist()) if len(val_idx) else None
         classes = train_full.classes
@@ -389,10 +411,12 @@ class _FolderLoader:
             raise InputError(f"batch_size={batch_size} must be divisible by the number of processes ({world_size})")
         self.dataset, self.batch_size, self.shuffle, self.seed = dataset, batch_size, shuffle, seed
         self.rank, self.world_size, self.num_workers, self.drop_last = rank, world_size, num_workers, drop_last
-        self.epoch = 0
+        self.epoch = self.start = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Epoch ``epoch`` from batch ``start`` on: the same batches as an uninterrupted pass (with worker
+        processes, the random crops of the rest of the epoch differ: each worker's stream depends on its share)."""
+        self.epoch, self.start = epoch, start
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -403,7 +427,7 @@ class _FolderLoader:
         order = torch.randperm(n, generator=epoch_generator(self.seed, self.epoch)) if self.shuffle else torch.arange(n)
         per_rank = self.batch_size // self.world_size
         out: list[int] = []
-        for i in range(len(self)):
+        for i in range(self.start, len(self)):
             batch = order[i * self.batch_size : (i + 1) * self.batch_size]
             out += batch[self.rank * per_rank : (self.rank + 1) * per_rank].tolist()
         return out

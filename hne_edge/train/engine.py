@@ -32,11 +32,13 @@ from __future__ import annotations
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -44,10 +46,12 @@ from torch import nn
 
 from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch
-from ..models import HNE, create_model
-from .checkpoint import load_checkpoint, save_checkpoint, unusable_reason
+from ..models import HNE, create_model, tree_cost
+from ..progress import NULL_PROGRESS, Progress, format_duration, progress_for
+from .checkpoint import load_resumable, save_checkpoint, unusable_reason
 from .config import LossConfig, ModelSpec, TrainConfig, upgrade_config
 from .data import DataBundle, load_data
+from .evaluation import chance_note
 from .losses import ensemble_logits, hne_loss
 
 __all__ = ["FitResult", "TrainingDiverged", "train_one_epoch", "evaluate", "fit", "build_model_for_data", "capture_rng_state",
@@ -58,7 +62,8 @@ LOG_NAME = "train_log.json"
 CONFIG_NAME = "config.yaml"
 RUN_LAYOUT = {CHECKPOINT_NAME: "file", LOG_NAME: "file", CONFIG_NAME: "file"}  # what a run writes into its folder
 # Fields that may differ between an interrupted run and its resumption without changing the result.
-_RESUME_FREE = {"quiet", "threads", "out", "device", "eval_every", "log_every", "compile"}
+_RESUME_FREE = {"quiet", "threads", "out", "device", "eval_every", "compile"}
+FAST_MODEL = "hne_tiny"  # the zoo's cheapest model: what a run that would take hours is pointed to
 
 
 class TrainingDiverged(HNEError, ArithmeticError):
@@ -73,6 +78,7 @@ class FitResult:
     checkpoint: Path
     log: Path
     history: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the run's end says about it (e.g. it ended at chance)
 
     @property
     def final(self) -> dict[str, Any]:
@@ -171,12 +177,6 @@ def _all_mean(values: list[float], world_size: int) -> list[float]:
     return (t / world_size).tolist()
 
 
-def _progress(total: int, enabled: bool, desc: str):
-    from tqdm import tqdm  # noqa: PLC0415
-
-    return tqdm(total=total, disable=not enabled, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
-
-
 # -- the loop ----------------------------------------------------------------
 def train_one_epoch(
     model: nn.Module,
@@ -192,64 +192,68 @@ def train_one_epoch(
     amp_dtype: torch.dtype | None = None,
     channels_last: bool = False,
     world_size: int = 1,
-    progress: bool = False,
-    log_every: int = 0,
-    desc: str = "train",
+    progress: Progress | None = None,
+    after_step: Callable[[int], bool] | None = None,
+    start_step: int = 0,
 ) -> dict[str, Any]:
     """One pass over ``loader``; the scheduler steps every iteration.
 
     The step never waits for the device: losses and correct counts stay on it
-    and are read back every ``log_every`` steps (0: only at the end of the
-    epoch), and once for the whole epoch. ``amp_dtype`` turns on autocast
-    (bfloat16 needs no ``scaler``; float16 does). ``log_every`` > 0 prints a
-    progress line to stderr every that many steps (for logs, where no bar is drawn).
+    and are read back only when ``progress`` is about to show them
+    (:meth:`Progress.due`: a log line every 10 s, or once a second on a
+    terminal) and once for the whole epoch. ``amp_dtype`` turns on autocast
+    (bfloat16 needs no ``scaler``; float16 does). ``progress`` counts one
+    step per optimizer step. ``after_step(step)`` is called after each step
+    (numbered within the epoch from ``start_step + 1``: the loader of a resumed
+    epoch starts there); returning True ends the epoch there (an interrupted run).
 
     Returns mean loss, full-ensemble accuracy on the (augmented) training
-    batches, throughput and every step's loss (averaged across processes).
+    batches, throughput, every step's loss (averaged across processes), and
+    the steps, images and correct answers they are over.
     """
+    progress = progress or NULL_PROGRESS
     model.train()
     step_losses: list[torch.Tensor] = []
     correct = torch.zeros((), dtype=torch.long, device=device)
     seen = 0
     start = time.perf_counter()
-    total = len(loader)
     options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared, "normalize": loss.normalize}
-    with _progress(total, progress, desc) as bar:
-        for step, (images, labels) in enumerate(loader, 1):
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            if channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = torch.zeros((), device=device)
-            for k, (x, y) in enumerate(zip(images.chunk(accum_steps), labels.chunk(accum_steps))):
-                # DDP: all-reduce gradients only on the last micro-batch
-                sync = k == accum_steps - 1 or not hasattr(model, "no_sync")
-                ctx = model.no_sync() if not sync else _null()
-                with ctx:
-                    with torch.autocast(device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
-                        logits = model(x)  # (b, N, classes)
-                    value = hne_loss(loss.kind, logits.float(), y, tree, loss.alpha, loss.temperature, **options) / accum_steps
-                    (scaler.scale(value) if scaler is not None else value).backward()
-                loss_sum += value.detach()
-                correct += (ensemble_logits(logits.detach(), logits.shape[1]).argmax(-1) == y).sum()
-            seen += images.shape[0]
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            step_losses.append(loss_sum)
-            bar.update(1)
-            report = log_every and (step % log_every == 0 or step == total)
-            if report or (progress and (step % 10 == 0 or step == total)):  # the only host syncs in the loop
-                rate = seen * world_size / (time.perf_counter() - start)
-                loss_now, acc_now = loss_sum.item(), correct.item() / seen
-                bar.set_postfix(loss=f"{loss_now:.3f}", acc=f"{acc_now:.3f}", img_s=f"{rate:.0f}")
-                if report and not progress:
-                    print(f"{desc}  step {step}/{total}  loss {loss_now:.4f}  train acc {acc_now:.4f}  {rate:.0f} img/s",
-                          file=sys.stderr, flush=True)
+    steps = 0
+    for step, (images, labels) in enumerate(loader, start_step + 1):
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        for k, (x, y) in enumerate(zip(images.chunk(accum_steps), labels.chunk(accum_steps))):
+            # DDP: all-reduce gradients only on the last micro-batch
+            sync = k == accum_steps - 1 or not hasattr(model, "no_sync")
+            ctx = model.no_sync() if not sync else _null()
+            with ctx:
+                with torch.autocast(device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
+                    logits = model(x)  # (b, N, classes)
+                value = hne_loss(loss.kind, logits.float(), y, tree, loss.alpha, loss.temperature, **options) / accum_steps
+                (scaler.scale(value) if scaler is not None else value).backward()
+            loss_sum += value.detach()
+            correct += (ensemble_logits(logits.detach(), logits.shape[1]).argmax(-1) == y).sum()
+        seen += images.shape[0]
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        step_losses.append(loss_sum)
+        steps += 1
+        if progress.due():  # the only host syncs in the loop: when a line (or the bar) will show them
+            rate = seen * world_size / (time.perf_counter() - start)
+            progress.update(**{"loss": f"{loss_sum.item():.3f}", "train acc": f"{correct.item() / seen:.1%}",
+                               "img/s": f"{rate:.0f}"})  # fmt: skip
+        else:
+            progress.update()
+        if after_step is not None and after_step(step):
+            break
     losses = torch.stack(step_losses).tolist() if step_losses else []  # one sync for the epoch
     seconds = time.perf_counter() - start
     losses = _all_mean(losses, world_size) if losses else losses
@@ -261,6 +265,9 @@ def train_one_epoch(
         "images_per_s": seen * world_size / seconds if seconds > 0 else float("nan"),
         "seconds": seconds,
         "step_losses": losses,
+        "steps": steps,
+        "images": int(seen_all),
+        "correct": int(correct_all),
     }
 
 
@@ -274,29 +281,39 @@ class _null:
 
 @torch.no_grad()
 def predict(model: nn.Module, loader, device: torch.device = torch.device("cpu"), channels_last: bool = False,
-            progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """All leaf logits ``(M, N, classes)`` (float32, CPU) and labels ``(M,)`` of ``loader``."""
+            progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All leaf logits ``(M, N, classes)`` (float32, CPU) and labels ``(M,)`` of ``loader``.
+
+    ``progress`` counts images (its total is set here when it has none).
+    """
+    progress = progress or NULL_PROGRESS
+    if progress.total is None:
+        progress.total = _num_images(loader)
     model.eval()
     outs, labels = [], []
-    with _progress(len(loader), progress, "eval") as bar:
-        for x, y in loader:
-            x = x.to(device)
-            if channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            outs.append(model(x).float().cpu())
-            labels.append(y)
-            bar.update(1)
+    for x, y in loader:
+        x = x.to(device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        outs.append(model(x).float().cpu())
+        labels.append(y)
+        progress.update(len(y))
     return torch.cat(outs), torch.cat(labels)
 
 
+def _num_images(loader) -> int | None:
+    dataset = getattr(loader, "dataset", None)
+    return len(dataset) if dataset is not None else None
+
+
 def evaluate(model: nn.Module, loader, device: torch.device = torch.device("cpu"), channels_last: bool = False,
-             progress: bool = False) -> dict[str, Any]:
+             progress: Progress | None = None) -> dict[str, Any]:
     """Accuracy of every anytime ensemble n = 1..N, and the full ensemble's NLL."""
     logits, labels = predict(model, loader, device, channels_last, progress)
     n_leaves = logits.shape[1]
     acc_n = [(ensemble_logits(logits, n).argmax(-1) == labels).float().mean().item() for n in range(1, n_leaves + 1)]
     nll = torch.nn.functional.cross_entropy(ensemble_logits(logits, n_leaves), labels).item()
-    return {"acc": acc_n[-1], "acc_first": acc_n[0], "acc_n": acc_n, "nll": nll}
+    return {"acc": acc_n[-1], "acc_first": acc_n[0], "acc_n": acc_n, "nll": nll, "images": int(labels.shape[0])}
 
 
 def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -351,8 +368,13 @@ def _check_converging(epoch: int, losses: list[float], model: nn.Module, ckpt_pa
                            hint=f"lower optim.lr (received {lr:g})", cli_hint=f"lower --lr (received {lr:g})")  # fmt: skip
 
 
-def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> FitResult:
+def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
+        stop_after_steps: int | None = None, model_source: str | None = None) -> FitResult:
     """Train ``config``; return where the checkpoint and log are.
+
+    Progress goes to stderr (:mod:`hne_edge.progress`; ``config.quiet`` silences it): a header naming the
+    model and its cost, a line every 10 s without a terminal, an estimate of the whole run's time after its
+    first steps, and one line per epoch.
 
     Args:
         config: the run.
@@ -360,6 +382,10 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             quiet/threads/device/eval_every).
         stop_after: stop after this many epochs of *this call* (a deliberate interruption:
             time-sliced jobs, and the resume test).
+        stop_after_steps: stop after this many steps of this call, with a checkpoint mid-epoch (what Ctrl-C
+            does; resuming from it continues the epoch exactly where it stopped).
+        model_source: how the model was chosen when the user did not name it (``"the cifar preset's model
+            for --data npz"``): the header says so and names a cheaper model.
     """
     rank, world_size, local_rank = _distributed()
     # 1. refuse before anything is written
@@ -367,10 +393,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     ckpt_path = out / CHECKPOINT_NAME
     state = None
     if resume:
-        state = load_checkpoint(ckpt_path)
-        for key in ("optimizer", "scheduler", "epoch", "config"):
-            if not state.get(key):
-                raise CheckpointError(f"{ckpt_path}: no {key} state to resume from (a weights-only checkpoint, not a training run)")
+        state = load_resumable(ckpt_path)
         diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
         if diffs:
             raise InputError(f"--resume with a different config: {'; '.join(diffs)}")
@@ -391,7 +414,10 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     np.random.seed(config.seed)
-    model = build_model_for_data(config.model, bundle).to(device)
+    model = build_model_for_data(config.model, bundle)
+    cost = tree_cost(model)  # on the CPU, before the move: it runs each node on one zero image
+    fast_ratio = _fast_model_ratio(config, bundle, cost.total_macs)
+    model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     tree = model.tree
@@ -419,7 +445,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     step_model = torch.compile(ddp_model) if config.compile else ddp_model
     history: list[dict[str, Any]] = []
     step_losses: list[float] = []
-    start_epoch = 0
+    start_epoch = start_step = 0
+    partial: dict[str, float] = {}  # an epoch interrupted part-way: its correct answers, images and seconds so far
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -427,59 +454,222 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         start_epoch = int(state["epoch"])
         extra = state["extra"]
         history, step_losses = list(extra.get("history", [])), list(extra.get("step_losses", []))
+        start_step, partial = int(extra.get("step", 0)), dict(extra.get("partial") or {})
         if scaler is not None and extra.get("scaler"):
             scaler.load_state_dict(extra["scaler"])
         if "rng" in extra:
             restore_rng_state(extra["rng"])
     main_process = rank == 0
-    progress = main_process and not config.quiet and sys.stderr.isatty()
-    log_every = config.log_every if (main_process and not config.quiet and not progress) else 0
-    if main_process and not config.quiet:
-        print(f"training {config.model.name} (tree {tree.branching}, {tree.num_leaves} leaves) on {config.data.name}: "
-              f"{len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} validation images, "
-              f"{opt.epochs} epochs of {len(train_loader)} steps; loss {config.loss.kind} ({config.loss.weighting}, "
-              f"normalize {config.loss.normalize}); "
-              f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}",
-              file=sys.stderr, flush=True)
-    log_path = out / LOG_NAME
-    epochs_run = 0
-    for epoch in range(start_epoch, opt.epochs):
-        if stop_after is not None and epochs_run >= stop_after:
-            break
-        train_loader.set_epoch(epoch)
-        stats = train_one_epoch(
-            step_model, train_loader, optimizer, scheduler, tree=tree, loss=config.loss, device=device,
-            accum_steps=opt.accum_steps, scaler=scaler, amp_dtype=amp_dtype, channels_last=channels_last,
-            world_size=world_size, progress=progress, log_every=log_every, desc=f"epoch {epoch + 1}/{opt.epochs}",
+    steps_per_epoch = len(train_loader)
+    done_steps = start_epoch * steps_per_epoch + start_step
+    if start_step >= steps_per_epoch:
+        raise CheckpointError(f"{ckpt_path}: saved at step {start_step} of an epoch of {steps_per_epoch} steps; "
+                              "expected fewer (was the data or the batch size changed?)")  # fmt: skip
+    progress = progress_for(opt.epochs * steps_per_epoch, "train", "step", quiet=config.quiet or not main_process,
+                            initial=done_steps)  # fmt: skip
+    try:
+        where = (f"; continuing after epoch {start_epoch}/{opt.epochs}" if not start_step else
+                 f"; continuing epoch {start_epoch + 1}/{opt.epochs} after step {start_step}/{steps_per_epoch}")  # fmt: skip
+        progress.write(
+            f"{'resuming' if state is not None else 'training'} {config.model.name} "
+            f"({f'{model_source}; ' if model_source else ''}{cost.total_macs / 1e6:,.2f}M MACs per image for all "
+            f"{tree.num_leaves} leaves, tree {tree.branching}"
+            f"{f'; --model {FAST_MODEL}: {fast_ratio:.0f}x fewer' if model_source and fast_ratio >= 2 else ''}) "
+            f"on {config.data.name}: {len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} "
+            f"validation images, {opt.epochs} epoch{'s' if opt.epochs > 1 else ''} of {steps_per_epoch} "
+            f"step{'s' if steps_per_epoch > 1 else ''} "
+            f"(batch {opt.batch_size}); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
+            f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}"
+            + (where if state is not None else "")
         )
-        _check_converging(epoch, stats["step_losses"], model, ckpt_path, opt.lr)
-        step_losses += stats.pop("step_losses")
-        record = {"epoch": epoch + 1, "lr": optimizer.param_groups[0]["lr"],
-                  **{f"train_{k}": v for k, v in stats.items()}}
-        last = epoch + 1 == opt.epochs
-        if val_loader is not None and ((epoch + 1) % config.eval_every == 0 or last):
-            metrics = evaluate(model, val_loader, device, channels_last)
-            record.update({f"val_{k}": v for k, v in metrics.items()})
-        history.append(record)
-        epochs_run += 1
-        if main_process:
+        log_path = out / LOG_NAME
+        interrupt = _Interrupt(enabled=world_size == 1)
+        estimate = _RunEstimate(progress, opt.epochs * steps_per_epoch - done_steps, steps_per_epoch - start_step, device,
+                                _shorter_run_advice(config.model.name, fast_ratio), on_ctrl_c=interrupt.enabled)  # fmt: skip
+        steps_run = 0
+
+        def after_step(step: int) -> bool:  # True: end the epoch here
+            nonlocal steps_run
+            steps_run += 1
+            estimate.after_step(step)
+            return interrupt.requested or (stop_after_steps is not None and steps_run >= stop_after_steps)
+
+        def save(epoch_done: int, step: int) -> None:
             extra = {"history": history, "step_losses": step_losses, "rng": capture_rng_state(),
-                     "scaler": scaler.state_dict() if scaler is not None else None, "world_size": world_size}
+                     "scaler": scaler.state_dict() if scaler is not None else None, "world_size": world_size,
+                     "step": step, "partial": partial if step else None}  # fmt: skip
             save_checkpoint(
                 ckpt_path, model=model, class_names=bundle.class_names, normalization=bundle.normalization,
-                optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), epoch=epoch + 1,
+                optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), epoch=epoch_done,
                 config=config.to_dict(), extra=extra,
             )
             atomic_write_json(log_path, {"config": config.to_dict(), "world_size": world_size, "epochs": history,
-                                   "step_losses": step_losses}, allow_nan=True)
-            if epochs_run == 1:  # after the checkpoint: a run killed earlier leaves its folder empty, free to restart
+                                         "step_losses": step_losses}, allow_nan=True)  # fmt: skip
+            if not (out / CONFIG_NAME).exists():  # after the checkpoint: a run killed before leaves its folder empty
                 atomic_write_text(out / CONFIG_NAME, config.to_yaml())
-            if not config.quiet:
-                val = f"  val acc n=1 {record['val_acc_first']:.4f}  n={tree.num_leaves} {record['val_acc']:.4f}" if "val_acc" in record else ""
-                print(f"epoch {epoch + 1}/{opt.epochs}  loss {record['train_loss']:.4f}  train acc {record['train_acc']:.4f}"
-                      f"{val}  {record['train_images_per_s']:.0f} img/s", file=sys.stderr, flush=True)
+
+        epochs_run = 0
+        with interrupt:
+            for epoch in range(start_epoch, opt.epochs):
+                if stop_after is not None and epochs_run >= stop_after:
+                    break
+                first = start_step if epoch == start_epoch else 0
+                train_loader.set_epoch(epoch, first)
+                progress.set(note=f"epoch {epoch + 1}/{opt.epochs}")
+                stats = train_one_epoch(
+                    step_model, train_loader, optimizer, scheduler, tree=tree, loss=config.loss, device=device,
+                    accum_steps=opt.accum_steps, scaler=scaler, amp_dtype=amp_dtype, channels_last=channels_last,
+                    world_size=world_size, progress=progress, after_step=after_step, start_step=first,
+                )
+                _check_converging(epoch, stats["step_losses"], model, ckpt_path, opt.lr)  # before anything is saved
+                step_losses += stats.pop("step_losses")
+                partial = {k: partial.get(k, 0) + stats[k] for k in ("correct", "images", "seconds")} if first else {
+                    k: stats[k] for k in ("correct", "images", "seconds")}  # fmt: skip
+                step = first + stats["steps"]
+                if step < steps_per_epoch:  # stopped part-way (Ctrl-C, stop_after_steps): save exactly here, then stop
+                    if main_process:
+                        save(epoch, step)
+                        if interrupt.requested:
+                            print(f"stopped in epoch {epoch + 1}/{opt.epochs} after step {step}/{steps_per_epoch}: saved a "
+                                  f"resumable checkpoint {ckpt_path}; continue with --resume (same --out)",
+                                  file=sys.stderr, flush=True)  # fmt: skip
+                    break
+                record = {"epoch": epoch + 1, "lr": optimizer.param_groups[0]["lr"],
+                          "train_loss": float(np.mean(step_losses[-steps_per_epoch:])),
+                          "train_acc": partial["correct"] / max(partial["images"], 1),
+                          "train_images_per_s": partial["images"] * world_size / partial["seconds"] if partial["seconds"] > 0 else float("nan"),
+                          "train_seconds": partial["seconds"], "train_images": int(partial["images"])}  # fmt: skip
+                partial = {}
+                last = epoch + 1 == opt.epochs
+                if val_loader is not None and ((epoch + 1) % config.eval_every == 0 or last):
+                    progress.set(note=f"epoch {epoch + 1}/{opt.epochs}: validating {len(bundle.val)} images")
+                    metrics = evaluate(model, val_loader, device, channels_last)
+                    record.update({f"val_{k}": v for k, v in metrics.items()})
+                history.append(record)
+                epochs_run += 1
+                if main_process:
+                    save(epoch + 1, 0)
+                    progress.write(format_epoch(record, opt.epochs, tree.num_leaves))
+                if interrupt.requested:  # Ctrl-C during the epoch's last step or its validation: the epoch's checkpoint
+                    print(f"stopped after epoch {epoch + 1}/{opt.epochs}: its checkpoint {ckpt_path} is saved; continue "
+                          "with --resume (same --out)", file=sys.stderr, flush=True)  # fmt: skip
+                    break
+    except BaseException:  # nothing more from this run: no heartbeat left printing after its error
+        progress.close(final=False)
+        raise
+    progress.close(final=not interrupt.requested)  # stopped: the last words are where it stopped and how to go on
+    if interrupt.requested:
+        raise KeyboardInterrupt
+    notes = [note] if main_process and (note := _final_chance_note(history, len(bundle.class_names))) else []
     if world_size > 1:
         torch.distributed.barrier()
-    return FitResult(out_dir=out, checkpoint=ckpt_path, log=log_path, history=history)
+    return FitResult(out_dir=out, checkpoint=ckpt_path, log=log_path, history=history, notes=notes)
 
 
+class _Interrupt:
+    """Ctrl-C while training: finish the running step, save a resumable checkpoint there, then stop.
+
+    A second Ctrl-C stops at once (Python's KeyboardInterrupt; the last checkpoint stays as it was). Only in
+    the main thread of a single process: under DDP every rank would have to stop at the same step.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._previous = None
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        # no Progress here: the handler may run while the main thread holds its lock
+        print("\nCtrl-C: finishing this step to save a resumable checkpoint (Ctrl-C again: stop now, without it)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def __enter__(self) -> "_Interrupt":
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def format_epoch(record: dict[str, Any], epochs: int, num_leaves: int) -> str:
+    """One epoch's summary line (accuracies in percent, as everything a person reads)."""
+    val = (f", val acc n=1 {record['val_acc_first']:.1%}, n={num_leaves} {record['val_acc']:.1%}"
+           if "val_acc" in record else "")  # fmt: skip
+    return (f"epoch {record['epoch']}/{epochs}: loss {record['train_loss']:.4f}, train acc {record['train_acc']:.1%}"
+            f"{val}, {record['train_images_per_s']:.0f} img/s, {format_duration(record['train_seconds'])}")
+
+
+def _final_chance_note(history: list[dict[str, Any]], num_classes: int) -> str | None:
+    """:func:`chance_note` of the run's last validation (or, without one, its last epoch's training batches)."""
+    if not history:
+        return None
+    last = history[-1]
+    if "val_acc" in last:
+        return chance_note(last["val_acc"], last.get("val_images", 0), num_classes, "validation")
+    return chance_note(last["train_acc"], last.get("train_images", 0), num_classes, "training")
+
+
+def _fast_model_ratio(config: TrainConfig, bundle: DataBundle, macs: int) -> float:
+    """How many times fewer MACs per image :data:`FAST_MODEL` needs on this data than the run's model."""
+    if config.model.name == FAST_MODEL:
+        return 1.0
+    with torch.random.fork_rng(devices=[]):  # its random weights must not move the run's RNG streams
+        small = build_model_for_data(ModelSpec(FAST_MODEL), bundle)
+    return macs / tree_cost(small).total_macs
+
+
+def _shorter_run_advice(model: str, ratio: float) -> str:
+    shorter = "fewer --epochs or a --limit on the images make a shorter run"
+    if ratio >= 2:
+        return f"--model {FAST_MODEL} ({ratio:.0f}x fewer MACs per image than {model}), or {shorter}"
+    return shorter
+
+
+class _RunEstimate:
+    """Says once, after the first steps, how long the rest of the run takes on this device, and when that is
+    hours, what makes it shorter.
+
+    The first step carries one-off costs (allocation, kernel selection), so the rate is measured from the end of
+    the first step: after 20 more steps or 5 s, whichever comes first (or the end of the first epoch). A first
+    step that alone takes 30 s is its own estimate (the run is long either way).
+
+    Args:
+        steps_left: training steps left in the run; epoch_left: of them, those before the next checkpoint (the
+        end of the current epoch); advice: what makes a run shorter; on_ctrl_c: Ctrl-C saves a checkpoint too.
+    """
+
+    def __init__(self, progress: Progress, steps_left: int, epoch_left: int, device: torch.device, advice: str,
+                 clock: Callable[[], float] = time.perf_counter, on_ctrl_c: bool = True) -> None:  # fmt: skip
+        self.progress, self.steps_left, self.epoch_left = progress, steps_left, epoch_left
+        self.device, self.advice, self.clock, self.on_ctrl_c = device, advice, clock, on_ctrl_c
+        self.start, self.after_first, self.steps, self.said = clock(), 0.0, 0, False
+
+    def after_step(self, step: int) -> None:
+        if self.said:
+            return
+        now = self.clock()
+        self.steps += 1
+        if self.steps == 1:
+            self.after_first = now
+            if now - self.start >= 30:
+                self.say(now - self.start, "the first step, start-up included")
+        elif now - self.after_first >= 5 or self.steps >= 21 or self.steps == self.epoch_left:
+            n = self.steps - 1
+            self.say((now - self.after_first) / n, f"{n} step{'s' if n > 1 else ''} after the first")
+
+    def say(self, per_step: float, measured: str) -> None:
+        self.said = True
+        total = per_step * self.steps_left
+        to_checkpoint = per_step * max(self.epoch_left - self.steps, 0)
+        line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
+                f"({format_duration(per_step)}/step over {measured}; "
+                f"validation adds to it); a checkpoint is written at the end of every epoch (the next in about "
+                f"{format_duration(to_checkpoint)}){' and on Ctrl-C' if self.on_ctrl_c else ''}")
+        if total >= 3600:
+            line += f"\n  that is hours on this {self.device.type}: {self.advice}"
+        self.progress.write(line)

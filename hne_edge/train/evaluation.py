@@ -17,6 +17,7 @@ writes ``metrics.json`` and three PNGs in the style of the paper's figures.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError, InputError
 from ..fileio import atomic_write_json, check_output_dir, staged_output
 from ..plots import plot_metrics  # its home is hne_edge.plots; importable from here as before
+from ..progress import Progress
 from .losses import ensemble_logits
 
 __all__ = [
@@ -35,9 +37,30 @@ __all__ = [
     "expected_calibration_error",
     "logit_diversity",
     "anytime_metrics",
+    "chance_note",
     "evaluate_checkpoint",
     "plot_metrics",
 ]
+
+
+CHANCE_SE = 3  # accuracy "at chance": within this many standard errors of guessing
+
+
+def chance_note(accuracy: float, images: int, num_classes: int, split: str = "validation") -> str | None:
+    """What to say when ``accuracy`` on ``images`` images is at chance (None when it is not).
+
+    The rule: the accuracy is below chance (1 / classes) plus three standard errors of a classifier that
+    guesses, on that many images, i.e. not distinguishable from guessing.
+    """
+    if not images or num_classes < 2:
+        return None
+    chance = 1.0 / num_classes
+    se = math.sqrt(chance * (1 - chance) / images)
+    if accuracy >= chance + CHANCE_SE * se:
+        return None
+    return (f"the model is at chance: the full ensemble's {split} accuracy {accuracy:.1%} is within {CHANCE_SE} standard "
+            f"errors (±{se:.1%} on {images} images) of guessing among {num_classes} classes ({chance:.1%}); it has not "
+            "learned yet: train longer (--epochs) or on more images (--limit), try another --lr, or check the labels")
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -103,7 +126,7 @@ def evaluate_checkpoint(
     batch_size: int = 256,
     device: str = "auto",
     plots: bool = True,
-    progress: bool = False,
+    progress: "Progress | None" = None,
 ) -> dict[str, Any]:
     """Evaluate a training checkpoint on its validation split (or the test set) for every n.
 
@@ -118,7 +141,7 @@ def evaluate_checkpoint(
         batch_size: evaluation batch size.
         device: auto, cpu or cuda.
         plots: write the PNGs.
-        progress: show a progress bar.
+        progress: counts the images as they are evaluated (:func:`hne_edge.progress.progress_for`); None: silent.
 
     Returns the metrics dict that is written to ``metrics.json``.
     """
@@ -136,14 +159,18 @@ def evaluate_checkpoint(
         return _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress)
     stored = state.get("config")
     if not stored and not data:
-        raise CheckpointError(f"{path} records no training config; pass the data to evaluate on (--data/--data-dir)")
+        raise CheckpointError(f"{path} records no training config, so its validation split cannot be rebuilt",
+                              hint="pass data={'name': ..., 'data_dir': ...}, or evaluate on test_data=PATH.npz",
+                              cli_hint="evaluate on your own images with --test-data PATH.npz")  # fmt: skip
     seed = int(stored.get("seed", 0)) if stored else 0
     data_cfg = DataConfig(**merge((stored or {}).get("data", {}), data or {}))
     if stored:
         TrainConfig.from_dict({**stored, "data": data_cfg.__dict__})  # validate the stored config as a whole
     bundle = load_data(data_cfg, seed=seed, split="test" if split == "test" else "train")
     if bundle.val is None:
-        raise InputError(f"the run held out no validation images (data.val_split={data_cfg.val_split}); use split='test', evaluate on your own images with test_data (--test-data PATH.npz), or set val_split")
+        raise InputError(f"the run held out no validation images (data.val_split={data_cfg.val_split})",
+                         hint="use split='test', evaluate on your own images with test_data=PATH.npz, or set val_split",
+                         cli_hint="use --split test, or evaluate on your own images with --test-data PATH.npz")
     if len(bundle.class_names) != model.config.num_classes or bundle.in_chans != model.config.in_chans:
         raise InputError(
             f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels) does not match the "
@@ -154,11 +181,14 @@ def evaluate_checkpoint(
     else:  # the checkpoint's normalisation is the one the weights were trained with
         norm = state["normalization"]
         loader = BatchLoader(bundle.val, batch_size, mean=norm["mean"], std=norm["std"])
-    return _measure(model, state, path, loader, {"data": data_cfg.name, "split": split}, out_dir, device, plots, progress)
+    # "npz" says how the images were stored, not what they are: the plots name the file (cifar10_train.npz)
+    dataset = Path(data_cfg.data_dir).name if data_cfg.name in ("npz", "imagefolder") and data_cfg.data_dir else data_cfg.name
+    return _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset, "split": split}, out_dir,
+                    device, plots, progress)  # fmt: skip
 
 
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
-                 progress: bool) -> dict[str, Any]:
+                 progress: "Progress | None") -> dict[str, Any]:
     """Metrics of the checkpoint's model on the images of ``test_data`` (an .npz), checked against the model first."""
     from .data import BatchLoader, load_npz  # noqa: PLC0415
 
@@ -178,12 +208,12 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
         raise InputError(f"--test-data {test_data}: class names {classes} differ from the checkpoint's {list(trained)}")
     norm = state["normalization"]
     loader = BatchLoader(dataset, batch_size, mean=norm["mean"], std=norm["std"])
-    return _measure(model, state, path, loader, {"data": str(test_data), "split": "test-data"}, out_dir, device, plots,
-                    progress)
+    return _measure(model, state, path, loader, {"data": str(test_data), "dataset": Path(test_data).name,
+                                                 "split": "test-data"}, out_dir, device, plots, progress)  # fmt: skip
 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,
-             progress: bool) -> dict[str, Any]:
+             progress: "Progress | None") -> dict[str, Any]:
     """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares."""
     from ..models import tree_cost  # noqa: PLC0415
     from .engine import predict, torch_device  # noqa: PLC0415
@@ -193,6 +223,9 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
     stored = upgrade_config(state["config"]) if state.get("config") else None  # a 0.1 run: its weighting
     dev = torch_device(device)
     model = model.to(dev)
+    if progress is not None:  # the rate counts from here; a first line at once (loading took a while already)
+        progress.restart(len(loader.dataset), "eval", "image")
+        progress.set(note=f"{source['data']} {source['split']} on {dev}")
     logits, labels = predict(model, loader, dev, progress=progress)
     cost = tree_cost(model.cpu())
     metrics = anytime_metrics(logits, labels, cost.prefix_macs)

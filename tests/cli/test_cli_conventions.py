@@ -54,7 +54,7 @@ def test_batch_flags_follow_one_scheme():
 
 
 def test_every_progress_printing_command_has_quiet_and_every_device_defaults_to_auto():
-    for command in ("train", "eval", "demo", "export"):
+    for command in ("train", "eval", "demo", "export", "verify", "profile", "bench"):  # every long command
         assert "--quiet" in _help(command), command
     for command in ("train", "eval", "run", "bench", "profile"):  # demo runs on the CPU (no --device)
         text = " ".join(_help(command).split())
@@ -274,3 +274,32 @@ def test_runtime_only_install_names_the_missing_extra_in_one_line(tmp_path, args
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"hne-edge {args[0]} needs torch" in lines[0] and "pip install 'hne-edge[train]'" in lines[0], lines[0]
     assert not list(tmp_path.glob("runs*")), "nothing may be written by a command that cannot run"
+
+
+def test_cli_errors_name_flags_not_python_arguments(tiny_bundle, work, tmp_path):
+    """Issue 20 item 7: CLI errors said `pass fallback_to_cpu=True`, `force=True`, `device='cpu'`,
+    `use runner.preprocess`: arguments a shell user cannot pass."""
+    python_words = ("=True", "device='", "runner.", "fallback_to_cpu", "astype")
+    np.save(work / "nhwc.npy", np.zeros((1, 16, 16, 3), np.float32))
+    np.save(work / "f64.npy", np.zeros((1, 3, 16, 16), np.float64))
+    cases = [
+        (("export", str(tiny_bundle.checkpoint_path), "--out", str(work / "b")), "pass --force to replace it"),
+        (("run", str(work / "b"), str(work / "nhwc.npy")), "NHWC? save the frames as uint8 images (N,H,W,C)"),
+        (("run", str(work / "b"), str(work / "f64.npy")), "save the frames as uint8 images (N,H,W,C), which the command"),
+        (("run", str(work / "b"), str(work / "frames.npz"), "--device", "cpu", "--cuda-graph", "on"), "pass --device cuda"),
+        (("train", "--out", str(tmp_path / "none"), "--resume"), "start the run without --resume"),
+    ]
+    for args, fragment in cases:
+        err = _one_line_error(run_cli(*args), fragment)
+        assert not any(word in err for word in python_words), err
+
+
+def test_a_machine_without_a_gpu_is_not_told_to_install_gpu_packages(work):
+    from hne_edge.runtime.backends.cuda import no_gpu_here
+
+    if no_gpu_here() is None:
+        pytest.skip("this machine may have an NVIDIA GPU (a driver device node exists)")
+    for backend in ("onnxruntime", "torch"):
+        err = _one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--backend", backend,
+                                      "--device", "cuda"), "this machine has no NVIDIA GPU", "--device cpu")  # fmt: skip
+        assert "install" not in err and "onnxruntime-gpu" not in err and "fallback_to_cpu" not in err, err

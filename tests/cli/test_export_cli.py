@@ -121,3 +121,56 @@ def test_verify_tampered_bundle_fails(tiny_bundle, tmp_path):
     proc = run_cli("verify", str(bundle))
     assert proc.returncode == 2
     assert "onnx/fp32/segments/leaf02.onnx" in proc.stderr and "sha256" in proc.stderr
+
+
+def _progress_lines(stderr: str, desc: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"{desc}: ")]
+
+
+def test_without_a_terminal_export_eval_and_verify_print_progress_lines(tiny_bundle, tmp_path):
+    """Reproduces issue 20 items 4 and 7: export printed nothing for ~80 s without a terminal, and no total or ETA.
+
+    A pipe is not a terminal: each command prints plain lines (count of a total, rate, elapsed, ETA while work
+    is left) at its first step, every 10 s and at its end, and a heartbeat while one step runs long."""
+    out = tmp_path / "bundle"
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--plan", "segments", check=True)
+    export = _progress_lines(proc.stderr, "export")
+    # the first line once the checkpoint is read and --out is checked (an error there is the only line)
+    assert export[0].startswith("export: 0/18 files (0%), elapsed ") and "- slicing the tree" in export[0], export
+    assert export[-1].startswith("export: 18/18 files (100%)") and all("/18 files (" in line for line in export)
+    assert all(re.search(r"elapsed [0-9.]+ (s|min)", line) for line in export)
+    assert all("ETA " in line for line in export[1:-1] if not line.startswith("export: 0/")), export  # rate, time left
+    verify = _progress_lines(proc.stderr, "verify")  # export verifies before it publishes: the same reporter
+    assert verify and verify[-1].startswith("verify: 33/33 steps (100%)"), proc.stderr
+    assert "\r" not in proc.stderr and "\x1b" not in proc.stderr  # lines, not a bar redrawn in place
+    quiet = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(tmp_path / "q"), "--plan", "segments",
+                    "--quiet", check=True)
+    assert quiet.stderr == ""
+
+    proc = run_cli("verify", str(out), check=True)
+    assert _progress_lines(proc.stderr, "verify")[-1].startswith("verify: 16/16 steps (100%)"), proc.stderr
+    proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(_frames(tmp_path)), "--out",
+                   str(tmp_path / "ev"), "--no-plots", check=True)  # fmt: skip
+    assert _progress_lines(proc.stderr, "eval")[-1].startswith("eval: 40/40 images (100%)"), proc.stderr
+
+
+def _frames(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "frames.npz"
+    np.savez(path, x=rng.integers(0, 256, (40, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 40),
+             classes=np.array([f"c{i}" for i in range(10)]))
+    return path
+
+
+def test_an_fp16_only_bundle_exports_and_verifies(tiny_bundle, tmp_path):
+    """Found while measuring the exporters (issue 20 item 11): the bundle's input is float16 when fp16 is its only
+    precision, and the verification fed it float32 images, so `export --precision fp16` always failed."""
+    out = tmp_path / "b16"
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--precision", "fp16", "--plan",
+                   "segments", "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "onnx/fp16/segments" in proc.stdout and "(verified against PyTorch)" in proc.stdout
+    assert json.loads((out / "manifest.json").read_text())["input"]["dtype"] == "float16"
+    assert run_cli("verify", str(out), "--quiet").returncode == 0

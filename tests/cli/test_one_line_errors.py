@@ -7,7 +7,6 @@ runtime-only install (torch commands on a device) is in test_cli_conventions.py.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import signal
@@ -20,7 +19,7 @@ import pytest
 
 from conftest import REPO, run_cli
 
-FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf")
+FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--quiet")  # errors mid-export follow no progress line
 
 
 def one_line_error(proc, *fragments: str) -> str:

@@ -27,8 +27,33 @@ def test_run_prints_predictions_and_json(cli_bundle):
     assert lines[0].startswith("x.npy[0]  c") and "leaves=4/16" in lines[0] and "vote_H=" in lines[0]
     assert any(line.startswith("accuracy ") for line in lines)
     proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "data.npz"), "--json", "--budget-ms", "1000", "--batch-size", "3", check=True)
-    records = json.loads(proc.stdout)
+    document = json.loads(proc.stdout)
+    records, summary = document["records"], document["summary"]
     assert len(records) == 6 and {"label", "prob", "leaves", "logit_std", "vote_entropy", "met_budget", "correct"} <= set(records[0])
+    # issue 20 item 7: a summary beside the records, computed from them (accuracy a fraction, as in every JSON file)
+    assert (summary["frames"], summary["samples"], summary["scored"], summary["budget_ms"]) == (2, 6, 6, 1000)
+    assert summary["accuracy"] == sum(r["correct"] for r in records) / 6
+    assert summary["mean_leaves"] == np.mean([r["leaves"] for r in records[::3]])
+    assert summary["misses"] == sum(not r["met_budget"] for r in records[::3]) and summary["forced_misses"] == 0
+    frame_ms = sorted(r["elapsed_ms"] for r in records[::3])
+    assert summary["latency_ms"]["max"] == pytest.approx(frame_ms[-1], abs=1e-5)
+    assert summary["latency_ms"]["p50"] == pytest.approx(np.mean(frame_ms), abs=1e-5)  # the median of two frames
+    assert summary["total_leaves"] == 16 and summary["device"] == "cpu"
+
+
+def test_people_read_percentages(cli_bundle, tmp_path):
+    """Issue 20 item 7: accuracy was a fraction in train, bench and run (0.1220) and a percent elsewhere."""
+    import re
+
+    proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "data.npz"), "--max-leaves", "2", check=True)
+    assert re.search(r"^accuracy \d+\.\d\d% over 6 samples$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^mean leaves 2\.00 of 16; latency per frame p50 [0-9.]+ ms, p90 ", proc.stdout, re.M)
+    proc = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "1", "--frames",
+                   str(cli_bundle / "data.npz"), "--out", str(tmp_path / "bench"), "--quiet", check=True)  # fmt: skip
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"^ +\d+ ", line)]
+    assert len(rows) == 16 and all(re.search(r" \d+\.\d\d%$", row) for row in rows), proc.stdout
+    bench = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert 0 <= bench["levels"][0]["accuracy"] <= 1  # JSON keeps fractions
 
 
 def test_run_reports_input_errors_in_one_line(cli_bundle, tmp_path):
@@ -43,7 +68,7 @@ def test_gpu_options_on_a_cpu_backend_are_refused_in_one_line(cli_bundle):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "Error: backend 'onnxruntime' on device 'cpu': received option(s) ['cuda_graph']; expected some of "
-        "['threads', 'spinning'] (cuda_graph needs a GPU backend: device='cuda')"
+        "['threads', 'spinning'] (cuda_graph needs a GPU backend); pass --device cuda"  # a flag, not device='cuda'
     )
 
 
@@ -66,10 +91,23 @@ def test_run_output_speaks_one_vocabulary(cli_bundle, tmp_path):
     spec_x = rng.standard_normal((6, 3, 16, 16)).astype(np.float32)
     np.savez(tmp_path / "f.npz", x=spec_x, y=np.array([0, 1, 2, 3, 4, 5]))
     proc = run_cli("run", str(cli_bundle / "b"), str(tmp_path / "f.npz"), "--budget-ms", "0.3", "--json", check=True)
-    records = json.loads(proc.stdout)
+    records = json.loads(proc.stdout)["records"]
     assert all(r["budget_ms"] == 0.3 for r in records), [r["budget_ms"] for r in records]
     for r in records:
         assert isinstance(r["class_true"], int) and isinstance(r["label_true"], str) and isinstance(r["label"], str)
     text = run_cli("run", str(cli_bundle / "b"), str(tmp_path / "f.npz"), "--budget-ms", "0.3", check=True).stdout
     assert "  ok" not in text and ("  correct" in text or "WRONG" in text)
-    assert "budget misses " in text.splitlines()[-1] and "/6 samples" in text.splitlines()[-1]
+    assert "budget misses " in text.splitlines()[-1] and "/6 frames" in text.splitlines()[-1]
+
+
+def test_profile_and_bench_print_progress_without_a_terminal(cli_bundle, tmp_path):
+    proc = run_cli("profile", str(cli_bundle / "b"), "--warmup", "1", "--repeats", "3", check=True)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("profile: ")]
+    assert lines and lines[-1].startswith("profile: 4/4 passes (100%)"), proc.stderr
+    proc = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "2", "--frames",
+                   str(cli_bundle / "data.npz"), "--out", str(tmp_path / "bench"), check=True)  # fmt: skip
+    assert any(line.startswith("bench: 2/2 repetitions (100%)") for line in proc.stderr.splitlines()), proc.stderr
+    assert any(line.startswith("accuracy: 6/6 frames (100%)") for line in proc.stderr.splitlines()), proc.stderr
+    quiet = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "1", "--out", str(tmp_path / "q"),
+                    "--quiet", check=True)  # fmt: skip
+    assert quiet.stderr == ""

@@ -28,6 +28,8 @@ def test_train_then_eval_on_digits(tmp_path):
     assert log["config"]["loss"] == {"kind": "distill", "alpha": 0.4, "temperature": 2.0, "weighting": "paper",
                                      "temperature_squared": False, "normalize": "none"}
     assert len(log["step_losses"]) == 2 * (256 // 32)
+    # issue 20 item 6: --limit 256 capped validation at 256 too; it caps training only (digits holds out 180)
+    assert log["epochs"][-1]["train_images"] == 256 and log["epochs"][-1]["val_images"] == 180
     ev = run_cli("eval", str(out / "checkpoint.pt"), "--out", str(tmp_path / "ev"), check=True)
     assert "per-leaf acc" in ev.stdout and " 16 " in ev.stdout
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
@@ -200,3 +202,122 @@ def test_ctrl_c_exits_130_in_one_line(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "Interrupted"
+
+
+# -- a run that talks (issue 20 item 4) ---------------------------------------------------------------------------
+def _first_lines(args, until: str, limit: int = 12, timeout: float = 300) -> list[str]:
+    """stderr lines of ``hne-edge train ARGS`` (a pipe: no terminal) up to the one containing ``until``; then kill it."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from conftest import REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", *args], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    timer = threading.Timer(timeout, proc.kill)  # a hang fails the test instead of stalling the suite
+    timer.start()
+    lines: list[str] = []
+    try:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if until in line or len(lines) >= limit:
+                break
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait()
+    return lines
+
+
+def test_train_without_a_terminal_prints_progress_lines_and_percentages(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("train", "--out", str(out), "--limit", "256", "--epochs", "2", "--batch-size", "32", "--threads", "1",
+                   check=True)
+    err = proc.stderr.splitlines()
+    assert err[0].startswith("training hne_tiny (the digits preset's model for --data digits; ")
+    assert "256 train / 180 validation images" in err[0]
+    capped = run_cli("train", "--out", str(tmp_path / "capped"), "--limit", "64", "--val-limit", "50", "--epochs", "1",
+                     "--batch-size", "64", "--threads", "1", check=True)
+    assert "64 train / 50 validation images" in capped.stderr.splitlines()[0]
+    assert "M MACs per image for all 16 leaves" in err[0]
+    progress = [line for line in err if line.startswith("train: ")]
+    assert progress and all("/16 steps (" in line and "elapsed" in line for line in progress), err
+    assert progress[-1].startswith("train: 16/16 steps (100%)") and "loss " in progress[-1], progress
+    assert any(line.startswith("estimate: ") and "for the 16 training steps of this run on cpu" in line for line in err), err
+    epochs = [line for line in err if line.startswith("epoch ")]
+    assert len(epochs) == 2 and "% , " not in epochs[0] and "train acc " in epochs[0] and "%, val acc n=1 " in epochs[0]
+    assert "val acc n=1 " in proc.stdout and "%, n=16 " in proc.stdout and "0." not in proc.stdout.split(";")[0]
+
+
+def test_a_preset_model_is_named_with_its_cost_on_the_first_line(tmp_path):
+    """Reproduces issue 20 item 4: `train --data npz` silently picked the paper's hne_resnet (10 min of silence)."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "c.npz", x=rng.integers(0, 256, (200, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 200))
+    lines = _first_lines(["--data", "npz", "--data-dir", str(tmp_path / "c.npz"), "--out", str(tmp_path / "run"),
+                          "--threads", "1"], until="training ", limit=1)  # fmt: skip
+    assert lines and lines[0].startswith("training hne_resnet (the cifar preset's model for --data npz; "), lines
+    assert "451.67M MACs per image for all 16 leaves" in lines[0] and "--model hne_tiny: 42x fewer" in lines[0]
+    assert "200 epochs of 1 step (batch 128)" in lines[0]
+
+
+def test_a_run_of_hours_says_so_and_names_a_faster_model(tmp_path):
+    lines = _first_lines(["--model", "hne_resnet_small", "--epochs", "100000", "--batch-size", "16", "--threads", "1",
+                          "--out", str(tmp_path / "run")], until="that is hours")  # fmt: skip
+    estimate = next(line for line in lines if line.startswith("estimate: "))
+    assert " h " in estimate and "training steps of this run on cpu" in estimate and "and on Ctrl-C" in estimate
+    assert lines[lines.index(estimate) + 1] == (
+        "  that is hours on this cpu: --model hne_tiny (11x fewer MACs per image than hne_resnet_small), or fewer "
+        "--epochs or a --limit on the images make a shorter run")
+
+
+def test_a_run_that_ends_at_chance_says_so(tmp_path):
+    """Reproduces issue 20 item 4: a run ended at 12% on 10 classes and nothing said so."""
+    proc = run_cli("train", "--out", str(tmp_path / "run"), "--lr", "1e-9", *SMALL[:4], "--batch-size", "64", "--quiet",
+                   "--threads", "1", check=True)
+    assert "note: the model is at chance: the full ensemble's validation accuracy" in proc.stdout, proc.stdout
+    assert "(±2.2% on 180 images)" in proc.stdout  # the whole hold-out, not --limit's 128
+    assert "guessing among 10 classes (10.0%)" in proc.stdout
+    ev = run_cli("eval", str(tmp_path / "run" / "checkpoint.pt"), "--no-plots", check=True)
+    assert "note: the model is at chance" in ev.stdout  # the same rule where its accuracy is read again
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint_and_resume_says_from_where(tmp_path):
+    """Reproduces issue 20 item 5: Ctrl-C before the first epoch ended left nothing, and --resume said only
+    "checkpoint not found"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "run"
+    missing = run_cli("train", "--out", str(out), "--resume")
+    _one_line_error(missing, f"--resume: no checkpoint at {out / 'checkpoint.pt'}, so there is nothing to resume")
+    assert "start the run without --resume" in missing.stderr and "resume=False" not in missing.stderr
+
+    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(out), "--epochs", "200",
+                             "--threads", "1"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    try:
+        for line in proc.stderr:
+            if line.startswith("train: "):  # inside the first epoch
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == "Interrupted" and lines[0].startswith("Ctrl-C: finishing this step"), lines
+    stopped = lines[-2]
+    assert stopped.startswith("stopped in epoch 1/200 after step ") and "saved a resumable checkpoint" in stopped, lines
+    step = int(stopped.split("after step ")[1].split("/")[0])
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (state["epoch"], state["extra"]["step"]) == (0, step)
+
+    header = _first_lines(["--out", str(out), "--resume", "--threads", "1"], until="resuming", limit=1)
+    assert header[0].startswith("resuming hne_tiny") and header[0].endswith(
+        f"; continuing epoch 1/200 after step {step}/50"), header

@@ -163,7 +163,7 @@ def test_export_refuses_existing_dir_and_force_replaces(tmp_path, tiny_bundle):
     out = tmp_path / "existing"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(ExportError, match=rf"output directory {out} already exists; pass --force"):
+    with pytest.raises(ExportError, match=rf"output directory {out} already exists; pass force=True to replace it"):
         export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False)
     # --force replaces a bundle, never a folder of other files (issue 13, D1)
     with pytest.raises(ExportError, match="'keep.txt', which is not part of a bundle; force=True replaces only"):
@@ -232,7 +232,13 @@ def test_fixed_batch_is_caught(tmp_path):
 def test_dynamo_exporter_path(tmp_path, tiny_bundle):
     node = fold_batchnorm(tiny_bundle.model.node_module("b4.0"))
     x = torch.randn(2, 32, 8, 8)
-    path = export_module(node, tmp_path / "leaf.onnx", x, ["act_b3.0"], ["logits"], exporter="dynamo")
+    # issue 20 item 11: asked for opset 17 (the default), dynamo wrote opset 18 (its down-conversion of ReduceMean
+    # fails) and the bundle would have recorded 17; now refused, naming the opset it can write
+    with pytest.raises(ExportError, match=r"leaf.onnx: the dynamo exporter wrote an opset-18 graph; the bundle "
+                                          r"records opset 17 .*; pass opset=18"):
+        export_module(node, tmp_path / "leaf.onnx", x, ["act_b3.0"], ["logits"], exporter="dynamo")
+    path = export_module(node, tmp_path / "leaf.onnx", x, ["act_b3.0"], ["logits"], exporter="dynamo", opset=18)
+    assert [o.version for o in onnx.load(str(path)).opset_import if o.domain in ("", "ai.onnx")] == [18]
     proto = onnx.load(str(path))
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param  # symbolic batch
     x5 = torch.randn(5, 32, 8, 8)

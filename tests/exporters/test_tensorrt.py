@@ -12,7 +12,7 @@ import pytest
 from hne_edge.bundle import engine_dir, file_path, read_manifest, update_manifest
 from hne_edge.errors import BackendUnavailable, BundleError, ExportError
 from hne_edge.exporters.tensorrt import build_engines, engine_entry
-from hne_edge.tensorrt_compat import engine_compatibility, normalize_compute_capability
+from hne_edge.tensorrt_compat import device_support, engine_compatibility, normalize_compute_capability
 from runtime_fakes import FakeTensorRT as _FakeTRT
 
 BUILD = {
@@ -58,6 +58,17 @@ def test_engine_compatibility():
     assert engine_compatibility(amp, "10.3.0", "8.9") is None
     assert "Ampere and newer" in engine_compatibility(amp, "10.3.0", "7.5")
     assert "malformed" in engine_compatibility({"gpu": "x"}, "10.3.0", "8.7")
+
+
+def test_device_support_follows_nvidias_support_matrix():
+    """Orin (8.7), Hopper (9.0) on 10.x/11.x; Volta (7.0) until 10.4; Blackwell (10.0, 12.0) from 10.8; TensorRT 8 refused."""
+    for version, cc in [("10.3.0", "8.7"), ("10.4.0", "7.0"), ("10.5.0", "7.5"), ("11.1.0", "9.0"), ("10.8.0", "12.0"),
+                        ("11.0.0.1", (10, 0)), ("10.8.0", "13.0")]:  # an architecture no rule names: assumed supported
+        assert device_support(version, cc) is None, (version, cc)
+    assert "supports compute capability 7.5 and newer; this GPU is 7.0 (sm_70)" in device_support("10.5.0", "7.0")
+    assert "supports compute capability 7.0 and newer; this GPU is 6.1 (sm_61)" in device_support("10.0.1", "6.1")
+    assert "this GPU (12.0, sm_120) needs TensorRT 10.8 or newer; TensorRT 10.7.0 does not" in device_support("10.7.0", "12.0")
+    assert "older than hne-edge supports (>= 10.0)" in device_support("8.6.1", "8.7")
 
 
 def test_build_without_tensorrt_is_a_clear_error(tiny_bundle, monkeypatch):

@@ -52,8 +52,9 @@ def test_fallback_to_cpu_returns_the_cpu_backend_with_the_reason(monkeypatch, ca
         raise BackendUnavailable("no CUDA here (test)")
 
     monkeypatch.setattr(ort_cuda.OnnxRuntimeCudaBackend, "_open_cuda", unusable)
-    with pytest.raises(BackendUnavailable, match=r"no CUDA here \(test\) \(or pass fallback_to_cpu=True to run on the CPU\)"):
+    with pytest.raises(BackendUnavailable, match=r"no CUDA here \(test\); or pass fallback_to_cpu=True to run on the CPU") as info:
         create_backend("onnxruntime", "cuda:1", cuda_graph=True)
+    assert info.value.cli_message() == "no CUDA here (test); or pass --device cpu to run on the CPU"
     with caplog.at_level(logging.WARNING, logger="hne_edge.runtime.gpu"):
         b = create_backend("onnxruntime", "cuda:1", fallback_to_cpu=True, cuda_graph=True, threads=1)
     assert type(b).__name__ == "OnnxRuntimeBackend" and b.device == "cpu" and b.threads == 1

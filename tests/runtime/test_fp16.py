@@ -63,7 +63,7 @@ def test_cli_run_fp16(fp16_bundle, frames, plan):
     path, x, fused = frames
     proc = run_cli("run", str(fp16_bundle), str(path), "--precision", "fp16", "--plan", plan, "--batch-size", "3", "--json")
     assert proc.returncode == 0, proc.stderr
-    records = json.loads(proc.stdout)
+    records = json.loads(proc.stdout)["records"]
     assert [r["leaves"] for r in records] == [16] * len(x)
     mean = fused.mean(1)
     ref_prob = np.exp(mean - mean.max(1, keepdims=True))

@@ -26,10 +26,10 @@ from hne_edge.bundle import read_manifest, write_manifest
 from hne_edge.errors import BackendUnavailable, BundleError
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
-from hne_edge.runtime.backends.cuda import CudaDevice, GraphCache, Slot, SlotPool, parse_device
+from hne_edge.runtime.backends.cuda import GraphCache, Slot, SlotPool, parse_device
 
 from gpu_env import HAS_CUDA, HAS_ORT_CUDA, HAS_TORCH_CUDA, HAS_TRT  # noqa: E402
-from runtime_fakes import FakeTorchCuda, make_fake_bundle, reference_leaf_logits, unit_forward  # noqa: E402
+from runtime_fakes import FakeDevice, make_fake_bundle, reference_leaf_logits, unit_forward  # noqa: E402
 
 FP32 = dict(rtol=1e-4, atol=1e-4)
 FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
@@ -117,12 +117,33 @@ def test_parse_device():
 
 
 @pytest.mark.skipif(HAS_ORT_CUDA, reason="onnxruntime-gpu is installed")
-def test_onnxruntime_cuda_without_the_cuda_provider_names_what_is_missing():
+def test_onnxruntime_cuda_without_the_cuda_provider_names_what_is_missing(monkeypatch, tmp_path):
+    import hne_edge.runtime.backends.cuda as cuda
+
+    monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path),))  # a GPU machine with the CPU onnxruntime
     with pytest.raises(BackendUnavailable) as info:
         create_backend("onnxruntime", device="cuda")
     msg = str(info.value)
     assert "expected CUDAExecutionProvider" in msg and "onnxruntime-gpu" in msg and "fallback_to_cpu=True" in msg
     assert "has providers [" in msg
+
+
+@pytest.mark.skipif(HAS_ORT_CUDA and HAS_CUDA, reason="CUDA is usable here")
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_a_machine_without_a_gpu_is_told_to_run_on_the_cpu_not_to_install_gpu_packages(monkeypatch, tmp_path, backend):
+    """Issue 20 item 7: a machine with no GPU was told to install onnxruntime-gpu."""
+    import sys
+
+    import hne_edge.runtime.backends.cuda as cuda
+
+    monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path / "nvidia0"),))  # no driver device
+    monkeypatch.setattr(sys, "platform", "linux")
+    with pytest.raises(BackendUnavailable) as info:
+        create_backend(backend, device="cuda")
+    msg, cli = str(info.value), info.value.cli_message()
+    assert "this machine has no NVIDIA GPU" in msg and "device='cpu'" in msg and "fallback_to_cpu=True" in msg
+    assert "--device cpu" in cli and "=" not in cli.split("GPU", 1)[1]  # flags, not Python arguments
+    assert "install" not in msg and "onnxruntime-gpu" not in msg
 
 
 @pytest.mark.skipif(HAS_ORT_CUDA and HAS_CUDA, reason="CUDA is usable here")
@@ -142,8 +163,11 @@ def test_onnxruntime_cuda_falls_back_to_cpu_only_when_asked(tiny_bundle, caplog)
 
 
 @pytest.mark.skipif(HAS_TORCH_CUDA, reason="torch sees a CUDA device")
-def test_torch_cuda_without_a_device_names_what_is_missing():
+def test_torch_cuda_without_a_device_names_what_is_missing(monkeypatch, tmp_path):
     pytest.importorskip("torch")
+    import hne_edge.runtime.backends.cuda as cuda
+
+    monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path),))  # a driver, but torch sees no device
     with pytest.raises(BackendUnavailable, match=r"backend 'torch' on device 'cuda': torch .*expected a CUDA build"):
         create_backend("torch", device="cuda")
 
@@ -323,54 +347,7 @@ def test_profile_times_units_with_the_backends_timer(tiny_bundle):
 # -- the TensorRT runner on a fake TensorRT and a fake device -------------------------------------
 
 
-class FakeDevice(CudaDevice):
-    """Device memory as numpy byte arrays keyed by fake pointers; graphs replay the captured launch."""
-
-    kind = "fake"
-
-    def __init__(self) -> None:
-        self.mem: dict[int, np.ndarray] = {}
-        self.next = 0x1000
-        self.stream_handle = 7
-        self.captures = 0
-        self.replays = 0
-
-    def malloc(self, nbytes):
-        ptr, self.next = self.next, self.next + ((nbytes + 255) // 256 + 1) * 256
-        self.mem[ptr] = np.zeros(nbytes, np.uint8)
-        return ptr, self.mem[ptr]
-
-    def view(self, ptr, shape, dtype):
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return self.mem[ptr][:n].view(dtype).reshape(shape)
-
-    def upload(self, dst, array):
-        self.mem[dst][: array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-    def download(self, src, out):
-        out[...] = self.view(src, out.shape, out.dtype)
-
-    def synchronize(self):
-        pass
-
-    def device_synchronize(self):
-        pass
-
-    def timer(self):
-        return (lambda: None), (lambda: 0.001)
-
-    def capture(self, launch):
-        self.captures += 1
-
-        def replay():
-            self.replays += 1
-            launch()
-
-        return replay
-
-
 def _fake_trt(manifest, tree, classes, dev, log):
-    D = 6  # runtime_fakes.D
     by_path = {f.path: f for f in manifest.files}
 
     class Context:
@@ -659,23 +636,6 @@ def test_onnxruntime_cuda_runs_steps_of_several_leaves_on_cpu_ortvalues(steps_bu
 
 
 # -- the torch CUDA backend's logic on a fake device (CPU tensors) ---------------------------------
-
-
-@pytest.fixture
-def fake_torch_cuda(monkeypatch):
-    """TorchCudaBackend builds FakeTorchCuda devices (CPU tensors) and skips the CUDA check; yields them."""
-    import hne_edge.runtime.backends.torch_cuda as tc
-
-    devices = []
-
-    def make(device_id=0):
-        devices.append(FakeTorchCuda(device_id))
-        return devices[-1]
-
-    monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
-    monkeypatch.setattr(tc, "TorchCuda", make)
-    return devices
-
 
 
 def _count_calls(runner, dev):

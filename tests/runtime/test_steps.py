@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pytest

@@ -98,7 +98,7 @@ def test_cli_run_profile_and_bench_with_the_new_plans(steps_bundle, reference64,
     for plan in ("subtrees", "fused", "mixed"):
         proc = run_cli("run", str(bundle), str(tmp_path / "x.npy"), "--plan", plan, "--batch-size", "3", "--json")
         assert proc.returncode == 0, proc.stderr
-        assert [r["class"] for r in json.loads(proc.stdout)] == list(ref.mean(1).argmax(1))
+        assert [r["class"] for r in json.loads(proc.stdout)["records"]] == list(ref.mean(1).argmax(1))
     proc = run_cli("profile", str(bundle), "--plan", "subtrees", "--repeats", "2", "--warmup", "0", "--threads", "1")
     assert proc.returncode == 0, proc.stderr
     assert "   4     8-15" in proc.stdout  # step 4 adds leaves 8-15

@@ -24,9 +24,25 @@ def test_split_is_seeded_disjoint_and_complete():
     again = split_indices(100, 0.2, seed=3)
     assert torch.equal(again[0], train) and torch.equal(again[1], val)
     assert not torch.equal(split_indices(100, 0.2, seed=4)[1], val)
-    small_train, small_val = split_indices(100, 0.2, seed=3, limit=7)
-    # --limit bounds the whole run: the hold-out is capped too, as a subset of the full one
-    assert len(small_train) == len(small_val) == 7 and set(small_val.tolist()) <= set(val.tolist())
+    small_train, same_val = split_indices(100, 0.2, seed=3, limit=7)
+    # --limit caps the training images only (issue 20 item 6: it capped validation at 7 too); the hold-out is whole
+    assert len(small_train) == 7 and set(small_train.tolist()) <= set(train.tolist()) and torch.equal(same_val, val)
+    _, small_val = split_indices(100, 0.2, seed=3, limit=7, val_limit=5)
+    # --val-limit caps it, as a subset of the full one
+    assert len(small_val) == 5 and set(small_val.tolist()) <= set(val.tolist())
+
+
+def test_an_epoch_resumed_part_way_yields_the_rest_of_the_same_batches():
+    ds = ArrayDataset(_images(n=50), torch.arange(50) % 10)
+    loader = BatchLoader(ds, 8, mean=(0.5,) * 3, std=(0.25,) * 3, shuffle=True, augment=Augment(2, True), drop_last=True,
+                         seed=1)
+    loader.set_epoch(3)
+    whole = list(loader)
+    loader.set_epoch(3, start=4)  # the crops and flips of batches 0-3 are drawn, not computed
+    rest = list(loader)
+    assert len(whole) == 6 and len(rest) == 2 and len(loader) == 6
+    for (xa, ya), (xb, yb) in zip(whole[4:], rest):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
 def test_augment_matches_per_sample_pad_crop_flip():
@@ -113,6 +129,10 @@ def test_npz_source_and_errors(tmp_path):
              classes=np.array(["a", "b", "c", "d"]))
     bundle = load_data(DataConfig(name="npz", data_dir=str(path), val_split=0.25, limit=10), seed=0)
     assert (len(bundle.train), len(bundle.val)) == (10, 10)
+    bundle = load_data(DataConfig(name="npz", data_dir=str(path), val_split=0.5, limit=10), seed=0)
+    assert (len(bundle.train), len(bundle.val)) == (10, 20)  # the whole hold-out
+    bundle = load_data(DataConfig(name="npz", data_dir=str(path), val_split=0.5, limit=10, val_limit=4), seed=0)
+    assert (len(bundle.train), len(bundle.val)) == (10, 4)
     assert bundle.class_names == ["a", "b", "c", "d"]
     assert (bundle.in_chans, bundle.input_size) == (3, 12)
     assert bundle.augment == Augment(pad=1, flip=True)

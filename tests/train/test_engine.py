@@ -124,11 +124,33 @@ def test_resume_is_bit_exact(tmp_path):
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
 
 
+def test_resume_mid_epoch_is_bit_exact(tmp_path):
+    """Stopped in the middle of epoch 2 (what Ctrl-C does) and resumed == uninterrupted, bit for bit (issue 20 item 5)."""
+    straight = fit(_small(tmp_path / "a", epochs=3))
+    interrupted = _small(tmp_path / "b", epochs=3)
+    fit(interrupted, stop_after_steps=8)  # 6 steps per epoch: epoch 2, after its step 2
+    saved = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert (saved["epoch"], saved["extra"]["step"], len(saved["extra"]["step_losses"])) == (1, 2, 8)
+    torch.manual_seed(999), random.seed(999), np.random.seed(999)
+    fit(interrupted, resume=True)
+    a, b = load_checkpoint(straight.checkpoint), load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert a["epoch"] == b["epoch"] == 3 and b["extra"]["step"] == 0
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(pa["momentum_buffer"], pb["momentum_buffer"])
+    assert a["extra"]["step_losses"] == b["extra"]["step_losses"]
+    for ra, rb in zip(a["extra"]["history"], b["extra"]["history"]):  # the split epoch's figures are whole too
+        assert (ra["train_loss"], ra["train_acc"], ra["train_images"], ra["val_acc_n"]) == (
+            rb["train_loss"], rb["train_acc"], rb["train_images"], rb["val_acc_n"])
+
+
 def test_resume_refuses_a_different_config(tmp_path):
     fit(_small(tmp_path / "r", epochs=2), stop_after=1)
     with pytest.raises(ValueError, match=r"optim.lr \(checkpoint 0.2, now 0.1\)"):
         fit(_small(tmp_path / "r", epochs=2, lr=0.1), resume=True)
-    with pytest.raises(CheckpointError, match="not found"):
+    with pytest.raises(CheckpointError, match="nothing to resume; a run writes it at the end of each epoch and when "
+                                              "Ctrl-C stops it; start the run with resume=False"):
         fit(_small(tmp_path / "missing"), resume=True)
 
 
@@ -240,7 +262,10 @@ def test_accumulation_matches_full_batch_without_batchnorm_effects(tmp_path):
 
 # -- the training loop's device contract --------------------------------------------------------------
 def test_an_epoch_reads_the_device_back_once_not_per_step(tmp_path, monkeypatch):
-    """No host synchronisation per step: .item() only at the end of the epoch (and every log_every steps)."""
+    """No host synchronisation per step: .item() once at the end of the epoch, and for each progress line shown."""
+    import io
+
+    from hne_edge.progress import Progress
     from hne_edge.train.data import load_data
     from hne_edge.train.engine import build_model_for_data, train_one_epoch
 
@@ -256,8 +281,46 @@ def test_an_epoch_reads_the_device_back_once_not_per_step(tmp_path, monkeypatch)
     assert len(loader) == 6 and len(stats["step_losses"]) == 6
     assert len(calls) == 1, f"{len(calls)} .item() calls for 6 steps"
     calls.clear()
-    train_one_epoch(model, loader, opt, None, tree=model.tree, loss=config.loss, log_every=3)
-    assert len(calls) == 1 + 2 * 2  # loss and accuracy at steps 3 and 6
+    ticks = iter(range(0, 1000, 4))  # every clock reading is 4 s later: a line is due every third reading or so
+    out = io.StringIO()
+    progress = Progress(6, "train", stream=out, every_s=10, clock=lambda: next(ticks), heartbeat=False)
+    train_one_epoch(model, loader, opt, None, tree=model.tree, loss=config.loss, progress=progress)
+    lines = out.getvalue().splitlines()
+    assert 2 <= len(lines) < 6 and all("loss " in line and "train acc " in line for line in lines), lines
+    assert len(calls) == 1 + 2 * len(lines)  # loss and accuracy for each line shown, nothing for the others
+
+
+def test_a_run_at_chance_says_so_and_a_learning_run_does_not():
+    from hne_edge.train.evaluation import chance_note
+
+    # 10 classes, 2000 validation images: chance 10%, one standard error 0.67 points, the line at 12.01%
+    assert "is at chance" in chance_note(0.1195, 2000, 10)
+    assert chance_note(0.121, 2000, 10) is None
+    note = chance_note(0.52, 100, 2, "training")  # 50% +- 5 points: 52% is guessing
+    assert "training accuracy 52.0%" in note and "guessing among 2 classes (50.0%)" in note
+    assert chance_note(0.5, 0, 10) is None
+
+
+def test_the_run_estimate_names_a_faster_model_when_it_is_hours():
+    import io
+
+    from hne_edge.progress import Progress
+    from hne_edge.train.engine import _RunEstimate, _shorter_run_advice
+
+    t = [0.0]
+    out = io.StringIO()
+    progress = Progress(None, "train", stream=out, heartbeat=False)
+    estimate = _RunEstimate(progress, 70_000, 350, torch.device("cpu"), _shorter_run_advice("hne_resnet", 42.0),
+                            clock=lambda: t[0])
+    for step in range(1, 40):
+        t[0] += 20.0 if step == 1 else 0.5  # a slow first step, then 0.5 s a step
+        estimate.after_step(step)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("estimate: 9 h 43 min for the 70000 training steps of this run on cpu (0.5 s/step over "
+                              "10 steps after the first; validation adds to it)")
+    assert lines[1] == ("  that is hours on this cpu: --model hne_tiny (42x fewer MACs per image than hne_resnet), or fewer "
+                        "--epochs or a --limit on the images make a shorter run")
+    assert len(lines) == 2  # said once
 
 
 def test_old_run_configs_resume_with_the_weighting_they_started_with():
@@ -281,6 +344,11 @@ def test_old_run_configs_resume_with_the_weighting_they_started_with():
     del before["loss"]["normalize"]
     assert upgrade_config(before)["loss"] == {**before["loss"], "normalize": "none"}
     assert _config_diff(upgrade_config(before), TrainConfig.from_preset("digits").to_dict()) == []
+    # its --limit capped the validation images too: evaluated or resumed, it still does (data.val_limit)
+    old_limited = {**old, "data": {k: v for k, v in {**old["data"], "limit": 300}.items() if k != "val_limit"}}
+    assert upgrade_config(old_limited)["data"]["val_limit"] == 300
+    old_limited["log_every"] = 100  # a field that release had: dropped, not an error
+    assert TrainConfig.from_dict(upgrade_config(old_limited)).data.val_limit == 300
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (device-resident data and augmentation)")

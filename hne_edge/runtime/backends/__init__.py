@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import BackendUnavailable, InputError
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, parse_device
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "Handle", "LoadedPlan", "Runner", "Unit", "create_backend"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "backend_class", "Handle", "LoadedPlan", "Runner", "Unit", "create_backend"]
 
 log = logging.getLogger("hne_edge.runtime.gpu")
 
@@ -27,7 +27,8 @@ BACKENDS: dict[tuple[str, str], str] = {
 BACKEND_NAMES: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in BACKENDS))
 
 
-def _backend_class(name: str, kind: str) -> type[Backend]:
+def backend_class(name: str, kind: str) -> type[Backend]:
+    """The class registered for ``(name, device kind)`` (imports its module; KeyError when none is)."""
     module, attr = BACKENDS[(name, kind)].split(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -47,13 +48,15 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
     kind = str(device).partition(":")[0]
     if kind not in kinds:
         parse_device(name, device, tuple(kinds))  # raises: names the devices this backend runs on
-    cls = _backend_class(name, kind)
+    cls = backend_class(name, kind)
     accepted = [p for p in inspect.signature(cls).parameters if p != "device"]
     unknown = sorted(k for k in options if k not in accepted)
     if unknown:
         raise InputError(
             f"backend {name!r} on device {device!r}: received option(s) {unknown}; expected some of {accepted}"
-            + (" (cuda_graph needs a GPU backend: device='cuda')" if "cuda_graph" in unknown else "")
+            + (" (cuda_graph needs a GPU backend)" if "cuda_graph" in unknown else ""),
+            hint="pass device='cuda'" if "cuda_graph" in unknown else None,
+            cli_hint="pass --device cuda" if "cuda_graph" in unknown else None,
         )
     try:
         return cls(device=device, **options)
@@ -61,8 +64,12 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
         if kind == "cpu" or (name, "cpu") not in BACKENDS:
             raise
         if not fallback_to_cpu:
-            raise BackendUnavailable(f"{exc} (or pass fallback_to_cpu=True to run on the CPU)") from None
-        cpu = _backend_class(name, "cpu")
+            hint = "or pass fallback_to_cpu=True to run on the CPU"
+            raise BackendUnavailable(
+                exc.args[0] if exc.args else str(exc), hint=f"{exc.hint}; {hint}" if exc.hint else hint,
+                cli_hint=exc.cli_hint if exc.cli_hint is not None else "or pass --device cpu to run on the CPU",
+            ) from None
+        cpu = backend_class(name, "cpu")
         cpu_options = {k: v for k, v in options.items() if k in inspect.signature(cpu).parameters}
         log.warning("%s: %s requested but unusable, falling back to the CPU: %s", name, device, exc)
         backend = cpu(device="cpu", **cpu_options)

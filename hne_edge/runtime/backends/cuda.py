@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
@@ -49,6 +50,7 @@ from .base import device_name, parse_device  # noqa: F401 - parse_device: the GP
 __all__ = [
     "CudaProbe",
     "probe_cuda",
+    "no_gpu_here",
     "require_cuda",
     "CudaDevice",
     "TorchCuda",
@@ -123,6 +125,23 @@ def probe_cuda() -> CudaProbe:
     return p
 
 
+# what an NVIDIA driver creates on Linux: desktop/server GPUs (/dev/nvidia*, /proc/driver/nvidia) and Jetson's
+# integrated GPU (/dev/nvhost-ctrl-gpu, /dev/nvgpu); with none of them no CUDA library can find a device
+_NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/nvhost-ctrl-gpu", "/dev/nvgpu")
+CPU_HINT, CPU_CLI_HINT = "run on the CPU: device='cpu' (or 'auto')", "run on the CPU: --device cpu (or auto)"
+
+
+def no_gpu_here() -> str | None:
+    """Why this machine has no NVIDIA GPU at all (no driver device node), or None when it may have one.
+
+    Installing a GPU build of a library cannot help such a machine, so its errors say "run on the CPU"
+    instead of naming packages. Linux only; elsewhere None (unknown).
+    """
+    if not sys.platform.startswith("linux") or any(Path(p).exists() for p in _NVIDIA_DEVICE_NODES):
+        return None
+    return "this machine has no NVIDIA GPU (no NVIDIA driver device: /dev/nvidia*, /dev/nvhost-ctrl-gpu)"
+
+
 def require_cuda(backend: str, device_id: int, what: str = "", *, torch: bool = False) -> CudaProbe:
     """The probe, or BackendUnavailable saying what is missing and what was expected.
 
@@ -130,6 +149,9 @@ def require_cuda(backend: str, device_id: int, what: str = "", *, torch: bool = 
     """
     p = probe_cuda()
     device = device_name("cuda", device_id)
+    if not p.device_count and (absent := no_gpu_here()):
+        raise BackendUnavailable(f"backend {backend!r} on device {device!r}: {absent}{what}", hint=CPU_HINT,
+                                 cli_hint=CPU_CLI_HINT)  # fmt: skip
     if torch:
         if p.torch is None:
             found = "torch is not installed"
@@ -143,7 +165,7 @@ def require_cuda(backend: str, device_id: int, what: str = "", *, torch: bool = 
             return p
         raise BackendUnavailable(
             f"backend {backend!r} on device {device!r}: {found}; expected a CUDA build of torch and an NVIDIA GPU "
-            f"{device_id} with a working driver (or use device='cpu'){what}"
+            f"{device_id} with a working driver{what}", hint="or use device='cpu'", cli_hint="or use --device cpu"
         )
     if p.device_count <= device_id:
         expected = (

@@ -37,7 +37,9 @@ import numpy as np
 
 from ...errors import BackendUnavailable
 from .base import Handle, LoadedPlan, Runner, Unit
-from .cuda import CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, open_device, require_cuda
+from .cuda import (
+    CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, no_gpu_here, open_device, require_cuda,
+)
 from .onnxruntime import OnnxRuntimeBackend, _batch, allocation_error, open_session
 
 __all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
@@ -232,6 +234,9 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         ort = self.ort
         available = ort.get_available_providers()
         if CUDA_EP not in available:
+            if absent := no_gpu_here():  # onnxruntime-gpu would not help: there is no GPU to run on
+                raise BackendUnavailable(f"backend 'onnxruntime' on device 'cuda': {absent}", hint=CPU_HINT,
+                                         cli_hint=CPU_CLI_HINT)  # fmt: skip
             raise BackendUnavailable(
                 f"backend 'onnxruntime' on device 'cuda': onnxruntime {ort.__version__} has providers {available}; "
                 f"expected {CUDA_EP} (install onnxruntime-gpu instead of onnxruntime: pip install 'hne-edge[gpu]')"

@@ -61,6 +61,7 @@ import numpy as np
 
 from ...bundle import Manifest, ModelFile
 from ...errors import BackendUnavailable, BundleError, DeviceError
+from ...limits import check_threads
 from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt
 from .base import Backend, Handle, LoadedPlan, Runner, Unit
 from .cuda import CudaIO, CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, open_device, require_cuda
@@ -247,6 +248,7 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         threads: int | None = None,  # accepted for symmetry with the CPU backends; unused
     ) -> None:
         super().__init__(device)
+        check_threads(threads)  # unused, but held to the one bound like every other thread count
         self.trt = trt = load_tensorrt()  # BackendUnavailable with the install hint
         require_cuda(self.name, self.device_id, f" (TensorRT {trt.__version__} is installed)")
         self.gpu, self.compute_capability = device_info(self.device_id)

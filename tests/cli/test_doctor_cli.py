@@ -1,0 +1,112 @@
+"""`hne-edge doctor` as users run it (subprocess): every backend present checked, JSON for scripts, the
+runtime-only install (no torch), and exit 1 naming a backend broken on purpose."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from conftest import REPO, blocking_env, run_cli
+from gpu_env import HAS_CUDA
+
+from hne_edge.bundle import PRECISIONS, RUNNER_PLANS
+from hne_edge.runtime.backends import BACKENDS
+
+CPU_BACKENDS = [name for name, kind in BACKENDS if kind == "cpu"]
+
+
+def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
+    proc = run_cli("doctor", "--json", "--repeats", "3")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["failures"] == []
+    env = report["environment"]
+    assert env["libraries"]["onnxruntime"]["version"] and env["libraries"]["torch"]["version"]
+    assert env["cpu"]["logical_cores"] >= 1 and "AVX-512" in env["cpu"]["features"] or env["cpu"]["machine"] != "x86_64"
+    assert set(report["bundles"]) == {"fresh", "shipped"}
+    rows = {(c["backend"], c["device"], c["precision"], c["plan"]): c for c in report["checks"]}
+    for backend in CPU_BACKENDS:  # torch and onnxruntime are both installed here
+        for precision in PRECISIONS:
+            for plan in RUNNER_PLANS:
+                assert (backend, "cpu", precision, plan) in rows, (backend, precision, plan)
+    for c in report["checks"]:
+        assert c["ok"] and c["error"] is None
+        assert c["prefixes"] == c["leaves"] == 16
+        assert 0 <= c["max_error"] <= c["bound"] and c["full_tree_ms"] > 0
+        assert c["first_leaf_ms"] > 0 if c["plan"] != "fused" else c["first_leaf_ms"] is None  # fused: 16 or nothing
+        assert c["cancel"].startswith("ok") and "/16 leaves" in c["budget"]
+    # the fresh export is fp32; the shipped bundle's fp32 files are checked too, so the asset cannot rot
+    assert {c["bundle"] for c in report["checks"] if c["precision"] == "fp32" and c["backend"] == "onnxruntime"} == {"fresh", "shipped"}
+    absent = {(a["backend"], a["device"]): a for a in report["absent"]}
+    if not HAS_CUDA:  # no GPU: every CUDA backend is absent, and nothing tells this machine to install a GPU package
+        assert set(absent) == {k for k in BACKENDS if k[1] == "cuda"}
+        for a in absent.values():
+            assert "needs an NVIDIA GPU" in a["reason"] and a["how"] == ""
+
+
+def test_doctor_on_a_runtime_only_install_runs_the_shipped_bundle(tmp_path):
+    """numpy + onnxruntime, no torch and no onnx (an edge device's `pip install 'hne-edge[runtime]'`)."""
+    env = blocking_env(tmp_path, "torch", "onnx", "torchvision")
+    proc = run_cli("doctor", "--repeats", "3", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "torch        not installed" in out and "onnx         not installed (needed to export, not to run)" in out
+    assert "shipped  doctor_tiny.tar.xz" in out and "fresh " not in out
+    table = [line.split() for line in out.splitlines() if line.startswith("onnxruntime  cpu")]
+    assert sorted((row[2], row[3]) for row in table) == sorted((p, q) for p in PRECISIONS for q in RUNNER_PLANS)
+    assert all(row[4] == "shipped" and row[5] == "16/16" and row[-1] == "ok" for row in table)
+    assert "torch cpu: torch is not installed; to get it: pip install 'hne-edge[train]'" in out
+    assert out.rstrip().splitlines()[-1].startswith(f"ok: {len(table)} checks passed")
+
+
+BREAK = """
+import numpy as np
+import hne_edge.runtime.backends.onnxruntime as ort_backend
+import hne_edge.runtime.backends.torch as torch_backend
+
+# onnxruntime: fp16 logits of leaf 3 on (and of every fused subtree) are off by 0.05 (a wrong kernel, a bad
+# file); fp32 untouched
+run = ort_backend.OnnxRuntimeRunner.run_impl
+def wrong(self, inputs):
+    outs = run(self, inputs)
+    whole = outs[-1].ndim == 3  # a whole subtree or the fused tree: (batch, its leaves, classes)
+    if self.unit.leaf is not None and (self.unit.leaf >= 3 or whole) and self.unit.inputs[0].dtype == "float16":
+        outs = (*outs[:-1], outs[-1] + np.float16(0.05))
+    return outs
+ort_backend.OnnxRuntimeRunner.run_impl = wrong
+ort_backend.OnnxRuntimeRunner.run_logits_impl = lambda self, inputs: self.run_impl(inputs)[-1]
+
+# torch: cannot load anything (a broken install)
+def broken(self, *args, **kwargs):
+    raise RuntimeError("broken on purpose by the test")
+torch_backend.TorchBackend.load = broken
+"""
+
+
+def test_doctor_exits_1_naming_each_broken_backend(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(BREAK))
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}"}  # this checkout's hne_edge, imported by sitecustomize
+    proc = run_cli("doctor", "--no-export", "--repeats", "2", env=env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = [line.split() for line in proc.stdout.splitlines() if line.endswith("FAILED") and not line.startswith("FAILED")]
+    assert sorted((r[0], r[2], r[3]) for r in failed) == sorted(
+        [("onnxruntime", "fp16", plan) for plan in RUNNER_PLANS] + [("torch", p, plan) for p in PRECISIONS for plan in RUNNER_PLANS]
+    )
+    ok = [line.split() for line in proc.stdout.splitlines() if line.startswith("onnxruntime") and line.endswith(" ok")]
+    assert sorted(r[3] for r in ok) == sorted(RUNNER_PLANS)  # fp32 still passes: only what is broken is named
+    stderr = proc.stderr.strip().splitlines()[-1]
+    assert stderr.startswith("doctor: FAILED: ")
+    assert "onnxruntime cpu fp16 segments (shipped bundle): session after 4 leaves: max |logits - float64 reference|" in stderr
+    assert "torch cpu fp32 segments (shipped bundle): RuntimeError: broken on purpose by the test" in stderr
+    # the same through --json: ok false, the failures named
+    proc = run_cli("doctor", "--no-export", "--repeats", "2", "--json", env=env)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["ok"] is False and "onnxruntime cpu fp16 nodes (shipped bundle)" in report["failures"]
+
+
+def test_doctor_bad_threads_is_one_line_and_exit_2():
+    proc = run_cli("doctor", "--threads", "100000")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("Error: --threads: received 100000; expected an int in 1..")
