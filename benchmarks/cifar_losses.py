@@ -240,15 +240,17 @@ def main() -> None:
             def launch(task: tuple[int, str]) -> int:
                 seed, name = task
                 out = Path(for_seed(seed).out)
-                (out / name).mkdir(parents=True, exist_ok=True)
-                with open(out / name / "stdout.log", "a") as log:
+                out.mkdir(parents=True, exist_ok=True)
+                # beside the run folder, not in it: training takes only an empty folder or a run to resume
+                with open(out / f"{name}.log", "a") as log:
                     return subprocess.call(base + ["--seed", str(seed), "--out", str(out), "--runs", name],
                                            stdout=log, stderr=subprocess.STDOUT)
 
             with ThreadPoolExecutor(args.jobs or len(tasks)) as pool:  # threads only wait on the processes
                 codes = list(pool.map(launch, tasks))
             if any(codes):
-                sys.exit(f"a run failed: exit codes {dict(zip(tasks, codes))}")
+                failed = [f"{Path(for_seed(seed).out) / name}.log" for (seed, name), c in zip(tasks, codes) if c]
+                sys.exit(f"a run failed: exit codes {dict(zip(tasks, codes))}; see {', '.join(failed)}")
         else:
             for seed, name in tasks:
                 run_one(name, for_seed(seed))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,26 @@ def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path 
     if check and proc.returncode != 0:
         raise AssertionError(f"hne-edge {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+# a Progress line ("export: 3/16 files (19%), ..."; "eval: 4 images, ..."): hne_edge/progress.py's format
+PROGRESS_LINE = re.compile(r"^[\w-]+: \d+(/\d+)? \w")
+
+
+def one_line_error(proc, *fragments: str, after_progress: bool = False) -> str:
+    """The CLI's failure contract: exit 2, the error in one line ("Error: ..."), no traceback; returns it.
+
+    ``after_progress``: the failure came mid-work, so Progress lines may precede the error (nothing else may).
+    """
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    lines = proc.stderr.strip().splitlines()
+    before, error = lines[:-1], lines[-1] if lines else ""
+    if after_progress:
+        before = [line for line in before if not PROGRESS_LINE.match(line)]
+    assert not before and error.startswith("Error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in error, (fragment, error)
+    return error
 
 
 def clone_working_tree(repo: Path, dest: Path) -> Path:

@@ -11,18 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
 
 
-def one_line_error(proc) -> str:
-    """The CLI's failure contract: exit 2, one line on stderr, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error:"), proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 # -- D1: export --force replaces only a bundle -----------------------------------------------------
@@ -461,8 +454,7 @@ def test_enospc_is_one_line(tiny_bundle, tmp_path):
     root = Path(__file__).resolve().parents[1]
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(tmp_path / "out"), *FAST_EXPORT,
                    env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])})  # fmt: skip
-    line = one_line_error(proc)
-    assert "No space left on device" in line
+    one_line_error(proc, "No space left on device", after_progress=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["__pycache__", "sitecustomize.py"] or \
         sorted(p.name for p in tmp_path.iterdir()) == ["sitecustomize.py"]
 

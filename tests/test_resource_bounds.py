@@ -18,18 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, one_line_error, run_cli
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
 
 
-def one_line_error(proc, *fragments: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-3000:])
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 @pytest.fixture

@@ -17,20 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
 SMALL = ("--data", "digits", "--limit", "200", "--epochs", "1", "--batch-size", "50", "--quiet", "--threads", "1")
 
 
-def one_line_error(proc, *fragments: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

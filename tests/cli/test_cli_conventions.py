@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, blocking_env, run_cli
+from conftest import REPO, blocking_env, one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +29,6 @@ def work(tiny_bundle, tmp_path_factory):
     return root
 
 
-def _one_line_error(proc, *fragments: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    err = proc.stderr.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("Error: ") and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
-    return err
 
 
 # -- conventions: one flag per concept -------------------------------------------------------------------
@@ -64,14 +57,14 @@ def test_every_progress_printing_command_has_quiet_and_every_device_defaults_to_
 def test_backend_choices_are_the_public_names_and_gpu_names_point_to_device(work):
     assert "[onnxruntime|torch|tensorrt]" in " ".join(_help("run").split())
     proc = run_cli("run", str(work / "b"), str(work / "frames.npz"), "--backend", "onnxruntime-cuda")
-    _one_line_error(proc, "'onnxruntime-cuda'", "--backend onnxruntime --device cuda")
+    one_line_error(proc, "'onnxruntime-cuda'", "--backend onnxruntime --device cuda")
 
 
 def test_threads_zero_means_the_backends_default_everywhere(work):
     proc = run_cli("run", str(work / "b"), str(work / "frames.npz"), "--threads", "0", "--max-leaves", "1", check=True)
     assert "accuracy" in proc.stdout
-    _one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--threads", "-1"), "--threads", "-1")
-    _one_line_error(run_cli("train", "--threads", "-1", "--epochs", "1"), "--threads", "-1")
+    one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--threads", "-1"), "--threads", "-1")
+    one_line_error(run_cli("train", "--threads", "-1", "--epochs", "1"), "--threads", "-1")
 
 
 def test_bench_reads_frames_not_data(work, tmp_path):
@@ -84,7 +77,7 @@ def test_bench_reads_frames_not_data(work, tmp_path):
 def test_debug_works_after_the_subcommand(work, tmp_path):
     (tmp_path / "empty").mkdir()
     quiet = run_cli("inspect", str(tmp_path / "empty"))
-    _one_line_error(quiet)
+    one_line_error(quiet)
     for args in (("--debug", "inspect", str(tmp_path / "empty")), ("inspect", str(tmp_path / "empty"), "--debug")):
         proc = run_cli(*args)
         assert proc.returncode != 0 and "Traceback (most recent call last)" in proc.stderr, args
@@ -94,7 +87,7 @@ def test_debug_works_after_the_subcommand(work, tmp_path):
 def test_export_onto_a_file_names_the_real_reason_with_or_without_force(tiny_bundle, work):
     for extra in ((), ("--force",)):
         proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(work / "notes.txt"), *extra)
-        err = _one_line_error(proc, "notes.txt", "not a directory")
+        err = one_line_error(proc, "notes.txt", "not a directory")
         assert "pass --force" not in err
     assert (work / "notes.txt").read_text() == "not a folder\n"
 
@@ -102,14 +95,14 @@ def test_export_onto_a_file_names_the_real_reason_with_or_without_force(tiny_bun
 def test_eval_onto_a_file_is_one_line(tiny_bundle, work):
     proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(work / "test.npz"), "--out",
                    str(work / "notes.txt"), "--no-plots")
-    err = _one_line_error(proc, "notes.txt", "expected a folder")
+    err = one_line_error(proc, "notes.txt", "expected a folder")
     assert "Errno" not in err
     assert (work / "notes.txt").read_text() == "not a folder\n"
 
 
 def test_verify_batch_sizes_outside_the_bundles_range(work):
     proc = run_cli("verify", str(work / "b"), "--batch-sizes", "99")
-    _one_line_error(proc, "--batch-sizes", "99", "1..8")
+    one_line_error(proc, "--batch-sizes", "99", "1..8")
 
 
 @pytest.mark.parametrize(
@@ -141,7 +134,7 @@ def test_user_errors_are_one_line_hne_errors(work, tiny_bundle, tmp_path, args, 
     values = {"notes_npz": str(tmp_path / "notes.npz"), "b": str(work / "b"), "frames": str(work / "frames.npz"), "notes_png": str(tmp_path / "notes.png"),
               "ckpt": str(tiny_bundle.checkpoint_path), "tmp": str(tmp_path)}
     proc = run_cli(*(a.format(**values) for a in args), cwd=tmp_path)
-    _one_line_error(proc, *fragments)
+    one_line_error(proc, *fragments)
     assert not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()
 
 
@@ -290,7 +283,7 @@ def test_cli_errors_name_flags_not_python_arguments(tiny_bundle, work, tmp_path)
         (("train", "--out", str(tmp_path / "none"), "--resume"), "start the run without --resume"),
     ]
     for args, fragment in cases:
-        err = _one_line_error(run_cli(*args), fragment)
+        err = one_line_error(run_cli(*args), fragment)
         assert not any(word in err for word in python_words), err
 
 
@@ -300,6 +293,6 @@ def test_a_machine_without_a_gpu_is_not_told_to_install_gpu_packages(work):
     if no_gpu_here() is None:
         pytest.skip("this machine may have an NVIDIA GPU (a driver device node exists)")
     for backend in ("onnxruntime", "torch"):
-        err = _one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--backend", backend,
+        err = one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--backend", backend,
                                       "--device", "cuda"), "this machine has no NVIDIA GPU", "--device cpu")  # fmt: skip
         assert "install" not in err and "onnxruntime-gpu" not in err and "fallback_to_cpu" not in err, err

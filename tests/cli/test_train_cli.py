@@ -8,16 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 
 SMALL = ("--limit", "256", "--epochs", "2", "--batch-size", "32", "--quiet", "--threads", "1")
 
 
-def _one_line_error(proc, pattern: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), proc.stderr
-    assert pattern in lines[0], lines[0]
 
 
 def test_train_then_eval_on_digits(tmp_path):
@@ -51,18 +46,18 @@ def test_train_then_eval_on_digits(tmp_path):
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "never"
-    _one_line_error(run_cli("train", "--out", str(out), *args), message)
+    one_line_error(run_cli("train", "--out", str(out), *args), message)
     assert not out.exists()
 
 
 def test_yaml_config_errors_and_existing_run(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("optim: {epochs: 1, learning_rate: 0.1}\n")
-    _one_line_error(run_cli("train", "--config", str(cfg), "--out", str(tmp_path / "x")), "unknown option(s) ['learning_rate']")
+    one_line_error(run_cli("train", "--config", str(cfg), "--out", str(tmp_path / "x")), "unknown option(s) ['learning_rate']")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"junk")
-    _one_line_error(run_cli("train", "--out", str(tmp_path / "run")), "exists; pass --resume")
-    _one_line_error(run_cli("eval", str(tmp_path / "run" / "checkpoint.pt")), "not a PyTorch archive")
+    one_line_error(run_cli("train", "--out", str(tmp_path / "run")), "exists; pass --resume")
+    one_line_error(run_cli("eval", str(tmp_path / "run" / "checkpoint.pt")), "not a PyTorch archive")
 
 
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
@@ -144,15 +139,15 @@ def test_eval_on_test_data_matches_the_model_on_those_images(tmp_path, digits_ru
 def test_eval_test_data_errors_are_one_line(tmp_path, digits_run):
     ckpt = str(digits_run / "checkpoint.pt")
     _digits_npz(tmp_path / "big.npz", size=16)
-    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz")), "images are 16x16 with 1 channel(s)")
-    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "none.npz")), "npz data not found")
+    one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz")), "images are 16x16 with 1 channel(s)")
+    one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "none.npz")), "npz data not found")
     np.save(tmp_path / "x.npy", np.zeros((2, 8, 8), np.uint8))
-    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "x.npy")), "received a .npy array; expected a .npz")
-    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path)), "is a directory")
-    _one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz"), "--split", "test"),
+    one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "x.npy")), "received a .npy array; expected a .npz")
+    one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path)), "is a directory")
+    one_line_error(run_cli("eval", ckpt, "--test-data", str(tmp_path / "big.npz"), "--split", "test"),
                     "--test-data and --split test contradict")
     # a run on data without an official test set says what to use instead
-    _one_line_error(run_cli("eval", ckpt, "--split", "test"), "--test-data PATH.npz")
+    one_line_error(run_cli("eval", ckpt, "--split", "test"), "--test-data PATH.npz")
     assert not (tmp_path / "metrics.json").exists()
 
 
@@ -295,7 +290,7 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_resume_says_from_where(tmp_path
 
     out = tmp_path / "run"
     missing = run_cli("train", "--out", str(out), "--resume")
-    _one_line_error(missing, f"--resume: no checkpoint at {out / 'checkpoint.pt'}, so there is nothing to resume")
+    one_line_error(missing, f"--resume: no checkpoint at {out / 'checkpoint.pt'}, so there is nothing to resume")
     assert "start the run without --resume" in missing.stderr and "resume=False" not in missing.stderr
 
     proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(out), "--epochs", "200",
