@@ -338,7 +338,7 @@ def plans_table(model, rows, args) -> list[str]:
             q = u["ms"] / u["leaf_by_leaf_ms"]
             lines.append(f"| {b} | {'whole tree' if hi - lo == r['mixed_full_steps'][-1][1] and lo == 0 else f'subtree of leaves {lo}-{hi - 1}'} "
                          f"in one call / its leaves one by one (profile) | {q:.3f} ({u['ms']:.3f} vs {u['leaf_by_leaf_ms']:.3f} ms) | "
-                         f"{'faster' if q < 1 else 'SLOWER: never chosen'} |")  # fmt: skip
+                         f"{'faster' if q < 1 else 'SLOWER (taken only if the running medians say otherwise)'} |")  # fmt: skip
         d = r.get("deadlines")
         if d:
             lo, hi = d["budget_range_ms"]
