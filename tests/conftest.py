@@ -60,6 +60,23 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path) -> Path:
+    """A private copy of tiny_bundle's bundle, for tests that edit it or let a runner write profiles into it."""
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    return bundle
+
+
+def edit_manifest(bundle: Path, edit) -> None:
+    """Apply ``edit`` to the parsed manifest.json of ``bundle`` and write it back (hashes untouched)."""
+    import json
+
+    data = json.loads((bundle / "manifest.json").read_text())
+    edit(data)
+    (bundle / "manifest.json").write_text(json.dumps(data))
+
+
 def tree_digest(root: Path) -> dict[str, str]:
     """Every entry under ``root`` (links not followed) -> a file's sha256, a link's target, or 'dir'.
 

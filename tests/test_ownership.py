@@ -22,8 +22,6 @@ FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-tor
 _HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
-
-
 # -- export --force ------------------------------------------------------------------------------------
 
 

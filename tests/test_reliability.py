@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -11,11 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import one_line_error, run_cli
+from conftest import edit_manifest, one_line_error, run_cli
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
-
-
 
 
 # -- D1: export --force replaces only a bundle -----------------------------------------------------
@@ -139,19 +136,6 @@ def test_external_data_is_refused(tiny_bundle, tmp_path):
 # -- D3 and D11-D12: bounded, strict manifests -------------------------------------------------------
 
 
-def _edit_manifest(bundle: Path, edit) -> None:
-    data = json.loads((bundle / "manifest.json").read_text())
-    edit(data)
-    (bundle / "manifest.json").write_text(json.dumps(data))
-
-
-@pytest.fixture
-def bundle_copy(tiny_bundle, tmp_path) -> Path:
-    bundle = tmp_path / "b"
-    shutil.copytree(tiny_bundle.bundle_dir, bundle)
-    return bundle
-
-
 def test_tree_size_is_bounded():
     from hne_edge.tree import MAX_LEAVES, TreeSpec
 
@@ -170,7 +154,7 @@ def test_a_17_level_manifest_fails_in_one_short_line(bundle_copy):
         d["tree"]["branching"] = [1] + [2] * 16
         d["tree"]["leaf_order"] = [f"b16.{i}" for i in range(2**16)]
 
-    _edit_manifest(bundle_copy, edit)
+    edit_manifest(bundle_copy, edit)
     line = one_line_error(run_cli("inspect", str(bundle_copy)))
     assert "at most 1024" in line and len(line) < 600
 
@@ -209,7 +193,7 @@ def test_malformed_manifests_fail_in_one_line(bundle_copy, edit, message):
     from hne_edge.bundle import read_manifest
     from hne_edge.errors import BundleError
 
-    _edit_manifest(bundle_copy, edit)
+    edit_manifest(bundle_copy, edit)
     with pytest.raises(BundleError, match=message):
         read_manifest(bundle_copy)
 
@@ -238,7 +222,7 @@ def test_graph_disagreeing_with_the_manifest_fails_at_load_not_mid_frame(bundle_
                 if t["node"] is None:
                     t["shape"] = ["batch", 3, 32, 32]
 
-    _edit_manifest(bundle_copy, edit)
+    edit_manifest(bundle_copy, edit)
     with pytest.raises(BundleError, match=r"tensor image is float32 \['batch', 3, 16, 16\] in the ONNX graph; the manifest says float32 \['batch', 3, 32, 32\]"):
         AnytimeRunner(bundle_copy, verify=False, load_profile=False, warmup=0)
 
@@ -391,7 +375,7 @@ def test_checkpoint_gets_umask_mode_and_stale_temps_go(tiny_bundle, tmp_path):
 
 
 def test_bench_does_not_write_outside_the_working_directory(bundle_copy, tmp_path):
-    _edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("name", "../../x"))
+    edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("name", "../../x"))
     work = tmp_path / "deep" / "work"
     work.mkdir(parents=True)
     proc = run_cli("bench", str(bundle_copy), "--repeats", "1", "--warmup", "0", cwd=work,
@@ -404,7 +388,7 @@ def test_bench_does_not_write_outside_the_working_directory(bundle_copy, tmp_pat
 def test_class_names_with_terminal_sequences_are_escaped(bundle_copy, tmp_path):
     names = [f"c{i}" for i in range(10)]
     names = ["\x1b]0;owned\x07\x1b[2J" + n for n in names]
-    _edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("class_names", names))
+    edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("class_names", names))
     np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
     proc = run_cli("run", str(bundle_copy), str(tmp_path / "x.npy"), "--max-leaves", "1")
     assert proc.returncode == 0, proc.stderr
@@ -487,7 +471,7 @@ def test_library_errors_share_one_base_class(tiny_bundle):
 
 
 def test_inspect_escapes_terminal_sequences(bundle_copy):
-    _edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("name", "tiny\x1b[2J\x1b]0;owned\x07"))
+    edit_manifest(bundle_copy, lambda d: d["model"].__setitem__("name", "tiny\x1b[2J\x1b]0;owned\x07"))
     proc = run_cli("inspect", str(bundle_copy))
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout and "tiny\\x1b[2J" in proc.stdout

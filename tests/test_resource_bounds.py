@@ -7,35 +7,17 @@ that hung it, a model size that ended in a 200 GB allocation's traceback. The bo
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, one_line_error, run_cli
+from conftest import REPO, edit_manifest, one_line_error, run_cli
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
-
-
-
-
-@pytest.fixture
-def bundle_copy(tiny_bundle, tmp_path) -> Path:
-    bundle = tmp_path / "b"
-    shutil.copytree(tiny_bundle.bundle_dir, bundle)
-    return bundle
-
-
-def _edit_manifest(bundle: Path, edit) -> None:
-    data = json.loads((bundle / "manifest.json").read_text())
-    edit(data)
-    (bundle / "manifest.json").write_text(json.dumps(data))
 
 
 # -- the batch range: bounded at export and at read --------------------------------------------------
@@ -59,7 +41,7 @@ def test_a_manifest_declaring_a_huge_batch_range_is_refused_at_read(bundle_copy)
     from hne_edge.errors import BundleError
     from hne_edge.limits import MAX_BATCH
 
-    _edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 200000, 1000000000]))
+    edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 200000, 1000000000]))
     with pytest.raises(BundleError, match=rf"input.batch .* max <= {MAX_BATCH}; received \[1, 200000, 1000000000\]"):
         read_manifest(bundle_copy, verify_files=False)
     one_line_error(run_cli("run", str(bundle_copy), str(bundle_copy / "manifest.json")), "input.batch")
@@ -72,7 +54,7 @@ def test_the_warm_up_is_checked_against_the_memory_this_machine_has(bundle_copy,
     from hne_edge.errors import ResourceExhausted
     from hne_edge.runtime import AnytimeRunner, AnytimeSession
 
-    _edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 4096, 4096]))
+    edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 4096, 4096]))
     per_sample = read_manifest(bundle_copy, verify_files=False).sample_bytes("segments", "fp32")
     assert per_sample > 3 * 16 * 16 * 4  # the image and every activation a pass over the tree outputs
     monkeypatch.setattr(limits, "available_memory", lambda: 4096 * per_sample - 1)
@@ -92,7 +74,7 @@ def test_the_warm_up_is_checked_against_the_memory_this_machine_has(bundle_copy,
 
 def test_an_onnxruntime_allocation_failure_is_resource_exhausted(bundle_copy, tmp_path):
     """A real ONNX Runtime allocation failure (the address space capped with RLIMIT_AS in a child process)."""
-    _edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 1, 4096]))
+    edit_manifest(bundle_copy, lambda d: d["input"].__setitem__("batch", [1, 1, 4096]))
     script = textwrap.dedent(f"""
         import resource, numpy as np
         from hne_edge.errors import ResourceExhausted

@@ -24,8 +24,6 @@ FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-tor
 SMALL = ("--data", "digits", "--limit", "200", "--epochs", "1", "--batch-size", "50", "--quiet", "--threads", "1")
 
 
-
-
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory) -> Path:
     """A real one-epoch training run (checkpoint with optimizer, scheduler and config: resumable)."""

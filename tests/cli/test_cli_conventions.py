@@ -29,8 +29,6 @@ def work(tiny_bundle, tmp_path_factory):
     return root
 
 
-
-
 # -- conventions: one flag per concept -------------------------------------------------------------------
 def _help(command: str) -> str:
     return run_cli(command, "--help", check=True).stdout

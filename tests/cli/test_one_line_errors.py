@@ -6,7 +6,6 @@ runtime-only install (torch commands on a device) is in test_cli_conventions.py.
 
 from __future__ import annotations
 
-import json
 import resource
 import shutil
 import signal
@@ -17,24 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, one_line_error, run_cli
+from conftest import REPO, edit_manifest, one_line_error, run_cli
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--quiet")  # errors mid-export follow no progress line
-
-
-
-
-@pytest.fixture
-def bundle_copy(tiny_bundle, tmp_path) -> Path:
-    bundle = tmp_path / "b"
-    shutil.copytree(tiny_bundle.bundle_dir, bundle)
-    return bundle
-
-
-def _edit_manifest(bundle: Path, edit) -> None:
-    data = json.loads((bundle / "manifest.json").read_text())
-    edit(data)
-    (bundle / "manifest.json").write_text(json.dumps(data))
 
 
 def _rehash(bundle: Path, rel: str) -> None:
@@ -46,7 +30,7 @@ def _rehash(bundle: Path, rel: str) -> None:
             if f["path"] == rel:
                 f["sha256"], f["bytes"] = sha256_file(bundle / rel), (bundle / rel).stat().st_size
 
-    _edit_manifest(bundle, edit)
+    edit_manifest(bundle, edit)
 
 
 # -- tracebacks at the command line ---------------------------------------------------------------------
@@ -174,7 +158,7 @@ def test_a_manifest_path_naming_the_bundle_itself_says_so(bundle_copy):
     from hne_edge.bundle import read_manifest
     from hne_edge.errors import BundleError
 
-    _edit_manifest(bundle_copy, lambda d: d["files"][0].__setitem__("path", "."))
+    edit_manifest(bundle_copy, lambda d: d["files"][0].__setitem__("path", "."))
     with pytest.raises(BundleError) as info:
         read_manifest(bundle_copy, verify_files=False)
     assert "names the bundle folder itself; expected a file inside it" in str(info.value)

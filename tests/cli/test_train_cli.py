@@ -13,8 +13,6 @@ from conftest import one_line_error, run_cli
 SMALL = ("--limit", "256", "--epochs", "2", "--batch-size", "32", "--quiet", "--threads", "1")
 
 
-
-
 def test_train_then_eval_on_digits(tmp_path):
     out = tmp_path / "run"
     train = run_cli("train", "--out", str(out), "--loss", "distill", "--alpha", "0.4", *SMALL, check=True)
