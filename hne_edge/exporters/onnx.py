@@ -361,6 +361,19 @@ def export_onnx(
                 )
             )
 
+        def write(rel: str, plan_: str, precision: str, module, nodes, leaf, input_node, outputs, meta,
+                  name_nodes: bool = True) -> None:
+            """Export ``module`` (reading ``input_node``'s activation) to ``rel``, record it, count it."""
+            in_spec = spec(input_node, DTYPE_OF[precision])
+            export_module(
+                module, tmp / rel, examples[input_node], [in_spec.name], [o.name for o in outputs],
+                opset=opset, exporter=exporter, precision=precision,
+                metadata={**meta, "hne_edge.nodes": ",".join(nodes)} if name_nodes else meta,
+            )  # fmt: skip
+            add(rel, "onnx", plan_, precision, nodes, leaf, sum(cost.nodes[n].macs for n in nodes), [in_spec], outputs,
+                opset)  # fmt: skip
+            progress.update(note=rel)
+
         per_precision = ((len(tree.nodes) if "nodes" in plans else 0) + (len(tree.segments) if "segments" in plans else 0)
                          + (len(tree.subtree_units) if "subtrees" in plans else 0) + ("fused" in plans))  # fmt: skip
         progress.restart(len(precisions) * (per_precision + first_leaf) + torch_weights, "export", "file")
@@ -377,33 +390,17 @@ def export_onnx(
             meta = {"hne_edge.model": config.name, "hne_edge.precision": precision}
             if "nodes" in plans:
                 for node in tree.nodes:
-                    rel = file_path("onnx", precision, "nodes", node=node.id)
-                    out_spec = spec(node.id, dtype, is_logits=node.is_leaf)
-                    in_spec = spec(node.parent, dtype)
-                    export_module(
-                        folded[node.id], tmp / rel, examples[node.parent], [in_spec.name], [out_spec.name],
-                        opset=opset, exporter=exporter, precision=precision,
-                        metadata={**meta, "hne_edge.nodes": node.id},
-                    )  # fmt: skip
-                    add(rel, "onnx", "nodes", precision, [node.id], leaf_index.get(node.id),
-                        cost.nodes[node.id].macs, [in_spec], [out_spec], opset)  # fmt: skip
-                    progress.update(note=rel)
+                    write(file_path("onnx", precision, "nodes", node=node.id), "nodes", precision, folded[node.id],
+                          [node.id], leaf_index.get(node.id), node.parent, [spec(node.id, dtype, is_logits=node.is_leaf)],
+                          meta)  # fmt: skip
             if "segments" in plans:
                 from ..models import SegmentModule
 
                 for seg in tree.segments:
-                    rel = file_path("onnx", precision, "segments", leaf=seg.leaf, num_leaves=tree.num_leaves)
-                    module = SegmentModule(seg, [folded[n] for n in seg.nodes]).eval()
                     outputs = [spec(n, dtype) for n in seg.exports] + [spec(seg.nodes[-1], dtype, is_logits=True)]
-                    in_spec = spec(seg.input, dtype)
-                    export_module(
-                        module, tmp / rel, examples[seg.input], [in_spec.name], [o.name for o in outputs],
-                        opset=opset, exporter=exporter, precision=precision,
-                        metadata={**meta, "hne_edge.nodes": ",".join(seg.nodes)},
-                    )  # fmt: skip
-                    add(rel, "onnx", "segments", precision, seg.nodes, seg.leaf,
-                        sum(cost.nodes[n].macs for n in seg.nodes), [in_spec], outputs, opset)  # fmt: skip
-                    progress.update(note=rel)
+                    write(file_path("onnx", precision, "segments", leaf=seg.leaf, num_leaves=tree.num_leaves), "segments",
+                          precision, SegmentModule(seg, [folded[n] for n in seg.nodes]).eval(), seg.nodes, seg.leaf,
+                          seg.input, outputs, meta)  # fmt: skip
             if "subtrees" in plans or "fused" in plans:
                 from ..models import SegmentModule
                 from ..tree import Segment
@@ -420,39 +417,18 @@ def export_onnx(
                             subtrees[unit.root] = fold_batchnorm(model.subtree_module(unit.root))
                         module = subtrees[unit.root]
                         outputs = [leaves_spec(unit.root, unit.num_leaves, dtype)]
-                    in_spec = spec(unit.input, dtype)
-                    export_module(
-                        module, tmp / rel, examples[unit.input], [in_spec.name], [o.name for o in outputs],
-                        opset=opset, exporter=exporter, precision=precision,
-                        metadata={**meta, "hne_edge.nodes": ",".join(unit.nodes)},
-                    )  # fmt: skip
-                    add(rel, "onnx", "subtrees", precision, unit.nodes, unit.first_leaf,
-                        sum(cost.nodes[n].macs for n in unit.nodes), [in_spec], outputs, opset)  # fmt: skip
-                    progress.update(note=rel)
+                    write(rel, "subtrees", precision, module, unit.nodes, unit.first_leaf, unit.input, outputs, meta)
                 if "fused" in plans:
                     rel = file_path("onnx", precision, "fused")
                     if None not in subtrees:
                         subtrees[None] = fold_batchnorm(model)
-                    in_spec, out_spec = spec(None, dtype), leaves_spec(None, tree.num_leaves, dtype)
-                    export_module(
-                        subtrees[None], tmp / rel, examples[None], [in_spec.name], [out_spec.name],
-                        opset=opset, exporter=exporter, precision=precision, metadata=meta,
-                    )  # fmt: skip
-                    add(rel, "onnx", "fused", precision, [n.id for n in tree.nodes], 0, cost.total_macs,
-                        [in_spec], [out_spec], opset)  # fmt: skip
-                    progress.update(note=rel)
+                    write(rel, "fused", precision, subtrees[None], [n.id for n in tree.nodes], 0, None,
+                          [leaves_spec(None, tree.num_leaves, dtype)], meta, name_nodes=False)  # fmt: skip
             if first_leaf:
                 seg = tree.segments[0]
-                rel = file_path("onnx", precision, "first", leaf=0, num_leaves=tree.num_leaves)
-                out_spec, in_spec = spec(seg.nodes[-1], dtype, is_logits=True), spec(None, dtype)
-                export_module(
-                    torch.nn.Sequential(*(folded[n] for n in seg.nodes)).eval(), tmp / rel, examples[None],
-                    [in_spec.name], [out_spec.name], opset=opset, exporter=exporter, precision=precision,
-                    metadata={**meta, "hne_edge.nodes": ",".join(seg.nodes)},
-                )  # fmt: skip
-                add(rel, "onnx", "first", precision, seg.nodes, 0, sum(cost.nodes[n].macs for n in seg.nodes),
-                    [in_spec], [out_spec], opset)  # fmt: skip
-                progress.update(note=rel)
+                write(file_path("onnx", precision, "first", leaf=0, num_leaves=tree.num_leaves), "first", precision,
+                      torch.nn.Sequential(*(folded[n] for n in seg.nodes)).eval(), seg.nodes, 0, None,
+                      [spec(seg.nodes[-1], dtype, is_logits=True)], meta)  # fmt: skip
         if torch_weights:
             rel = file_path("torch", "fp32", "weights")
             # plain dict of tensors: loads with torch.load(weights_only=True); architecture is in the manifest

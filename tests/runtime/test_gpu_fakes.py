@@ -616,21 +616,27 @@ def test_onnxruntime_cuda_graphs_keep_replaying_frame_after_frame(steps_bundle, 
         assert len(backend.io._staging.slots[((3, 3, 16, 16), "<f4")]) == 1
 
 
+def _every_stop_twice_and_an_interleaved_session(runner, x, ref) -> None:
+    """Each stop twice (the second frame reuses the runners' slot-0 buffers / "graphs"), then a session
+    stepped around another frame: its cached activations must survive it."""
+    for n in runner.stops:
+        for _ in range(2):
+            np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), **FP32)
+    s = runner.start(x)
+    s.step()
+    np.testing.assert_allclose(runner.run(x[::-1].copy()).logits, ref[::-1].mean(1), **FP32)
+    while s.step():
+        pass
+    np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **FP32)
+
+
 @pytest.mark.parametrize("plan", ["subtrees", "fused", "mixed"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_onnxruntime_cuda_runs_steps_of_several_leaves_on_cpu_ortvalues(steps_bundle, reference64, plan, cuda_graph):
     x, ref = reference64
     backend = _ort_values_on_cpu_backend(cuda_graph=cuda_graph)
     with AnytimeRunner(steps_bundle, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
-        for n in runner.stops:
-            for _ in range(2):  # the second frame reuses the runners' slot-0 buffers / "graphs"
-                np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), **FP32)
-        s = runner.start(x)
-        s.step()
-        np.testing.assert_allclose(runner.run(x[::-1].copy()).logits, ref[::-1].mean(1), **FP32)
-        while s.step():
-            pass
-        np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **FP32)
+        _every_stop_twice_and_an_interleaved_session(runner, x, ref)
         if cuda_graph:
             assert all(r._graphs.captures >= 1 for r in runner._runners if r.unit.kind != "tree" or plan == "fused")
 
@@ -717,15 +723,7 @@ def test_torch_cuda_graph_per_unit_and_batch_size_for_steps_of_several_leaves(st
             np.testing.assert_allclose(runner.run(x[:1], max_leaves=n).logits, ref[:1, :n].mean(1), **FP32)
         if cuda_graph:
             assert counts["eager"] == 0 and counts["replay"] > 0  # batch 1: replays only
-        for n in runner.stops:
-            for _ in range(2):
-                np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), **FP32)
-        s = runner.start(x)
-        s.step()
-        np.testing.assert_allclose(runner.run(x[::-1].copy()).logits, ref[::-1].mean(1), **FP32)
-        while s.step():
-            pass
-        np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **FP32)
+        _every_stop_twice_and_an_interleaved_session(runner, x, ref)
         if cuda_graph:
             used = {r.name for r in runner._runners}  # every unit ran at batch 3 too (the mixed one: by its choice)
             assert n_units < dev.captures <= 2 * len(used)
