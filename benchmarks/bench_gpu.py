@@ -314,7 +314,7 @@ def bench_model(name: str, backends: list[str], device: str, plans: list[str], a
                     check = None
                     try:  # the profile every batch's deadlines use: the bundle's min and opt batch sizes (1, 16)
                         prof = runner.profile(warmup=min(5, args.warmup), repeats=args.profile_repeats, save=False)
-                        if args.frames and runner.stops[0] < runner.num_leaves:
+                        if args.frames and runner.stops[0] < runner.num_leaves and args.batch_check:
                             mid = (args.batches[0] + args.batches[-1]) // 2
                             if args.batches[0] < mid < args.batches[-1]:
                                 check = batch_model_check(runner, prof, batch=mid, repeats=args.profile_repeats)
@@ -397,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
                     help="comma list, smallest first: the bundle's min and opt (the profile's sizes) are the first and last")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the exported bundle here (reused when present)")
+    ap.add_argument("--no-batch-check", dest="batch_check", action="store_false",
+                    help="skip the batch model's check (a profile at the batch between the first and last)")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: the torch CPU backend, to check the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny repeats and frames: checks that everything runs, measures nothing")
     ap.add_argument("--warmup", type=int, default=20)

@@ -25,6 +25,7 @@ The JSON beside ``--out`` is written after every row, so a run stopped by a time
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -137,8 +138,10 @@ def per_plan(bundle: Path, device: str, x: np.ndarray, fold: bool, torch) -> dic
             for r in runner._runners:
                 inp = inputs[r.name]
 
-                def call(m=r.module, inp=inp):
-                    with torch.inference_mode():
+                policy = getattr(runner.backend, "policy", contextlib.nullcontext())  # the runner's fp32 flags
+
+                def call(m=r.module, inp=inp, policy=policy):
+                    with torch.inference_mode(), policy:
                         return m(inp)
 
                 got = profile_call(torch, call, device)
@@ -169,6 +172,8 @@ def units_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int,
     from hne_edge.runtime.backends import create_backend
 
     backend = create_backend("torch", device, compile=compiled, **({"cuda_graph": True} if device != "cpu" else {}))
+    policy = getattr(backend, "policy", contextlib.nullcontext())  # fp32 in fp32 (no TF32), as the runner's calls
+    stream = backend.cuda.stream_context if device != "cpu" else contextlib.nullcontext
     ref_model = copy.deepcopy(model).double().eval()
     xd = torch.from_numpy(x).double()
     rows = []
@@ -179,15 +184,15 @@ def units_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int,
             t0 = time.perf_counter()
             prepared = backend.prepare(copy.deepcopy(module), half=False)
             xin = backend.from_host(x)
-            with torch.inference_mode():
+            with torch.inference_mode(), stream(), policy:
                 out = prepared(xin)  # the first call compiles
-                with torch.no_grad():
-                    want = ref()
+            with torch.no_grad():
+                want = ref()
             row["first_call_s"] = round(time.perf_counter() - t0, 2)
             row["max_error_vs_float64"] = float((out.double().cpu() - want).abs().max())
 
             def call(m=prepared, xin=xin):
-                with torch.inference_mode():
+                with torch.inference_mode(), stream(), policy:
                     return m(xin)
 
             row.update(profile_call(torch, call, device))
