@@ -76,6 +76,21 @@ priority on a busy 2-core machine (benchmarks/bench_runtime.py --max-ratios
 budget of twice the full tree every cap ran 100% of them, the uncapped
 model 26%.
 
+**Batch sizes** (:func:`profile_at_batch`, the batch rule): a profile predicts a batch size only from the
+sizes it measured (``AnytimeRunner.profile()`` measures the bundle's min and opt by default): their medians,
+interpolated between them, their measured slope beyond them, and nothing from one measured size alone (that
+batch size is then learned online, as without a profile). A CPU's cost grows about linearly with batch, a
+launch-bound GPU's is about flat (an H200: 1.24 ms at batch 1, 1.43 ms at 16); assuming either is wrong on the
+other by 10x or more.
+
+**A run's own work before its first step** (the input check, the image's upload: a synchronous copy of ~0.07 ms
+on an H200) is in a ``run()``'s budget but in no step. :attr:`_BatchModel.entry` is the ``quantile`` of the last
+``window`` of them, and the forced first step is judged with it (whether an overrun was forced). The next steps
+need no such term: each is decided at the time it would start.
+
+Queries: :meth:`CostModel.predict_step` (what a step is predicted to cost at a batch size: what a budget must
+fit) and :meth:`CostModel.median_step` (its median estimate: what speeds are compared by).
+
 **A profile that does not describe this machine** (hand-edited, or made on another one) is dropped with
 a warning once the first ``AUDIT_SAMPLES`` (8) leaf times are in: when their median ratio to the
 profile is outside [1/10, 10], the model forgets the profile and starts over from those measurements, as
