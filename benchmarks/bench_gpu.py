@@ -197,6 +197,8 @@ def deadlines(runner, x: np.ndarray, lo: float, hi: float, frames: int, rng) -> 
     and vs the even-split bound (see the module docstring)."""
     from hne_edge.runtime.bench import frame_oracles
 
+    lo, hi = min(lo, hi), max(lo, hi)  # a plan whose full tree (one fused call) beats its first leaf: the range flips
+    hi = max(hi, 1.5 * lo)  # and a range too narrow to say anything widens to 1.5x the lower end
     misses = forced = leaves = oracle = bound = one_leaf_misses = 0
     for _ in range(frames):
         budget = float(rng.uniform(lo, hi))
@@ -208,7 +210,7 @@ def deadlines(runner, x: np.ndarray, lo: float, hi: float, frames: int, rng) -> 
         missed = (not r.met_budget) and not r.overran_min_leaves
         misses += missed
         one_leaf_misses += missed and r.leaves == runner.stops[0]
-    return {"frames": frames, "miss_rate": misses / frames, "forced_overruns": forced, "first_step_misses": one_leaf_misses,
+    return {"frames": frames, "budget_range_ms": [lo, hi], "miss_rate": misses / frames, "forced_overruns": forced, "first_step_misses": one_leaf_misses,
             "mean_leaves": leaves / frames, "leaves_vs_oracle": leaves / oracle, "leaves_vs_split_bound": leaves / bound}
 
 
