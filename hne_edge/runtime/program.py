@@ -56,7 +56,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from ..errors import BundleError
 from ..tree import TreeSpec
 
-__all__ = ["Call", "Step", "Program", "compile_program", "choose", "best_leaves", "STEP_KINDS"]
+__all__ = ["Call", "Step", "Program", "compile_program", "choose", "best_leaves", "step_io", "STEP_KINDS"]
 
 #: what a step adds: one leaf, a whole subtree, the whole tree
 STEP_KINDS = ("leaf", "subtree", "tree")
@@ -176,6 +176,22 @@ def choose(
             continue
         return c
     return program.at[n]
+
+
+def step_io(step: Step) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the slots ``step`` reads from the cache it starts on, the slots it writes that stay cached after it).
+
+    What running a step for several frames at once needs (the stream scheduler): the slots read are stacked
+    from each frame's cache, the slots kept are split back into them; the logits slot and the slots the step
+    drops are neither (its ``final`` calls, which end a frame, keep nothing)."""
+    written: set[int] = set()
+    reads: list[int] = []
+    for c in step.calls:
+        if c.src not in written and c.src not in reads:
+            reads.append(c.src)
+        written.update(c.dsts)
+    keeps = sorted(written - set(step.drops))
+    return tuple(reads), tuple(keeps)
 
 
 def best_leaves(program: Program, seconds: Sequence[float], budget: float, whole: bool = True, split: bool = False) -> int:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import HNEError, InputError
-from .program import Call, Program, choose
+from .program import Call, Program, Step, choose, step_io
 from .result import AnytimeResult
 
 __all__ = [
@@ -44,6 +44,8 @@ __all__ = [
     "check_count",
     "check_limits",
     "check_stop_at",
+    "run_step",
+    "step_together",
 ]
 
 #: ``on_unit(call, inputs) -> outputs``: runs ``call.run(inputs)`` (e.g. timing it) in place of the loop.
@@ -105,6 +107,62 @@ def check_limits(program: Program, max_leaves: int | None, min_leaves: int, plan
             "expected a stop within the limits (plan 'segments' or 'mixed' stops at every leaf)"
         )
     return stop, forced
+
+
+# -- a step's pieces: run its calls on a cache, absorb its logits (the loop's, and the stream scheduler's) ------
+
+
+def run_step(cache: list[Any], step: Step, final: bool = False) -> None:
+    """Run ``step``'s unit calls on ``cache`` (slot-indexed, see :mod:`.program`); ``final``: the frame ends with this
+    step, so its last call returns only the logits. The one place a step's calls run."""
+    for run, src, dsts, _ in step.final if final else step.calls:
+        outs = run((cache[src],))
+        for d, o in zip(dsts, outs):
+            cache[d] = o
+
+
+def step_together(
+    sessions: Sequence["AnytimeSession"],
+    j: int,
+    concat: Callable[[list[Any]], Any],
+    split: Callable[[Any, list[int]], Sequence[Any]],
+) -> float:
+    """Step ``j`` of several sessions in one call; returns its wall time (seconds, up to the logits on the host).
+
+    Every session must be at the step's first leaf (``leaves == steps[j].lo``), with its cache. The slots the
+    step reads (:func:`~.program.step_io`) are stacked by rows (``concat``), the step runs once on that stacked
+    cache, the slots it keeps are split back into each session's cache (``split`` by each one's rows) and each
+    session absorbs its rows of the logits, exactly as its own loop would after running the step alone. One
+    session runs on its own cache (no stacking). The step's last leaf being the tree's last, its final calls
+    run (nothing reads the exports after it).
+    """
+    first = sessions[0]
+    program, to_host, clock = first._program, first._to_host, first._clock
+    step = program.steps[j]
+    final = step.hi >= program.num_leaves
+    t0 = clock()
+    if len(sessions) == 1:
+        cache = first._cache
+        run_step(cache, step, final)
+        logits = to_host(cache[program.logits_slot])
+        seconds = clock() - t0
+        first._absorb(j, logits, seconds)
+        return seconds
+    reads, keeps = step_io(step)
+    cache: list[Any] = [None] * program.num_slots
+    for slot in reads:
+        cache[slot] = concat([s._cache[slot] for s in sessions])
+    run_step(cache, step, final)
+    logits = to_host(cache[program.logits_slot])
+    rows = [s.batch for s in sessions]
+    if not final:
+        for slot in keeps:
+            for s, part in zip(sessions, split(cache[slot], rows)):
+                s._cache[slot] = part
+    seconds = clock() - t0
+    for s, part in zip(sessions, np.split(logits, np.cumsum(rows)[:-1])):
+        s._absorb(j, part, seconds)
+    return seconds
 
 
 class _Unobserved:
@@ -299,6 +357,31 @@ class AnytimeSession:
             step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in self.steps_taken],
         )
 
+    def settle(self, met_budget: bool, budget_ms: float | None, stopped_by: str, elapsed_s: float) -> None:
+        """Record how a frame stepped from outside ended (the stream scheduler's: it runs the steps with
+        :func:`step_together`), for :meth:`result`; frees the cache."""
+        self._cache = None
+        self._elapsed = elapsed_s
+        self._status = (met_budget, False, budget_ms, stopped_by)
+
+    def _absorb(self, j: int, logits: np.ndarray, seconds: float) -> None:
+        """The end of step ``j`` (run on this session's cache): its logits (host, this session's rows) into the
+        leaf logits, the slots it frees dropped, the position moved to its last leaf."""
+        step = self._program.steps[j]
+        lo, hi = step.lo, step.hi
+        if step.several:
+            self._leaf_logits[lo:hi] = logits.swapaxes(0, 1)
+        else:
+            self._leaf_logits[lo] = logits
+        cache = self._cache
+        for d in step.drops:
+            cache[d] = None
+        self._step_s[lo] = seconds
+        self._taken[lo] = j
+        self._next = hi
+        if hi >= self._num_leaves:
+            self._cache = None  # nothing left to compute: free the image too
+
     # -- the loop ------------------------------------------------------------
     def advance(
         self,
@@ -376,7 +459,6 @@ class AnytimeSession:
         out = self._leaf_logits
         pred, observe = self._model.pred, self._model.observe
         median, known = getattr(self._model, "base", None), getattr(self._model, "known", None)  # mixed programs
-        step_s, taken = self._step_s, self._taken
         n = self._next
         now = clock()
         t_forced = now
@@ -395,26 +477,16 @@ class AnytimeSession:
                 if stop_at is not None and now + pred[j] > stop_at:
                     reason = "budget"
                     break
-            calls, final_calls, lo, hi, drops, several, _, _ = steps[j]
-            for run, src, dsts, _ in final_calls if hi == last else calls:
-                outs = run((cache[src],))
-                for d, o in zip(dsts, outs):
-                    cache[d] = o
-            if several:
-                out[lo:hi] = to_host(cache[logits_slot]).swapaxes(0, 1)
-            else:
-                out[lo] = to_host(cache[logits_slot])
-            for d in drops:
-                cache[d] = None
+            step = steps[j]
+            run_step(cache, step, step.hi == last)
+            logits = to_host(cache[logits_slot])
             t = clock()
-            step_s[lo] = t - now
-            taken[lo] = j
+            self._absorb(j, logits, t - now)
             if j != unobserved:
                 observe(j, t - now)
             now = t
-            n = hi
-            self._next = n
-            if lo < n_min <= hi:
+            n = step.hi
+            if step.lo < n_min <= n:
                 t_forced = now
         if self._cancelled and reason != "cancelled" and n < num_leaves and n >= n_min:
             reason = "cancelled"

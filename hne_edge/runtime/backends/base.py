@@ -338,6 +338,20 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for queued device work (profiling calls it before reading the clock)."""
 
+    #: Whether one call may serve several frames: the stream scheduler (:mod:`..streams`) stacks their rows with
+    #: :meth:`concat_rows` and splits the activations it keeps with :meth:`split_rows`. The defaults work on numpy
+    #: handles; a backend whose handles are device buffers bound to fixed addresses says False (each frame then
+    #: runs in its own calls).
+    row_batching: ClassVar[bool] = True
+
+    def concat_rows(self, handles: Sequence[Handle]) -> Handle:
+        """One handle holding ``handles``' rows in order (each a batch-first tensor of this backend)."""
+        return np.concatenate(handles, axis=0)
+
+    def split_rows(self, handle: Handle, rows: Sequence[int]) -> list[Handle]:
+        """``handle``'s rows cut into consecutive parts of ``rows`` rows each, each safe to keep after later calls."""
+        return np.split(handle, np.cumsum(rows)[:-1])
+
     def describe(self) -> dict[str, Any]:
         """Versions and settings, recorded in saved profiles."""
         return {"backend": self.name, "device": self.device}

@@ -201,6 +201,8 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
     #: IOBinding / buffer logic on real onnxruntime with "cpu" OrtValues and the CPU provider)
     ort_device = "cuda"
     execution_provider = CUDA_EP
+    #: each frame in its own calls: the handles are device buffers of fixed addresses (no row stacking yet)
+    row_batching = False
 
     def __init__(
         self,

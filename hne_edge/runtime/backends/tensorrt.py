@@ -236,6 +236,8 @@ class TensorRTBackend(CudaTimingMixin, Backend):
     name = "tensorrt"
     format = "tensorrt"
     devices = ("cuda",)
+    #: each frame in its own calls: the handles are device buffers of fixed addresses (no row stacking yet)
+    row_batching = False
 
     def __init__(
         self,

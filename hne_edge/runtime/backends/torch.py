@@ -165,6 +165,12 @@ class TorchBackend(Backend):
     def to_host(self, handle: Handle) -> np.ndarray:
         return handle.float().numpy()  # fp16 logits as fp32; no copy when already fp32
 
+    def concat_rows(self, handles: Sequence[Handle]) -> Handle:
+        return self.torch.cat(list(handles), dim=0)
+
+    def split_rows(self, handle: Handle, rows: Sequence[int]) -> list[Handle]:
+        return list(self.torch.split(handle, list(rows), dim=0))  # views of a fresh output: nothing reuses it
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": self.name,

@@ -226,6 +226,19 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
             out = handle.float().cpu()  # synchronous on our stream: the leaf's work is done when it returns
         return out.numpy()
 
+    def concat_rows(self, handles: Sequence[Handle]) -> Handle:
+        with self.cuda.stream_context():
+            x = self.torch.cat(list(handles), dim=0)
+            if self.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=self.torch.channels_last)
+        return x
+
+    def split_rows(self, handle: Handle, rows: Sequence[int]) -> list[Handle]:
+        # copies: ``handle`` may be a CUDA graph's static output, which the graph's next replay overwrites (a view
+        # of it would not hold the graph's slot: Slot.in_use counts references to the output tensors themselves)
+        with self.cuda.stream_context():
+            return [part.clone() for part in self.torch.split(handle, list(rows), dim=0)]
+
     def describe(self) -> dict[str, Any]:
         torch = self.torch
         return {

@@ -1,0 +1,801 @@
+"""Several cameras, one device: frames of many streams, each with its own deadline, on one bundle.
+
+    from hne_edge.runtime import AnytimeRunner, StreamScheduler
+
+    with AnytimeRunner("bundle/") as runner, StreamScheduler(runner, budget_ms=33.0) as streams:
+        handle = streams.submit("front", runner.preprocess(image))   # from any thread; returns at once
+        r = handle.result()                                           # a StreamResult
+        r.logits, r.leaves, r.met_deadline, r.stopped_by              # "complete", "deadline", "cancelled", "rejected"
+
+One worker thread owns the runner (its backend, its lock) for the scheduler's life: a frame is one
+:class:`~.session.AnytimeSession` (the runner's slot cache and leaf logits), and every step runs through the
+session's own pieces (:func:`~.session.step_together`: one frame, or several frames' rows stacked into one
+call). ``submit`` checks the image, admits or rejects the frame at once and returns a :class:`FrameHandle` (a
+``concurrent.futures.Future``: ``result(timeout)``, ``add_done_callback``, ``cancel()``). Every frame gets
+exactly one :class:`StreamResult`: its leaves, its logits (the mean of its leaf logits: the runner's prefix
+mean), whether its deadline was met and why it stopped. ``close()`` lets the frames pending finish (by their
+deadlines) or, with ``cancel=True``, stops them at their next step boundary; either way each gets its result.
+
+**The policy.** :func:`admit` and :func:`decide` are pure (the frames' state in, a decision out), so a virtual
+clock can drive them from recorded step timings. Costs are the runner's cost model: ``pred`` (the quantile a
+deadline must fit) and ``base`` (the median speeds are compared by) of each step at a number of rows
+(``CostModel.for_batch``; between profiled batch sizes, :func:`~.cost_model.profile_at_batch` interpolates).
+
+1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
+   waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
+   (EDF) order from when the device is next free. Otherwise it is rejected at once (its result says
+   "rejected"; nothing runs for it) or, with ``late="run"``, run late and flagged (``late=True``): after the
+   first leaves that can meet their deadlines, before any refinement.
+2. *First leaves first, in EDF order.* The first leaves of admitted frames are mandatory: a plan holds them
+   in EDF order, and nothing enters the plan that would make one of them end after its deadline.
+3. *Slack to the highest value per millisecond.* The next step of every frame with a leaf (a leaf, or for
+   plan "mixed" the step :func:`~.program.choose` picks: a whole subtree where it measures faster and fits)
+   is worth its rise in expected accuracy - the bundle's accuracy after ``n`` leaves, :func:`gain_curve` - times
+   the frame's rows (without an accuracy record: the leaves it adds), over its predicted cost. The steps enter
+   the plan greedily by that value per millisecond, each only if the plan stays feasible (every item ends by
+   its deadline in EDF order). The step that runs is the plan's earliest-deadline item; the plan is made
+   again after every step (new frames, cancels, measured times).
+4. *Batching across streams.* Frames waiting at the same step are one call (their rows stacked) when the cost
+   model's median for the stacked rows is below the sum of the separate calls' medians and the call's
+   prediction ends by every member's deadline (and the bundle's batch range holds the rows); the batched call
+   is one item of the plan, so it must fit the plan too.
+5. *Never start a step predicted to make an admitted frame miss:* the step that runs ends by its frames'
+   deadlines and leaves every first leaf in the plan on time (as predicted). A first leaf that can no longer
+   make its deadline (its prediction grew since admission) is run late, flagged, rather than dropped.
+6. *Delivery.* A frame's result is delivered as soon as it has every leaf, no step of it can end before its
+   deadline, its next step adds nothing (value <= 0), or it is cancelled. A result is never silently dropped:
+   a backend error during a step is that step's frames' exception.
+
+Time: deadlines are absolute values of the backend's clock (``time.perf_counter()`` for the real backends),
+as for :meth:`AnytimeRunner.run`; ``budget_ms`` counts from the ``submit`` call.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import math
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import HNEError, InputError
+from .cost_model import profile_at_batch
+from .inputs import check_input
+from .program import Program, choose
+from .result import AnytimeResult
+from .runner import AnytimeRunner
+from .session import RunnerClosedError, check_count, check_stop_at, step_together
+
+__all__ = [
+    "StreamScheduler",
+    "StreamResult",
+    "FrameHandle",
+    "Pending",
+    "Decision",
+    "admit",
+    "decide",
+    "accuracy_by_n",
+    "gain_curve",
+    "read_accuracy",
+    "expected_accuracy",
+    "STOP_REASONS",
+]
+
+INF = math.inf
+#: why a frame's evaluation stopped
+STOP_REASONS = ("complete", "deadline", "cancelled", "rejected")
+LATE = ("reject", "run")
+_RESULT_REASON = {"deadline": "budget"}  # the runner's word in AnytimeResult.stopped_by
+
+
+# -- what a leaf is worth ------------------------------------------------------------------------------
+
+
+def accuracy_by_n(accuracy: Sequence[float] | Mapping[int, float], num_leaves: int) -> list[float]:
+    """The accuracy of the first ``n`` leaves' ensemble for ``n = 0..N`` (0 for none: no answer).
+
+    ``accuracy``: a sequence for ``n = 1..N``, or ``{n: accuracy}`` at some ``n`` (1 among them): linear between
+    them, flat after the last (a checkpoint's record holds ``n = 1, 2, 4, ..., N``)."""
+    if isinstance(accuracy, Mapping):
+        points = {}
+        for n, a in accuracy.items():
+            points[check_count(n, "accuracy's n", 1, num_leaves)] = _accuracy_value(a, n)
+        if 1 not in points:
+            raise InputError(f"accuracy: received n = {sorted(points)}; expected n = 1 among them (the first leaf)")
+        ns = sorted(points)
+        values = [float(np.interp(n, ns, [points[k] for k in ns])) for n in range(1, num_leaves + 1)]
+    else:
+        values = [_accuracy_value(a, i + 1) for i, a in enumerate(accuracy)]
+        if len(values) != num_leaves:
+            raise InputError(f"accuracy: received {len(values)} values; expected one per n = 1..{num_leaves}")
+    return [0.0, *values]
+
+
+def _accuracy_value(value: Any, n: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.floating, np.integer)) or not 0 <= value <= 1:
+        raise InputError(f"accuracy at n = {n}: received {value!r}; expected a fraction in [0, 1]")
+    return float(value)
+
+
+def gain_curve(accuracy: Sequence[float] | Mapping[int, float] | None, num_leaves: int) -> list[float]:
+    """What the policy counts the first ``n`` leaves of a frame worth, ``n = 0..N``: a step's value is the rise it
+    adds, times the frame's rows.
+
+    ``accuracy`` (as :func:`accuracy_by_n` reads it; e.g. :func:`read_accuracy` of a file): the curve over ``n >= 1``
+    replaced by its least concave majorant, so a dip or a plateau before a rise is worth the rise spread over
+    the leaves that reach it (a greedy choice would never cross it otherwise), and a fall after the best ``n`` is
+    worth nothing. None: every leaf is worth one (the leaves added)."""
+    if accuracy is None:
+        return [float(n) for n in range(num_leaves + 1)]
+    values = accuracy_by_n(accuracy, num_leaves)
+    hull: list[int] = []  # the upper hull of (n, accuracy) for n = 1..N
+    for n in range(1, num_leaves + 1):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (values[b] - values[a]) * (n - a) <= (values[n] - values[a]) * (b - a):
+                hull.pop()  # b lies on or under the chord from a to n
+            else:
+                break
+        hull.append(n)
+    curve = [0.0] * (num_leaves + 1)
+    for a, b in zip(hull, hull[1:]):
+        for n in range(a, b + 1):
+            curve[n] = values[a] + (values[b] - values[a]) * (n - a) / (b - a)
+    curve[hull[-1]] = values[hull[-1]]
+    return curve
+
+
+def read_accuracy(path: str | os.PathLike) -> dict[int, float]:
+    """``{n: accuracy}`` from a JSON record: ``hne-edge eval``'s metrics.json (``anytime``: every n) or a checkpoint's
+    record (``held_out``: n = 1, 2, 4, ..., N; the shipped ``hne_edge/assets/cifar10_demo.json``)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read as JSON ({type(exc).__name__}); expected an eval metrics.json or a "
+                         "checkpoint record") from None  # fmt: skip
+    rows = data.get("anytime", data.get("held_out")) if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"{path}: received no 'anytime' or 'held_out' list; expected the accuracy per n of an eval "
+                         "metrics.json or a checkpoint record")  # fmt: skip
+    out = {}
+    for row in rows:
+        if not isinstance(row, dict) or type(row.get("n")) is not int or "accuracy" not in row:
+            raise InputError(f"{path}: received a row {str(row)[:80]}; expected {{'n': int, 'accuracy': fraction}}")
+        out[row["n"]] = _accuracy_value(row["accuracy"], row["n"])
+    return out
+
+
+def expected_accuracy(leaves_on_time: Sequence[int], accuracy: Sequence[float]) -> float:
+    """The mean over frames of the accuracy their answer had when their deadline came: ``accuracy[n]`` (the curve
+    of :func:`accuracy_by_n`, 0 for n = 0) of the leaves each frame delivered by its deadline - 0 for a frame
+    rejected, cancelled before a leaf or late (an answer after the deadline is no answer in time)."""
+    if not len(leaves_on_time):
+        return 0.0
+    return float(np.mean([accuracy[n] for n in leaves_on_time]))
+
+
+# -- the policy (pure) ---------------------------------------------------------------------------------
+
+
+class Pending(NamedTuple):
+    """What the policy sees of a frame not yet delivered."""
+
+    key: int
+    deadline: float  # absolute, clock seconds
+    leaves: int  # done so far
+    rows: int  # its batch rows
+    late: bool  # its first leaf runs late (admitted late, or no longer able to make its deadline)
+
+
+class Decision(NamedTuple):
+    """What :func:`decide` says to do now."""
+
+    step: int  # the step to run (-1: none)
+    frames: tuple[int, ...]  # the frames it runs for (their rows stacked in one call when several)
+    seconds: float  # its predicted cost
+    finish: tuple[int, ...]  # frames to deliver now (no step of theirs can end by their deadline, or adds nothing)
+    doomed: tuple[int, ...]  # frames whose first leaf can no longer make its deadline: run late, flagged
+
+
+class _Item:
+    """One call of the plan: a step for one frame, or for several stacked (``alone``: their members, to try alone)."""
+
+    __slots__ = ("deadline", "cost", "value", "step", "frames", "alone")
+
+    def __init__(self, deadline: float, cost: float, value: float, step: int, frames: list[Pending]) -> None:
+        self.deadline, self.cost, self.value, self.step, self.frames = deadline, cost, value, step, frames
+        self.alone: list | None = None
+
+
+def admit(
+    start: float,
+    waiting: Sequence[Pending],
+    frame: Pending,
+    program: Program,
+    model_for: Callable[[int], Any],
+    max_rows: float = INF,
+    batching: bool = True,
+) -> bool:
+    """Whether ``frame`` (no leaf yet) may be admitted: EDF over first leaves from ``start`` (when the device is
+    next free: the running step's predicted end).
+
+    ``waiting``: the admitted frames still waiting for their first leaf (not late). The first leaves are planned
+    as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order); the frame
+    is admitted when its first leaf ends by its deadline and so does every waiting one that would without it.
+    A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
+    j = program.at[0]
+    if not model_for(frame.rows).pred[j] < INF:
+        return True
+    members = [_member(f, f.deadline, j, model_for(f.rows)) for f in waiting]
+    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching)
+    on_time = [m for m in members if m[3] not in lost]
+    _, lost = _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows))], j, model_for,
+                            max_rows, batching)  # fmt: skip
+    return not lost
+
+
+def decide(
+    now: float,
+    frames: Sequence[Pending],
+    program: Program,
+    model_for: Callable[[int], Any],
+    gain: Sequence[float],
+    max_rows: float = INF,
+    batching: bool = True,
+) -> Decision:
+    """The policy of the module docstring: which step runs now, for which frames; which frames are delivered.
+
+    ``model_for(rows)``: the cost model at that many rows (``pred``, ``base``, ``known`` per step, as
+    ``CostModel.for_batch``); ``gain``: :func:`gain_curve`; ``max_rows``: the most rows one call may stack.
+    Pure: nothing is changed, nothing is run."""
+    n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
+    finish: list[int] = []
+    doomed: list[int] = []
+    late: list[_Item] = []
+    by_step: dict[int, list[tuple[float, float, float, Pending]]] = {}
+    models: dict[int, Any] = {}
+    for f in frames:
+        n, rows = f.leaves, f.rows
+        model = models.get(rows)
+        if model is None:
+            model = models[rows] = model_for(rows)
+        deadline = INF if (f.late and n == 0) else f.deadline
+        j = at[n]
+        if alts is not None and alts[n]:
+            j = choose(program, n, now, None if deadline == INF else deadline, model.pred, model.base, model.known,
+                       n_leaves, 0 if n else 1, False, True)  # fmt: skip
+        p = model.pred[j]
+        if n:
+            if now + p > deadline or gain[steps[j].hi] <= gain[n]:
+                finish.append(f.key)  # no step of it can end by its deadline, or the next adds nothing
+                continue
+        elif deadline < INF and now + p > deadline:
+            doomed.append(f.key)
+            deadline = INF
+        if deadline == INF:  # a first leaf run late: after the first leaves that can make it, before refinements
+            late.append(_Item(-INF, p if p < INF else 0.0, 0.0, j, [f]))
+            continue
+        member = (deadline, p if p < INF else 0.0, model.base[j] if model.known[j] else INF, f)
+        if j in by_step:
+            by_step[j].append(member)
+        else:
+            by_step[j] = [member]
+
+    mandatory: list[tuple[float, float, float, Pending]] = by_step.pop(at[0], [])  # every first leaf is step at[0]
+    optional: list[_Item] = []
+    for j, members in by_step.items():
+        rise = gain[steps[j].hi]
+        if batching and len(members) > 1:
+            groups, members = _batches(now, j, members, model_for, max_rows)
+            for cost, group in groups:
+                item = _Item(group[0][0], cost, sum((rise - gain[f.leaves]) * f.rows for *_, f in group), j, [f for *_, f in group])
+                item.alone = group  # its members alone, for when the group does not fit
+                optional.append(item)
+        optional.extend(_Item(d, p, (rise - gain[f.leaves]) * f.rows, j, [f]) for d, p, _, f in members)
+
+    # the first leaves in EDF order (stacked where that keeps them on time); one late even alone is doomed
+    first, lost = _first_leaves(now, mandatory, at[0], model_for, max_rows, batching)
+    for f in lost:
+        doomed.append(f.key)
+        late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows))[1], 0.0, at[0], [f]))
+    plan = [it for it, _ in first]
+    ends = [end for _, end in first]
+    deadlines = [it.deadline for it in plan]
+
+    def insert(it: _Item) -> bool:
+        """Put ``it`` in the plan at its EDF place if every item still ends by its deadline."""
+        pos = bisect.bisect_right(deadlines, it.deadline)
+        cost = it.cost
+        end = (ends[pos - 1] if pos else now) + cost
+        if end > it.deadline > -INF:  # (a late first leaf has no deadline of its own left: -INF puts it first)
+            return False
+        later = range(pos, len(plan))
+        for k in later:
+            if ends[k] + cost > deadlines[k]:
+                return False
+        for k in later:
+            ends[k] += cost
+        deadlines.insert(pos, it.deadline)
+        ends.insert(pos, end)
+        plan.insert(pos, it)
+        return True
+
+    for it in late:  # first come, first served, as long as the on-time first leaves stay on time
+        insert(it)
+    heap = [(-it.value / max(it.cost, 1e-12), k, it) for k, it in enumerate(optional)]
+    heapq.heapify(heap)
+    seq = len(heap)
+    while heap:
+        _, _, it = heapq.heappop(heap)
+        if not insert(it) and it.alone:  # the group does not fit: its members may, alone
+            rise = gain[steps[it.step].hi]
+            for d, p, _, f in it.alone:
+                value = (rise - gain[f.leaves]) * f.rows
+                heapq.heappush(heap, (-value / max(p, 1e-12), seq, _Item(d, p, value, it.step, [f])))
+                seq += 1
+    if not plan:
+        return Decision(-1, (), 0.0, tuple(finish), tuple(doomed))
+    run = plan[0]
+    for k, it in enumerate(plan):  # the first leaves as soon as the plan allows: frames that go on stay in step
+        if it.step == at[0] and not it.value:
+            if all(ends[i] + it.cost <= deadlines[i] for i in range(k)):
+                run = it
+            break
+    return Decision(run.step, tuple(f.key for f in run.frames), run.cost, tuple(finish), tuple(doomed))
+
+
+def _member(f: Pending, deadline: float, j: int, model: Any) -> tuple[float, float, float, Pending]:
+    """(deadline, predicted cost, median or INF, frame) of ``f`` at step ``j``: what batching and planning read."""
+    p = model.pred[j]
+    return deadline, (p if p < INF else 0.0), (model.base[j] if model.known[j] else INF), f
+
+
+def _first_leaves(now: float, members: list, j: int, model_for: Callable[[int], Any], max_rows: float,
+                  batching: bool) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
+    """The first leaves' plan: ``([(item, its predicted end)] in EDF order, the frames it cannot keep on time)``.
+
+    Frames are stacked as :func:`_batches` stacks them when every call then ends by its deadline; else each runs
+    alone, and one that misses even so is left out (its first leaf runs late)."""
+    groups, singles = _batches(now, j, members, model_for, max_rows) if batching and len(members) > 1 else ([], members)
+    alone = [_Item(d, p, 0.0, j, [f]) for d, p, _, f in members]
+    items = sorted([_Item(g[0][0], cost, 0.0, j, [f for *_, f in g]) for cost, g in groups]
+                   + [_Item(d, p, 0.0, j, [f]) for d, p, _, f in singles], key=lambda it: it.deadline)  # fmt: skip
+    if groups and not _feasible(now, items):
+        items = sorted(alone, key=lambda it: it.deadline)
+    plan, lost, t = [], [], now
+    for it in items:
+        if t + it.cost > it.deadline:
+            lost.extend(it.frames)
+            continue
+        t += it.cost
+        plan.append((it, t))
+    return plan, lost
+
+
+def _feasible(now: float, items: Sequence[_Item]) -> bool:
+    t = now
+    for it in items:  # in deadline order
+        t += it.cost
+        if t > it.deadline:
+            return False
+    return True
+
+
+def _batches(now: float, j: int, members: list, model_for: Callable[[int], Any], max_rows: float) -> tuple[list, list]:
+    """Frames waiting at step ``j`` as one call: (``[(predicted cost, members)]``, the members left alone).
+
+    In deadline order, as many as ``max_rows`` holds; a call is formed when its predicted cost ends by the
+    earliest deadline among them (else that frame runs alone) and its median is below the sum of the separate
+    calls' medians (else they all run alone)."""
+    members = sorted(members, key=lambda m: m[0])
+    groups, singles = [], []
+    while len(members) >= 2:
+        take, rows = [], 0
+        for m in members:
+            if rows + m[3].rows > max_rows:
+                break
+            take.append(m)
+            rows += m[3].rows
+        if len(take) < 2:
+            singles.append(members.pop(0))
+            continue
+        model = model_for(rows)
+        cost = model.pred[j]
+        if now + cost > take[0][0]:  # the earliest deadline cannot wait for the stacked call
+            singles.append(members.pop(0))
+            continue
+        median = model.base[j] if model.known[j] else INF
+        if median < sum(m[2] for m in take):
+            groups.append((cost, take))
+        else:
+            singles.extend(take)
+        del members[: len(take)]
+    singles.extend(members)
+    return groups, singles
+
+
+# -- results and handles -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class StreamResult:
+    """One frame's outcome. ``result`` is the :class:`AnytimeResult` of its leaves (None: it has none - rejected,
+    or cancelled before its first); ``logits`` their mean, exactly as ``AnytimeRunner.run`` returns it.
+
+    ``stopped_by``: "complete" (every leaf), "deadline" (no further step could end by it, or add anything),
+    "cancelled", "rejected" (admission control: its first leaf could not end in time). ``met_deadline``: it has
+    a leaf and its last leaf ended by its deadline. ``late``: its first leaf ran although predicted to miss
+    (``late="run"``, or its prediction grew after admission). ``submitted`` / ``deadline`` / ``finished`` (its
+    delivery) are clock seconds; ``batched``: how many frames each of its steps' calls ran for (1: alone).
+    """
+
+    stream: Hashable
+    frame: int  # the scheduler's count of submissions, from 0
+    stopped_by: str
+    met_deadline: bool
+    late: bool
+    submitted: float
+    deadline: float
+    finished: float
+    result: AnytimeResult | None = field(default=None, repr=False)
+    batched: tuple[int, ...] = ()
+
+    @property
+    def leaves(self) -> int:
+        return 0 if self.result is None else self.result.leaves
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        """(rows, classes): the mean of its leaf logits; None without a leaf."""
+        return None if self.result is None else self.result.logits
+
+    @property
+    def predictions(self) -> np.ndarray | None:
+        return None if self.result is None else self.result.predictions
+
+    @property
+    def latency_ms(self) -> float:
+        """From ``submit`` to its result."""
+        return (self.finished - self.submitted) * 1e3
+
+    @property
+    def leaves_on_time(self) -> int:
+        """The leaves its answer had by its deadline (0 when it was late, rejected or had none)."""
+        return self.leaves if self.met_deadline else 0
+
+    def to_dict(self) -> dict:
+        return {"stream": self.stream if isinstance(self.stream, (str, int)) else repr(self.stream), "frame": self.frame,
+                "leaves": self.leaves, "stopped_by": self.stopped_by, "met_deadline": self.met_deadline, "late": self.late,
+                "latency_ms": round(self.latency_ms, 6), "batched": list(self.batched),
+                "predictions": None if self.result is None else self.result.predictions.tolist()}  # fmt: skip
+
+
+class FrameHandle(Future):
+    """A submitted frame: a ``concurrent.futures.Future`` of its :class:`StreamResult` (``result(timeout)``,
+    ``done()``, ``add_done_callback``; ``concurrent.futures.wait`` / ``as_completed`` take it).
+
+    ``cancel()`` stops the frame at its next step boundary: it still gets a result (``stopped_by ==
+    "cancelled"``, with the leaves already done), so ``result()`` never raises ``CancelledError``. It returns
+    False when the frame already had its result."""
+
+    def __init__(self, scheduler: "StreamScheduler", stream: Hashable, frame: int) -> None:
+        super().__init__()
+        self.stream, self.frame = stream, frame
+        self._scheduler = scheduler
+
+    def cancel(self) -> bool:
+        return self._scheduler._cancel(self.frame)
+
+    def __repr__(self) -> str:
+        return f"<FrameHandle stream={self.stream!r} frame={self.frame} {'done' if self.done() else 'pending'}>"
+
+
+class _Frame:
+    __slots__ = ("key", "stream", "handle", "image", "rows", "submitted", "deadline", "budget_ms", "late", "session",
+                 "batched", "last_leaf", "cancelled", "running")  # fmt: skip
+
+    def __init__(self, key, stream, handle, image, rows, submitted, deadline, budget_ms, late) -> None:
+        self.key, self.stream, self.handle, self.image, self.rows = key, stream, handle, image, rows
+        self.submitted, self.deadline, self.budget_ms, self.late = submitted, deadline, budget_ms, late
+        self.session: Any = None
+        self.batched: list[int] = []
+        self.last_leaf = INF
+        self.cancelled = False
+        self.running = False
+
+    @property
+    def leaves(self) -> int:
+        return 0 if self.session is None else self.session.leaves
+
+
+# -- the scheduler -------------------------------------------------------------------------------------
+
+
+class StreamScheduler:
+    """Frames of several streams, each with its own deadline, on one runner (see the module docstring).
+
+    Args:
+        runner: an :class:`AnytimeRunner` (the scheduler's worker owns it until ``close()``; closing the runner
+            first waits for that), or a bundle path: a runner is opened with ``runner_options`` and closed with
+            the scheduler.
+        budget_ms: the deadline of a frame submitted without one, in ms from its ``submit``.
+        accuracy: the bundle's accuracy after ``n`` leaves (:func:`gain_curve`; a file path: :func:`read_accuracy`);
+            None: a leaf is worth one.
+        late: "reject" (default): a frame whose first leaf cannot end by its deadline is rejected at once;
+            "run": it runs late, flagged.
+        batching: stack frames waiting at the same step into one call where the cost model says it is cheaper.
+            Backends whose handles cannot be stacked (``Backend.row_batching`` False) never do.
+        max_rows: the most rows one call stacks (default: the bundle's max batch).
+        profile: when the runner's cost profile does not cover 1 row and ``max_rows`` rows, measure one first
+            (``runner.profile(batch_sizes=(min batch, max_rows), warmup=3, repeats=20, save=False)``): a deadline
+            needs a prediction, and a batch size nothing measured is never stacked.
+    """
+
+    def __init__(
+        self,
+        runner: AnytimeRunner | str | os.PathLike,
+        *,
+        budget_ms: float | None = None,
+        accuracy: Sequence[float] | Mapping[int, float] | str | os.PathLike | None = None,
+        late: str = "reject",
+        batching: bool = True,
+        max_rows: int | None = None,
+        profile: bool = True,
+        **runner_options: Any,
+    ) -> None:
+        self._owns = not isinstance(runner, AnytimeRunner)
+        if not self._owns and runner_options:
+            raise InputError(f"StreamScheduler: received runner options {sorted(runner_options)} with an AnytimeRunner; "
+                             "expected them only with a bundle path")  # fmt: skip
+        if late not in LATE:
+            raise InputError(f"late: received {late!r}; expected one of {list(LATE)}")
+        if budget_ms is not None:
+            check_stop_at(0.0, budget_ms, None)  # the one check of a budget
+        self._closing = True  # until the worker runs
+        self._worker: threading.Thread | None = None
+        runner = AnytimeRunner(runner, **runner_options) if self._owns else runner
+        try:
+            self.runner = runner
+            self.budget_ms = budget_ms
+            self.late = late
+            spec = runner.input_spec
+            lo, _, hi = spec.batch
+            self.max_rows = hi if max_rows is None else check_count(max_rows, "max_rows", lo, hi)
+            self.batching = bool(batching) and runner.backend.row_batching and self.max_rows > lo
+            if isinstance(accuracy, (str, os.PathLike)):
+                accuracy = read_accuracy(accuracy)
+            self.gain = gain_curve(accuracy, runner.num_leaves)
+            sizes = sorted({lo, self.max_rows if self.batching else lo})
+            if profile and any(profile_at_batch(runner.profile_data, b) is None for b in sizes):
+                runner.profile(batch_sizes=sizes, warmup=3, repeats=20, save=False)
+        except BaseException:
+            if self._owns:
+                runner.close()
+            raise
+        self._program: Program = runner._program
+        self._clock = runner.backend.clock
+        self._concat, self._split = runner.backend.concat_rows, runner.backend.split_rows
+        self._cond = threading.Condition()
+        self._frames: dict[int, _Frame] = {}
+        self._busy_until = -INF
+        self._count = 0
+        self._cancel_all = False
+        self._error: BaseException | None = None
+        self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
+        self.calls = 0  # step calls run
+        self.stacked_calls = 0  # of which for several frames
+        self._closing = False
+        self._worker = threading.Thread(target=self._work, name="hne-edge-streams", daemon=True)
+        self._worker.start()
+
+    # -- the API -----------------------------------------------------------------------------------------
+    def submit(self, stream: Hashable, x: np.ndarray, deadline: float | None = None, *,
+               budget_ms: float | None = None) -> FrameHandle:  # fmt: skip
+        """Queue frame ``x`` (normalised NCHW, batch first, as ``runner.run`` takes it; copied, so the caller may
+        reuse it) of ``stream`` with ``deadline`` (absolute clock seconds) or ``budget_ms`` (from now; the
+        scheduler's ``budget_ms`` when neither is given). Admitted or rejected at once (see the module docstring);
+        returns its :class:`FrameHandle`. Safe from any thread."""
+        t0 = self._clock()
+        if deadline is None and budget_ms is None:
+            budget_ms = self.budget_ms
+            if budget_ms is None:
+                raise InputError("submit: received no deadline and no budget_ms; expected one of them (or "
+                                 "StreamScheduler(budget_ms=...))")  # fmt: skip
+        stop_at, budget = check_stop_at(t0, budget_ms, deadline)
+        x = check_input(x, self.runner.input_spec)
+        rows = x.shape[0]
+        if rows > self.max_rows:
+            raise InputError(f"x: received {rows} rows; expected at most max_rows={self.max_rows}")
+        image = np.array(x, copy=True)  # the caller may reuse x (a camera buffer)
+        rejected = None
+        with self._cond:
+            if self._closing:
+                raise RunnerClosedError("StreamScheduler is closed" + (f" (its worker failed: {self._error})" if self._error
+                                        else "") + "; create a new one")  # fmt: skip
+            key = self._count
+            self._count += 1
+            handle = FrameHandle(self, stream, key)
+            frame = _Frame(key, stream, handle, image, rows, t0, stop_at, budget, False)
+            waiting = [Pending(f.key, f.deadline, 0, f.rows, False) for f in self._frames.values()
+                       if f.leaves == 0 and not f.late and not f.running]  # fmt: skip
+            now = self._clock()
+            if not admit(max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program,
+                         self._model, self.max_rows, self.batching):  # fmt: skip
+                if self.late == "reject":
+                    rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
+                else:
+                    frame.late = True
+            if rejected is None:
+                self._frames[key] = frame
+                self._cond.notify_all()
+        if rejected is not None:
+            handle.set_result(rejected)
+        return handle
+
+    def close(self, cancel: bool = False, timeout: float | None = None) -> None:
+        """Accept no more frames; let the pending ones finish (by their deadlines) or, with ``cancel``, stop them at
+        their next step boundary. Every frame gets its result. Waits for the worker (at most ``timeout`` s: then
+        :class:`TimeoutError`), which then releases the runner (and closes it when it opened it). Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._cancel_all = self._cancel_all or cancel
+            self._cond.notify_all()
+        worker = self._worker
+        if worker is None or worker is threading.current_thread():  # from a result's callback: the worker ends by itself
+            return
+        worker.join(timeout)
+        if worker.is_alive():
+            raise TimeoutError(f"StreamScheduler.close: {len(self._frames)} frame(s) still pending after {timeout} s")
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    @property
+    def pending(self) -> int:
+        """Frames submitted and not yet delivered."""
+        return len(self._frames)
+
+    def __enter__(self) -> "StreamScheduler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"StreamScheduler({self.runner!r}, late={self.late!r}, batching={self.batching}, max_rows={self.max_rows}; "
+                f"{len(self._frames)} pending{', closed' if self._closing else ''})")  # fmt: skip
+
+    # -- internals (the worker holds the runner; state changes under self._cond) --------------------------
+    def _model(self, rows: int) -> Any:
+        return self.runner.cost.for_batch(rows)
+
+    def _cancel(self, key: int) -> bool:
+        with self._cond:
+            frame = self._frames.get(key)
+            if frame is None:
+                return False
+            frame.cancelled = True
+            self._cond.notify_all()
+            return True
+
+    def _deliver(self, frame: _Frame, reason: str, now: float) -> tuple[Future, Any]:
+        """(its handle, its StreamResult or the exception that stands for it)."""
+        session, leaves = frame.session, frame.leaves
+        met = leaves > 0 and frame.last_leaf <= frame.deadline
+        try:
+            result = None
+            if session is not None:
+                session.settle(met, frame.budget_ms, _RESULT_REASON.get(reason, reason), now - frame.submitted)
+                if leaves:
+                    result = session.result()
+            return frame.handle, StreamResult(frame.stream, frame.key, reason, met, frame.late, frame.submitted,
+                                              frame.deadline, now, result, tuple(frame.batched))  # fmt: skip
+        except Exception as exc:  # e.g. non-finite logits: the frame's outcome is that error
+            return frame.handle, exc
+
+    def _sweep(self, out: list) -> None:
+        """Deliver the cancelled frames not inside a step (all of them when closing with cancel)."""
+        now = None
+        for key in [k for k, f in self._frames.items() if (f.cancelled or self._cancel_all) and not f.running]:
+            now = self._clock() if now is None else now
+            out.append(self._deliver(self._frames.pop(key), "cancelled", now))
+
+    def _work(self) -> None:
+        runner, out = self.runner, []
+        try:
+            runner._acquire()  # the worker owns the runner (its backend and caches) until it ends
+        except BaseException as exc:
+            self._fail(exc)
+            return
+        try:
+            while True:
+                run = None
+                with self._cond:
+                    while True:
+                        self._sweep(out)
+                        if self._frames or self._closing or out:
+                            break
+                        self._cond.wait()
+                    if not self._frames and self._closing and not out:
+                        break
+                    if self._frames:
+                        now = self._clock()
+                        decision = decide(now, [Pending(f.key, f.deadline, f.leaves, f.rows, f.late) for f in self._frames.values()],
+                                          self._program, self._model, self.gain, self.max_rows, self.batching)  # fmt: skip
+                        for key in decision.doomed:
+                            self._frames[key].late = True
+                        for key in decision.finish:
+                            out.append(self._deliver(self._frames.pop(key), "deadline", now))
+                        if decision.step >= 0:
+                            run = (decision.step, [self._frames[k] for k in decision.frames])
+                            for f in run[1]:
+                                f.running = True
+                            self._busy_until = now + (decision.seconds if decision.seconds < INF else 0.0)
+                _hand_out(out)
+                if run is not None:
+                    self._run(*run, out)
+        except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
+            self._fail(exc, out)
+        finally:
+            runner._release()
+            if self._owns:
+                runner.close()
+
+    def _run(self, j: int, frames: list[_Frame], out: list) -> None:
+        error = None
+        seconds = 0.0
+        try:
+            runner = self.runner
+            for f in frames:
+                if f.session is None:
+                    f.session = runner._session(runner._upload(f.image), f.rows)
+                    f.image = None
+            seconds = step_together([f.session for f in frames], j, self._concat, self._split)
+        except Exception as exc:  # the backend failed this call: its frames' outcome
+            error = exc
+        now = self._clock()
+        with self._cond:
+            self._busy_until = -INF
+            self.busy_seconds += seconds
+            self.calls += 1
+            self.stacked_calls += len(frames) > 1
+            if error is None:
+                self._model(sum(f.rows for f in frames)).observe(j, seconds)
+            for f in frames:
+                f.running = False
+                if error is not None:
+                    del self._frames[f.key]
+                    out.append((f.handle, error))
+                    continue
+                f.batched.append(len(frames))
+                f.last_leaf = now
+                if f.leaves >= self._program.num_leaves:
+                    out.append(self._deliver(self._frames.pop(f.key), "complete", now))
+
+    def _fail(self, exc: BaseException, out: list | None = None) -> None:
+        out = out if out is not None else []
+        with self._cond:
+            self._closing = True
+            self._error = exc
+            error = exc if isinstance(exc, Exception) else HNEError(f"the stream scheduler's worker stopped: {exc!r}")
+            out.extend((f.handle, error) for f in self._frames.values())
+            self._frames.clear()
+        _hand_out(out)
+
+
+def _hand_out(out: list) -> None:
+    """Set each handle's result (or exception), outside the lock: callbacks run here and may submit."""
+    for handle, value in out:
+        if isinstance(value, BaseException):
+            handle.set_exception(value)
+        else:
+            handle.set_result(value)
+    out.clear()

@@ -1,0 +1,397 @@
+"""The stream scheduler on the fake backend (numpy tree, virtual clock): results, admission, batching across
+streams, cancel / close, concurrency; and its pure policy (admit, decide) on hand-made states."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hne_edge.bundle import read_manifest
+from hne_edge.errors import InputError
+from hne_edge.runtime import AnytimeRunner, ConcurrentUseError, RunnerClosedError
+from hne_edge.runtime.streams import (
+    Pending,
+    StreamScheduler,
+    accuracy_by_n,
+    admit,
+    decide,
+    expected_accuracy,
+    gain_curve,
+    read_accuracy,
+)
+from conftest import REPO
+from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle, reference_leaf_logits
+
+CLASSES = 4
+INF = math.inf
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """16 leaves; plans segments, subtrees and fused (mixed runs all three); batch 1..8."""
+    return make_fake_bundle(tmp_path_factory.mktemp("streams") / "b", branching=(1, 2, 2, 2, 2), classes=CLASSES,
+                            batch=(1, 1, 8), plans=("segments", "subtrees", "fused"))  # fmt: skip
+
+
+def batch_cost(node, batch):  # virtual seconds per node: a call of 8 rows costs 1.7x one row (stacking pays)
+    return 1e-4 * (1 + 0.1 * (batch - 1))
+
+
+def scheduler(bundle, plan="segments", cost=batch_cost, **options):
+    m = read_manifest(bundle)
+    backend = FakeBackend(m.tree, m.num_classes, cost)
+    runner = AnytimeRunner(bundle, backend=backend, plan=plan, load_profile=False, warmup=0)
+    return StreamScheduler(runner, **options), runner, backend
+
+
+def frame(seed):
+    return np.random.default_rng(seed).standard_normal((1, C, H, W)).astype(np.float32)
+
+
+def check_logits(result, x, tree):
+    """The float64-free reference: every path computed on its own, no cache; the mean of the leaves it got."""
+    ref = reference_leaf_logits(tree, x, CLASSES)
+    np.testing.assert_allclose(result.result.leaf_logits, ref[: result.leaves], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.logits, ref[: result.leaves].mean(0), rtol=1e-5, atol=1e-6)
+
+
+# -- results -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan", ["segments", "mixed"])
+def test_frames_of_several_streams_are_stacked_and_each_gets_its_prefix_mean(bundle, plan):
+    streams, runner, backend = scheduler(bundle, plan, budget_ms=8.0)
+    tree = runner.tree
+    with streams:
+        backend.gate = threading.Event()  # hold the worker inside a profile-free step: frames queue up
+        xs = [frame(k) for k in range(6)]
+        handles = [streams.submit(f"cam{k % 3}", x) for k, x in enumerate(xs)]
+        backend.gate.set()
+        results = [h.result(10) for h in handles]
+    for r, x, k in zip(results, xs, range(6)):
+        assert r.stream == f"cam{k % 3}" and r.frame == k
+        assert r.met_deadline and r.stopped_by in ("complete", "deadline") and 1 <= r.leaves <= 16
+        assert max(r.batched) > 1  # at least one of its steps ran in one call with other streams' frames
+        check_logits(r, x, tree)
+    assert streams.stacked_calls > 0 and runner.closed is False  # the runner is the caller's: left open
+
+
+def test_a_runner_given_is_owned_by_the_worker_until_close_and_a_path_is_opened_and_closed(bundle):
+    streams, runner, _ = scheduler(bundle, budget_ms=5.0)
+    with pytest.raises(ConcurrentUseError, match="hne-edge-streams"):
+        runner.run(frame(0))
+    streams.close()
+    assert runner.run(frame(0)).leaves == 16  # released by close()
+    own = StreamScheduler(bundle, budget_ms=50.0, backend=FakeBackend(runner.tree, CLASSES), load_profile=False, warmup=0)
+    assert own.submit(0, frame(1)).result(10).leaves >= 1
+    own.close()
+    assert own.runner.closed
+
+
+# -- admission, deadlines ------------------------------------------------------------------------------
+
+
+def test_admission_rejects_at_once_what_the_first_leaves_cannot_fit_and_every_admitted_frame_meets_its_deadline(bundle):
+    streams, runner, backend = scheduler(bundle, budget_ms=1.0, batching=False)
+    first = runner.cost.predict_step(0, 1)  # leaf 0: its chain of 5 nodes, 0.5 ms
+    with streams:
+        backend.gate = threading.Event()
+        handles = [streams.submit(k, frame(k)) for k in range(6)]  # all at once: 1 ms fits two first leaves
+        rejected = [h for h in handles if h.done()]
+        assert rejected, "rejections are delivered at once, before the worker runs anything"
+        backend.gate.set()
+        results = [h.result(10) for h in handles]
+    kept = [r for r in results if r.stopped_by != "rejected"]
+    assert 1 <= len(kept) <= int(1e-3 / first) and len(kept) + len(rejected) == 6
+    for r in results:
+        if r.stopped_by == "rejected":
+            assert r.leaves == 0 and r.logits is None and not r.met_deadline and r.result is None
+        else:
+            assert r.met_deadline and r.leaves >= 1
+
+
+def test_late_run_runs_what_admission_would_reject_and_flags_it(bundle):
+    streams, runner, backend = scheduler(bundle, budget_ms=1.0, batching=False, late="run")
+    with streams:
+        backend.gate = threading.Event()
+        handles = [streams.submit(k, frame(k)) for k in range(6)]
+        assert not any(h.done() for h in handles)
+        backend.gate.set()
+        results = [h.result(10) for h in handles]
+    late = [r for r in results if r.late]
+    assert late and all(r.leaves >= 1 and not r.met_deadline and r.stopped_by == "deadline" for r in late)
+    assert all(r.met_deadline for r in results if not r.late)
+    for r, k in zip(results, range(6)):
+        check_logits(r, frame(k), runner.tree)
+
+
+def test_submit_checks_its_arguments_in_one_line(bundle):
+    streams, runner, _ = scheduler(bundle, max_rows=4)
+    with streams:
+        with pytest.raises(InputError, match="received no deadline and no budget_ms"):
+            streams.submit(0, frame(0))
+        with pytest.raises(InputError, match="budget_ms: received -1"):
+            streams.submit(0, frame(0), budget_ms=-1)
+        with pytest.raises(InputError, match="received 5 rows; expected at most max_rows=4"):
+            streams.submit(0, np.zeros((5, C, H, W), np.float32), budget_ms=5)
+        with pytest.raises(InputError, match="received batch size 9; expected 1..8"):
+            streams.submit(0, np.zeros((9, C, H, W), np.float32), budget_ms=5)
+        with pytest.raises(InputError):
+            streams.submit(0, np.zeros((1, C, H, W + 1), np.float32), budget_ms=5)
+    with pytest.raises(RunnerClosedError, match="StreamScheduler is closed"):
+        streams.submit(0, frame(0), budget_ms=5)
+    with pytest.raises(InputError, match="late: received 'drop'"):
+        StreamScheduler(runner, late="drop")
+
+
+# -- cancel and close ----------------------------------------------------------------------------------
+
+
+def test_cancel_keeps_the_leaves_done_and_a_cancel_after_the_result_is_refused(bundle):
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0)
+    with streams:
+        backend.gate = threading.Event()
+        a, b = streams.submit("a", frame(1)), streams.submit("b", frame(2))
+        assert b.cancel()  # before its first leaf: no leaf, no logits
+        backend.gate.set()
+        ra, rb = a.result(10), b.result(10)
+        assert not a.cancel() and not b.cancel()
+    assert rb.stopped_by == "cancelled" and rb.leaves in (0, 1) and not b.cancelled()
+    assert ra.stopped_by == "complete" and ra.leaves == 16
+    check_logits(ra, frame(1), runner.tree)
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_close_finishes_or_cancels_what_is_pending_with_a_result_for_every_frame(bundle, cancel):
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0)
+    backend.gate = threading.Event()
+    handles = [streams.submit(k, frame(k)) for k in range(4)]
+    backend.entered.wait(10)
+    closer = threading.Thread(target=streams.close, kwargs={"cancel": cancel})
+    closer.start()
+    time.sleep(0.05)
+    backend.gate.set()
+    closer.join(10)
+    assert not closer.is_alive()
+    results = [h.result(0) for h in handles]
+    if cancel:
+        assert all(r.stopped_by == "cancelled" and r.leaves <= 1 for r in results)
+    else:
+        assert all(r.stopped_by == "complete" and r.leaves == 16 for r in results)
+
+
+def test_a_backend_error_is_the_frames_outcome_and_the_others_go_on(bundle):
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0, batching=False)
+    cost = backend.cost
+
+    def fail_once(node, batch, state={"n": 0}):
+        if node == "b4.5" and not state["n"]:  # leaf 5's node, in the first frame that reaches it
+            state["n"] += 1
+            raise RuntimeError("device lost")
+        return cost(node, batch)
+
+    backend.cost = fail_once
+    with streams:
+        a = streams.submit(0, frame(0))
+        with pytest.raises(RuntimeError, match="device lost"):
+            a.result(10)
+        assert streams.submit(1, frame(1)).result(10).leaves == 16
+
+
+def test_a_callback_may_submit_and_close(bundle):
+    streams, runner, _ = scheduler(bundle, budget_ms=20.0)
+    seen = []
+
+    def again(handle):
+        seen.append(handle.result())
+        if len(seen) == 1:
+            streams.submit(1, frame(1)).add_done_callback(again)
+        else:
+            streams.close()  # from the worker's thread: no self-join
+
+    streams.submit(0, frame(0)).add_done_callback(again)
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    streams.close()
+    assert len(seen) == 2 and streams.closed
+
+
+def test_eight_threads_a_thousand_cancels_and_a_close_mid_run_give_every_frame_exactly_one_result(bundle):
+    """Concurrent submits from 8 threads, 1,000 random cancels, close() while frames are pending: every accepted
+    frame gets exactly one result (its callback runs once), none wrong, nothing hangs."""
+    streams, runner, backend = scheduler(bundle, budget_ms=2.0)
+    tree = runner.tree
+    accepted: list[tuple] = []
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+    cancels = [0]
+    images = [frame(k) for k in range(16)]
+
+    def count(handle):
+        with lock:
+            calls[id(handle)] = calls.get(id(handle), 0) + 1
+
+    def producer(seed):
+        rng = random.Random(seed)
+        mine = []
+        while True:
+            k = rng.randrange(16)
+            try:
+                h = streams.submit(seed, images[k], budget_ms=rng.uniform(0.5, 4.0))
+            except RunnerClosedError:
+                break
+            h.add_done_callback(count)
+            mine.append((h, k))
+            if rng.random() < 0.5:
+                with lock:
+                    if cancels[0] >= 1000:
+                        continue
+                    cancels[0] += 1
+                rng.choice(mine[-50:])[0].cancel()  # pending or done: either is fine
+            if rng.random() < 0.1:
+                time.sleep(0)
+        with lock:
+            accepted.extend(mine)
+
+    threads = [threading.Thread(target=producer, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    give_up = time.monotonic() + 60
+    while cancels[0] < 1000 and time.monotonic() < give_up:
+        time.sleep(0.01)
+    assert streams.pending > 0  # mid-run
+    streams.close(timeout=60)
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert cancels[0] == 1000 and len(accepted) >= 1000
+    reasons = {}
+    for h, k in accepted:
+        r = h.result(0)  # done: close() returned after the worker delivered everything
+        reasons[r.stopped_by] = reasons.get(r.stopped_by, 0) + 1
+        assert calls[id(h)] == 1
+        if r.leaves:
+            check_logits(r, images[k], tree)
+    assert set(reasons) <= {"complete", "deadline", "cancelled", "rejected"} and reasons.get("cancelled")
+
+
+# -- the pure policy on hand-made states ---------------------------------------------------------------
+
+
+class Costs:
+    """A cost model stand-in: ``secs[j]`` per step at one row, ``scale(rows)`` times that at more."""
+
+    def __init__(self, secs, scale=lambda rows: rows):
+        self.secs, self.scale, self.cache = list(secs), scale, {}
+
+    def __call__(self, rows):
+        if rows not in self.cache:
+            m = type("M", (), {})()
+            m.pred = m.base = [s * self.scale(rows) for s in self.secs]
+            m.known = [True] * len(self.secs)
+            self.cache[rows] = m
+        return self.cache[rows]
+
+
+@pytest.fixture(scope="module")
+def program(bundle):
+    runner = AnytimeRunner(bundle, backend=FakeBackend(read_manifest(bundle).tree, CLASSES), load_profile=False, warmup=0)
+    with runner:
+        return runner._program
+
+
+LEAVES = gain_curve(None, 16)
+
+
+def test_admit_is_edf_over_first_leaves(program):
+    costs = Costs([1.0] * 16)
+    waiting = [Pending(0, 2.0, 0, 1, False), Pending(1, 2.5, 0, 1, False)]
+    assert admit(0.0, waiting, Pending(9, 3.0, 0, 1, False), program, costs, batching=False)  # ends 1, 2, 3
+    assert not admit(0.0, waiting, Pending(9, 2.2, 0, 1, False), program, costs, batching=False)  # 2.5's would end at 3
+    assert not admit(2.0, [], Pending(9, 2.5, 0, 1, False), program, costs)  # its own first leaf ends at 3.0
+    # a waiting frame already past saving does not block the new one
+    assert admit(0.0, [Pending(0, 0.5, 0, 1, False)], Pending(9, 1.0, 0, 1, False), program, costs, batching=False)
+    # stacked first leaves: three in one call of 1.2 s fit deadlines at 1.5
+    stacking = Costs([1.0] * 16, scale=lambda rows: 1 + 0.1 * (rows - 1))
+    waiting = [Pending(0, 1.5, 0, 1, False), Pending(1, 1.5, 0, 1, False)]
+    assert admit(0.0, waiting, Pending(9, 1.5, 0, 1, False), program, stacking)
+    assert not admit(0.0, waiting, Pending(9, 1.5, 0, 1, False), program, stacking, batching=False)
+
+
+def test_first_leaves_run_earliest_deadline_first_and_before_refinements_that_can_wait(program):
+    costs = Costs([1.0] * 16)
+    frames = [Pending(0, 9.0, 0, 1, False), Pending(1, 4.0, 0, 1, False), Pending(2, 20.0, 3, 1, False)]
+    d = decide(0.0, frames, program, costs, LEAVES, batching=False)
+    assert (d.step, d.frames, d.finish, d.doomed) == (0, (1,), (), ())
+    # first leaves as soon as the plan allows: before a refinement that can still make its deadline after them ...
+    frames = [Pending(0, 9.0, 0, 1, False), Pending(2, 2.0, 3, 1, False)]
+    assert decide(0.0, frames, program, costs, LEAVES).frames == (0,)
+    # ... after one that could not (EDF among the plan's steps) ...
+    frames = [Pending(0, 9.0, 0, 1, False), Pending(2, 1.5, 3, 1, False)]
+    assert decide(0.0, frames, program, costs, LEAVES).frames == (2,)
+    # ... and a refinement that would make a first leaf late waits
+    frames = [Pending(0, 1.5, 0, 1, False), Pending(2, 2.0, 3, 1, False)]
+    d = decide(0.0, frames, program, costs, LEAVES)
+    assert d.frames == (0,) and d.finish == ()
+
+
+def test_slack_goes_to_the_step_with_the_highest_value_per_ms(program):
+    secs = [1.0] * 16
+    secs[3], secs[8] = 0.5, 2.0  # leaf 3 is cheap, leaf 8 dear
+    costs = Costs(secs)
+    a, b = Pending(0, 2.0, 3, 1, False), Pending(1, 2.1, 8, 1, False)  # room for one of them only
+    assert decide(0.0, [a, b], program, costs, LEAVES).frames == (0,)  # 1 leaf / 0.5 s beats 1 leaf / 2 s
+    # the expected accuracy gain: the shipped checkpoint's record rises more from 1 to 2 leaves than from 8 to 9
+    record = read_accuracy(REPO / "hne_edge" / "assets" / "cifar10_demo.json")
+    late, early = Pending(0, 1.5, 8, 1, False), Pending(1, 1.6, 1, 1, False)  # same cost, room for one
+    flat = Costs([1.0] * 16)
+    assert decide(0.0, [late, early], program, flat, LEAVES).frames == (0,)  # a leaf is a leaf: the first listed
+    assert decide(0.0, [late, early], program, flat, gain_curve(record, 16)).frames == (1,)
+    # times its rows: a frame of 8 images gains 8 times (a GPU-like cost: rows cost nothing)
+    wide = Costs([1.0] * 16, scale=lambda rows: 1.0)
+    assert decide(0.0, [Pending(0, 1.5, 3, 1, False), Pending(1, 1.6, 8, 8, False)], program, wide, LEAVES).frames == (1,)
+
+
+def test_frames_at_the_same_step_are_stacked_when_it_pays_and_fits(program):
+    stacking = Costs([1.0] * 16, scale=lambda rows: 1 + 0.2 * (rows - 1))
+    frames = [Pending(k, 10.0, 5, 1, False) for k in range(3)] + [Pending(3, 10.0, 6, 1, False)]
+    d = decide(0.0, frames, program, stacking, LEAVES)
+    assert d.step == 5 and d.frames == (0, 1, 2) and d.seconds == pytest.approx(1.4)
+    assert decide(0.0, frames, program, Costs([1.0] * 16), LEAVES).frames in ((0,), (1,), (2,), (3,))  # no gain: alone
+    assert len(decide(0.0, frames, program, stacking, LEAVES, max_rows=2).frames) == 2
+    # the stacked call would end after frame 0's deadline: frame 0 alone, the others stacked
+    frames[0] = Pending(0, 1.2, 5, 1, False)
+    d = decide(0.0, frames, program, stacking, LEAVES)
+    assert d.frames == (0,)
+    assert decide(1.0, [f for f in frames if f.key], program, stacking, LEAVES).frames == (1, 2)
+
+
+def test_frames_are_delivered_when_no_step_fits_or_adds_value_and_first_leaves_past_saving_run_late(program):
+    costs = Costs([1.0] * 16)
+    frames = [Pending(0, 0.5, 4, 1, False), Pending(1, 9.0, 0, 1, False), Pending(2, 0.5, 0, 1, False)]
+    d = decide(0.0, frames, program, costs, LEAVES)
+    assert d.finish == (0,) and d.doomed == (2,) and d.frames == (2,)  # a late first leaf goes first if the others fit
+    flat = gain_curve({1: 0.6, 4: 0.7, 16: 0.7}, 16)
+    assert decide(0.0, [Pending(0, 9.0, 4, 1, False)], program, costs, flat).finish == (0,)
+
+
+def test_gain_curve_is_the_least_concave_majorant_and_records_are_read(tmp_path):
+    g = gain_curve({1: 0.5, 2: 0.49, 4: 0.53, 16: 0.53}, 16)
+    assert g[0] == 0.0 and g[1] == 0.5 and g[2] == pytest.approx(0.51) and g[4] == pytest.approx(0.53)
+    assert all(b >= a for a, b in zip(g[1:], g[2:]))
+    record = read_accuracy(REPO / "hne_edge" / "assets" / "cifar10_demo.json")
+    assert sorted(record) == [1, 2, 4, 8, 16] and record[16] == 0.6308
+    acc = accuracy_by_n(record, 16)
+    assert acc[3] == pytest.approx((0.62 + 0.6218) / 2)
+    assert expected_accuracy([0, 16, 1], acc) == pytest.approx((0.6308 + 0.6178) / 3)
+    (tmp_path / "bad.json").write_text('{"held_out": [{"n": 1, "accuracy": 1.5}]}')
+    with pytest.raises(InputError, match=r"accuracy at n = 1: received 1.5; expected a fraction in \[0, 1\]"):
+        read_accuracy(tmp_path / "bad.json")
+    with pytest.raises(InputError, match="expected n = 1 among them"):
+        gain_curve({2: 0.5}, 16)
