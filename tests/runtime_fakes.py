@@ -307,6 +307,22 @@ class FakeDevice(CudaDevice):
         return replay
 
 
+def ort_values_on_cpu_backend(**options):
+    """OnnxRuntimeCudaBackend with its OrtValues on "cpu" and the CPU provider: every onnxruntime call the
+    CUDA runner makes (IOBinding, bound OrtValue outputs, staged image, run options with gpu_graph_id) is
+    real; only the stream / events are the fake device (the CPU provider ignores gpu_graph_id)."""
+    from hne_edge.runtime.backends.onnxruntime_cuda import OnnxRuntimeCudaBackend
+
+    class OrtValuesOnCpu(OnnxRuntimeCudaBackend):
+        ort_device = "cpu"
+        execution_provider = "CPUExecutionProvider"
+
+        def _open_cuda(self, memory, extra):
+            return FakeDevice(), ["CPUExecutionProvider"]
+
+    return OrtValuesOnCpu("cuda", threads=1, **options)
+
+
 class OrtTensorRT:
     """A fake ``tensorrt`` module whose engines are the ONNX files they were built from, run by ONNX Runtime
     (CPU) on a :class:`FakeDevice`'s memory.

@@ -10,6 +10,9 @@
         s = runner.start(x); s.step(); s.result()     # interrupt ...
         s.refine(budget_ms=2.0)                       # ... and resume from the cached activations
 
+    with StreamScheduler(runner, budget_ms=33.0) as streams:   # several cameras, one device (streams.py)
+        streams.submit("front", x).result()           # a StreamResult: leaves, logits, met_deadline, stopped_by
+
 TensorRT / torch backends are imported only when chosen.
 """
 
@@ -21,6 +24,7 @@ from .inputs import check_input, preprocess
 from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax, summarize_frames
 from .runner import AnytimeRunner, ConcurrentUseError
 from .session import AnytimeSession, NoResultError, RunnerClosedError, SessionCancelled
+from .streams import FrameHandle, StreamResult, StreamScheduler
 
 __all__ = [
     "AnytimeRunner",
@@ -33,6 +37,9 @@ __all__ = [
     "RunnerClosedError",
     "NoResultError",
     "SessionCancelled",
+    "StreamScheduler",
+    "StreamResult",
+    "FrameHandle",
     "CostModel",
     "Profile",
     "Backend",

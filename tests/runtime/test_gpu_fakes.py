@@ -29,7 +29,7 @@ from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
 from hne_edge.runtime.backends.cuda import GraphCache, Slot, SlotPool, parse_device
 
 from gpu_env import HAS_CUDA, HAS_ORT_CUDA, HAS_TORCH_CUDA, HAS_TRT  # noqa: E402
-from runtime_fakes import FakeDevice, make_fake_bundle, reference_leaf_logits, unit_forward  # noqa: E402
+from runtime_fakes import FakeDevice, make_fake_bundle, ort_values_on_cpu_backend, reference_leaf_logits, unit_forward  # noqa: E402
 
 FP32 = dict(rtol=1e-4, atol=1e-4)
 FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
@@ -537,25 +537,9 @@ def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, 
 # -- the ONNX Runtime CUDA runner's IOBinding plumbing on real onnxruntime, with CPU OrtValues -------
 
 
-def _ort_values_on_cpu_backend(**options):
-    """OnnxRuntimeCudaBackend with its OrtValues on "cpu" and the CPU provider: every onnxruntime call the
-    CUDA runner makes (IOBinding, bound OrtValue outputs, staged image, run options with gpu_graph_id) is
-    real; only the stream / events are the fake device (the CPU provider ignores gpu_graph_id)."""
-    from hne_edge.runtime.backends.onnxruntime_cuda import OnnxRuntimeCudaBackend
-
-    class OrtValuesOnCpu(OnnxRuntimeCudaBackend):
-        ort_device = "cpu"
-        execution_provider = "CPUExecutionProvider"
-
-        def _open_cuda(self, memory, extra):
-            return FakeDevice(), ["CPUExecutionProvider"]
-
-    return OrtValuesOnCpu("cuda", threads=1, **options)
-
-
 def test_onnxruntime_cuda_session_without_the_cuda_provider_says_which_libraries(tiny_bundle):
     # onnxruntime-gpu falls back to the CPU provider (with a log line) when libcudart / cuDNN are missing
-    backend = _ort_values_on_cpu_backend()
+    backend = ort_values_on_cpu_backend()
     backend.execution_provider = "CUDAExecutionProvider"
     with pytest.raises(BackendUnavailable, match=r"providers \['CPUExecutionProvider'\]; expected CUDAExecutionProvider.*cuDNN 9"):
         AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, load_profile=False, warmup=0)
@@ -570,7 +554,7 @@ def test_onnxruntime_cuda_runner_plumbing_on_cpu_ortvalues(tiny_bundle, plan, cu
     x, x2 = rng.standard_normal((2, 3, 3, 16, 16)).astype(np.float32)
     with torch.no_grad():
         ref, ref2 = (tiny_bundle.model.eval()(torch.from_numpy(a)).numpy() for a in (x, x2))  # (B, N, classes)
-    backend = _ort_values_on_cpu_backend(cuda_graph=cuda_graph)
+    backend = ort_values_on_cpu_backend(cuda_graph=cuda_graph)
     with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
         for n in range(1, runner.num_leaves + 1):
             for _ in range(2):  # the second frame reuses the runners' slot-0 buffers / "graphs"
@@ -602,7 +586,7 @@ def test_onnxruntime_cuda_graphs_keep_replaying_frame_after_frame(steps_bundle, 
     session: else every frame after the first runs eagerly into a second slot, and units first run after
     that never get a graph."""
     x, ref = reference64
-    backend = _ort_values_on_cpu_backend(cuda_graph=True)
+    backend = ort_values_on_cpu_backend(cuda_graph=True)
     with AnytimeRunner(steps_bundle, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
         runner.run(x)  # the first frame: every unit captured
         eager = []
@@ -634,7 +618,7 @@ def _every_stop_twice_and_an_interleaved_session(runner, x, ref) -> None:
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_onnxruntime_cuda_runs_steps_of_several_leaves_on_cpu_ortvalues(steps_bundle, reference64, plan, cuda_graph):
     x, ref = reference64
-    backend = _ort_values_on_cpu_backend(cuda_graph=cuda_graph)
+    backend = ort_values_on_cpu_backend(cuda_graph=cuda_graph)
     with AnytimeRunner(steps_bundle, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
         _every_stop_twice_and_an_interleaved_session(runner, x, ref)
         if cuda_graph:
