@@ -1,8 +1,14 @@
-"""Measurements over the anytime levels n = 1..N (used by ``hne-edge bench``; numpy only)."""
+"""Measurements over the anytime levels n = 1..N (used by ``hne-edge bench``), and camera streams replayed in real
+time through the stream scheduler and its two baselines (``hne-edge bench-streams``, benchmarks/bench_streams.py,
+examples/multi_camera.py). numpy only."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import queue
+import threading
+import time
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -11,7 +17,8 @@ from .cost_model import summarize
 from .inputs import check_labels
 from .runner import AnytimeRunner
 
-__all__ = ["level_latencies", "level_accuracy", "load_arrays", "frame_oracles"]
+__all__ = ["level_latencies", "level_accuracy", "load_arrays", "frame_oracles", "Arrival", "camera_arrivals",
+           "replay_streams", "summarize_streams", "STREAM_METHODS"]
 
 
 def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0,
@@ -103,3 +110,170 @@ def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     if x.size == 0:  # an empty frame file would run nothing and report nothing
         raise InputError(f"{path}: received x of shape {x.shape}, which holds no samples; expected at least one image")
     return x, y
+
+
+# -- camera streams, replayed in real time -----------------------------------------------------------------
+
+#: how a replay serves K streams: the stream scheduler; K runners in K threads, each frame's budget the time to its
+#: deadline; one runner serving the frames first in, first out, budget the time left to each frame's deadline
+STREAM_METHODS = ("scheduler", "runners", "fifo")
+
+
+class Arrival(NamedTuple):
+    """One camera frame: when it arrives and its deadline, in seconds from the replay's start."""
+
+    time: float
+    stream: int
+    index: int  # its number in its stream
+    deadline: float
+
+
+def camera_arrivals(streams: int, fps: float, seconds: float, deadline_ms: float | None = None, jitter_ms: float = 0.0,
+                    seed: int = 0) -> list[Arrival]:  # fmt: skip
+    """``streams`` cameras at ``fps`` for ``seconds``, each with its own phase (uniform over a period) and every frame
+    jittered uniformly by +-``jitter_ms``; a frame's deadline is its arrival plus ``deadline_ms`` (default: one
+    period). Sorted by arrival."""
+    rng = np.random.default_rng(seed)
+    period = 1.0 / fps
+    budget = period if deadline_ms is None else deadline_ms / 1e3
+    phases = rng.uniform(0, period, streams)
+    out = []
+    for k in range(streams):
+        for i in range(int(seconds * fps)):
+            t = max(0.0, phases[k] + i * period + rng.uniform(-jitter_ms, jitter_ms) / 1e3)
+            out.append(Arrival(t, k, i, t + budget))
+    return sorted(out)
+
+
+def _sleep_until(t: float) -> None:
+    left = t - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+
+
+def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.ndarray, arrivals: Sequence[Arrival],
+                   on_result: Callable[[dict], None] | None = None, **scheduler_options: Any) -> dict:  # fmt: skip
+    """Serve ``arrivals`` in real time by ``method`` (:data:`STREAM_METHODS`); frame ``a`` is
+    ``frames[a.index % len(frames)]`` (normalised, one batch-first image). ``open_runner()`` opens a runner (with
+    its cost profile; the method closes it); ``scheduler_options`` go to the :class:`~.streams.StreamScheduler`.
+
+    Returns ``{"records": [...], "wall_s", "busy_s"}``; a record per frame: ``stream``, ``arrival`` and
+    ``deadline`` (clock seconds), ``finished`` (its answer), ``leaves``, ``met`` (answered by its deadline),
+    ``rejected``, ``late``. ``busy_s``: the time the device ran steps (the scheduler's), runs (one runner) or
+    any run (K runners: the union of their runs). ``on_result(record)`` is called as each frame is answered."""
+    if method not in STREAM_METHODS:
+        from ..errors import InputError
+
+        raise InputError(f"method: received {method!r}; expected one of {list(STREAM_METHODS)}")
+    records: list[dict] = []
+    lock = threading.Lock()
+
+    def record(rec: dict) -> None:
+        with lock:
+            records.append(rec)
+        if on_result is not None:
+            on_result(rec)
+
+    def image(a: Arrival) -> np.ndarray:
+        return frames[a.index % len(frames)][None]
+
+    if method == "runners":
+        per_stream: dict[int, list[Arrival]] = {}
+        for a in arrivals:
+            per_stream.setdefault(a.stream, []).append(a)
+        runners = [open_runner() for _ in per_stream]
+        intervals: list[tuple[float, float]] = []
+        t0 = time.perf_counter() + 0.05
+
+        def serve(runner: AnytimeRunner, mine: list[Arrival]) -> None:
+            for a in mine:
+                _sleep_until(t0 + a.time)
+                start = time.perf_counter()
+                r = runner.run(image(a), deadline=t0 + a.deadline)
+                end = time.perf_counter()
+                with lock:
+                    intervals.append((start, end))
+                record({"stream": a.stream, "arrival": t0 + a.time, "deadline": t0 + a.deadline, "finished": end,
+                        "leaves": r.leaves, "met": end <= t0 + a.deadline, "rejected": False, "late": False})  # fmt: skip
+
+        threads = [threading.Thread(target=serve, args=(r, mine)) for r, mine in zip(runners, per_stream.values())]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        for r in runners:
+            r.close()
+        busy, end = 0.0, -math.inf
+        for a, b in sorted(intervals):  # the union of the runs
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+        return {"records": records, "wall_s": wall, "busy_s": busy}
+
+    runner = open_runner()
+    if method == "fifo":
+        todo: queue.Queue = queue.Queue()
+        busy_s = [0.0]
+
+        def work() -> None:
+            while (item := todo.get()) is not None:
+                a, t0 = item
+                start = time.perf_counter()
+                r = runner.run(image(a), deadline=t0 + a.deadline)
+                end = time.perf_counter()
+                busy_s[0] += end - start
+                record({"stream": a.stream, "arrival": t0 + a.time, "deadline": t0 + a.deadline, "finished": end,
+                        "leaves": r.leaves, "met": end <= t0 + a.deadline, "rejected": False, "late": False})  # fmt: skip
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        t0 = time.perf_counter() + 0.05
+        for a in arrivals:
+            _sleep_until(t0 + a.time)
+            todo.put((a, t0))
+        todo.put(None)
+        worker.join()
+        runner.close()
+        return {"records": records, "wall_s": time.perf_counter() - t0, "busy_s": busy_s[0]}
+
+    from .streams import StreamScheduler
+
+    with runner, StreamScheduler(runner, **scheduler_options) as streams:
+        handles = []
+        t0 = time.perf_counter() + 0.05
+        for a in arrivals:
+            _sleep_until(t0 + a.time)
+            h = streams.submit(a.stream, image(a), deadline=t0 + a.deadline)
+            h.add_done_callback(lambda h, a=a: record(
+                {"stream": a.stream, "arrival": t0 + a.time, "deadline": t0 + a.deadline, "finished": h.result().finished,
+                 "leaves": h.result().leaves, "met": h.result().met_deadline, "rejected": h.result().stopped_by == "rejected",
+                 "late": h.result().late}))  # fmt: skip
+            handles.append(h)
+        for h in handles:
+            h.result()
+        wall = time.perf_counter() - t0
+        busy = streams.busy_seconds
+    return {"records": records, "wall_s": wall, "busy_s": busy, "calls": streams.calls, "stacked_calls": streams.stacked_calls}
+
+
+def summarize_streams(run: dict, accuracy: Sequence[float]) -> dict:
+    """One row of a streams replay: ``frames``; ``rejected``; ``misses`` (answered after their deadline) and
+    ``miss_rate`` (of the frames answered); ``mean_leaves`` (answered frames); ``expected_accuracy`` over every
+    frame (:func:`~.streams.expected_accuracy`: ``accuracy[n]`` of the leaves in time, 0 rejected or late);
+    ``latency_ms`` p50 / p99 from arrival to answer (answered frames); ``busy`` (fraction of the wall time)."""
+    from .streams import expected_accuracy
+
+    recs = run["records"]
+    answered = [r for r in recs if not r["rejected"]]
+    misses = sum(not r["met"] for r in answered)
+    lat = np.asarray([(r["finished"] - r["arrival"]) * 1e3 for r in answered]) if answered else np.zeros(1)
+    return {
+        "frames": len(recs),
+        "rejected": len(recs) - len(answered),
+        "misses": misses,
+        "miss_rate": misses / max(1, len(answered)),
+        "mean_leaves": float(np.mean([r["leaves"] for r in answered])) if answered else 0.0,
+        "expected_accuracy": expected_accuracy([r["leaves"] if r["met"] and not r["rejected"] else 0 for r in recs], accuracy),
+        "latency_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))},
+        "busy": run["busy_s"] / run["wall_s"] if run["wall_s"] > 0 else 0.0,
+    }

@@ -58,6 +58,7 @@ import json
 import math
 import os
 import threading
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,7 @@ INF = math.inf
 #: why a frame's evaluation stopped
 STOP_REASONS = ("complete", "deadline", "cancelled", "rejected")
 LATE = ("reject", "run")
+OVERHEAD_WINDOW = 128  # the worker's recent per-call times the plan's overhead is the quantile of
 _RESULT_REASON = {"deadline": "budget"}  # the runner's word in AnytimeResult.stopped_by
 
 
@@ -222,22 +224,24 @@ def admit(
     model_for: Callable[[int], Any],
     max_rows: float = INF,
     batching: bool = True,
+    overhead: float = 0.0,
 ) -> bool:
     """Whether ``frame`` (no leaf yet) may be admitted: EDF over first leaves from ``start`` (when the device is
     next free: the running step's predicted end).
 
     ``waiting``: the admitted frames still waiting for their first leaf (not late). The first leaves are planned
     as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order); the frame
-    is admitted when its first leaf ends by its deadline and so does every waiting one that would without it.
+    is admitted when its first leaf ends by its deadline and so does every waiting one that would without it
+    (``overhead``: as for :func:`decide`).
     A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
     j = program.at[0]
     if not model_for(frame.rows).pred[j] < INF:
         return True
-    members = [_member(f, f.deadline, j, model_for(f.rows)) for f in waiting]
-    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching)
+    members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
+    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead)
     on_time = [m for m in members if m[3] not in lost]
-    _, lost = _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows))], j, model_for,
-                            max_rows, batching)  # fmt: skip
+    _, lost = _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows), overhead)], j,
+                            model_for, max_rows, batching, overhead)  # fmt: skip
     return not lost
 
 
@@ -249,12 +253,14 @@ def decide(
     gain: Sequence[float],
     max_rows: float = INF,
     batching: bool = True,
+    overhead: float = 0.0,
 ) -> Decision:
     """The policy of the module docstring: which step runs now, for which frames; which frames are delivered.
 
     ``model_for(rows)``: the cost model at that many rows (``pred``, ``base``, ``known`` per step, as
-    ``CostModel.for_batch``); ``gain``: :func:`gain_curve`; ``max_rows``: the most rows one call may stack.
-    Pure: nothing is changed, nothing is run."""
+    ``CostModel.for_batch``); ``gain``: :func:`gain_curve`; ``max_rows``: the most rows one call may stack;
+    ``overhead``: the worker's own seconds per call (deciding, handing frames over, uploading), added to every
+    call's predicted cost. Pure: nothing is changed, nothing is run."""
     n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
     finish: list[int] = []
     doomed: list[int] = []
@@ -271,7 +277,7 @@ def decide(
         if alts is not None and alts[n]:
             j = choose(program, n, now, None if deadline == INF else deadline, model.pred, model.base, model.known,
                        n_leaves, 0 if n else 1, False, True)  # fmt: skip
-        p = model.pred[j]
+        p = model.pred[j] + overhead
         if n:
             if now + p > deadline or gain[steps[j].hi] <= gain[n]:
                 finish.append(f.key)  # no step of it can end by its deadline, or the next adds nothing
@@ -280,9 +286,9 @@ def decide(
             doomed.append(f.key)
             deadline = INF
         if deadline == INF:  # a first leaf run late: after the first leaves that can make it, before refinements
-            late.append(_Item(-INF, p if p < INF else 0.0, 0.0, j, [f]))
+            late.append(_Item(-INF, p if p < INF else overhead, 0.0, j, [f]))
             continue
-        member = (deadline, p if p < INF else 0.0, model.base[j] if model.known[j] else INF, f)
+        member = (deadline, p if p < INF else overhead, model.base[j] if model.known[j] else INF, f)
         if j in by_step:
             by_step[j].append(member)
         else:
@@ -293,7 +299,7 @@ def decide(
     for j, members in by_step.items():
         rise = gain[steps[j].hi]
         if batching and len(members) > 1:
-            groups, members = _batches(now, j, members, model_for, max_rows)
+            groups, members = _batches(now, j, members, model_for, max_rows, overhead)
             for cost, group in groups:
                 item = _Item(group[0][0], cost, sum((rise - gain[f.leaves]) * f.rows for *_, f in group), j, [f for *_, f in group])
                 item.alone = group  # its members alone, for when the group does not fit
@@ -301,10 +307,10 @@ def decide(
         optional.extend(_Item(d, p, (rise - gain[f.leaves]) * f.rows, j, [f]) for d, p, _, f in members)
 
     # the first leaves in EDF order (stacked where that keeps them on time); one late even alone is doomed
-    first, lost = _first_leaves(now, mandatory, at[0], model_for, max_rows, batching)
+    first, lost = _first_leaves(now, mandatory, at[0], model_for, max_rows, batching, overhead)
     for f in lost:
         doomed.append(f.key)
-        late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows))[1], 0.0, at[0], [f]))
+        late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows), overhead)[1], 0.0, at[0], [f]))
     plan = [it for it, _ in first]
     ends = [end for _, end in first]
     deadlines = [it.deadline for it in plan]
@@ -351,19 +357,20 @@ def decide(
     return Decision(run.step, tuple(f.key for f in run.frames), run.cost, tuple(finish), tuple(doomed))
 
 
-def _member(f: Pending, deadline: float, j: int, model: Any) -> tuple[float, float, float, Pending]:
-    """(deadline, predicted cost, median or INF, frame) of ``f`` at step ``j``: what batching and planning read."""
+def _member(f: Pending, deadline: float, j: int, model: Any, overhead: float) -> tuple[float, float, float, Pending]:
+    """(deadline, predicted cost of the call, median or INF, frame) of ``f`` at step ``j``: what stacking and the plan
+    read. A cost nothing measured says counts as the worker's overhead alone (the frame runs first, unplanned)."""
     p = model.pred[j]
-    return deadline, (p if p < INF else 0.0), (model.base[j] if model.known[j] else INF), f
+    return deadline, (p + overhead if p < INF else overhead), (model.base[j] if model.known[j] else INF), f
 
 
-def _first_leaves(now: float, members: list, j: int, model_for: Callable[[int], Any], max_rows: float,
-                  batching: bool) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
+def _first_leaves(now: float, members: list, j: int, model_for: Callable[[int], Any], max_rows: float, batching: bool,
+                  overhead: float) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
     """The first leaves' plan: ``([(item, its predicted end)] in EDF order, the frames it cannot keep on time)``.
 
     Frames are stacked as :func:`_batches` stacks them when every call then ends by its deadline; else each runs
     alone, and one that misses even so is left out (its first leaf runs late)."""
-    groups, singles = _batches(now, j, members, model_for, max_rows) if batching and len(members) > 1 else ([], members)
+    groups, singles = _batches(now, j, members, model_for, max_rows, overhead) if batching and len(members) > 1 else ([], members)
     alone = [_Item(d, p, 0.0, j, [f]) for d, p, _, f in members]
     items = sorted([_Item(g[0][0], cost, 0.0, j, [f for *_, f in g]) for cost, g in groups]
                    + [_Item(d, p, 0.0, j, [f]) for d, p, _, f in singles], key=lambda it: it.deadline)  # fmt: skip
@@ -388,7 +395,8 @@ def _feasible(now: float, items: Sequence[_Item]) -> bool:
     return True
 
 
-def _batches(now: float, j: int, members: list, model_for: Callable[[int], Any], max_rows: float) -> tuple[list, list]:
+def _batches(now: float, j: int, members: list, model_for: Callable[[int], Any], max_rows: float,
+             overhead: float) -> tuple[list, list]:  # fmt: skip
     """Frames waiting at step ``j`` as one call: (``[(predicted cost, members)]``, the members left alone).
 
     In deadline order, as many as ``max_rows`` holds; a call is formed when its predicted cost ends by the
@@ -407,7 +415,7 @@ def _batches(now: float, j: int, members: list, model_for: Callable[[int], Any],
             singles.append(members.pop(0))
             continue
         model = model_for(rows)
-        cost = model.pred[j]
+        cost = model.pred[j] + overhead
         if now + cost > take[0][0]:  # the earliest deadline cannot wait for the stacked call
             singles.append(members.pop(0))
             continue
@@ -495,6 +503,34 @@ class FrameHandle(Future):
 
     def __repr__(self) -> str:
         return f"<FrameHandle stream={self.stream!r} frame={self.frame} {'done' if self.done() else 'pending'}>"
+
+
+class _AtLoad:
+    """A batch size's cost model as the policy reads it, its predictions no lower than its medians at the load the
+    smallest batch sees: the cost model learns each batch size's tail from that size's own calls, and a stacked
+    size the scheduler runs now and then has too few of them to follow the machine's load (its predictions stay at
+    the profile's quiet-machine tail while the single-frame calls' scale doubles)."""
+
+    __slots__ = ("base", "known", "pred")
+
+    def __init__(self, model: Any, reference: Any) -> None:
+        self.base, self.known = model.base, model.known
+        self.pred = _Floor(model.pred, model.base, reference)
+
+
+class _Floor:
+    __slots__ = ("pred", "base", "reference")
+
+    def __init__(self, pred: list, base: list, reference: Any) -> None:
+        self.pred, self.base, self.reference = pred, base, reference
+
+    def __getitem__(self, j: int) -> float:
+        p = self.pred[j]
+        floor = self.base[j] * self.reference.scale
+        return p if p >= floor else floor
+
+    def __len__(self) -> int:
+        return len(self.pred)
 
 
 class _Frame:
@@ -588,6 +624,9 @@ class StreamScheduler:
         self._count = 0
         self._cancel_all = False
         self._error: BaseException | None = None
+        self._gaps: deque[float] = deque()
+        self._gaps_sorted: list[float] = []
+        self._overhead = 0.0  # seconds the plan charges each call for the worker's own work (see _observe_overhead)
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
         self.calls = 0  # step calls run
         self.stacked_calls = 0  # of which for several frames
@@ -627,7 +666,7 @@ class StreamScheduler:
                        if f.leaves == 0 and not f.late and not f.running]  # fmt: skip
             now = self._clock()
             if not admit(max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program,
-                         self._model, self.max_rows, self.batching):  # fmt: skip
+                         self._model, self.max_rows, self.batching, self._overhead):  # fmt: skip
                 if self.late == "reject":
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:
@@ -675,7 +714,9 @@ class StreamScheduler:
 
     # -- internals (the worker holds the runner; state changes under self._cond) --------------------------
     def _model(self, rows: int) -> Any:
-        return self.runner.cost.for_batch(rows)
+        model = self.runner.cost.for_batch(rows)
+        lo = self.runner.input_spec.batch[0]
+        return model if rows == lo else _AtLoad(model, self.runner.cost.for_batch(lo))
 
     def _cancel(self, key: int) -> bool:
         with self._cond:
@@ -726,16 +767,17 @@ class StreamScheduler:
                         self._cond.wait()
                     if not self._frames and self._closing and not out:
                         break
-                    if self._frames:
+                    if self._frames and not out:  # results first: a callback never delays a step already planned
                         now = self._clock()
                         decision = decide(now, [Pending(f.key, f.deadline, f.leaves, f.rows, f.late) for f in self._frames.values()],
-                                          self._program, self._model, self.gain, self.max_rows, self.batching)  # fmt: skip
+                                          self._program, self._model, self.gain, self.max_rows, self.batching,
+                                          self._overhead)  # fmt: skip
                         for key in decision.doomed:
                             self._frames[key].late = True
                         for key in decision.finish:
                             out.append(self._deliver(self._frames.pop(key), "deadline", now))
-                        if decision.step >= 0:
-                            run = (decision.step, [self._frames[k] for k in decision.frames])
+                        if decision.step >= 0 and not out:
+                            run = (decision.step, [self._frames[k] for k in decision.frames], now)
                             for f in run[1]:
                                 f.running = True
                             self._busy_until = now + (decision.seconds if decision.seconds < INF else 0.0)
@@ -749,7 +791,7 @@ class StreamScheduler:
             if self._owns:
                 runner.close()
 
-    def _run(self, j: int, frames: list[_Frame], out: list) -> None:
+    def _run(self, j: int, frames: list[_Frame], decided: float, out: list) -> None:
         error = None
         seconds = 0.0
         try:
@@ -758,6 +800,7 @@ class StreamScheduler:
                 if f.session is None:
                     f.session = runner._session(runner._upload(f.image), f.rows)
                     f.image = None
+            gap = self._clock() - decided  # deciding, handing the frames over, uploading: the worker's own time
             seconds = step_together([f.session for f in frames], j, self._concat, self._split)
         except Exception as exc:  # the backend failed this call: its frames' outcome
             error = exc
@@ -768,7 +811,8 @@ class StreamScheduler:
             self.calls += 1
             self.stacked_calls += len(frames) > 1
             if error is None:
-                self._model(sum(f.rows for f in frames)).observe(j, seconds)
+                self.runner.cost.for_batch(sum(f.rows for f in frames)).observe(j, seconds)
+                self._observe_overhead(gap)
             for f in frames:
                 f.running = False
                 if error is not None:
@@ -779,6 +823,16 @@ class StreamScheduler:
                 f.last_leaf = now
                 if f.leaves >= self._program.num_leaves:
                     out.append(self._deliver(self._frames.pop(f.key), "complete", now))
+
+    def _observe_overhead(self, seconds: float) -> None:
+        """The worker's time per call outside its steps: the plan charges each call the quantile of the last
+        ``OVERHEAD_WINDOW`` (as the cost model does a run()'s entry)."""
+        ring, srt = self._gaps, self._gaps_sorted
+        if len(ring) == OVERHEAD_WINDOW:
+            del srt[bisect.bisect_left(srt, ring.popleft())]
+        ring.append(seconds)
+        bisect.insort(srt, seconds)
+        self._overhead = srt[min(len(srt) - 1, math.ceil(self.runner.quantile * len(srt)) - 1)]
 
     def _fail(self, exc: BaseException, out: list | None = None) -> None:
         out = out if out is not None else []
