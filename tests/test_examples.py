@@ -147,3 +147,29 @@ def test_export_tensorrt_example_without_tensorrt(bundle_copy):
     proc = run_example("export_tensorrt.py", str(bundle_copy))
     assert proc.returncode == 2
     assert "TensorRT is not available" in proc.stderr and "pip install 'hne-edge[tensorrt]'" in proc.stderr
+
+
+def test_multi_camera_replays_synthetic_cameras_and_image_folders(bundle_copy, tmp_path):
+    proc = run_example("multi_camera.py", str(bundle_copy), "--streams", "3", "--fps", "20", "--seconds", "1",
+                       "--refresh", "0.5", "--threads", "1",
+                       "--accuracy", str(REPO / "hne_edge" / "assets" / "cifar10_demo.json"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    final = proc.stdout.split("-- done: 60 frames")[1].splitlines()
+    rows = [line.split() for line in final if line.startswith("cam") and not line.startswith("camera")]
+    assert [r[0] for r in rows] == ["cam0", "cam1", "cam2"] and sum(int(r[1]) for r in rows) == 60
+    assert all(1 <= float(r[4]) <= 16 for r in rows) and "expected accuracy" in proc.stdout
+    assert proc.stdout.count("camera ") >= 2  # the live table, then the final one
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cam in ("front", "left"):
+        (tmp_path / cam).mkdir()
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / cam / f"{i}.png")
+    proc = run_example("multi_camera.py", str(bundle_copy), "--cameras", f"{tmp_path / 'front'},{tmp_path / 'left'}",
+                       "--fps", "10", "--seconds", "1", "--threads", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.split("-- done")[1].splitlines() if line.startswith(("front", "left"))] == ["front", "left"]
+    (tmp_path / "empty").mkdir()
+    proc = run_example("multi_camera.py", str(bundle_copy), "--cameras", str(tmp_path / "empty"))
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: ") and "holds no image files" in proc.stderr
