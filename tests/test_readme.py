@@ -43,7 +43,7 @@ def test_cli_reference_is_generated_from_click():
 def test_every_command_is_listed_with_a_description():
     from hne_edge.cli import COMMANDS
 
-    expected = {"train", "eval", "info", "export", "verify", "inspect", "profile", "bench", "run", "demo", "doctor"}
+    expected = {"train", "eval", "info", "export", "verify", "inspect", "profile", "bench", "run", "bench-streams", "demo", "doctor"}
     assert set(COMMANDS) == expected
     assert all(help_ for _, _, help_ in COMMANDS.values())
 

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "profile": ("hne_edge.cli.runtime", "profile", "Measure each model file of a bundle on this device; save the cost model."),
     "bench": ("hne_edge.cli.runtime", "bench", "Latency of every anytime level; JSON + PNG curve."),
     "run": ("hne_edge.cli.runtime", "run", "Run anytime inference on images or .npy/.npz under a per-frame budget."),
+    "bench-streams": ("hne_edge.cli.runtime", "bench_streams", "Replay K cameras in real time through the stream scheduler and its baselines."),
     "demo": ("hne_edge.cli.demo", "demo", "Train, evaluate, export, verify, profile and run a small HNE end to end."),
     "doctor": ("hne_edge.cli.doctor", "doctor", "Check this install on this machine: environment, every backend present, exit 1 if one fails."),
 }

@@ -243,3 +243,76 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
     if budget_ms is not None and results:
         click.echo(f"budget misses {summary['misses']}/{summary['frames']} frames ({summary['forced_misses']} forced: "
                    "the budget was shorter than the minimum leaves)")
+
+
+def _streams(value: str) -> tuple[int, ...]:
+    from .options import parse_sizes
+
+    return parse_sizes(value, "--streams")
+
+
+@click.command("bench-streams")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--streams", "streams", default="1,2,4", show_default=True, metavar="K[,K...]",
+              help="Numbers of cameras to replay, one configuration each.")
+@click.option("--fps", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True, help="Frames per second per camera.")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="Replayed per configuration and method.")
+@click.option("--deadline-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="A frame's deadline after its arrival (default: one frame period).")
+@click.option("--jitter-ms", type=click.FloatRange(min=0), default=2.0, show_default=True, help="Arrival jitter, uniform +-.")
+@click.option("--methods", default="scheduler,runners,fifo", show_default=True,
+              help="scheduler: one StreamScheduler; runners: one runner per camera in its own thread, budget the time "
+                   "to the deadline; fifo: one runner, frames first in first out, budget the time left.")
+@click.option("--accuracy", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Accuracy per number of leaves (an `hne-edge eval` metrics.json or a checkpoint record): the "
+                   "scheduler's value of a leaf, and the expected accuracy column.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: a row per configuration and method.")
+@_runner_options
+@quiet_option
+def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods, accuracy, as_json, backend, device, plan,
+                  precision, threads, cuda_graph, quiet):  # fmt: skip
+    """Several cameras, one device: replay K cameras in real time through the stream scheduler and its baselines."""
+    from ..runtime.bench import STREAM_METHODS, camera_arrivals, replay_streams, summarize_streams
+    from ..runtime.cost_model import profile_at_batch
+    from ..runtime.streams import accuracy_by_n, gain_curve, read_accuracy
+
+    counts = _streams(streams)
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    if not chosen or any(m not in STREAM_METHODS for m in chosen):
+        raise click.BadParameter(f"received {methods!r}; expected some of {','.join(STREAM_METHODS)}", param_hint="--methods")
+    record = read_accuracy(accuracy) if accuracy else None
+    rows = []
+    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:  # measures once for every runner
+        lo, _, hi = runner.input_spec.batch
+        sizes = sorted({lo, *(b for b in (2, 4, 8) if lo <= b <= hi)})
+        if any(profile_at_batch(runner.profile_data, b) is None for b in sizes):
+            with progress_for(None, "profile", "pass", quiet=quiet) as progress:
+                runner.profile(batch_sizes=sizes, warmup=3, repeats=20, save=False, progress=progress)
+        profile, spec, num_leaves = runner.profile_data, runner.input_spec, runner.num_leaves
+    curve = accuracy_by_n(record, num_leaves) if record else gain_curve(None, num_leaves)
+    frames = np.random.default_rng(0).standard_normal((64, spec.channels, *spec.spatial)).astype(spec.dtype)
+
+    def open_runner():
+        r = _open(bundle, backend, device, plan, precision, threads, cuda_graph)
+        r.use_profile(profile)
+        return r
+
+    for k in counts:
+        arrivals = camera_arrivals(k, fps, seconds, deadline_ms, jitter_ms, seed=k)
+        for method in chosen:
+            run = replay_streams(method, open_runner, frames, arrivals, accuracy=record)
+            summary = summarize_streams(run, curve)
+            rows.append({"streams": k, "fps": fps, "method": method, **summary,
+                         **{key: run[key] for key in ("calls", "stacked_calls") if key in run}})  # fmt: skip
+            if not quiet and not as_json:
+                click.echo(f"K={k} {method}: done", err=True)
+    if as_json:
+        click.echo(json.dumps({"bundle": str(Path(bundle).resolve()), "backend": backend, "plan": plan, "rows": rows}, indent=1))
+        return
+    value = "exp. acc" if record else "mean leaves in time"
+    click.echo(f"{'K':>3} {'method':<9} {'frames':>6} {'rejected':>8} {'misses':>12} {'leaves':>6} {value:>19} "
+               f"{'p50 ms':>8} {'p99 ms':>8} {'busy':>5}")  # fmt: skip
+    for r in rows:
+        click.echo(f"{r['streams']:>3} {r['method']:<9} {r['frames']:>6} {r['rejected']:>8} "
+                   f"{r['misses']:>5} ({r['miss_rate']:>5.1%}) {r['mean_leaves']:>6.2f} {r['expected_accuracy']:>19.4f} "
+                   f"{r['latency_ms']['p50']:>8.2f} {r['latency_ms']['p99']:>8.2f} {r['busy']:>5.0%}")  # fmt: skip

@@ -438,9 +438,22 @@ class AnytimeRunner:
         if self.profile_data is not None:  # keep other batch sizes of the loaded profile
             for b, v in self.profile_data.batches.items():
                 profile.batches.setdefault(b, v)
+        self.use_profile(profile)
+        self.profile_status = "measured, not saved"
         if save:
             self.profile_path, fell_back = save_profile(profile, self.bundle_dir)
             self.profile_status = f"saved {self.profile_path}" + (" (bundle dir not writable)" if fell_back else "")
-        self.profile_data = profile
-        self.cost = self._cost_model(profile)
         return profile
+
+    def use_profile(self, profile: Profile) -> None:
+        """Predict from ``profile`` (e.g. another runner's of the same bundle, backend, device, plan and precision:
+        several runners in one process measured once); the cost model starts over from it."""
+        if (profile.manifest_sha256, profile.backend, profile.device, profile.plan, profile.precision) != (
+                self.manifest_sha256, self.backend.name, self.device, self.plan, self.precision):  # fmt: skip
+            raise InputError(f"use_profile: received a profile of {profile.backend} {profile.device} plan {profile.plan} "
+                             f"{profile.precision} (manifest {profile.manifest_sha256[:12]}); expected this runner's "
+                             f"{self.backend.name} {self.device} plan {self.plan} {self.precision} "
+                             f"(manifest {self.manifest_sha256[:12]})")  # fmt: skip
+        self.profile_data = profile
+        self.profile_status = "given"
+        self.cost = self._cost_model(profile)

@@ -111,3 +111,24 @@ def test_profile_and_bench_print_progress_without_a_terminal(cli_bundle, tmp_pat
     quiet = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "1", "--out", str(tmp_path / "q"),
                     "--quiet", check=True)  # fmt: skip
     assert quiet.stderr == ""
+
+
+def test_bench_streams_replays_cameras_through_the_scheduler_and_its_baselines(cli_bundle):
+    from conftest import REPO, one_line_error
+
+    record = str(REPO / "hne_edge" / "assets" / "cifar10_demo.json")
+    before = sorted(p.name for p in (cli_bundle / "b").rglob("*"))
+    proc = run_cli("bench-streams", str(cli_bundle / "b"), "--streams", "1,3", "--fps", "20", "--seconds", "0.5",
+                   "--threads", "1", "--accuracy", record, "--json", check=True)  # fmt: skip
+    rows = json.loads(proc.stdout)["rows"]
+    assert [(r["streams"], r["method"]) for r in rows] == [(k, m) for k in (1, 3) for m in ("scheduler", "runners", "fifo")]
+    for r in rows:
+        assert r["frames"] == 10 * r["streams"] and 0 <= r["rejected"] <= r["frames"] and 0 <= r["busy"] <= 1
+        assert 0 <= r["expected_accuracy"] <= 0.6308 + 1e-9 and r["latency_ms"]["p99"] >= r["latency_ms"]["p50"]
+    assert sorted(p.name for p in (cli_bundle / "b").rglob("*")) == before  # its profile is measured, not saved
+    proc = run_cli("bench-streams", str(cli_bundle / "b"), "--streams", "2", "--seconds", "0.3", "--methods", "scheduler",
+                   "--threads", "1", "--quiet", check=True)  # fmt: skip
+    assert proc.stdout.splitlines()[0].split()[:2] == ["K", "method"] and "mean leaves in time" in proc.stdout
+    assert proc.stderr == ""
+    proc = run_cli("bench-streams", str(cli_bundle / "b"), "--methods", "scheduler,lifo")
+    one_line_error(proc, "--methods", "received 'scheduler,lifo'; expected some of scheduler,runners,fifo")
