@@ -16,7 +16,12 @@ and ``min_leaves`` up to one. A mixed program's choice at a boundary is
 
 The loop only indexes the program's steps ``(calls of (run, input slot,
 output slots), ...)``: no validation, no dict building, no allocation beyond
-what the backend returns.
+what the backend returns. A step is two pieces: :func:`run_step` (its calls on
+a cache) and ``_absorb`` (its logits into the leaf logits, the slots it frees
+dropped, the position moved on). The stream scheduler (:mod:`.streams`) runs
+the same pieces for several sessions at once (:func:`step_together`: their
+rows stacked into one call, the kept slots split back), so a frame's cache
+follows the same rules whichever way its steps ran.
 
 Time: every time value (``deadline``, the budget, the cost model) is in
 seconds of the backend's clock, ``time.perf_counter()`` for the real

@@ -117,3 +117,24 @@ def test_onnxruntime_cuda_runs_each_frame_alone(tiny_bundle, frames64):
                 handles = [streams.submit(k, x[k : k + 1]) for k in range(4)]
             results = [h.result(60) for h in handles]
     check(results, ref[:4], stacked=False)
+
+
+def test_bench_streams_runs_in_smoke_mode(tmp_path):
+    """benchmarks/bench_streams.py end to end on hne_tiny, 1 s per row: every method, the targets' verdicts."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "streams.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # this checkout's
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_streams.py"), "--smoke", "--workdir",
+                           str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert [(r["streams"], r["method"]) for r in rows] == [(k, m) for k in (1, 2) for m in ("runners", "fifo", "scheduler")]
+    assert all(r["summary"]["frames"] == 30 * r["streams"] for r in rows)
+    text = out.read_text()
+    assert text.count("| 1 | ") == 6 and "Targets:" in text and "expected accuracy" in text
