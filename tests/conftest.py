@@ -98,6 +98,16 @@ def tree_digest(root: Path) -> dict[str, str]:
     return found
 
 
+def dead_writers_scratch(target: Path, kind: str = "tmp") -> Path:
+    """The name a writer that has since exited gave its scratch sibling of ``target`` (``fileio.scratch_path``, run
+    in a process that is gone): what a killed writer leaves behind. The path is returned, not created."""
+    code = "import sys; from pathlib import Path; from hne_edge.fileio import scratch_path; " \
+           "print(scratch_path(Path(sys.argv[1]), sys.argv[2]))"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(target), kind], capture_output=True, text=True, check=True,
+                          cwd=REPO, timeout=120)  # fmt: skip
+    return Path(proc.stdout.strip())
+
+
 def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
     """Run ``hne-edge`` in a subprocess (what users do) and return the CompletedProcess."""
     proc = subprocess.run(

@@ -106,7 +106,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bundle import PROFILES_DIR
+from ..bundle import PROFILE_FORMAT, PROFILES_DIR, profile_filename  # a bundle's profiles/ entries: bundle.py's rule
 from ..errors import HNEError, InputError
 from ..fileio import atomic_write_json
 
@@ -123,7 +123,6 @@ __all__ = [
 ]
 
 _INF = math.inf
-PROFILE_FORMAT = "hne-edge-profile"
 PROFILE_VERSION = 1
 MIN_LEAF_SECONDS = 1e-9  # a coarse or virtual clock may time a fast leaf at 0 s: later ratios divide by it
 AUDIT_SAMPLES = 8  # a profile's first measurements here, whose median ratio decides whether it is kept
@@ -139,10 +138,6 @@ def summarize(samples_s: Sequence[float]) -> dict[str, float]:
         "p95_ms": float(np.quantile(a, 0.95)),
         "mean_ms": float(a.mean()),
     }
-
-
-def profile_filename(device: str, backend: str, plan: str, precision: str) -> str:
-    return f"{device}-{backend}-{plan}-{precision}.json"
 
 
 def user_cache_dir() -> Path:
