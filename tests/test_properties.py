@@ -55,6 +55,15 @@ def test_check_input_returns_a_valid_array_or_raises_input_error(data, shape, dt
 
 
 @SETTINGS
+@given(data=st.data(), shape=shapes, dtype=dtypes)
+def test_check_input_refuses_every_masked_array(data, shape, dtype):
+    """Issue 29 (4): a mask hid NaN from the finite check; whatever it hides, a masked array is refused."""
+    x = np.ma.masked_array(data.draw(hnp.arrays(dtype, shape)), mask=data.draw(hnp.arrays(np.bool_, shape)))
+    with pytest.raises(InputError, match="received a numpy masked array"):
+        check_input(x, SPEC)
+
+
+@SETTINGS
 @given(value=st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=5), st.lists(st.floats(), max_size=4)))
 def test_check_input_refuses_non_arrays(value):
     with pytest.raises(InputError, match="expected a numpy.ndarray"):

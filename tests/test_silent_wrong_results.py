@@ -214,3 +214,85 @@ def test_a_profile_within_an_order_of_magnitude_is_kept(profiled, factor):
         warnings.simplefilter("error")
         _misses(runner, frames=10)
     assert runner.cost.profile is not None and runner.cost.for_batch(1).audit is None  # audited and kept
+
+
+# -- finite in, finite out (issue 29, items 3-4) -------------------------------------------------------------
+
+
+def test_a_finite_input_that_overflows_the_model_is_an_error_not_a_prediction(tiny_bundle, tmp_path):
+    """Issue 29 (3): `runner.run(np.full(..., 3e38))` answered prediction 0 with confidence nan, and `hne-edge run`
+    printed p=nan with exit 0. The logits that come out are checked (once, where a session returns its result)."""
+    from hne_edge.runtime import AnytimeRunner, NonFiniteResult
+
+    big = np.full((1, 3, 16, 16), 3e38, np.float32)  # finite: the input check lets it in
+    with AnytimeRunner(tiny_bundle.bundle_dir, warmup=0) as runner:
+        for plan_kwargs in ({}, {"max_leaves": 1}, {"budget_ms": 1e3}):
+            with pytest.raises(NonFiniteResult, match=r"leaf 0 computed non-finite logits \(NaN/Inf\) for 1 of 1 sample"):
+                runner.run(big, **plan_kwargs)
+        session = runner.start(big)
+        session.step()
+        with pytest.raises(NonFiniteResult):
+            session.result()
+        ok = runner.run(np.zeros((1, 3, 16, 16), np.float32))  # the runner is not left broken
+        assert np.isfinite(ok.probs).all()
+    np.save(tmp_path / "big.npy", big)
+    line = one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "big.npy")), "non-finite logits")
+    assert "p=nan" not in line
+
+
+def test_a_bundle_whose_weights_are_nan_and_rehashed_is_an_error_not_a_prediction(bundle_copy, tmp_path):
+    """Issue 29 (3): only `verify` caught a bundle whose NaN weights were re-hashed into the manifest."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    from conftest import edit_manifest
+
+    rel = "onnx/fp32/segments/leaf03.onnx"
+    model = onnx.load(bundle_copy / rel)
+    init = next(i for i in reversed(model.graph.initializer) if i.data_type == onnx.TensorProto.FLOAT)
+    init.CopyFrom(numpy_helper.from_array(np.full_like(numpy_helper.to_array(init), np.nan), init.name))
+    data = model.SerializeToString()
+    (bundle_copy / rel).write_bytes(data)
+
+    def rehash(d):
+        entry = next(f for f in d["files"] if f["path"] == rel)
+        entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+
+    edit_manifest(bundle_copy, rehash)
+    np.save(tmp_path / "x.npy", np.zeros((2, 3, 16, 16), np.float32))
+    one_line_error(run_cli("run", str(bundle_copy), str(tmp_path / "x.npy")), "leaf 3 computed non-finite logits")
+    proc = run_cli("run", str(bundle_copy), str(tmp_path / "x.npy"), "--max-leaves", "3", "--json")
+    assert proc.returncode == 0, proc.stderr  # the first three leaves are finite: their answer stands
+    assert {r["leaves"] for r in json.loads(proc.stdout)["records"]} == {3}
+
+
+def test_a_masked_array_is_refused_not_checked_through_its_mask(tiny_bundle):
+    """Issue 29 (4): `np.ma.masked_invalid(x)` hid the NaN from `np.isfinite(x).all()`, and the NaN ran."""
+    from hne_edge.errors import InputError
+    from hne_edge.runtime import AnytimeRunner, check_input
+
+    x = np.zeros((1, 3, 16, 16), np.float32)
+    x[0, 0, 0, 0] = np.nan
+    masked = np.ma.masked_invalid(x)
+    with AnytimeRunner(tiny_bundle.bundle_dir, warmup=0) as runner:
+        for bad in (masked, np.ma.masked_array(np.zeros_like(x))):  # with a NaN behind the mask, and without
+            with pytest.raises(InputError, match="received a numpy masked array"):
+                check_input(bad, runner.input_spec)
+            with pytest.raises(InputError, match="masked array"):
+                runner.run(bad)
+            with pytest.raises(InputError, match="masked array"):
+                runner.start(bad)
+
+
+def test_leaves_whose_mean_overflows_are_an_error_too():
+    """Two finite leaves of 3e38 sum past float32's largest value: the mean is what would be answered."""
+    from hne_edge.runtime import AnytimeResult, NonFiniteResult
+    from hne_edge.runtime.session import check_finite_result
+
+    leaves = np.zeros((2, 3, 4), np.float32)
+    leaves[:, 1, 2] = 3e38  # sample 1 only
+    with pytest.raises(NonFiniteResult, match="their mean overflows float32 for 1 of 3 sample"):
+        check_finite_result(AnytimeResult(leaves, elapsed_ms=1.0))
+    assert check_finite_result(AnytimeResult(leaves[:1], elapsed_ms=1.0)).predictions.tolist() == [0, 2, 0]
