@@ -49,7 +49,7 @@ from typing import Any
 
 from .errors import BundleError, short_repr
 from .fileio import atomic_write_json, foreign_entry, is_scratch
-from .limits import MAX_BATCH
+from .limits import MAX_BATCH, MAX_COUNT
 from .tree import TreeSpec
 
 __all__ = [
@@ -241,18 +241,30 @@ def _take(data: Any, where: str, required: set[str], optional: set[str] = frozen
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    """``value`` when it is of ``kind`` and within the schema's bounds: a number finite and at most
+    :data:`~hne_edge.limits.MAX_COUNT` in magnitude, a string UTF-8 text without NUL (it may name a file)."""
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool and bool not in tuple(kind if isinstance(kind, tuple) else ())):
         expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise BundleError(f"manifest: {where} must be {expected}; received {short_repr(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise BundleError(f"manifest: {where} must be a finite number; received {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not -MAX_COUNT <= value <= MAX_COUNT:
+        raise BundleError(f"manifest: {where} must be a number within +-2**50 (|value| <= 2**50); "
+                          f"received {short_repr(value)}")  # fmt: skip
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BundleError(f"manifest: {where} holds a NUL character; expected text without one; received {short_repr(value)}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BundleError(f"manifest: {where} is not UTF-8 text (a lone surrogate); received {short_repr(value)}") from None
     return value
 
 
 def _count(value: Any, where: str) -> int:
-    """A non-negative int (sizes, MACs)."""
-    if _typed(value, int, where) < 0:
-        raise BundleError(f"manifest: {where} must be >= 0; received {value!r}")
+    """A non-negative int (sizes, MACs), at most :data:`~hne_edge.limits.MAX_COUNT`."""
+    if not 0 <= _typed(value, int, where) <= MAX_COUNT:
+        raise BundleError(f"manifest: {where} must be an int in 0..2**50; received {short_repr(value)}")
     return value
 
 
@@ -265,8 +277,11 @@ def _choice(value: Any, choices: tuple[str, ...], where: str) -> str:
 def _shape(value: Any, where: str) -> tuple[int | str, ...]:
     _typed(value, list, where)
     for dim in value:
-        if not (isinstance(dim, str) or (isinstance(dim, int) and not isinstance(dim, bool) and dim > 0)):
-            raise BundleError(f"manifest: {where} dims must be positive ints or symbolic names; received {short_repr(value)}")
+        if isinstance(dim, str):
+            _typed(dim, str, f"{where} dims")
+        elif not (isinstance(dim, int) and not isinstance(dim, bool) and 0 < dim <= MAX_COUNT):
+            raise BundleError(f"manifest: {where} dims must be positive ints (at most 2**50) or symbolic names; "
+                              f"received {short_repr(value)}")  # fmt: skip
     return tuple(value)
 
 
@@ -731,13 +746,29 @@ def _no_constant(name: str) -> Any:
     raise BundleError(f"{name} is not a JSON number; expected finite numbers only")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a valid JSON literal that json reads as inf
+        raise BundleError(f"{short_repr(text)} is not a finite JSON number (it overflows a float); expected finite numbers only")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text) > 4000:  # int() refuses 4300+ digits (ValueError); the schema's own fields say where, within that
+        raise BundleError(f"an integer of {len(text.lstrip('-'))} digits is not a number a bundle holds; expected "
+                          "integers within +-2**50")  # fmt: skip
+    return int(text)
+
+
 def parse_json(data: bytes, where: str) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, bounded nesting; errors are BundleError."""
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity (nor literals that overflow to them), no integers of
+    thousands of digits, bounded nesting; errors are BundleError."""
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                          parse_float=_finite_float, parse_int=_short_int)  # fmt: skip
     except BundleError as exc:
         raise BundleError(f"{where}: {exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise BundleError(f"{where}: not valid JSON ({short_repr(str(exc))})") from None
     except RecursionError:
         raise BundleError(f"{where}: JSON nested too deeply; expected a manifest") from None
@@ -883,8 +914,17 @@ def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[M
             resolve_in_bundle(bundle_dir, f.source, f"files[{i}].source")
         _check_on_disk(target, f, f"files[{i}]")
         if verify_files:
+            _check_size(f, target.stat().st_size, f"files[{i}].bytes")  # a stat first: cheap
             _check_digest(f, sha256_file(target), f"files[{i}].sha256")
     return manifest, raw
+
+
+def _check_size(f: ModelFile, actual: int, where: str) -> None:
+    if actual != f.bytes:
+        raise BundleError(
+            f"bundle file {f.path} ({where}) is {actual} bytes on disk; the manifest says {f.bytes}; the file was "
+            "modified or corrupted"
+        )
 
 
 def _check_digest(f: ModelFile, actual: str, where: str) -> None:
@@ -896,13 +936,14 @@ def _check_digest(f: ModelFile, actual: str, where: str) -> None:
 
 
 def read_verified(path: str | os.PathLike, model_file: ModelFile | None) -> bytes:
-    """The bytes of a model file, checked against ``model_file.sha256`` (``None``: not checked).
+    """The bytes of a model file, checked against ``model_file.bytes`` and ``.sha256`` (``None``: not checked).
 
     Backends load these bytes, never the path again: a file swapped after the
     check cannot be what runs.
     """
     data = Path(path).read_bytes()
     if model_file is not None:
+        _check_size(model_file, len(data), "bytes at load")
         _check_digest(model_file, sha256_bytes(data), "sha256 at load")
     return data
 

@@ -376,3 +376,129 @@ def test_demo_refuses_its_own_folder_with_a_user_file_nested_inside(tiny_bundle,
     proc = run_cli(*DEMO, "--out", str(out), "--force")
     one_line_error(proc, "was not written by hne-edge demo", f"it holds {named}")
     assert tree_digest(tmp_path) == before
+
+
+# -- every command that writes, among a user's files inside, beside and above its output (issue 29) ---------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_user_name = st.one_of(
+    st.sampled_from(["notes.txt", ".git", "manifest.json", "onnx", "profiles", "mine", "Documents", "a.png", "x.json"]),
+    st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=8).filter(
+        lambda n: n not in (".", "..")),
+)
+_user_tree = st.recursive(
+    st.tuples(st.just("file"), st.binary(max_size=8)) | st.tuples(st.just("link"), st.sampled_from(["..", "nowhere"])),
+    lambda kids: st.tuples(st.just("dir"), st.dictionaries(_user_name, kids, min_size=1, max_size=3)),
+    max_leaves=4,
+)
+_user_trees = st.dictionaries(_user_name, _user_tree, min_size=2, max_size=4)
+
+
+def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> None:
+    """Make ``tree`` in ``folder`` ({name: ("file", bytes) | ("link", target) | ("dir", {...})}), leaving alone what
+    is there already and the names in ``skip`` (what the command itself writes there)."""
+    for name, (kind, value) in tree.items():
+        path = folder / name
+        if name in skip or os.path.lexists(path):
+            continue
+        if kind == "file":
+            path.write_bytes(value)
+        elif kind == "link":
+            path.symlink_to(value)
+        else:
+            path.mkdir()
+            _place(path, value)
+
+
+def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[str], Path, bool, set[str]]:
+    """(arguments, --out, whether the user's files go inside it, what the command may write or replace there);
+    --out's folder is prepared here as a user would have it."""
+    ckpt, out = str(tiny_bundle.checkpoint_path), work / "out"
+    if command in ("export --force", "export --force (the user's files inside)", "profile", "run"):
+        shutil.copytree(tiny_bundle.bundle_dir, out)
+    elif command in ("eval", "bench", "info --plot", "train (the user's files inside)"):
+        out.mkdir()
+    elif command.startswith("demo (the user's"):
+        out.mkdir()
+        (out / ".hne-edge-demo").write_text("written by hne-edge demo\n")
+        shutil.copytree(tiny_bundle.bundle_dir, out / "bundle")
+    everything = {"*"}
+    return {
+        "export": (["export", ckpt, "--out", str(out), *FAST_EXPORT], out, False, everything),
+        "export --force": (["export", ckpt, "--out", str(out), "--force", *FAST_EXPORT], out, False, everything),
+        "export --force (the user's files inside)": (["export", ckpt, "--out", str(out), "--force", *FAST_EXPORT], out,
+                                                     True, set()),
+        "train": ([*TRAIN, "--out", str(out)], out, False, everything),
+        "train (the user's files inside)": ([*TRAIN, "--out", str(out)], out, True, set()),
+        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet"], out, True,
+                 {"metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png"}),
+        "bench": (["bench", str(tiny_bundle.bundle_dir), "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet"],
+                  out, True, {"bench.json", "bench.png"}),
+        "profile": (["profile", str(out), "--repeats", "2", "--warmup", "0", "--quiet"], out, True,
+                    {"profiles", "profiles/cpu-onnxruntime-segments-fp32.json"}),
+        "info --plot": (["info", "hne_tiny", "--plot", str(out / "tree.png")], out, True, {"tree.png"}),
+        "run": (["run", str(out), str(frames), "--json"], out, True, set()),
+        "demo": ([*DEMO, "--out", str(out)], out, False, everything),
+        "demo (the user's files inside its bundle)": ([*DEMO, "--out", str(out)], out / "bundle" / "onnx", True, set()),
+    }[command]
+
+
+def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examples: int) -> None:
+    runs = iter(range(10**6))
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(inside=_user_trees, beside=_user_trees, above=_user_trees)
+    def check(inside, beside, above):
+        top = tmp_path / f"example{next(runs)}"
+        work = top / "work"
+        work.mkdir(parents=True)
+        args, out, into, writes = _writer(command, tiny_bundle, frames, work)
+        _place(top, above)
+        _place(work, beside)
+        for name in _LOOK_ALIKES(out.name):
+            if not os.path.lexists(work / name):
+                (work / name).mkdir()
+                (work / name / "keep.txt").write_text("mine\n")
+        if into:
+            _place(out, inside, skip={w.split("/")[0] for w in writes})
+        before = tree_digest(top)
+        proc = run_cli(*args)
+        after = tree_digest(top)
+        refused = not writes
+        if refused and command != "run":
+            one_line_error(proc)
+        else:
+            assert proc.returncode == 0, (command, proc.stderr[-3000:])
+        rel = str(out.relative_to(top))
+        mine = lambda k: "*" in writes and (k == rel or k.startswith(rel + "/")) or any(  # noqa: E731
+            k == f"{rel}/{w}" for w in writes)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and not mine(k))
+        assert not changed, (command, changed[:10])
+
+    check()
+
+
+_LOOK_ALIKES = lambda name: [f".{name}.{kind}-{tail}" for kind in ("tmp", "partial", "old")  # noqa: E731
+                             for tail in ("2024-06", "31337-mine")]  # issue 29: taken for dead writers' scratch
+
+# every command that writes (and `run`, which must write nothing); `--out` is new where the command makes it,
+# an existing folder of the user's where it may write into one
+WRITERS = ["export", "export --force", "export --force (the user's files inside)", "train (the user's files inside)",
+           "eval", "bench", "profile", "info --plot", "run", "demo (the user's files inside its bundle)",
+           pytest.param("train", marks=pytest.mark.slow), pytest.param("demo", marks=pytest.mark.slow)]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_every_writing_command_leaves_a_users_files_inside_beside_and_above_alone(tiny_bundle, frames, tmp_path,
+                                                                                 command):  # fmt: skip
+    """Issue 29: random trees of a user's files, folders and links (and names that look like our scratch) inside,
+    beside and above each command's output; the command writes only its own files (or refuses, in one line)."""
+    _every_writer(tiny_bundle, frames, tmp_path, command, examples=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [w for w in WRITERS if isinstance(w, str)])
+def test_every_writing_command_leaves_a_users_files_alone_many_trees(tiny_bundle, frames, tmp_path, command):
+    _every_writer(tiny_bundle, frames, tmp_path, command, examples=6)
