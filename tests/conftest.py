@@ -60,6 +60,21 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
+def breaking_env(tmp_path: Path, package: str, error: str) -> dict[str, str]:
+    """Environment for a subprocess in which importing ``package`` raises ``error`` (Python source of an exception,
+    e.g. ``OSError('libtorch_cpu.so: cannot open shared object file')``): an installed package that is broken."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Break:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {package!r}:\n"
+        f"            raise {error}\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Break())\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.fixture
 def bundle_copy(tiny_bundle, tmp_path) -> Path:
     """A private copy of tiny_bundle's bundle, for tests that edit it or let a runner write profiles into it."""
