@@ -296,3 +296,97 @@ def test_leaves_whose_mean_overflows_are_an_error_too():
     with pytest.raises(NonFiniteResult, match="their mean overflows float32 for 1 of 3 sample"):
         check_finite_result(AnytimeResult(leaves, elapsed_ms=1.0))
     assert check_finite_result(AnytimeResult(leaves[:1], elapsed_ms=1.0)).predictions.tolist() == [0, 2, 0]
+
+
+# -- one poisoned entry of a profile (issue 29, item 9) ------------------------------------------------------------
+
+# hne 16-leaf binary tree, virtual clock 1 ms per node: step i (leaf i) costs the nodes of its segment
+TRUE_MS = [5, 1, 2, 1, 3, 1, 2, 1, 4, 1, 2, 1, 3, 1, 2, 1]  # the whole tree: 31 ms
+
+
+@pytest.fixture
+def profiled16(tmp_path):
+    """A 16-leaf fake bundle with its saved profile; ``poison(step, ms, samples)`` edits one entry, ``open_runner()``."""
+    from hne_edge.bundle import read_manifest
+    from hne_edge.runtime import AnytimeRunner
+
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2, 2, 2), classes=4)
+    m = read_manifest(b)
+
+    def open_runner():
+        return AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), warmup=0)
+
+    open_runner().profile(warmup=0, repeats=5)
+    path = b / "profiles" / "cpu-fake-segments-fp32.json"
+    clean = path.read_text()
+
+    def poison(step: int, ms: float, samples: bool = True) -> None:
+        data = json.loads(clean)
+        leaf = data["batch_sizes"]["1"]["leaves"][step]
+        leaf["median_ms"] = ms  # what the issue did; "samples": the whole entry, as a profile from elsewhere has it
+        if samples:
+            leaf["samples_ms"] = [ms] * len(leaf["samples_ms"])
+            leaf["p90_ms"] = leaf["p95_ms"] = leaf["mean_ms"] = ms
+        path.write_text(json.dumps(data))
+
+    return poison, open_runner
+
+
+def _budgeted(runner, frames: int, budget_ms: float = 40.0) -> tuple[list[int], int]:
+    x = np.zeros((1, C, H, W), np.float32)[:, :, :4, :4]
+    results = [runner.run(x, budget_ms=budget_ms) for _ in range(frames)]
+    return [r.leaves for r in results], sum(not r.met_budget for r in results)
+
+
+@pytest.mark.parametrize("ms, samples", [(100.0, False), (100.0, True), (20.0, True), (1e300, True)])
+def test_one_entry_far_from_its_peers_is_predicted_as_they_are_on_load(profiled16, ms, samples):
+    """Issue 29 (9): leaves[5].median_ms = 100 (true 1 ms here) capped every frame under a budget that fits the whole
+    tree at 5 leaves: the step was never run, so never measured again (with its samples poisoned too: for ever).
+    Steps that add the same MACs (leaves at one depth) cost alike: an entry 10x off its peers is theirs until measured."""
+    poison, open_runner = profiled16
+    poison(5, ms, samples)
+    runner = open_runner()
+    with pytest.warns(UserWarning, match=r"1 entry more than 10 times off the steps that add the same MACs \(step 5: "):
+        leaves, misses = _budgeted(runner, 20)
+    assert leaves == [16] * 20 and misses == 0, leaves  # main: [5] * 20
+    np.testing.assert_allclose(runner.predicted_ms(1), TRUE_MS, rtol=0.5)
+
+
+@pytest.mark.parametrize("step, ms", [(0, 1e-300), (0, 100.0), (4, 1e-300), (5, 1e-6)])
+def test_an_entry_far_from_its_first_measurement_is_learned_from_it(profiled16, step, ms):
+    """An entry too fast is run at once, and its first measurement tells: it is learned from that measurement, not
+    unlearned 5% per observation (a 1e-300 ms leaf 0 left every other step predicted by a wrong anchor)."""
+    poison, open_runner = profiled16
+    poison(step, ms)
+    runner = open_runner()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        leaves, _ = _budgeted(runner, 30)
+    said = [str(w.message) for w in caught]
+    assert any(f"step {step} measured {TRUE_MS[step]} ms here" in m for m in said) or step == 5, said
+    assert leaves[-10:] == [16] * 10, leaves
+    np.testing.assert_allclose(runner.predicted_ms(1), TRUE_MS, rtol=0.5)
+
+
+@pytest.mark.parametrize("step", [4, 8])
+def test_a_step_the_budget_keeps_skipping_is_measured_again(profiled16, step):
+    """Step 4 has one peer (12) and step 8 none, so their entries cannot be told wrong on load. Kept from running for
+    `probe_after` frames and never measured here, an entry over twice what the other steps say is run once at that
+    estimate; its measurement then replaces it (with a warning)."""
+    poison, open_runner = profiled16
+    poison(step, 100.0)
+    runner = open_runner()
+    probe_after = runner.cost.probe_after
+    with pytest.warns(UserWarning, match=rf"step {step} measured {TRUE_MS[step]} ms here, .* faster than its entry"):
+        leaves, misses = _budgeted(runner, probe_after + 40)
+    assert leaves[0] == step and leaves[-10:] == [16] * 10 and misses == 0, (leaves[:3], leaves[-10:])  # main: [step] always
+    assert leaves.index(16) <= probe_after + 20
+
+
+def test_a_profile_entry_too_large_for_a_float_is_refused_not_a_traceback(profiled16):
+    """`"median_ms": 10**400` raised OverflowError in the profile's own check (math.isfinite of a huge int)."""
+    poison, open_runner = profiled16
+    poison(5, 10**400)
+    with pytest.warns(UserWarning, match=r"ignoring saved profile .*leaves\[5\]\.median_ms must be a positive finite number"):
+        runner = open_runner()
+    assert runner.cost.profile is None
