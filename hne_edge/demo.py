@@ -39,10 +39,30 @@ __all__ = ["DemoResult", "run_demo", "choose_data", "budget_sweep", "format_budg
            "format_ensemble_line", "how_to_run_hne_edge", "MARKER", "DEMO_LAYOUT", "CIFAR10_NPZ", "PRETRAINED"]
 
 MARKER = ".hne-edge-demo"  # a folder with this file (and nothing a demo does not write) was written by the demo
-# what a demo writes into --out, and the folders its printed next steps write there: the next demo run
-# replaces a folder holding these and nothing else
-DEMO_LAYOUT = {MARKER: "file", "train": "dir", "eval": "dir", "bundle": "dir", "frames.npz": "file", "demo.json": "file",
-               "bench": "dir", "stack": "dir"}
+
+
+def _bundle_folder(path: Path) -> str | None:
+    """Why ``path`` is not a bundle the demo may replace (the export's own rule), or None."""
+    from .bundle import why_not_replaceable
+
+    return why_not_replaceable(path)
+
+
+# what a demo writes into --out, at every depth, and the folders its printed next steps write there: the next
+# demo run replaces a folder holding these and nothing else. train/: a run's files (train/engine.py RUN_LAYOUT);
+# eval/: evaluate_checkpoint's metrics.json and plot_metrics' figures, and the demo's two; bundle/: a bundle;
+# bench/: `hne-edge bench`'s; stack/: examples/autonomous_stack.py's
+DEMO_LAYOUT = {
+    MARKER: "file",
+    "train": {"checkpoint.pt": "file", "train_log.json": "file", "config.yaml": "file"},
+    "eval": dict.fromkeys(("metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png",
+                           "tree.png", "anytime_budget.png"), "file"),  # fmt: skip
+    "bundle": _bundle_folder,
+    "frames.npz": "file",
+    "demo.json": "file",
+    "bench": {"bench.json": "file", "bench.png": "file"},
+    "stack": {"timeline.csv": "file", "timeline.png": "file"},
+}
 CIFAR10_NPZ = "../shared/data/cifar10_train.npz"  # the data convention: ../shared beside the project root
 ASSETS = Path(__file__).parent / "assets"
 PRETRAINED = ASSETS / "cifar10_demo.pt"  # its record: cifar10_demo.json; its config: cifar10_demo.yaml

@@ -6,6 +6,9 @@ One home for every bound, so that each is one constant and one check
 * **Batch range** (:data:`MAX_BATCH`): what ``export --batch-range`` accepts and what a manifest may declare
   (:func:`hne_edge.bundle.batch_range_ok` is the one rule both apply). 4096 samples is far beyond an anytime
   frame and matches the largest batch the dynamo exporter is asked to support.
+* **Counts a file states** (:data:`MAX_COUNT`): every integer a manifest holds (MACs, bytes, shapes, opsets, ...)
+  is at most 2**50 in magnitude (a petabyte; 10**15 multiply-adds per sample). A sum of a tree's thousands
+  of them stays exact in a float64 and within an int64, and printing one never overflows a float.
 * **Threads** (:func:`check_threads`): at most :data:`THREADS_PER_CPU` per CPU of this machine, wherever a
   thread count is taken (``--threads``, ``AnytimeRunner(threads=)``, the backends, ``TrainConfig.threads``).
   More threads than that only add contention; 100,000 of them hang the host.
@@ -26,6 +29,7 @@ from .errors import InputError, ResourceExhausted
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_COUNT",
     "THREADS_PER_CPU",
     "MAX_NUM_CLASSES",
     "MAX_INPUT_SIZE",
@@ -39,6 +43,7 @@ __all__ = [
 ]
 
 MAX_BATCH = 4096
+MAX_COUNT = 2**50  # the largest integer (in magnitude) a manifest may state
 THREADS_PER_CPU = 4
 MAX_NUM_CLASSES = 100_000  # ImageNet-21k has 21,843
 MAX_INPUT_SIZE = 1024  # 4.6x ImageNet's 224 a side; activations grow with its square

@@ -60,6 +60,21 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
+def breaking_env(tmp_path: Path, package: str, error: str) -> dict[str, str]:
+    """Environment for a subprocess in which importing ``package`` raises ``error`` (Python source of an exception,
+    e.g. ``OSError('libtorch_cpu.so: cannot open shared object file')``): an installed package that is broken."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Break:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {package!r}:\n"
+        f"            raise {error}\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Break())\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.fixture
 def bundle_copy(tiny_bundle, tmp_path) -> Path:
     """A private copy of tiny_bundle's bundle, for tests that edit it or let a runner write profiles into it."""
@@ -96,6 +111,16 @@ def tree_digest(root: Path) -> dict[str, str]:
             else:
                 found[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return found
+
+
+def dead_writers_scratch(target: Path, kind: str = "tmp") -> Path:
+    """The name a writer that has since exited gave its scratch sibling of ``target`` (``fileio.scratch_path``, run
+    in a process that is gone): what a killed writer leaves behind. The path is returned, not created."""
+    code = "import sys; from pathlib import Path; from hne_edge.fileio import scratch_path; " \
+           "print(scratch_path(Path(sys.argv[1]), sys.argv[2]))"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(target), kind], capture_output=True, text=True, check=True,
+                          cwd=REPO, timeout=120)  # fmt: skip
+    return Path(proc.stdout.strip())
 
 
 def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):

@@ -202,6 +202,10 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
     records, results = [], []
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+        lo, _, hi = runner.input_spec.batch
+        if not lo <= batch_size <= hi:  # what the user asked, not the size of the frame it made of their samples
+            raise click.BadParameter(f"received {batch_size}; expected {lo}..{hi} (the batch range the bundle was "
+                                     "exported and verified for)", param_hint="--batch-size")  # fmt: skip
         for source, x, y in _load_inputs(inputs, runner):
             for start in range(0, len(x), batch_size):
                 xb = x[start : start + batch_size]

@@ -20,7 +20,7 @@ from .cost_model import CostModel, Profile
 from .inputs import check_input, preprocess
 from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax, summarize_frames
 from .runner import AnytimeRunner, ConcurrentUseError
-from .session import AnytimeSession, NoResultError, RunnerClosedError, SessionCancelled
+from .session import AnytimeSession, NoResultError, NonFiniteResult, RunnerClosedError, SessionCancelled
 
 __all__ = [
     "AnytimeRunner",
@@ -32,6 +32,7 @@ __all__ = [
     "ConcurrentUseError",
     "RunnerClosedError",
     "NoResultError",
+    "NonFiniteResult",
     "SessionCancelled",
     "CostModel",
     "Profile",

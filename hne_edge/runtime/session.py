@@ -38,6 +38,7 @@ from .result import AnytimeResult
 __all__ = [
     "AnytimeSession",
     "NoResultError",
+    "NonFiniteResult",
     "RunnerClosedError",
     "SessionCancelled",
     "UnitHook",
@@ -60,6 +61,35 @@ class NoResultError(HNEError, RuntimeError):
 
 class SessionCancelled(NoResultError):
     """``cancel()`` came before the session's first leaf, so it has no result (and evaluates nothing more)."""
+
+
+class NonFiniteResult(HNEError, FloatingPointError):
+    """The evaluated leaves' logits (or their mean) are not finite: an answer would be NaN, never a prediction.
+
+    The input check lets only finite values in; a finite input far outside the normalised range can still
+    overflow float32 inside the model, and a bundle's weights may be NaN (re-hashed into its manifest).
+    """
+
+
+def check_finite_result(result: AnytimeResult) -> AnytimeResult:
+    """``result``, once its leaves' logits and their mean are finite; else :class:`NonFiniteResult` naming the first
+    leaf that is not (the one check of what comes out, as :func:`~.inputs.check_input` is of what goes in)."""
+    leaves = result.leaf_logits
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing mean is reported below, not warned about
+        mean = result.logits
+    if np.isfinite(leaves).all() and np.isfinite(mean).all():
+        return result
+    bad = ~np.isfinite(leaves).all(axis=-1)  # (leaves, batch)
+    what = "their mean overflows float32 for"
+    count, total = int((~np.isfinite(mean).all(axis=-1)).sum()), leaves.shape[1]
+    if bad.any():
+        leaf = int(np.flatnonzero(bad.any(axis=1))[0])
+        what, count = f"leaf {leaf} computed non-finite logits (NaN/Inf) for", int(bad[leaf].sum())
+    raise NonFiniteResult(
+        f"no result from {result.leaves} leaves: {what} {count} of {total} sample(s); expected finite logits "
+        "(an input far outside the normalised range overflows the model, or the bundle's weights are not finite: "
+        "hne-edge verify --checkpoint compares the bundle with its checkpoint)"
+    )
 
 
 # -- argument checks (at the boundary) ---------------------------------------------------------------
@@ -280,14 +310,15 @@ class AnytimeSession:
         return self.result()
 
     def result(self) -> AnytimeResult:
-        """The ensemble of the leaves evaluated so far (at least one)."""
+        """The ensemble of the leaves evaluated so far (at least one); :class:`NonFiniteResult` when their logits, or
+        their mean, are not finite."""
         n = self._next
         if n == 0 and self._cancelled:
             raise SessionCancelled("session.result(): cancelled before its first leaf, so there is no result")
         if n == 0:
             raise NoResultError("session.result(): no leaf evaluated yet; call step() or refine() first")
         met, overran, budget, reason = self._status
-        return AnytimeResult(
+        return check_finite_result(AnytimeResult(
             leaf_logits=self._leaf_logits[:n],
             elapsed_ms=self._elapsed * 1e3,
             met_budget=met,
@@ -297,7 +328,7 @@ class AnytimeSession:
             class_names=self._class_names,
             leaf_ms=[t * 1e3 for t in self.leaf_seconds],
             step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in self.steps_taken],
-        )
+        ))  # fmt: skip
 
     # -- the loop ------------------------------------------------------------
     def advance(

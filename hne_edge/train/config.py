@@ -280,6 +280,8 @@ class TrainConfig:
         import yaml  # noqa: PLC0415
 
         path = Path(path)
+        if path.is_dir():
+            raise InputError(f"config {path}: received a folder; expected a YAML config file")
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
         try:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import textwrap
 
-from conftest import REPO, blocking_env, run_cli
+import pytest
+
+from conftest import REPO, blocking_env, breaking_env, run_cli
 from gpu_env import HAS_CUDA
 
 from hne_edge.bundle import PRECISIONS, RUNNER_PLANS
@@ -110,3 +112,41 @@ def test_doctor_bad_threads_is_one_line_and_exit_2():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("Error: --threads: received 100000; expected an int in 1..")
+
+
+# -- a doctor that reports whatever breaks (issue 29, item 8) ------------------------------------------------------
+
+
+def test_doctor_reports_a_torch_that_raises_oserror_on_import_as_a_failed_row(tmp_path):
+    """Issue 29 (8): a broken libtorch raises OSError on `import torch`; the doctor stopped with "Error: ..." (exit 2)
+    because runtime/backends/cuda.py:probe_cuda caught ImportError only."""
+    env = breaking_env(tmp_path, "torch", "OSError('libtorch_cpu.so: cannot open shared object file')")
+    proc = run_cli("doctor", "--repeats", "2", env=env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not any(line.startswith("Error:") for line in proc.stderr.splitlines())
+    assert "torch        installed but does not import: OSError: libtorch_cpu.so: cannot open shared object file" in proc.stdout
+    failed = [line.split() for line in proc.stdout.splitlines() if line.endswith("FAILED") and not line.startswith("FAILED")]
+    assert {tuple(r[:2]) for r in failed} == {("torch", "cpu")}, proc.stdout[-3000:]
+    assert any(line.startswith("onnxruntime  cpu") and line.endswith(" ok") for line in proc.stdout.splitlines())
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("doctor: FAILED: torch cpu") and "libtorch_cpu.so" in last, last
+
+
+@pytest.mark.parametrize("error", ["ImportError('numpy.core.multiarray failed to import')",
+                                   "OSError('libopenblas.so.0: cannot open shared object file')"])
+def test_doctor_reports_a_broken_numpy_as_a_failed_row_not_a_traceback(tmp_path, error):
+    """Issue 29 (8): with numpy broken the doctor printed a traceback (its own modules import numpy)."""
+    env = breaking_env(tmp_path, "numpy", error)
+    for args in ((), ("--json",)):
+        proc = run_cli("doctor", "--repeats", "2", *args, env=env)
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert not any(line.startswith("Error:") for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("doctor: FAILED: numpy") and "installed but does not import" in last, last
+    report = json.loads(proc.stdout)
+    assert report["ok"] is False and report["failures"] == ["numpy"]
+    assert report["environment"]["libraries"]["numpy"]["error"].startswith(error.split("(")[0])
+    proc = run_cli("doctor", "--repeats", "2", env=env)
+    assert "numpy        installed but does not import: " in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("  numpy: installed but does not import")

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +111,13 @@ def test_profile_and_bench_print_progress_without_a_terminal(cli_bundle, tmp_pat
     quiet = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "1", "--out", str(tmp_path / "q"),
                     "--quiet", check=True)  # fmt: skip
     assert quiet.stderr == ""
+
+
+def test_run_batch_size_past_the_bundles_range_names_what_was_asked(tiny_bundle, tmp_path):
+    """Issue 29 (10): `run B frames.npz --batch-size 1000` (20 frames) said "received batch size 20"."""
+    np.savez(tmp_path / "frames.npz", x=np.zeros((20, 16, 16, 3), np.uint8), y=np.zeros(20, np.int64))
+    line = one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "frames.npz"), "--batch-size", "1000"),
+                          "--batch-size", "received 1000", "1..8")  # fmt: skip
+    assert "received batch size 20" not in line
+    proc = run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "frames.npz"), "--batch-size", "8", "--json")
+    assert proc.returncode == 0, proc.stderr  # 8, 8 and the last 4: within the range

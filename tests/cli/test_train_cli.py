@@ -314,3 +314,11 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_resume_says_from_where(tmp_path
     header = _first_lines(["--out", str(out), "--resume", "--threads", "1"], until="resuming", limit=1)
     assert header[0].startswith("resuming hne_tiny") and header[0].endswith(
         f"; continuing epoch 1/200 after step {step}/50"), header
+
+
+def test_train_config_that_is_a_folder_says_so(tmp_path):
+    """Issue 29 (11): `train --config somedir` said "config file not found" for a folder that exists."""
+    (tmp_path / "somedir").mkdir()
+    line = one_line_error(run_cli("train", "--config", str(tmp_path / "somedir"), "--out", str(tmp_path / "run")),
+                          str(tmp_path / "somedir"), "a folder", "YAML")  # fmt: skip
+    assert "not found" not in line and not (tmp_path / "run").exists()

@@ -100,7 +100,8 @@ class CudaProbe:
 
 
 def probe_cuda() -> CudaProbe:
-    """Look for CUDA devices through torch, then cuda-python (neither is required to be installed)."""
+    """Look for CUDA devices through torch, then cuda-python (neither is required to be installed); never raises:
+    a library that is installed but fails (an OSError from a shared library) is a note."""
     p = CudaProbe()
     try:
         import torch
@@ -109,8 +110,11 @@ def probe_cuda() -> CudaProbe:
         p.torch_cuda_build = torch.version.cuda
         if p.torch_cuda_build is not None:
             p.torch_devices = p.device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        pass
+    except ImportError as exc:
+        if not (isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "torch"):
+            p.notes.append(f"torch does not import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+    except Exception as exc:  # installed but broken (OSError: a shared library), or its CUDA query failed
+        p.notes.append(f"torch failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
     try:
         cudart = import_cudart()
         p.cuda_python = True
@@ -122,6 +126,8 @@ def probe_cuda() -> CudaProbe:
                 p.notes.append(f"cudaGetDeviceCount failed: {err}")
     except ImportError:
         pass
+    except Exception as exc:  # cuda-python installed but broken, or its driver query failed
+        p.notes.append(f"cuda-python failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
     return p
 
 
