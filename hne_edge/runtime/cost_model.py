@@ -511,7 +511,7 @@ class _BatchModel:
         self.probing = [False] * n
         # a profile's entries as loaded (what the audit compares with) and those not yet measured here (each is
         # checked against its first measurement: _check_entry, whose warnings wait for the audit's verdict)
-        self.entries = list(self.base)
+        self.loaded = list(self.base)
         self.unchecked: list[bool] | None = [True] * n if base is not None else None
         self.entry_warnings: list[str] = []
         self.peers = [[j for j in range(n) if j != i and self.macs[j] == self.macs[i]] for i in range(n)]
@@ -682,7 +682,7 @@ class _BatchModel:
         profile stays and the usual bounded learning takes over.
         """
         audit = self.audit
-        audit.append((leaf, seconds, max(seconds, MIN_LEAF_SECONDS) / self.entries[leaf]))  # vs the profile as loaded
+        audit.append((leaf, seconds, max(seconds, MIN_LEAF_SECONDS) / self.loaded[leaf]))  # vs the profile as loaded
         if len(audit) < AUDIT_SAMPLES:
             return False
         self.audit = None
@@ -820,7 +820,7 @@ class CostModel:
         times = [[t / 1e3 * k for t in leaf.get("samples_ms", ())] for leaf, k in zip(leaves, scale)]
         doubtful = entries_unlike_their_peers(base, self.step_macs)
         if doubtful:  # predicted as their peers, their own samples (and ratios) left out
-            _warn_doubtful(doubtful, base, profile.filename, batch)
+            _warn_doubtful(doubtful, base, self.profile.filename, batch)
             base = [doubtful.get(i, b) for i, b in enumerate(base)]
             times = [[] if i in doubtful else ts for i, ts in enumerate(times)]
             seeds = [r for k, r in enumerate(seeds) if k % len(leaves) not in doubtful]
