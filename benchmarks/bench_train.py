@@ -317,7 +317,15 @@ def main() -> None:
             figures["loop_vs_step"] = statistics.median(p["ratio"] for p in pairs)
             figures["overhead_pct"] = 100 * (1 - figures["loop_vs_step"])
             write()
-        if left() > 4 * sum(p["loop_s"] for p in pairs[:1]) + 5:  # 2. the trainer itself: fit, its last epoch
+    for mode in modes[1:]:  # 2. the other formulations' step alone
+        if left() < 5:
+            figures["not_measured"].append(f"step alone, pointwise {mode}: the --budget-s {args.budget_s:g} was spent")
+            write()
+            continue
+        time_step(mode)
+    if not args.no_loop:  # 3. the trainer itself: fit, its last epoch (the pairs measured its loop already)
+        pair_s = figures["pairs"][0]["loop_s"] if figures.get("pairs") else 0.0
+        if left() > 3 * args.epochs * pair_s + 10:
             with tempfile.TemporaryDirectory() as tmp, GpuSampler(torch.device(device).index or 0) as sampler:
                 loop_config = TrainConfig.from_dict({**config, "out": tmp, **({"pointwise": modes[0]} if modes[0] != "conv" else {})})
                 t0 = time.monotonic()
@@ -326,17 +334,11 @@ def main() -> None:
                 img_s = last["train_images_per_s"]
                 util = sampler.median_since(time.monotonic() - last["train_seconds"])
                 figures["loop"] = {"pointwise": modes[0], "images_per_s": img_s, "epochs": args.epochs, "images": args.limit,
-                                   "wall_s": time.monotonic() - t0, "tflops": img_s * 6 * st.macs / 1e12,
+                                   "wall_s": time.monotonic() - t0, "tflops": img_s * 6 * steppers[modes[0]].macs / 1e12,
                                    "utilisation_pct": util}  # fmt: skip
             write()
         else:
             figures["not_measured"].append(f"the trainer (fit): the --budget-s {args.budget_s:g} was spent")
-    for mode in modes[1:]:
-        if left() < 5:
-            figures["not_measured"].append(f"step alone, pointwise {mode}: the --budget-s {args.budget_s:g} was spent")
-            write()
-            continue
-        time_step(mode)
     step0 = figures["step"][modes[0]]["images_per_s"]
     for mode in modes[1:]:
         if "images_per_s" in figures["step"].get(mode, {}):

@@ -1,37 +1,45 @@
-"""The GPU acceptance run (issue 22): one command that proves a GPU machine and measures it, within a time cap.
+"""The GPU acceptance run (issues 22, 25, 26): one command that proves a GPU machine and measures it, within a time cap.
 
-    PYTHONPATH=. python benchmarks/gpu_acceptance.py --out runs/acceptance          # every stage, 8 minutes at most
+    PYTHONPATH=. python benchmarks/gpu_acceptance.py --out runs/acceptance          # the default stages, 8 minutes at most
     make gpu-acceptance                                                              # the same
-    PYTHONPATH=. python benchmarks/gpu_acceptance.py --cifar-parts parts_a parts_b --test-data cifar10_test.npz
+    PYTHONPATH=. python benchmarks/gpu_acceptance.py --stages reference --cap-s 330 --cifar-parts parts_a parts_b
     python benchmarks/gpu_acceptance.py --smoke                                      # every stage's code path, on the CPU
 
 Runs from the checkout with the machine's Python (``PYTHONPATH=.``, nothing to install): every stage is a
 subprocess of this checkout's own tools, so a crash or a hang in one stage is that stage's result, not the
-run's. Stages, in priority order; each writes its result into ``OUT/acceptance.md`` and ``OUT/acceptance.json``
-the moment it ends, so a run cut off by the cap (or by the machine going away) still reports what it did:
+run's. Stages, in this order; each writes its result into ``OUT/acceptance.md`` and ``OUT/acceptance.json``
+the moment it ends, so a run cut off by the cap (or by the machine going away) still reports what it did.
+Each has a fixed cap in seconds (never more than what is left of ``--cap-s``); a stage that would start with
+less than 15 s left is reported "not run":
 
-1. ``doctor``: ``hne-edge doctor --json`` on this machine (every backend present, every prefix vs float64).
-2. ``gpu-tests``: ``pytest tests/runtime/test_gpu_hardware.py -m "gpu or tensorrt"`` (the real-GPU tests).
-3. ``bench-gpu``: ``benchmarks/bench_gpu.py`` short, on hne_resnet_small: full tree / fused, first leaf /
+1. ``doctor`` (30 s): ``hne-edge doctor --json`` on this machine (every backend present, every prefix vs float64).
+2. ``gpu-tests`` (30 s): ``pytest tests/runtime/test_gpu_hardware.py -m "gpu or tensorrt"`` (the real-GPU tests).
+3. ``bench-gpu`` (45 s): ``benchmarks/bench_gpu.py`` short, on hne_resnet_small: full tree / fused, first leaf /
    standalone, 16 independent / HNE against the MAC ratio, deadlines; every GPU backend present, every
    anytime plan the bundle has, CUDA graphs on and off, batch 1 and 16.
-4. ``bench-train``: ``benchmarks/bench_train.py`` for hne_resnet_small at batch 128, without and with
-   ``--compile``: images/s, TFLOP/s, % of peak, GPU utilisation.
-5. ``losses`` (only with CIFAR training data and a test set): ``benchmarks/cifar_losses.py``, one run per
-   objective of ``--objectives`` (default L^I, the paper's L^HD objective and its ``+label`` normalisation)
-   for ``--loss-epochs`` epochs, each scored on the test set; each objective gets an equal share of the time left.
+4. ``bench-train`` (35 s): ``benchmarks/bench_train.py`` for hne_resnet_small at the trainer's CUDA defaults
+   (batch 512, bf16, channels-last): the loop against its step alone on device-resident data (their ratio:
+   the loop's overhead), each ``--pointwise`` formulation's step alone and operators per step, the trainer
+   (``fit``) itself when time is left, TFLOP/s, % of peak, GPU utilisation -> ``OUT/bench_train.json``.
+5. ``reference`` (the rest, at least 240 s; only with CIFAR training data): ``benchmarks/train_reference.py``
+   trains hne_resnet_small to a time budget (whatever the cap leaves) with the paper's objective, and with
+   L^I too when ``--reference-objectives`` names it (the time split evenly), holding out the file's last 5,000
+   images; writes ``OUT/checkpoint.pt`` (float32 weights), ``OUT/config.yaml`` and ``OUT/record.json`` (a
+   second objective: ``OUT/<objective>/checkpoint.pt`` and ``record.json``, its config inside the record), which
+   ``benchmarks/ship_reference.py OUT`` turns into the package's pretrained model.
+6. ``losses`` (only when named in ``--stages``, with CIFAR training data and a test set): the old
+   ``benchmarks/cifar_losses.py`` comparison, one run per objective of ``--objectives``, scored on the test set.
 
-The cap (``--cap-s``, default 480 s) is wall-clock for the whole run. A stage may use at most its share of
-the cap (doctor 20%, tests 25%, bench-gpu 30%, bench-train 40%, losses whatever is left) and never more than
-what is left; a stage that would start with less than 15 s left is reported "not run". The CIFAR set does
-not fit through a 64 MiB copy in one piece: ``npz_chunks.py split`` makes two ~60 MiB parts, which travel
-separately (one folder each, or both in one); ``--cifar-parts`` takes those folders and joins them here.
+``--stages`` picks stages (default: 1-5). OUT stays small (a GPU machine hands back at most 8 files, 2 folders
+deep): per-stage JSON/MD at its top level, one log per stage under ``logs/``. The CIFAR set does not fit through
+a 64 MiB copy in one piece: ``npz_chunks.py split --max-mib 58`` makes two parts, which travel separately (one
+folder each, or both in one); ``--cifar-parts`` takes those folders and joins them here (into ``--work``).
 
-``--smoke`` runs every stage on the CPU in a minute or two: doctor without the fresh export, the GPU tests
-(which skip), bench_gpu ``--device cpu --smoke`` on hne_tiny, bench_train on 128 images (the compiled run
-with ``TORCHDYNAMO_DISABLE=1``: inductor on a small CPU takes minutes), and the losses on a synthetic
-CIFAR-shaped set that is split into two parts folders and joined back, as real data would be. Its figures
-are not figures. Exit status: 0 when every stage that ran passed and none was cut off, else 1.
+``--smoke`` runs every stage on the CPU in a few minutes: doctor without the fresh export, the GPU tests
+(which skip), bench_gpu ``--device cpu --smoke`` on hne_tiny, bench_train on a few images of hne_tiny, the
+reference on hne_tiny with a short budget, and the losses on a synthetic CIFAR-shaped set that is split into
+two parts folders and joined back, as real data would be. Its figures are not figures. Exit status: 0 when
+every stage that ran passed and none was cut off, else 1.
 """
 
 from __future__ import annotations
@@ -63,34 +71,43 @@ if str(REPO) not in sys.path:
 DEFAULT_CAP_S = 480.0
 MIN_STAGE_S = 15.0  # a stage that would get less than this is not started
 OBJECTIVES = ("independent", "hierarchical", "hierarchical+label")  # cifar_losses.py run names
+REFERENCE_OBJECTIVES = ("hierarchical", "independent")  # train_reference.py --objective
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     title: str
-    share: float  # the most of the cap this stage may use
+    cap_s: float | None  # the most this stage may use, seconds (None: whatever is left)
     where: str  # where its figures go in the docs
+    needs_s: float = MIN_STAGE_S  # it is "not run" with less than this left (--smoke: MIN_STAGE_S)
+    default: bool = True  # run when --stages is not given
 
 
 STAGES = (
-    Stage("doctor", "hne-edge doctor on this machine", 0.20,
+    Stage("doctor", "hne-edge doctor on this machine", 30,
           "docs/results.md 'Honest limits' and docs/gpu.md: which backends ran on which GPU (the doctor table's rows, "
           "first leaf / full tree of the tiny bundle); BENCHMARKS.md header: the GPU machine's line"),
-    Stage("gpu-tests", "real-GPU tests (tests/runtime/test_gpu_hardware.py)", 0.25,
+    Stage("gpu-tests", "real-GPU tests (tests/runtime/test_gpu_hardware.py)", 30,
           "docs/results.md 'Honest limits' (GPU): which backends passed their real-GPU tests, replacing "
           "'never ran on a GPU' for those that did"),
-    Stage("bench-gpu", "bench_gpu.py short (hne_resnet_small, every plan)", 0.30,
+    Stage("bench-gpu", "bench_gpu.py short (hne_resnet_small, every plan)", 45,
           "BENCHMARKS.md 'GPU runtime (issues 6 and 12)': the target table (full/fused, first/standalone, "
           "16 indep./HNE vs MACs, misses, leaves vs oracle) per backend, plan and graphs, naming the GPU; "
           "issue 21's GPU row (full tree via each plan vs the fused call)"),
-    Stage("bench-train", "bench_train.py (hne_resnet_small, batch 128, eager and compiled)", 0.40,
-          "BENCHMARKS.md 'Training throughput: the trainer's loop (issue 11)': the GPU rows (images/s, TFLOP/s, "
-          "% of peak, utilisation), replacing 'GPU: not measured'; the >= 30,000 img/s target met or not"),
-    Stage("losses", "L^I vs L^HD (and the normalised objective) scored on the test set", 1.0,
+    Stage("bench-train", "bench_train.py (hne_resnet_small, CUDA defaults: the loop vs the step alone, each formulation)", 35,
+          "BENCHMARKS.md 'Training throughput: the trainer's loop (issues 11 and 25)': the GPU rows (the loop, the step "
+          "alone and their ratio; conv vs bmm; ops per step; the trainer's images/s, TFLOP/s, % of peak, utilisation), "
+          "the >= 12,000 img/s target (stretch 25,000) met or not"),
+    Stage("reference", "the reference HNE_small trained to a time budget (train_reference.py)", None,
+          "benchmarks/ship_reference.py OUT makes it the package's pretrained model (hne_edge/assets/); RESULTS.md and "
+          "docs/results.md: the GPU row (held-out accuracy by n, epochs, images seen, the budget); BENCHMARKS.md: the "
+          "trainer's throughput over a whole run", needs_s=240),
+    Stage("losses", "L^I vs L^HD (and the normalised objective) scored on the test set", None,
           "RESULTS.md (docs/results.md) 'CIFAR-10: L^I vs L^D vs L^HD': a GPU row per objective (hne_resnet_small, "
-          "the epochs used, test set, n = 1..16), and issue 22 item 3's question for GPU budgets"),
+          "the epochs used, test set, n = 1..16), and issue 22 item 3's question for GPU budgets", default=False),
 )
+SMOKE_REFERENCE_S = 80.0  # --smoke: the reference stage's budget on the CPU (needs_s is the real run's)
 
 
 @dataclass
@@ -254,7 +271,11 @@ class Run:
         return self.deadline - time.monotonic()
 
     def budget(self, stage: Stage) -> float:
-        return min(stage.share * self.args.cap_s, self.left())
+        cap = SMOKE_REFERENCE_S if self.args.smoke and stage.name == "reference" else stage.cap_s
+        return min(cap if cap is not None else float("inf"), self.left())
+
+    def needs(self, stage: Stage) -> float:
+        return MIN_STAGE_S if self.args.smoke else stage.needs_s
 
     def command(self, result: StageResult, cmd: list[str], timeout: float, *, stdout: Path | None = None,
                 env: dict | None = None, log: str | None = None) -> int | None:  # fmt: skip
@@ -274,9 +295,10 @@ class Run:
         for stage in chosen:
             result = self.results[stage.name]
             budget = self.budget(stage)
-            if budget < MIN_STAGE_S:
+            if budget < self.needs(stage):
                 result.status = "not run"
-                result.summary = f"the {self.args.cap_s:.0f} s cap was reached ({max(self.left(), 0):.0f} s left)"
+                result.summary = (f"the {self.args.cap_s:.0f} s cap was reached ({max(self.left(), 0):.0f} s left"
+                                  + (f"; it needs {self.needs(stage):.0f} s)" if self.needs(stage) > MIN_STAGE_S else ")"))
                 self.write()
                 continue
             print(f"gpu_acceptance: {stage.name} (at most {budget:.0f} s)", flush=True)
@@ -381,41 +403,101 @@ class Run:
 
     # 4 --------------------------------------------------------------------------------------------
     def stage_bench_train(self, result: StageResult, budget: float) -> None:
-        base = [self.py, "benchmarks/bench_train.py"]
+        out = self.out / "bench_train.json"
+        cmd = [self.py, "benchmarks/bench_train.py", "--pointwise", "conv,bmm", "--json", str(out),
+               "--budget-s", f"{max(budget - 5, 5):.0f}"]  # fmt: skip  (its own clock starts after the interpreter's)
         if self.args.smoke:
-            base += ["--device", "cpu", "--model", "hne_tiny", "--batch", "32", "--limit", "128", "--epochs", "2", "--threads", "1"]
-        else:
-            base += ["--device", "cuda", "--model", "hne_resnet_small", "--batch", "128", "--limit", "25600", "--epochs", "2"]
+            cmd += ["--device", "cpu", "--model", "hne_tiny", "--batch", "16", "--limit", "32", "--epochs", "1",
+                    "--threads", "1", "--pairs", "1", "--step-seconds", "0.3"]  # fmt: skip
+        else:  # the trainer's CUDA defaults (batch 512, bf16, channels-last); 25 steps an epoch
+            cmd += ["--device", "cuda", "--model", "hne_resnet_small", "--limit", "12800", "--epochs", "2", "--pairs", "3"]
         train = getattr(self, "train_npz", None)
-        base += ["--data", str(train)] if train else ["--data", ""]  # "": synthetic CIFAR-shaped images (throughput only)
-        runs = {}
-        t_end = time.monotonic() + budget
-        no_inductor = {"TORCHDYNAMO_DISABLE": "1"} if self.args.smoke else None  # see the module docstring
-        for variant, extra, env in (("eager", [], None), ("compile", ["--compile"], no_inductor)):
-            left = t_end - time.monotonic()
-            timeout = left / 2 if variant == "eager" else left  # the compiled run compiles: it gets the rest
-            out = self.out / f"bench_train_{variant}.json"
-            code = self.command(result, base + extra + ["--json", str(out)], timeout, env=env, log=f"bench-train-{variant}")
-            if code is None:
-                runs[variant] = {"status": "timeout", "seconds_allowed": round(timeout)}
-            elif code != 0 or not out.is_file():
-                runs[variant] = {"status": "failed", "error": _tail(self.out / "logs" / f"bench-train-{variant}.log")}
-            else:
-                runs[variant] = {"status": "ok", **json.loads(out.read_text())}
-        result.figures = runs
-        statuses = {r["status"] for r in runs.values()}
-        result.status = "ok" if statuses == {"ok"} else ("timeout" if "timeout" in statuses and "failed" not in statuses else "failed")
-
-        def line(v: str, r: dict) -> str:
-            if r["status"] != "ok":
-                return f"{v}: {r['status']}" + (f" ({r.get('error', '')[:160]})" if r.get("error") else "")
-            util = f", GPU {r['utilisation_pct']:.0f}%" if r.get("utilisation_pct") is not None else ""
-            return f"{v}: {r['images_per_s']:,.0f} img/s, {r['tflops']:.2f} TFLOP/s{util}"
-
-        result.summary = "; ".join(line(v, r) for v, r in runs.items())
-        result.summary += " (compile: dynamo disabled in --smoke)" if self.args.smoke else ""
+        cmd += ["--data", str(train)] if train else ["--data", ""]  # "": synthetic CIFAR-shaped images (throughput only)
+        code = self.command(result, cmd, budget)
+        try:
+            figures = json.loads(out.read_text())
+        except (OSError, ValueError):
+            figures = None
+        if figures is None:
+            result.status = "timeout" if code is None else "failed"
+            result.summary = f"no figures ({'ran past ' + str(round(budget)) + ' s' if code is None else f'exit {code}'}): " + \
+                _tail(self.out / "logs" / "bench-train.log")
+            return
+        result.figures = figures
+        result.status = "ok" if code == 0 else ("timeout" if code is None else "failed")
+        parts = []
+        if "loop_vs_step" in figures:
+            parts.append(f"loop / step {figures['loop_vs_step']:.2f} (overhead {figures['overhead_pct']:.0f}%)")
+        for mode, st in figures.get("step", {}).items():
+            if "images_per_s" in st:
+                parts.append(f"step {mode} {st['images_per_s']:,.0f} img/s, {st['ops']} ops")
+        if "bmm_vs_conv" in figures:
+            parts.append(f"bmm / conv {figures['bmm_vs_conv']:.2f}")
+        if figures.get("loop"):
+            lp = figures["loop"]
+            util = f", GPU {lp['utilisation_pct']:.0f}%" if lp.get("utilisation_pct") is not None else ""
+            parts.append(f"fit {lp['images_per_s']:,.0f} img/s, {lp['tflops']:.2f} TFLOP/s{util}")
+        parts += [f"not measured: {n}" for n in figures.get("not_measured", [])]
+        result.summary = f"batch {figures.get('batch')}: " + "; ".join(parts) + (" (--smoke: CPU, hne_tiny)" if self.args.smoke else "")
 
     # 5 --------------------------------------------------------------------------------------------
+    def stage_reference(self, result: StageResult, budget: float) -> None:
+        t_end = time.monotonic() + budget
+        train = getattr(self, "train_npz", None)
+        if train is None:
+            result.status = "skipped"
+            result.summary = "no CIFAR training data given (--cifar or --cifar-parts)"
+            return
+        objectives = self.args.reference_objectives
+        runs: dict[str, dict] = {}
+        for i, objective in enumerate(objectives):
+            share = (t_end - time.monotonic()) / (len(objectives) - i)  # an equal share of what is left
+            folder = self.out if i == 0 else self.out / objective  # the first at OUT's top, the others one folder down
+            grace = 5.0 if self.args.smoke else 10.0  # it ends by its deadline; at the share's end SIGTERM, and it writes its record
+            cmd = [self.py, "benchmarks/train_reference.py", "--data", str(train), "--out", str(folder),
+                   "--run-dir", str(self.work / f"reference-{objective}"), "--objective", objective,
+                   "--deadline", f"{time.time() + share - grace:.1f}",
+                   "--parent-command", shlex.join([Path(sys.executable).name, *sys.argv])]  # fmt: skip
+            if i:
+                cmd += ["--no-config-file"]  # OUT keeps to 8 files: the config is in the record
+            if self.args.smoke:
+                cmd += ["--device", "cpu", "--model", "hne_tiny", "--batch-size", "32", "--limit", "96", "--threads", "1",
+                        "--eval-every", "1", "--reserve-s", "4"]  # fmt: skip
+            else:
+                cmd += ["--device", "cuda"]
+            code = self.command(result, cmd, share, log="reference")
+            runs[objective] = self._reference_result(folder, code, share, "" if i == 0 else f"{objective}/")
+        result.figures = {"objectives": runs}
+        statuses = {r["status"] for r in runs.values()}
+        result.status = "ok" if statuses == {"ok"} else ("timeout" if statuses <= {"ok", "timeout", "stopped"} else "failed")
+
+        def line(objective: str, r: dict) -> str:
+            if r["status"] not in ("ok", "partial"):
+                return f"{objective}: {r['status']}" + (f" ({r.get('error', '')[:200]})" if r.get("error") else "")
+            acc = r.get("accuracy_pct") or {}
+            shown = " / ".join(f"n={n} {acc[str(n)]:.1f}%" for n in (1, 2, 4, 8, 16) if str(n) in acc)
+            return (f"{objective}: {r['status']}, {r.get('epochs', 0):.1f} epochs, {r.get('images_seen', 0):,} images at "
+                    f"{r.get('images_per_s') or 0:,.0f} img/s; held out {shown}")  # fmt: skip
+
+        result.summary = "; ".join(line(o, r) for o, r in runs.items()) + (" (--smoke: CPU, hne_tiny)" if self.args.smoke else "")
+
+    @staticmethod
+    def _reference_result(folder: Path, code: int | None, allowed: float, where: str) -> dict:
+        try:
+            record = json.loads((folder / "record.json").read_text())
+        except (OSError, ValueError):
+            return {"status": "timeout" if code is None else "failed", "seconds_allowed": round(allowed),
+                    "error": f"no record.json (exit {code})"}  # fmt: skip
+        status = record.get("status", "failed")
+        if code is None and status in ("starting", "training"):
+            status = "timeout"
+        return {"status": status, "error": record.get("error"), "epochs": record.get("epochs"),
+                "images_seen": record.get("images_seen"), "accuracy_pct": record.get("accuracy_pct"),
+                "images_per_s": (record.get("throughput") or {}).get("images_per_s_mean"),
+                "time_budget_s": record.get("time_budget_s"), "seconds": record.get("seconds"),
+                "files": [f"{where}{name}" for name in ("checkpoint.pt", "config.yaml", "record.json") if (folder / name).is_file()]}  # fmt: skip
+
+    # 6 --------------------------------------------------------------------------------------------
     def stage_losses(self, result: StageResult, budget: float) -> None:
         t_end = time.monotonic() + budget
         a = self.args
@@ -530,7 +612,8 @@ def machine_info() -> dict[str, str]:
 
 
 def prepare_data(run: Run) -> None:
-    """The training and test sets of stages 4 and 5: given, joined from parts, or (--smoke) synthesized and split."""
+    """The training and test sets (bench-train, reference, losses): given, joined from parts, or (--smoke) synthesized
+    and split."""
     a = run.args
     data = run.work / "data"
     if a.smoke and not (a.cifar or a.cifar_parts):
@@ -549,18 +632,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "runs" / "gpu_acceptance"), help="report folder (acceptance.md, .json, logs/)")
     p.add_argument("--work", default=None, help="scratch folder for joined data sets (default: a new temporary folder)")
     p.add_argument("--cap-s", type=float, default=DEFAULT_CAP_S, help="wall-clock cap of the whole run, seconds (default 480)")
-    p.add_argument("--stages", default=",".join(s.name for s in STAGES), help="comma list, in priority order")
+    p.add_argument("--stages", default=",".join(s.name for s in STAGES if s.default),
+                   help="comma list of stages (they run in the order of the module docstring); default: %(default)s")
     p.add_argument("--smoke", action="store_true", help="every stage's code path on the CPU, in a minute or two; not figures")
     p.add_argument("--cifar", default=None, help="CIFAR-10 training .npz (x: N,32,32,3 uint8; y: N)")
     p.add_argument("--cifar-parts", nargs="+", default=None, metavar="FOLDER",
                    help="folders holding npz_chunks.py split's part*.xz and meta.npz (joined here)")
-    p.add_argument("--test-data", default=None, help="the test set .npz that stage 5 scores on")
+    p.add_argument("--test-data", default=None, help="the test set .npz that the losses stage scores on")
     p.add_argument("--test-parts", nargs="+", default=None, metavar="FOLDER", help="the test set as npz_chunks.py parts")
+    p.add_argument("--reference-objectives", nargs="+", default=["hierarchical"], choices=REFERENCE_OBJECTIVES,
+                   help="the reference stage's objectives, each to its share of the time (default: %(default)s)")
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES),
-                   help="cifar_losses.py run names for stage 5 (LOSS[@WEIGHTING][+NORMALIZE]; default: %(default)s)")
+                   help="cifar_losses.py run names for the losses stage (LOSS[@WEIGHTING][+NORMALIZE]; default: %(default)s)")
     p.add_argument("--loss-model", default="hne_resnet_small")
     p.add_argument("--loss-epochs", type=int, default=5)
-    p.add_argument("--loss-limit", type=int, default=None, help="train stage 5 on this many images (default: all)")
+    p.add_argument("--loss-limit", type=int, default=None, help="train the losses stage on this many images (default: all)")
     args = p.parse_args(argv)
     args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(args.stages) - {s.name for s in STAGES})

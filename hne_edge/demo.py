@@ -20,7 +20,6 @@ other than 0) or an explicit ``--data`` trains here instead.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -91,14 +90,6 @@ def choose_data(data: str, data_dir: str | None, cwd: str | Path = ".") -> tuple
         return "npz", CIFAR10_NPZ, f"data: CIFAR-10 from {CIFAR10_NPZ} (found; --data digits runs the 30-second digits demo)"
     return "digits", None, (f"data: scikit-learn digits, because {CIFAR10_NPZ} is not here (digits is easy: expect "
                             "a flat accuracy by ensemble size; --data npz --data-dir PATH.npz to use your CIFAR-10 copy)")
-
-
-def _data_fingerprint(path: str | Path) -> str:
-    """sha256 of an npz's ``x`` then ``y`` bytes: the same images in the same order give the same split."""
-    with np.load(path, allow_pickle=False) as archive:
-        h = hashlib.sha256(np.ascontiguousarray(archive["x"]).tobytes())
-        h.update(np.ascontiguousarray(archive["y"]).astype(np.int64).tobytes())
-    return h.hexdigest()
 
 
 def pretrained_record() -> dict[str, Any]:
@@ -242,7 +233,7 @@ def run_demo(
     from .runtime import AnytimeRunner
     from .train import TrainConfig, evaluate_checkpoint, fit, load_checkpoint, model_from_checkpoint
     from .train.config import upgrade_config
-    from .train.data import BatchLoader, load_data
+    from .train.data import BatchLoader, load_data, npz_fingerprint
     from .train.engine import predict
 
     out = Path(out_dir)
@@ -252,7 +243,7 @@ def run_demo(
     pretrained = auto and data == "npz" and model is None and epochs is None and limit is None and seed == 0
     if pretrained:
         record = pretrained_record()
-        found = _data_fingerprint(data_dir)
+        found = npz_fingerprint(data_dir)
         if found != record["data"]["sha256"]:  # another order or other images: the hold-out could hold training images
             raise InputError(
                 f"{data_dir}: not the file {PRETRAINED.name} was trained on (sha256 of x and y {found[:12]}..., "

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_cli
 from gpu_env import HAS_CUDA
 
 
@@ -38,7 +38,8 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((out / "acceptance.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["doctor", "gpu-tests", "bench-gpu", "bench-train", "losses"]
+    assert list(stages) == ["doctor", "gpu-tests", "bench-gpu", "bench-train", "reference", "losses"]
+    assert stages.pop("losses")["status"] == "skipped"  # not a default stage: `reference` covers it
     assert all(s["status"] == "ok" for s in stages.values()), {k: (s["status"], s["summary"]) for k, s in stages.items()}
     assert report["smoke"] is True and report["elapsed_s"] <= report["cap_s"]
     assert all(c["ok"] for c in stages["doctor"]["figures"]["checks"])
@@ -47,15 +48,63 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
     rows = stages["bench-gpu"]["figures"]["rows"]
     assert {r["plan"] for r in rows} == {"segments", "subtrees", "mixed"} and all("error" not in r for r in rows)
     train = stages["bench-train"]["figures"]
-    assert set(train) == {"eager", "compile"} and all(r["status"] == "ok" and r["images_per_s"] > 0 for r in train.values())
-    assert train["compile"]["compile"] is True and train["eager"]["compile"] is False
-    losses = stages["losses"]["figures"]["objectives"]
-    assert list(losses) == ["independent", "hierarchical", "hierarchical+label"]
-    assert all(r["status"] == "ok" and set(r["accuracy_pct"]) == {"1", "2", "4", "8", "16"} for r in losses.values())
+    assert set(train["step"]) == {"conv", "bmm"} and all(s["images_per_s"] > 0 and s["ops"] > 0 for s in train["step"].values())
+    assert len(train["pairs"]) == 1 and train["loop_vs_step"] > 0 and "overhead_pct" in train
+    reference = stages["reference"]["figures"]["objectives"]
+    assert list(reference) == ["hierarchical"] and reference["hierarchical"]["status"] == "ok"
+    assert set(reference["hierarchical"]["accuracy_pct"]) == {str(n) for n in range(1, 17)}
+    assert {"checkpoint.pt", "config.yaml", "record.json"} <= {p.name for p in out.iterdir()}
     md = (out / "acceptance.md").read_text()
     assert "--smoke on the CPU: not figures" in md and "## Where each figure goes" in md
     assert "BENCHMARKS.md 'Training throughput" in proc.stdout and "BENCHMARKS.md 'GPU runtime" in proc.stdout
     assert not list(out.rglob("*.npz"))  # the joined data sets stayed in the scratch folder, which is gone
+
+
+def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export_accept(tmp_path):
+    """--smoke --stages reference: hne_tiny on synthetic CIFAR parts (joined, as the real ones), two objectives, each to its
+    share of the time; OUT holds at most 8 files, at most 2 folders deep (what a GPU machine hands back); the
+    checkpoint is what `hne-edge eval` and `hne-edge export` read, and the record says how it was made."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--stages", "reference", "--out", str(out), "--work",
+                           str(work), "--reference-objectives", "hierarchical", "independent"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == ["acceptance.json", "acceptance.md", "checkpoint.pt", "config.yaml", "independent/checkpoint.pt",
+                     "independent/record.json", "logs/reference.log", "record.json"]  # fmt: skip
+    assert all((out / f).stat().st_size < 16 * 2**20 for f in files)
+    stage = {s["name"]: s for s in json.loads((out / "acceptance.json").read_text())["stages"]}["reference"]
+    assert stage["status"] == "ok" and set(stage["figures"]["objectives"]) == {"hierarchical", "independent"}
+    record = json.loads((out / "record.json").read_text())
+    data = work / "data" / "cifar_train.npz"
+    from hne_edge.train.data import npz_fingerprint
+
+    assert record["status"] == "ok" and record["data"]["sha256"] == npz_fingerprint(data)
+    assert record["config"]["loss"] == {"kind": "hierarchical", "alpha": 0.5, "temperature": 2.0, "weighting": "paper",
+                                        "temperature_squared": False, "normalize": "none"}  # fmt: skip
+    assert record["config"]["data"]["holdout"] == "last" and record["data"]["validation_images"] == 26  # 10% of 256
+    assert record["images_seen"] > 0 and record["plan"]["total_steps"] * 32 == record["images_seen"]
+    assert [r["n"] for r in record["held_out"]] == list(range(1, 17)) and record["machine"]["torch"]
+    assert json.loads((out / "independent" / "record.json").read_text())["config"]["loss"]["kind"] == "independent"
+    ev = run_cli("eval", str(out / "checkpoint.pt"), "--data-dir", str(data), "--out", str(tmp_path / "eval"), "--no-plots",
+                 check=True)  # fmt: skip
+    held_out = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert held_out["num_images"] == 26 and "16" in ev.stdout
+    assert held_out["anytime"][-1]["accuracy"] == pytest.approx(record["held_out"][-1]["accuracy"])
+    run_cli("export", str(out / "checkpoint.pt"), "--out", str(tmp_path / "bundle"), check=True)
+    assert (tmp_path / "bundle" / "manifest.json").is_file()
+
+
+def test_a_failed_reference_run_still_writes_its_record(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an archive")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_reference.py"), "--data", str(bad), "--out",
+                           str(tmp_path / "out"), "--time-budget", "30", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1
+    record = json.loads((tmp_path / "out" / "record.json").read_text())
+    assert record["status"] == "failed" and "bad.npz" in record["error"] and record["traceback"]
+    assert not (tmp_path / "out" / "checkpoint.pt").exists()
 
 
 def test_a_run_cut_off_by_its_cap_still_reports(tmp_path, monkeypatch):
@@ -94,7 +143,7 @@ def test_a_run_cut_off_by_its_cap_still_reports(tmp_path, monkeypatch):
     stages = {s["name"]: s for s in json.loads((run.out / "acceptance.json").read_text())["stages"]}
     assert stages["doctor"]["status"] == "timeout" and stages["gpu-tests"]["status"] == "ok"
     assert stages["bench-gpu"]["status"] == "not run" and "cap was reached" in stages["bench-gpu"]["summary"]
-    assert stages["bench-train"]["status"] == "skipped" and stages["losses"]["status"] == "skipped"
+    assert all(stages[s]["status"] == "skipped" for s in ("bench-train", "reference", "losses"))
     assert "| 3 | bench_gpu.py short" in (run.out / "acceptance.md").read_text()
 
 

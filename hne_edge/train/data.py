@@ -49,7 +49,8 @@ import torch
 from ..errors import InputError
 from .config import DataConfig
 
-__all__ = ["ArrayDataset", "Augment", "DataBundle", "BatchLoader", "load_data", "load_npz", "split_indices", "epoch_generator"]
+__all__ = ["ArrayDataset", "Augment", "DataBundle", "BatchLoader", "load_data", "load_npz", "npz_fingerprint", "split_indices",
+           "epoch_generator"]
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
@@ -295,6 +296,23 @@ def _load_digits() -> tuple[ArrayDataset, list[str]]:
     digits = load_digits()
     x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)  # pixel values 0..16 -> 0..255
     return _from_arrays(x, digits.target, "digits"), [str(i) for i in range(10)]
+
+
+def npz_fingerprint(path: str | Path) -> str:
+    """sha256 of an npz's ``x`` then ``y`` (as int64) bytes: the same images in the same order give the same
+    fingerprint, so a checkpoint's record can tell whether a file is the one its hold-out was drawn from."""
+    import hashlib  # noqa: PLC0415
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read as a numpy .npz archive ({type(exc).__name__}); expected x and y") from exc
+    if not hasattr(archive, "files") or not {"x", "y"} <= set(archive.files):
+        raise InputError(f"{path}: expected a .npz archive with 'x' (N,H,W,C uint8) and 'y' (N,)")
+    with archive:
+        h = hashlib.sha256(np.ascontiguousarray(archive["x"]).tobytes())
+        h.update(np.ascontiguousarray(archive["y"]).astype(np.int64).tobytes())
+    return h.hexdigest()
 
 
 def load_npz(path: str | Path) -> tuple[ArrayDataset, list[str]]:

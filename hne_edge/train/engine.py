@@ -183,9 +183,14 @@ def _amp_dtype(config: TrainConfig) -> torch.dtype | None:
 
 def make_optimizer(model: nn.Module, opt: OptimConfig, device: torch.device) -> torch.optim.SGD:
     """The run's SGD at :attr:`~.config.OptimConfig.peak_lr` (the schedule multiplies it); fused on CUDA (one
-    kernel for every parameter's update)."""
-    return torch.optim.SGD(model.parameters(), lr=opt.peak_lr, momentum=opt.momentum, nesterov=opt.nesterov,
-                           weight_decay=opt.weight_decay, fused=True if device.type == "cuda" else None)  # fmt: skip
+    kernel for every parameter's update) where this torch offers it."""
+    settings = dict(lr=opt.peak_lr, momentum=opt.momentum, nesterov=opt.nesterov, weight_decay=opt.weight_decay)
+    if device.type == "cuda":
+        try:
+            return torch.optim.SGD(model.parameters(), fused=True, **settings)
+        except (RuntimeError, ValueError, TypeError):  # a torch without fused SGD for these parameters: the default
+            pass
+    return torch.optim.SGD(model.parameters(), **settings)
 
 
 def amp_dtype_for(config: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -845,7 +850,8 @@ class _TimeBudget:
     Until the plan is fixed the schedule spans ``max_epochs``. The first steps carry one-off costs (cuDNN's
     kernel choice, allocation, compilation), so after :data:`SKIP` steps a window of training steps is timed,
     epoch ends excluded (on CUDA each stretch between two synchronisations): at least :data:`MIN_STEPS` steps and
-    ``window_s`` seconds (3 % of the budget, 1 to 10 s), at most :data:`MAX_STEPS`. An epoch end (validation,
+    ``window_s`` seconds (3 % of the budget, 1 to 10 s), at most :data:`MAX_STEPS`; once :data:`RUSHED` of the
+    budget is spent (steps that are slow for it), no step is skipped and one timed step is enough. An epoch end (validation,
     checkpoint, the next epoch's draws) that passed meanwhile is timed as it happened; otherwise one validation
     and one checkpoint are timed on their own. Then :func:`plan_steps` fixes the steps (a :data:`MARGIN` of
     the budget kept for the unforeseen) and the schedule is fitted to them (``_Schedule.fit_to``). The plan
@@ -854,6 +860,7 @@ class _TimeBudget:
     """
 
     SKIP, MIN_STEPS, MAX_STEPS, MARGIN = 2, 5, 200, 0.015
+    RUSHED = 0.1  # past this fraction of the budget, one timed step is enough (and no step is skipped)
 
     def __init__(self, budget_s: float, started: float, schedule: _Schedule, steps_per_epoch: int, max_epochs: int,
                  warmup_epochs: float, eval_every: int, device: torch.device, world_size: int, *,
@@ -889,8 +896,10 @@ class _TimeBudget:
             return False
         self.seen += 1
         ends_epoch = step >= epoch_steps
-        if self.seen <= self.SKIP or self.last is None:  # one-off costs, or a stretch opens (synchronised)
-            self.last = None if self.seen <= self.SKIP else self._now(sync=True)
+        rushed = self.clock() - self.started >= self.RUSHED * self.budget_s  # slow steps: time what there is
+        skip = self.seen <= self.SKIP and not rushed
+        if skip or self.last is None:  # one-off costs, or a stretch opens (synchronised)
+            self.last = None if skip else self._now(sync=True)
             if ends_epoch:
                 self.epoch_end = self.last = self._now(sync=True) if self.last is None else self.last
                 self.last = None
@@ -904,7 +913,8 @@ class _TimeBudget:
         if self.world_size > 1:  # every process must fix its plan at the same step
             done = self.window_n >= 20
         else:
-            done = (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s) or self.window_n >= self.MAX_STEPS
+            done = (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s) or self.window_n >= self.MAX_STEPS \
+                or rushed
         if not done:
             return False
         if not ends_epoch:
