@@ -261,8 +261,7 @@ def run_demo(
     from .runtime import AnytimeRunner
     from .train import TrainConfig, evaluate_checkpoint, fit, load_checkpoint, model_from_checkpoint
     from .train.config import upgrade_config
-    from .train.data import BatchLoader, load_data, npz_fingerprint
-    from .train.engine import predict
+    from .train.data import load_data, npz_fingerprint
 
     out = Path(out_dir)
     auto = data == "auto"
@@ -305,8 +304,9 @@ def run_demo(
     step(2, "evaluating every ensemble size n = 1..N on the validation split")
     with contextlib.ExitStack() as stack:  # on an error too: the progress stops, the runner closes
         progress = stack.enter_context(progress_for(None, "demo", quiet=quiet))  # each phase restarts it
+        evaluated: dict[str, Any] = {}  # its logits: the ensemble rows below need no second pass
         metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir},
-                                      progress=progress)  # fmt: skip
+                                      progress=progress, predictions=evaluated)  # fmt: skip
         fused, state = model_from_checkpoint(checkpoint)
         plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
         step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
@@ -326,11 +326,8 @@ def run_demo(
         worst = max((c.max_abs_diff for c in report.checks), default=0.0)
         echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
         step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
-        data_bundle = load_data(config.data, seed=config.seed)
-        val = data_bundle.val
-        norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
-        logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
-        by_size = ensemble_rows(logits, truth)
+        val = load_data(config.data, seed=config.seed).val  # the split evaluate_checkpoint evaluated
+        by_size = ensemble_rows(evaluated["logits"], evaluated["labels"])
         images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
         labels = val.labels.numpy()
         if frames is None and data != "digits":

@@ -194,3 +194,34 @@ def test_missing_or_mismatched_parts_are_named(tmp_path):
         ga.join_npz_parts([tmp_path / "a", tmp_path / "b", tmp_path / "c"], tmp_path / "j.npz")
     with pytest.raises(SystemExit, match="which is not a folder"):
         ga.join_npz_parts([tmp_path / "nope"], tmp_path / "j.npz")
+
+
+def test_a_reference_run_stopped_by_sigterm_keeps_its_last_epoch_and_says_so(tmp_path):
+    """The acceptance run stops a stage that outlives its cap with SIGTERM: the record then says so and the last epoch's
+    weights are kept (status "partial"), loadable by every reader."""
+    import signal
+
+    from hne_edge.train import model_from_checkpoint
+
+    data = tmp_path / "train.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.integers(0, 256, (120, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 120))
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "train_reference.py"), "--data", str(data), "--out",
+                             str(tmp_path / "out"), "--run-dir", str(run), "--time-budget", "1h", "--model", "hne_tiny",
+                             "--device", "cpu", "--threads", "1", "--batch-size", "32", "--eval-every", "1000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "checkpoint.pt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (run / "checkpoint.pt").is_file(), "no epoch ended"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 1
+    finally:
+        proc.kill()
+    record = json.loads((tmp_path / "out" / "record.json").read_text())
+    assert record["status"] == "partial" and "stopped by signal 15" in record["error"] and record["partial"] is True
+    assert record["epochs_completed"] >= 1 and record["images_seen"] >= 96
+    model, state = model_from_checkpoint(tmp_path / "out" / "checkpoint.pt")
+    assert state["extra"]["partial"] is True

@@ -818,23 +818,20 @@ def plan_steps(*, budget_s: float, elapsed_s: float, done_steps: int, step_s: fl
 
 
 def _validation_seconds(model: nn.Module, loader, device: torch.device, channels_last: bool) -> float:
-    """How long one validation of ``loader`` takes: two of its batches timed (the second run, warm), scaled."""
+    """How long one validation of ``loader`` takes: its first batch timed (twice when that is quick, the second run
+    warm), scaled to the whole set."""
     if loader is None:
         return 0.0
-    total = len(loader.dataset)
-    head = []
-    for batch in loader:
-        head.append(batch)
-        if len(head) == 2:
-            break
-    images = sum(len(y) for _, y in head)
+    head = [next(iter(loader))]
     seconds = float("inf")
     for _ in range(2):
         t0 = time.perf_counter()
         predict(model, head, device, channels_last)
         seconds = min(seconds, time.perf_counter() - t0)
+        if seconds > 1.0:  # a slow device: once is measurement enough
+            break
     model.train()
-    return seconds * total / max(images, 1)
+    return seconds * len(loader.dataset) / max(len(head[0][1]), 1)
 
 
 def _checkpoint_seconds(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
@@ -896,7 +893,7 @@ class _TimeBudget:
             return False
         self.seen += 1
         ends_epoch = step >= epoch_steps
-        rushed = self.clock() - self.started >= self.RUSHED * self.budget_s  # slow steps: time what there is
+        rushed = self.world_size == 1 and self.clock() - self.started >= self.RUSHED * self.budget_s  # slow steps: time what there is
         skip = self.seen <= self.SKIP and not rushed
         if skip or self.last is None:  # one-off costs, or a stretch opens (synchronised)
             self.last = None if skip else self._now(sync=True)
