@@ -111,9 +111,14 @@ class _Unobserved:
     """The cost model of warm-up and profiling passes: predicts nothing, learns nothing."""
 
     pred = None
+    entry = 0.0
 
     @staticmethod
     def observe(step: int, seconds: float) -> None:
+        pass
+
+    @staticmethod
+    def observe_entry(seconds: float) -> None:
         pass
 
 
@@ -317,8 +322,13 @@ class AnytimeSession:
         """
         # the budget covers the forced leaves as predicted when the call began: a miss then is the run's (a leaf
         # slower than predicted, a pre-emption), not one the budget made unavoidable
-        pred = self._model.pred
-        forced_fit = stop_at is None or pred is None or t0 + sum(pred[self._next : n_min]) <= stop_at
+        # (a run()'s own work before its first step - input check, upload - is in the budget: predicted, then learned)
+        model, pred = self._model, self._model.pred
+        entry = final and self._next == 0 and hasattr(model, "observe_entry")  # (stand-in models may lack it)
+        forced_fit = stop_at is None or pred is None or (
+            t0 + (model.entry if entry else 0.0) + sum(pred[self._next : n_min]) <= stop_at)  # fmt: skip
+        if entry:
+            model.observe_entry(self._clock() - t0)
         if self.done:
             reason = "cancelled" if self._cancelled else ("complete" if self._next >= self._num_leaves else "closed")
             t_forced = t0
