@@ -240,3 +240,17 @@ def test_the_forced_column_counts_budgets_shorter_than_the_first_leaf_not_preemp
     assert (fits["misses"], fits["forced_misses"]) == (1, 0)  # the stall: a miss, not a forced one
     assert (short["misses"], short["forced_misses"]) == (40, 40)  # shorter than the first leaf: every frame forced
     assert "budget was shorter than the first leaf (which always runs) as the runner predicted it" in format_budget_table(rows)
+
+
+def test_pretrained_choices_name_what_is_shipped(tmp_path):
+    from hne_edge.demo import PRETRAINED, REFERENCE, pretrained_checkpoint
+
+    assert pretrained_checkpoint("tiny") == PRETRAINED
+    assert pretrained_checkpoint("auto") == (REFERENCE if REFERENCE.is_file() else PRETRAINED)
+    if not REFERENCE.is_file():
+        with pytest.raises(ValueError, match="ships no cifar10_reference.pt"):
+            pretrained_checkpoint("reference")
+    with pytest.raises(ValueError, match=r"--pretrained: received '.*nope.pt'; expected auto, reference, tiny or a "):
+        pretrained_checkpoint(str(tmp_path / "nope.pt"))
+    proc = run_cli("demo", "--pretrained", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "d"))
+    assert proc.returncode == 2 and "--pretrained: received" in proc.stderr and not (tmp_path / "d").exists()

@@ -32,9 +32,17 @@ def test_presets_load(name):
 
 
 def test_paper_recipes():
-    cifar, imagenet = TrainConfig.from_preset("cifar").optim, TrainConfig.from_preset("imagenet", {"data": {"data_dir": "x"}}).optim
+    from hne_edge.train.config import resolve_for_device
+
+    preset = TrainConfig.from_preset("cifar")
+    imagenet = TrainConfig.from_preset("imagenet", {"data": {"data_dir": "x"}}).optim
+    cifar = resolve_for_device(preset, "cpu").optim  # on a CPU: exactly the paper's recipe
     assert (cifar.lr, cifar.momentum, cifar.nesterov, cifar.schedule, cifar.epochs, cifar.batch_size, cifar.weight_decay) == (
         0.1, 0.9, False, "cosine", 200, 128, 5e-4)
+    assert (cifar.peak_lr, cifar.warmup_start) == (0.1, 1.0)  # no scaling, so no warm-up
+    gpu = resolve_for_device(preset, "cuda").optim  # on CUDA: batch 512, the paper's 0.1 at 128 scaled linearly
+    assert (gpu.batch_size, gpu.peak_lr, gpu.warmup_start, gpu.warmup_epochs) == (512, pytest.approx(0.4), 0.25, 2.0)
+    assert preset.optim.batch_size == "auto" and resolve_for_device(preset, "cuda").to_dict()["optim"]["batch_size"] == 512
     for name in PRESETS:  # the paper's objective stays the default until a 200-epoch run says otherwise
         loss = TrainConfig.from_preset(name, {"data": {"data_dir": "x"}} if name == "imagenet" else None).loss
         assert (loss.kind, loss.alpha, loss.weighting, loss.normalize) == ("hierarchical", 0.5, "paper", "none")
@@ -360,3 +368,34 @@ def test_device_resident_loader_yields_the_cpu_loaders_batches():
     kw = dict(mean=(0.5,) * 3, std=(0.25,) * 3, shuffle=True, augment=Augment(4, True), drop_last=True, seed=3)
     for (xc, yc), (xg, yg) in zip(BatchLoader(ds, 16, **kw), BatchLoader(ds, 16, device="cuda", **kw)):
         assert xg.is_cuda and torch.equal(xc, xg.cpu()) and torch.equal(yc, yg.cpu())
+
+
+# -- the learning rate at a larger batch (the CUDA defaults) -----------------------------------------
+def test_the_linear_rule_and_its_warm_up_step_by_step():
+    """lr x batch / lr_batch (Goyal et al. 2017), reached linearly from lr over the warm-up, then the cosine
+    over the steps after it; no warm-up where the rate is not scaled up."""
+    from hne_edge.train.config import OptimConfig
+
+    opt = OptimConfig(batch_size=512, lr=0.1, lr_batch=128, warmup_epochs=2.0)
+    assert (opt.peak_lr, opt.warmup_start) == (pytest.approx(0.4), 0.25)
+    sched = _Schedule("cosine", 0, warmup_start=opt.warmup_start).fit_to(1000, steps_per_epoch=20, warmup_epochs=2.0)
+    assert sched.warmup_steps == 40
+    lrs = [opt.peak_lr * sched(s) for s in range(1001)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[20] == pytest.approx(0.25) and lrs[40] == pytest.approx(0.4)
+    assert lrs[40 + 480] == pytest.approx(0.2) and lrs[1000] == pytest.approx(0.0, abs=1e-12)  # half-way, the end
+    assert sched.fit_to(100, 20, 2.0).warmup_steps == 10  # at most a tenth of a short run
+    small = OptimConfig(batch_size=64, lr=0.1, lr_batch=128, warmup_epochs=2.0)  # scaled down: no warm-up
+    assert (small.peak_lr, small.warmup_start) == (pytest.approx(0.05), 1.0)
+    assert _Schedule("cosine", 0, warmup_start=small.warmup_start).fit_to(1000, 20, 2.0).warmup_steps == 0
+    assert OptimConfig(batch_size=512, lr=0.1).peak_lr == 0.1  # no lr_batch: the rate as given
+
+
+def test_a_run_trains_at_the_scaled_rate_after_its_warm_up(tmp_path):
+    # digits at batch 64 with the rate quoted at 32: 0.2 x 2 = 0.4, reached after one epoch of warm-up (3 steps)
+    config = _small(tmp_path / "r", batch_size=64, lr=0.2, lr_batch=32, warmup_epochs=1.0, epochs=10)
+    result = fit(config)
+    assert result.history[0]["lr"] == pytest.approx(0.4)  # the warm-up (3 steps: a tenth of 30) is done, the cosine starts
+    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-12)
+    state = load_checkpoint(result.checkpoint)
+    assert state["optimizer"]["param_groups"][0]["initial_lr"] == pytest.approx(0.4)
+    assert state["config"]["optim"]["lr_batch"] == 32
