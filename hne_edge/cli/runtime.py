@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 from pathlib import Path
 
 import click
@@ -58,8 +60,6 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
 @quiet_option
 def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph, quiet):
     """Measure each leaf step and model file; save the cost model next to the bundle."""
-    import warnings
-
     sizes = batch_sizes
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         with warnings.catch_warnings(record=True) as caught, progress_for(None, "profile", "pass", quiet=quiet) as progress:
@@ -156,6 +156,16 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
     click.echo(f"wrote {out_dir / 'bench.json'}" + (f" and {png}" if png else " (matplotlib not installed: no PNG)"))
 
 
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """The runtime's warnings (a dropped profile, a machine too busy for its budgets) as one ``warning:`` line each
+    on stderr, when they happen, instead of Python's two-line ``file:line: UserWarning`` form."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, *args, **kwargs: click.echo(f"warning: {message}", err=True)
+        yield
+
+
 def _load_inputs(paths, runner):
     """[(source name, x float NCHW, y or None)] from image files and .npy/.npz files."""
     from ..runtime.images import is_image_path, read_image
@@ -199,7 +209,7 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
 
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
     records, results = [], []
-    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+    with _warnings_as_lines(), _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         for source, x, y in _load_inputs(inputs, runner):
             for start in range(0, len(x), batch_size):
                 xb = x[start : start + batch_size]
@@ -240,4 +250,4 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
                    f"{lat['p50']:.3f} ms, p90 {lat['p90']:.3f} ms, p99 {lat['p99']:.3f} ms, max {lat['max']:.3f} ms")
     if budget_ms is not None and results:
         click.echo(f"budget misses {summary['misses']}/{summary['frames']} frames ({summary['forced_misses']} forced: "
-                   "the budget was shorter than the minimum leaves)")
+                   "the budget was shorter than the minimum leaves take, their median as measured)")
