@@ -139,8 +139,8 @@ def budget_sweep(runner, images: np.ndarray, labels: np.ndarray, budgets_ms: lis
     (:func:`hne_edge.runtime.summarize_frames`, what ``hne-edge run`` prints too).
 
     A miss is a frame whose answer came after its budget. It is forced when the budget was shorter than the
-    first leaf (which always runs) as the runner predicted it; a miss on a budget that fits the first leaf
-    is the machine's (a leaf slower than predicted: a pre-empted process), not the budget's.
+    first leaf (which always runs) costs, its median as the runner measured it; a miss on a budget that fits the
+    first leaf is the machine's (a leaf slower than its median: a pre-empted process), not the budget's.
     """
     from .runtime import summarize_frames
 
@@ -167,8 +167,8 @@ def format_budget_table(rows: list[dict[str, Any]]) -> str:
             f"{r['misses']:>4}/{r['frames']:<4}  {r['forced_misses']:>8}"
         )
     lines.append("misses: answers later than the budget; (forced): of those, frames whose budget was shorter "
-                 "than the first leaf (which always runs) as the runner predicted it; the others ran slower than that (on a "
-                 "busy machine, the process pre-empted)")
+                 "than the first leaf (which always runs) takes, its median as the runner measured it; the others ran slower "
+                 "than that (on a busy machine, the process pre-empted)")
     return "\n".join(lines)
 
 
@@ -242,8 +242,7 @@ def run_demo(
     from .runtime import AnytimeRunner
     from .train import TrainConfig, evaluate_checkpoint, fit, load_checkpoint, model_from_checkpoint
     from .train.config import upgrade_config
-    from .train.data import BatchLoader, load_data
-    from .train.engine import predict
+    from .train.data import load_data
 
     out = Path(out_dir)
     auto = data == "auto"
@@ -284,8 +283,9 @@ def run_demo(
     step(2, "evaluating every ensemble size n = 1..N on the validation split")
     with contextlib.ExitStack() as stack:  # on an error too: the progress stops, the runner closes
         progress = stack.enter_context(progress_for(None, "demo", quiet=quiet))  # each phase restarts it
-        metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir},
-                                      progress=progress)  # fmt: skip
+        # its logits are step 5's ensemble table too (the same validation images: evaluated once, not twice)
+        metrics, logits, truth = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir},
+                                                     progress=progress, return_predictions=True)  # fmt: skip
         fused, state = model_from_checkpoint(checkpoint)
         plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
         step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
@@ -305,10 +305,7 @@ def run_demo(
         worst = max((c.max_abs_diff for c in report.checks), default=0.0)
         echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
         step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
-        data_bundle = load_data(config.data, seed=config.seed)
-        val = data_bundle.val
-        norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
-        logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
+        val = load_data(config.data, seed=config.seed).val  # the images step 2 evaluated, as a camera gives them
         by_size = ensemble_rows(logits, truth)
         images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
         labels = val.labels.numpy()

@@ -127,7 +127,8 @@ def evaluate_checkpoint(
     device: str = "auto",
     plots: bool = True,
     progress: "Progress | None" = None,
-) -> dict[str, Any]:
+    return_predictions: bool = False,
+) -> dict[str, Any] | tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     """Evaluate a training checkpoint on its validation split (or the test set) for every n.
 
     Args:
@@ -142,8 +143,11 @@ def evaluate_checkpoint(
         device: auto, cpu or cuda.
         plots: write the PNGs.
         progress: counts the images as they are evaluated (:func:`hne_edge.progress.progress_for`); None: silent.
+        return_predictions: also return the leaf logits ``(M, N, classes)`` and labels ``(M,)`` it measured (the
+            demo's ensemble table reads them instead of evaluating the images a second time).
 
-    Returns the metrics dict that is written to ``metrics.json``.
+    Returns the metrics dict that is written to ``metrics.json`` (with ``return_predictions``: ``(metrics, logits,
+    labels)``).
     """
     from .checkpoint import model_from_checkpoint  # noqa: PLC0415
     from .config import DataConfig, TrainConfig, merge  # noqa: PLC0415
@@ -156,7 +160,8 @@ def evaluate_checkpoint(
     path = Path(path)
     model, state = model_from_checkpoint(path)
     if test_data is not None:
-        return _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress)
+        found = _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress)
+        return found if return_predictions else found[0]
     stored = state.get("config")
     if not stored and not data:
         raise CheckpointError(f"{path} records no training config, so its validation split cannot be rebuilt",
@@ -183,12 +188,13 @@ def evaluate_checkpoint(
         loader = BatchLoader(bundle.val, batch_size, mean=norm["mean"], std=norm["std"])
     # "npz" says how the images were stored, not what they are: the plots name the file (cifar10_train.npz)
     dataset = Path(data_cfg.data_dir).name if data_cfg.name in ("npz", "imagefolder") and data_cfg.data_dir else data_cfg.name
-    return _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset, "split": split}, out_dir,
-                    device, plots, progress)  # fmt: skip
+    found = _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset, "split": split}, out_dir,
+                     device, plots, progress)  # fmt: skip
+    return found if return_predictions else found[0]
 
 
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
-                 progress: "Progress | None") -> dict[str, Any]:
+                 progress: "Progress | None") -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     """Metrics of the checkpoint's model on the images of ``test_data`` (an .npz), checked against the model first."""
     from .data import BatchLoader, load_npz  # noqa: PLC0415
 
@@ -213,8 +219,9 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,
-             progress: "Progress | None") -> dict[str, Any]:
-    """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares."""
+             progress: "Progress | None") -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares. Returns the
+    metrics, the leaf logits and the labels."""
     from ..models import tree_cost  # noqa: PLC0415
     from .engine import predict, torch_device  # noqa: PLC0415
 
@@ -251,4 +258,4 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
         written = plot_metrics(metrics, stage) if plots else None
     if written is not None:
         metrics["plots"] = [str(out / p.relative_to(stage)) for p in written]
-    return metrics
+    return metrics, logits, labels
