@@ -63,9 +63,9 @@ def ort_session(path: str | os.PathLike, threads: int | None = None, name: str |
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency of the exporters
-        from ..errors import BackendUnavailable
+        from ..errors import BackendUnavailable, install_hint
 
-        raise BackendUnavailable("verification needs onnxruntime: pip install 'hne-edge[onnx]'") from exc
+        raise BackendUnavailable(f"verification needs onnxruntime: {install_hint('onnx')}") from exc
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: errors reach the caller as exceptions
     threads = check_threads(threads or None)
