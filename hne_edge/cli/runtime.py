@@ -16,7 +16,7 @@ from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
 from . import printable
-from .options import batch_sizes_option, device_option, quiet_option, threads_option
+from .options import batch_sizes_option, device_option, flag_names, quiet_option, threads_option
 
 
 class _BackendChoice(click.Choice):
@@ -191,6 +191,9 @@ def _load_inputs(paths, runner):
     return items
 
 
+RUN_FLAGS = {"budget_ms": "--budget-ms", "max_leaves": "--max-leaves", "min_leaves": "--min-leaves"}  # run()'s names
+
+
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
@@ -213,7 +216,8 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
         for source, x, y in _load_inputs(inputs, runner):
             for start in range(0, len(x), batch_size):
                 xb = x[start : start + batch_size]
-                r = runner.run(xb, budget_ms=budget_ms, max_leaves=max_leaves, min_leaves=min_leaves, stop_when=stop)
+                with flag_names(RUN_FLAGS):
+                    r = runner.run(xb, budget_ms=budget_ms, max_leaves=max_leaves, min_leaves=min_leaves, stop_when=stop)
                 results.append(r)
                 d = r.to_dict()
                 for k, s in enumerate(d.pop("samples")):

@@ -395,9 +395,8 @@ class AnytimeRunner:
         """
         t0 = self._clock()
         stop_at, budget = check_stop_at(t0, budget_ms, deadline)
+        check_count(min_leaves, "min_leaves", 1, self.num_leaves)  # a result needs a leaf: one range, 1..N
         n_stop, n_min = check_limits(self._program, max_leaves, min_leaves, repr(self.plan))
-        if n_min < 1:
-            raise InputError(f"min_leaves: received {min_leaves}; expected >= 1 (a result needs a leaf)")
         self._acquire()
         try:
             x = check_input(x, self.input_spec)
