@@ -15,7 +15,7 @@ from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
 from ..exporters.tensorrt import HARDWARE_LEVELS
 from ..progress import progress_for
 from . import printable
-from .options import batch_sizes_option, quiet_option
+from .options import BundlePath, batch_sizes_option, quiet_option
 
 
 @click.command("export")
@@ -97,7 +97,7 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
 
 @click.command("verify")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("bundle", type=BundlePath(path_type=Path))
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Compare every file and anytime prefix with this checkpoint's PyTorch model.")
 @batch_sizes_option(None, "Batch sizes to run, within the bundle's batch range (default: its min and up to 4).")
@@ -126,7 +126,7 @@ def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] |
 
 
 @click.command("inspect")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("bundle", type=BundlePath(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest JSON instead.")
 @click.option("--no-verify-files", is_flag=True, help="Skip the sha256 check of every file (faster).")
 def inspect(bundle: Path, as_json: bool, no_verify_files: bool) -> None:

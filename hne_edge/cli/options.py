@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 import re
 from typing import Callable, Iterator
 
@@ -27,6 +28,24 @@ from ..errors import HNEError
 from ..limits import THREADS_PER_CPU
 
 DEVICE_HELP = "auto (a GPU when one can be used here, else the CPU) | cpu | cuda[:N]."
+
+
+class BundlePath(click.Path):
+    """A bundle argument: an existing folder. A file is named as what it likely is, with the command that turns it
+    into a bundle (:func:`hne_edge.bundle.not_a_bundle`; a checkpoint said "Directory '...' is a file", issue 28)."""
+
+    name = "bundle"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(exists=True, file_okay=False, **kwargs)
+
+    def convert(self, value, param, ctx):
+        from ..bundle import not_a_bundle
+
+        error = not_a_bundle(value) if isinstance(value, (str, os.PathLike)) else None
+        if error is not None:
+            raise error
+        return super().convert(value, param, ctx)
 
 
 def device_option(f: Callable) -> Callable:

@@ -16,7 +16,7 @@ from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
 from . import printable
-from .options import batch_sizes_option, device_option, flag_names, quiet_option, threads_option
+from .options import BundlePath, batch_sizes_option, device_option, flag_names, quiet_option, threads_option
 
 
 class _BackendChoice(click.Choice):
@@ -52,7 +52,7 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=BundlePath())
 @batch_sizes_option("1", "Batch sizes to profile.")
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=50, show_default=True, type=click.IntRange(min=1))
@@ -83,7 +83,7 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=BundlePath())
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1))
@@ -195,7 +195,7 @@ RUN_FLAGS = {"budget_ms": "--budget-ms", "max_leaves": "--max-leaves", "min_leav
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=BundlePath())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--budget-ms", type=float, default=None, help="Per-frame time budget in milliseconds.")
 @click.option("--max-leaves", type=int, default=None)

@@ -302,6 +302,23 @@ def test_errors_name_the_flags_typed_and_the_config_keys_written(work, tmp_path)
     assert not (tmp_path / "r").exists()
 
 
+def test_a_file_for_a_bundle_and_a_missing_variant_say_which_export_makes_them(tiny_bundle, work):
+    """Issue 28: a checkpoint passed as a bundle said "Directory '...' is a file"; a missing plan or precision named
+    what the bundle has, not the `export --plan/--precision` that adds it (and keeps what it has)."""
+    ckpt, b, frames = str(tiny_bundle.checkpoint_path), str(work / "b"), str(work / "frames.npz")
+    for args in (("run", ckpt, frames), ("verify", ckpt), ("inspect", ckpt), ("bench", ckpt), ("profile", ckpt)):
+        one_line_error(run_cli(*args), f"{ckpt}: received a file (a checkpoint?); expected a bundle folder; export the "
+                       f"checkpoint to one first: hne-edge export {ckpt} --out BUNDLE")  # fmt: skip
+    one_line_error(run_cli("run", str(work / "b" / "manifest.json"), frames), "received one file of a bundle",
+                   "pass the folder that holds manifest.json")  # fmt: skip
+    one_line_error(run_cli("run", b, frames, "--precision", "fp16"),
+                   "bundle has no onnx/fp16/segments model files; it has onnx/fp32/nodes, onnx/fp32/segments",
+                   "export it again with it: hne-edge export CHECKPOINT --out BUNDLE --plan nodes,segments "
+                   "--precision fp32,fp16 --force")  # fmt: skip
+    one_line_error(run_cli("run", b, frames, "--plan", "mixed"), "bundle has no onnx/fp32/subtrees model files",
+                   "--plan nodes,segments,subtrees --precision fp32 --force")  # fmt: skip
+
+
 def test_a_machine_without_a_gpu_is_not_told_to_install_gpu_packages(work):
     from hne_edge.runtime.backends.cuda import no_gpu_here
 
