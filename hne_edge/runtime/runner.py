@@ -244,6 +244,7 @@ class AnytimeRunner:
         self.quantile = quantile
         self.cost = self._cost_model(self.profile_data)
         self._load_watch = _LoadWatch()
+        self._said_stops = False
         self._closed = False
         if warmup:
             spec = self.input_spec
@@ -405,9 +406,21 @@ class AnytimeRunner:
         finally:
             self._release()
         result = session.result()
-        if stop_at is not None and not self._load_watch.said:
-            self._load_watch.frame(self, session, result, n_min)
+        if stop_at is not None:
+            if result.overran_min_leaves and n_min > min_leaves and not self._said_stops:
+                self._say_stops(result, min_leaves, n_min)
+            if not self._load_watch.said:
+                self._load_watch.frame(self, session, result, n_min)
         return result
+
+    def _say_stops(self, result: AnytimeResult, asked: int, forced: int) -> None:
+        """Once per runner: the plan's first stop forced more leaves than asked, and the budget could not hold them
+        (plan "fused" ran all 16 leaves of every budgeted frame without a word, issue 28)."""
+        self._said_stops = True
+        warnings.warn(
+            f"plan {self.plan!r} stops only at {', '.join(map(str, self.stops))} leaves, so min_leaves={asked} runs "
+            f"{forced}: a budget of {result.budget_ms:.3g} ms cannot hold them (this frame took {result.elapsed_ms:.3g} ms "
+            "and missed it; every such frame will); plan 'segments' or 'mixed' stops within a budget", stacklevel=3)
 
     __call__ = run
 

@@ -277,6 +277,25 @@ def test_a_machine_too_busy_for_its_budgets_is_said_once_with_the_slowdown(tmp_p
     assert "x what the profile measured for their steps" in said[0] and "said once per runner" in said[0], said
 
 
+def test_a_plan_that_cannot_stop_within_the_budget_says_so_once(tmp_path):
+    """Reproduces issue 28: `run --plan fused` with a budget it cannot meet ran all 16 leaves of every frame, missing
+    each, without a word. The result says the miss was forced, and one warning says why and what stops in time."""
+    import warnings
+
+    b = make_fake_bundle(tmp_path / "b", classes=CLASSES, plans=("segments", "fused"))
+    runner, _ = fake_runner(b, plan="fused", cost=lambda node, batch: 1e-3)  # the tree: 7 ms
+    warm(runner)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        results = [runner.run(images(1), budget_ms=2.0) for _ in range(5)]
+        fits = runner.run(images(1), budget_ms=20.0)
+    assert all(r.leaves == 4 and not r.met_budget and r.overran_min_leaves for r in results)
+    assert fits.met_budget and fits.leaves == 4
+    assert [str(w.message) for w in said] == [
+        "plan 'fused' stops only at 4 leaves, so min_leaves=1 runs 4: a budget of 2 ms cannot hold them (this frame "
+        "took 7 ms and missed it; every such frame will); plan 'segments' or 'mixed' stops within a budget"]
+
+
 def test_unexpectedly_slow_leaf_is_a_miss_not_an_overrun_and_is_learned(bundle):
     slow = {"on": False}
     runner, _ = fake_runner(bundle, cost=lambda node, batch: 0.004 if slow["on"] and node == "b2.1" else 0.001)
