@@ -97,7 +97,7 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @quiet_option
 def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out, as_json, backend, device, plan, precision,
           threads, cuda_graph, quiet):  # fmt: skip
-    """Latency of every anytime level n = 1..N (median / p95); JSON + PNG curve."""
+    """Latency of every anytime level n = 1..N (mean, median, p90, p95, p99) and its throughput; JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
 
     data = frames or frames_alias
@@ -146,10 +146,12 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
         click.echo(json.dumps(result, indent=1))
         return
     click.echo(f"{result['model']}  {backend}/{result['device']}  plan={plan}  {precision}  batch={batch_size}  ({repeats} repeats)")
-    head = f"{'n':>3}  {'MMACs':>8}  {'median ms':>9}  {'p95 ms':>8}" + ("  accuracy" if accuracy else "")
+    head = (f"{'n':>3}  {'MMACs':>8}  {'mean ms':>8}  {'median ms':>9}  {'p90 ms':>8}  {'p95 ms':>8}  {'p99 ms':>8}  "
+            f"{'samples/s':>9}" + ("  accuracy" if accuracy else ""))  # fmt: skip
     click.echo(head)
     for level in levels:
-        line = f"{level['n']:>3}  {level['macs'] / 1e6:8.2f}  {level['median_ms']:9.3f}  {level['p95_ms']:8.3f}"
+        line = (f"{level['n']:>3}  {level['macs'] / 1e6:8.2f}  {level['mean_ms']:8.3f}  {level['median_ms']:9.3f}  "
+                f"{level['p90_ms']:8.3f}  {level['p95_ms']:8.3f}  {level['p99_ms']:8.3f}  {level['samples_per_s']:9.1f}")
         if accuracy:
             line += f"  {level['accuracy']:8.2%}"
         click.echo(line)

@@ -319,6 +319,20 @@ def test_a_file_for_a_bundle_and_a_missing_variant_say_which_export_makes_them(t
                    "--plan nodes,segments,subtrees --precision fp32 --force")  # fmt: skip
 
 
+def test_verify_takes_tolerances_and_inputs_as_polygraphy_users_expect(tiny_bundle, work):
+    """Issue 28: users from trtexec/Polygraphy pass --atol/--rtol and their own input file or a seed."""
+    b, ckpt, frames = str(work / "b"), str(tiny_bundle.checkpoint_path), str(work / "frames.npz")
+    proc = run_cli("verify", b, "--checkpoint", ckpt, "--frames", frames, "--atol", "1", "--quiet", check=True)
+    assert "note: inputs: 4 given images (one batch)" in proc.stdout and "bounds: fp32 1 + 0 x max|ref|" in proc.stdout
+    err = one_line_error(run_cli("verify", b, "--checkpoint", ckpt, "--seed", "5", "--atol", "1e-12", "--quiet"),
+                         "bundle verification failed: ", "exceeds the bound 1e-12", after_progress=True)  # fmt: skip
+    assert "max abs difference" in err
+    proc = run_cli("verify", b, "--seed", "5", "--rtol", "0.5", "--quiet", check=True)
+    assert "standard-normal images (seed 5)" in proc.stdout and "fp32 0.0001 + 0.5 x max|ref|" in proc.stdout
+    one_line_error(run_cli("verify", b, "--frames", frames, "--batch-sizes", "1"), "pass --batch-sizes or --frames, not both")
+    one_line_error(run_cli("verify", b, "--atol", "nan"), "--atol")
+
+
 def test_a_machine_without_a_gpu_is_not_told_to_install_gpu_packages(work):
     from hne_edge.runtime.backends.cuda import no_gpu_here
 

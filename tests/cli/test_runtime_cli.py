@@ -134,3 +134,16 @@ def test_run_says_once_when_the_machine_is_too_busy_for_its_budgets(cli_bundle, 
     busy = [line for line in proc.stderr.splitlines() if "too busy" in line]
     assert len(busy) == 1 and busy[0].startswith("warning: this machine is too busy to keep its budgets"), proc.stderr
     assert "UserWarning" not in proc.stderr and "took a median " in busy[0], proc.stderr
+
+
+def test_bench_reports_what_trtexec_users_read(cli_bundle, tmp_path):
+    """Issue 28: users coming from trtexec/Polygraphy look for the mean, p90, p99 and the throughput, not only the
+    median and p95; each is a statistic of the same repetitions, so they are ordered."""
+    proc = run_cli("bench", str(cli_bundle / "b"), "--warmup", "1", "--repeats", "12", "--batch-size", "2", "--out",
+                   str(tmp_path / "bench"), "--quiet", check=True)  # fmt: skip
+    header = proc.stdout.splitlines()[1].split()
+    assert header == ["n", "MMACs", "mean", "ms", "median", "ms", "p90", "ms", "p95", "ms", "p99", "ms", "samples/s"], header
+    levels = json.loads((tmp_path / "bench" / "bench.json").read_text())["levels"]
+    for level in levels:
+        assert level["median_ms"] <= level["p90_ms"] <= level["p95_ms"] <= level["p99_ms"], level
+        assert level["samples_per_s"] == pytest.approx(2 * 1e3 / level["mean_ms"])  # batch 2: samples per second
