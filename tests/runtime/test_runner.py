@@ -222,13 +222,13 @@ def test_a_loaded_machine_misses_budgets_that_fit_the_first_leaf_without_calling
     """Reproduces issue 28: under CPU load the mixed plan labelled misses "forced: the budget was shorter than the
     minimum leaves" at budgets of 1-4x the fused tree's median, when the first leaf's median was 0.07 ms. The
     first leaf's prediction carries the loaded machine's tail margin (up to the whole tree plus itself); forced
-    means the budget is shorter than what the forced leaves cost (their median), and that is not it."""
+    means the budget is shorter than what the forced leaves take 9 times in 10 (their own p90), and that is not it."""
     b = make_fake_bundle(tmp_path / "b", classes=CLASSES, plans=("segments", "subtrees", "fused"))
     rng = np.random.default_rng(0)
     load = {"on": False}
 
-    def cost(node, batch):  # 0.02 ms a node (leaf 0: 0.06 ms, the tree: 0.14 ms); loaded: one node in 20 pre-empted
-        return 2e-5 * (12.0 if load["on"] and rng.random() < 0.05 else 1.0)
+    def cost(node, batch):  # 0.02 ms a node (leaf 0: 0.06 ms, the tree: 0.14 ms); loaded: one node in 40 pre-empted
+        return 2e-5 * (12.0 if load["on"] and rng.random() < 0.025 else 1.0)
 
     runner, _ = fake_runner(b, plan="mixed", cost=cost)
     runner.profile(batch_sizes=(1,), warmup=2, repeats=20, save=False)
@@ -241,7 +241,7 @@ def test_a_loaded_machine_misses_budgets_that_fit_the_first_leaf_without_calling
         assert sum(r.overran_min_leaves for r in results) == 0, budget  # none of them for want of budget
     assert runner.predicted_ms(1)[0] > full  # the first leaf's prediction: over the budget, with its tail margin
     short = [runner.run(images(1), budget_ms=first / 2) for _ in range(20)]
-    assert all(r.overran_min_leaves for r in short)  # shorter than the first leaf's median: forced, every one
+    assert all(r.overran_min_leaves for r in short)  # shorter than the first leaf itself: forced, every one
 
 
 def test_a_machine_too_busy_for_its_budgets_is_said_once_with_the_slowdown(tmp_path):
@@ -342,7 +342,7 @@ def test_budget_argument_errors(bundle):
         ({"deadline": "soon"}, "deadline: received 'soon'; expected an absolute time.perf_counter"),
         ({"max_leaves": 0}, r"max_leaves: received 0; expected an int in 1..4"),
         ({"max_leaves": 5}, r"max_leaves: received 5"),
-        ({"min_leaves": 0}, r"min_leaves: received 0; expected >= 1"),
+        ({"min_leaves": 0}, r"min_leaves: received 0; expected an int in 1\.\.4"),  # one range, as at 5 (issue 28)
         ({"min_leaves": 3, "max_leaves": 2}, "expected min_leaves <= max_leaves"),
     ]:
         with pytest.raises(InputError, match=match):
