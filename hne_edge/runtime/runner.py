@@ -74,7 +74,7 @@ class _LoadWatch:
 
     def __init__(self) -> None:
         self.frames: deque[tuple[bool, float]] = deque(maxlen=LOAD_FRAMES)  # (the machine's miss, time / profiled)
-        self.count = 0
+        self.count = self.missed = 0  # frames seen; the machine's misses among those kept (a frame costs no sum)
         self.said = False
 
     def frame(self, runner: "AnytimeRunner", session: AnytimeSession, result: AnytimeResult, n_min: int) -> None:
@@ -89,12 +89,13 @@ class _LoadWatch:
                 taken = session.steps_taken
                 expected = sum(median[j] for j, *_ in taken)
                 ratio = sum(t for *_, t in taken) / expected if machine and expected > 0 else math.nan
+        if len(self.frames) == LOAD_FRAMES:
+            self.missed -= self.frames[0][0]
         self.frames.append((machine, ratio))
         self.count += 1
-        if self.count < LOAD_MIN_FRAMES:
-            return
-        missed = sum(m for m, _ in self.frames)
-        if missed < LOAD_MISSES * len(self.frames):
+        self.missed += machine
+        missed = self.missed
+        if self.count < LOAD_MIN_FRAMES or missed < LOAD_MISSES * len(self.frames):
             return
         self.said = True
         ratios = sorted(r for _, r in self.frames if r == r)
@@ -418,9 +419,10 @@ class AnytimeRunner:
         (plan "fused" ran all 16 leaves of every budgeted frame without a word, issue 28)."""
         self._said_stops = True
         warnings.warn(
-            f"plan {self.plan!r} stops only at {', '.join(map(str, self.stops))} leaves, so min_leaves={asked} runs "
-            f"{forced}: a budget of {result.budget_ms:.3g} ms cannot hold them (this frame took {result.elapsed_ms:.3g} ms "
-            "and missed it; every such frame will); plan 'segments' or 'mixed' stops within a budget", stacklevel=3)
+            f"plan {self.plan!r} stops only at {', '.join(map(str, self.stops))} leaves, so a frame runs {forced} leaves "
+            f"at least ({asked} asked): a budget of {result.budget_ms:.3g} ms cannot hold them (this frame took "
+            f"{result.elapsed_ms:.3g} ms and missed it; every such frame will); plan 'segments' or 'mixed' stops within "
+            "a budget", stacklevel=3)
 
     __call__ = run
 

@@ -292,8 +292,9 @@ def test_a_plan_that_cannot_stop_within_the_budget_says_so_once(tmp_path):
     assert all(r.leaves == 4 and not r.met_budget and r.overran_min_leaves for r in results)
     assert fits.met_budget and fits.leaves == 4
     assert [str(w.message) for w in said] == [
-        "plan 'fused' stops only at 4 leaves, so min_leaves=1 runs 4: a budget of 2 ms cannot hold them (this frame "
-        "took 7 ms and missed it; every such frame will); plan 'segments' or 'mixed' stops within a budget"]
+        "plan 'fused' stops only at 4 leaves, so a frame runs 4 leaves at least (1 asked): a budget of 2 ms cannot hold "
+        "them (this frame took 7 ms and missed it; every such frame will); plan 'segments' or 'mixed' stops within a "
+        "budget"]
 
 
 def test_unexpectedly_slow_leaf_is_a_miss_not_an_overrun_and_is_learned(bundle):
