@@ -17,16 +17,21 @@ process; every call ends with the logits on the host. The targets (issue 12):
   (root -> leaf 0, ``model.path_module(0)``) prepared the same way;
 * 16 independent networks (that standalone network run 16 times) / the full
   tree >= 0.9x the MAC ratio (16 x one path's MACs / the tree's MACs);
-* deadlines, after ``runner.profile()``: frames with budgets uniform in
-  [first leaf, full tree]; misses (not forced by ``min_leaves``) <= 1%, and
-  leaves >= 95% of an oracle's, which knows each leaf's true time (the
-  budgeted run's own, then an unbudgeted run of the same frame) and fits as
-  many leaves as their cumulative time allows.
+* deadlines, after ``runner.profile()`` (the bundle's min and opt batch sizes, 1 and 16): frames with budgets
+  uniform in [first leaf, the plan's full tree]; misses (not forced by ``min_leaves``) <= 1%, and leaves >= 95%
+  of the **plan-achievable oracle**'s: it knows every step's true time in the frame (the budgeted run's own
+  steps, the others from ``runner.time_steps`` right after: each route once, unbudgeted), pays the run's own
+  overhead before and after its steps (the upload), stops only where the plan can stop and, for mixed, picks
+  the best sequence of the plan's real steps that fits (``program.best_leaves``). The old oracle, which spread
+  a step's time evenly over its leaves and stopped anywhere, is kept as a labelled upper bound
+  (``best_leaves(split=True)``): on a GPU a 16-leaf call costs about twice a 1-leaf call, so it credits a plan
+  with stops no plan can make (issue 26);
+* the batch model: the profile at 1 and 16 predicts batch 8 (interpolated) against batch 8 measured.
 
-Each configuration runs per plan (``--plans``, default segments, subtrees
-and mixed, issue 21): the full tree leaf by leaf, in B + 1 calls, and mixed
-(a whole subtree or the whole fused tree in one call where the budget fits
-it). The deadline oracle splits a step's time evenly over its leaves.
+Each configuration runs per plan (``--plans``, default segments, subtrees, mixed and fused, issue 21): the full
+tree leaf by leaf, in B + 1 calls, mixed (a whole subtree or the whole fused tree in one call where the budget
+fits it), and the fused tree (one step: no first leaf, no deadlines). ``--graphs on|off|both``.
+``--workdir`` keeps the exported bundle between runs (the acceptance run's stages share it).
 
 The baselines for onnxruntime / TensorRT are their own standalone ONNX file /
 engine; the fused model is measured on torch only. ``--device cpu`` runs the
@@ -99,12 +104,12 @@ def paired(fa, fb, repeats: int) -> tuple[float, float]:
 # -- baselines ------------------------------------------------------------------------------------
 
 
-def torch_call(backend, module, x: np.ndarray, graph: bool, half: bool = False):
-    """One call of ``module`` prepared as the runner's units are (``backend.prepare``): the image uploaded
-    (``backend.from_host``, as every runner frame does, in the units' dtype), then one eager call or one
+def torch_call(backend, module, x: np.ndarray, graph: bool, half: bool = False, prepared: bool = False):
+    """One call of ``module`` prepared as the runner's units are (``backend.prepare``, unless ``prepared``): the image
+    uploaded (``backend.from_host``, as every runner frame does, in the units' dtype), then one eager call or one
     graph replay, logits to the host."""
     torch = backend.torch
-    module = backend.prepare(module, half)
+    module = module if prepared else backend.prepare(module, half)
     x = x.astype(np.float16) if half else x
     policy = getattr(backend, "policy", contextlib.nullcontext())
     stream = backend.cuda.stream_context if hasattr(backend, "cuda") else contextlib.nullcontext
@@ -188,23 +193,46 @@ def trt_standalone(onnx_path: Path, x: np.ndarray):
 
 
 def deadlines(runner, x: np.ndarray, lo: float, hi: float, frames: int, rng) -> dict:
-    misses = forced = leaves = oracle = 0
+    """Frames with budgets uniform in [lo, hi] ms: misses, forced overruns, leaves vs the plan-achievable oracle
+    and vs the even-split bound (see the module docstring)."""
+    from hne_edge.runtime.bench import frame_oracles
+
+    lo, hi = min(lo, hi), max(lo, hi)  # a plan whose full tree (one fused call) beats its first leaf: the range flips
+    hi = max(hi, 1.5 * lo)  # and a range too narrow to say anything widens to 1.5x the lower end
+    misses = forced = leaves = oracle = bound = one_leaf_misses = 0
     for _ in range(frames):
         budget = float(rng.uniform(lo, hi))
         r = runner.run(x, budget_ms=budget)
-        f = runner.run(x)
-        true = list(r.leaf_ms) + list(f.leaf_ms[r.leaves :])
-        oracle += max(1, int((np.cumsum(true) <= budget).sum()))
+        o = frame_oracles(runner, x, r, budget)
+        oracle, bound = oracle + o["oracle"], bound + o["split_bound"]
         leaves += r.leaves
         forced += r.overran_min_leaves
-        misses += (not r.met_budget) and not r.overran_min_leaves
-    return {"frames": frames, "miss_rate": misses / frames, "forced_overruns": forced, "leaves_vs_oracle": leaves / oracle}
+        missed = (not r.met_budget) and not r.overran_min_leaves
+        misses += missed
+        one_leaf_misses += missed and r.leaves == runner.stops[0]
+    return {"frames": frames, "budget_range_ms": [lo, hi], "miss_rate": misses / frames, "forced_overruns": forced, "first_step_misses": one_leaf_misses,
+            "mean_leaves": leaves / frames, "leaves_vs_oracle": leaves / oracle, "leaves_vs_split_bound": leaves / bound}
+
+
+def batch_model_check(runner, prof, batch: int = 8, repeats: int = 10) -> dict:
+    """The profile's batch model on this device: batch ``batch`` predicted from the profiled sizes (interpolated
+    by ``cost_model.profile_at_batch``) against ``batch`` measured; the ratio of the medians' sums, and the range."""
+    from hne_edge.runtime.cost_model import profile_at_batch
+
+    at = profile_at_batch(prof, batch)
+    if at is None:
+        return {"batch": batch, "error": f"the profile at {sorted(prof.batches)} predicts nothing at batch {batch}"}
+    measured = runner.profile(batch_sizes=(batch,), warmup=2, repeats=repeats, save=False).leaf_medians_s(batch)
+    ratios = [p / m for p, m in zip(at[0], measured) if m > 0]
+    return {"batch": batch, "profiled": sorted(prof.batches), "predicted_ms": 1e3 * sum(at[0]), "measured_ms": 1e3 * sum(measured),
+            "ratio": sum(at[0]) / sum(measured), "step_ratio_min": min(ratios), "step_ratio_max": max(ratios)}  # fmt: skip
 
 
 def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int, args, rng) -> dict:  # noqa: PLR0913
     spec = runner.input_spec
     x = rng.standard_normal((b, spec.channels, *spec.spatial)).astype(np.float32)
     N = runner.num_leaves
+    anytime = runner.stops[0] < N  # plan fused has one step: no first leaf, no deadlines
     if backend == "torch":
         half = runner.precision == "fp16"
         one = torch_call(runner.backend, model.path_module(0), x, graph, half)
@@ -217,59 +245,95 @@ def bench_config(runner, model, single: Path, backend: str, graph: bool, b: int,
     full = lambda: runner.run(x).logits  # noqa: E731
     first = lambda: runner.run(x, max_leaves=1).logits  # noqa: E731
     for _ in range(args.warmup):
-        full(), first(), one(), fused and fused()
+        full(), one(), fused and fused(), anytime and first()
     row = {"model": model.config.name, "backend": backend, "plan": runner.plan, "device": runner.device, "cuda_graph": graph,
-           "batch": b}  # fmt: skip
+           "batch": b, "steps": [f"{lo}-{hi - 1}" if hi - lo > 1 else str(lo) for lo, hi, _ in runner.run(x).step_ms]}  # fmt: skip
     if fused is not None:
         row["full_ms"], row["fused_ms"] = paired(full, fused, args.repeats)
         row["full_vs_fused"] = row["full_ms"] / row["fused_ms"]
-    row["first_ms"], row["standalone_ms"] = paired(first, one, args.repeats)
-    row["first_vs_standalone"] = row["first_ms"] / row["standalone_ms"]
+    if anytime:
+        row["first_ms"], row["standalone_ms"] = paired(first, one, args.repeats)
+        row["first_vs_standalone"] = row["first_ms"] / row["standalone_ms"]
     row["full_ms_2"], row["sixteen_ms"] = paired(full, sixteen, max(3, args.repeats // 4))
     macs = runner.manifest.prefix_macs()
     path_macs = sum(runner.manifest.node_macs[n] for n in runner.tree.path(0))
     row["mac_ratio"] = N * path_macs / macs[-1]
     row["speedup"] = row["sixteen_ms"] / row["full_ms_2"]
     row["speedup_vs_macs"] = row["speedup"] / row["mac_ratio"]
-    runner.profile(batch_sizes=(b,), warmup=min(5, args.warmup), repeats=args.profile_repeats, save=False)
-    row.update(deadlines(runner, x, row["first_ms"], row["full_ms_2"], args.frames, rng))
+    if anytime and args.frames:
+        row.update(deadlines(runner, x, row["first_ms"], row["full_ms_2"], args.frames, rng))
     return row
 
 
-def bench_model(name: str, backends: list[str], device: str, plans: list[str], args) -> list[dict]:
+def bundle_for(name: str, plans: list[str], backends: list[str], workdir: Path | None, batches=None):
+    """(model, bundle, standalone ONNX file or None): the model built from seed 0 (latency does not depend on the
+    weights), exported once per ``workdir`` with the files every plan asked for needs (mixed runs segments,
+    subtrees and fused files; the torch backend needs only the weights) and batch range (min, max, max) of
+    ``batches``: the min and opt batch sizes ``runner.profile()`` measures. Not verified here (the doctor and the
+    GPU tests check numerics; this measures time)."""
+    batches = tuple(batches or BATCHES)
     import torch
 
     from hne_edge.exporters import export_onnx, export_standalone_network
     from hne_edge.models import create_model
-    from hne_edge.runtime import AnytimeRunner
 
     torch.manual_seed(0)
     model = create_model(name).eval()
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench_gpu_{name}_"))
-    # the files every runner plan asked for needs: mixed runs segments, subtrees and fused files
-    files = sorted({q for p in plans for q in (("segments", "subtrees", "fused") if p == "mixed" else (p,))})
-    bundle = export_onnx(model, tmp / "bundle", precisions=("fp32",), plan=",".join(files), batch=(1, 1, 16),
-                         torch_weights=True)  # fmt: skip
-    single = export_standalone_network(model, 0, tmp / "single.onnx") if set(backends) - {"torch"} else None
+    if backends == ["torch"]:  # the torch backend runs every plan from the weights: one small ONNX file to make
+        files = ["fused"]
+    else:
+        files = sorted({q for p in plans for q in (("segments", "subtrees", "fused") if p == "mixed" else (p,))})
+    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"bench_gpu_{name}_"))
+    bundle = tmp / f"{name}_{'+'.join(files)}_b{batches[0]}-{batches[-1]}"
+    if not (bundle / "manifest.json").is_file():  # an export is published whole (written aside, then renamed)
+        export_onnx(model, bundle, precisions=("fp32",), plan=",".join(files), batch=(batches[0], batches[-1], batches[-1]),
+                    torch_weights=True, force=True, verify=False, first_leaf=files != ["fused"])  # fmt: skip
+    single = None
+    if set(backends) - {"torch"}:
+        single = tmp / f"{name}_standalone_leaf0.onnx"
+        if not single.is_file():
+            export_standalone_network(model, 0, single)
     if "tensorrt" in backends:
         from hne_edge.exporters.tensorrt import build_engines
 
         build_engines(bundle, precisions=("fp32",))  # every plan the bundle has
+    return model, bundle, single
+
+
+def bench_model(name: str, backends: list[str], device: str, plans: list[str], args, on_row=None) -> list[dict]:
+    """Every row of model ``name``; ``on_row(rows so far)`` after each (the report is written as rows come)."""
+    from hne_edge.runtime import AnytimeRunner
+
+    model, bundle, single = bundle_for(name, plans, backends, args.workdir, args.batches)
     rows = []
     rng = np.random.default_rng(0)
+    graph_options = {"on": (True,), "off": (False,), "both": (True, False)}[args.graphs]
     for backend in backends:
         for plan in plans:
-            for graph in ((True, False) if device != "cpu" else (False,)):
+            for graph in (graph_options if device != "cpu" else (False,)):
                 options = {"cuda_graph": graph} if device != "cpu" else {"threads": 1}  # cpu: one core, less noise
                 with AnytimeRunner(bundle, backend=backend, device=device, plan=plan, load_profile=False, **options) as runner:
-                    for b in BATCHES:
+                    check = None
+                    try:  # the profile every batch's deadlines use: the bundle's min and opt batch sizes (1, 16)
+                        prof = runner.profile(warmup=min(5, args.warmup), repeats=args.profile_repeats, save=False)
+                        if args.frames and runner.stops[0] < runner.num_leaves and args.batch_check:
+                            mid = (args.batches[0] + args.batches[-1]) // 2
+                            if args.batches[0] < mid < args.batches[-1]:
+                                check = batch_model_check(runner, prof, batch=mid, repeats=args.profile_repeats)
+                    except Exception as exc:
+                        check = {"error": f"{type(exc).__name__}: {exc}"}
+                    for b in args.batches:
                         try:
                             row = bench_config(runner, model, single, backend, graph, b, args, rng)
                         except Exception as exc:  # one configuration failing must not hide the others
                             row = {"model": name, "backend": backend, "plan": plan, "cuda_graph": graph, "batch": b,
                                    "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+                        if check is not None and b == args.batches[0]:
+                            row["batch_model"] = check
                         rows.append(row)
                         print(json.dumps(row), flush=True)
+                        if on_row is not None:
+                            on_row(rows)
     return rows
 
 
@@ -290,20 +354,38 @@ def to_markdown(rows: list[dict], where: str) -> str:
         f"# GPU runtime targets on {where}",
         "",
         "| model | backend | plan | graphs | batch | full / fused (<= 1.0) | first / standalone (<= 1.05) | (16 indep. / HNE) / MAC ratio (>= 0.9) "
-        "| misses (<= 1%) | leaves vs oracle (>= 95%) | full, fused, first, standalone, 16 indep. (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| misses (<= 1%) | leaves vs plan-achievable oracle (>= 95%) | (vs even-split upper bound) | full, fused, first, standalone, 16 indep. (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    checks = []
     for r in rows:
         head = f"| {r['model']} | {r['backend']} | {r['plan']} | {'on' if r['cuda_graph'] else 'off'} | {r['batch']} |"
         if "error" in r:
-            lines.append(f"{head} {r['error']} |||||| ")
+            lines.append(f"{head} {r['error']} ||||||| ")
             continue
         times = ", ".join(ms(r.get(k)) for k in ("full_ms", "fused_ms", "first_ms", "standalone_ms", "sixteen_ms"))
+        if "miss_rate" in r:
+            dl = (f"{pct(r, 'miss_rate', True)} ({r['forced_overruns']} forced, {r['first_step_misses']} at the first step) | "
+                  f"{pct(r, 'leaves_vs_oracle', False)} (mean {r['mean_leaves']:.2f}) | {100 * r['leaves_vs_split_bound']:.1f}% |")  # fmt: skip
+        else:
+            dl = "n/a | n/a | n/a |"
         lines.append(
             f"{head} {ratio(r, 'full_vs_fused', True)} | {ratio(r, 'first_vs_standalone', True)} | "
-            f"{ratio(r, 'speedup_vs_macs', False)} (speedup {r['speedup']:.2f}x, MACs {r['mac_ratio']:.2f}x) | "
-            f"{pct(r, 'miss_rate', True)} | {pct(r, 'leaves_vs_oracle', False)} | {times} |"
+            f"{ratio(r, 'speedup_vs_macs', False)} (speedup {r['speedup']:.2f}x, MACs {r['mac_ratio']:.2f}x) | {dl} {times} |"
         )
+        c = r.get("batch_model")
+        if c:
+            label = f"{r['model']} {r['backend']} {r['plan']} graphs {'on' if r['cuda_graph'] else 'off'}"
+            checks.append(f"- {label}: " + (c["error"] if "error" in c else
+                          f"batch {c['batch']} predicted from a profile at {c['profiled']}: {c['predicted_ms']:.3f} ms vs "
+                          f"{c['measured_ms']:.3f} ms measured (ratio {c['ratio']:.2f}; per step {c['step_ratio_min']:.2f}-"
+                          f"{c['step_ratio_max']:.2f})"))  # fmt: skip
+    lines += ["", "Deadlines: budgets uniform in [first leaf, the plan's full tree]; misses exclude forced overruns (the "
+              "forced first step predicted not to fit). Oracle: the best sequence of the plan's own steps that fits each "
+              "frame's true step times (program.best_leaves); the even-split bound spreads a step's time over its leaves "
+              "and stops anywhere (an upper bound no plan reaches)."]  # fmt: skip
+    if checks:
+        lines += ["", "The profile's batch model (cost_model.profile_at_batch):", *checks]
     return "\n".join(lines) + "\n"
 
 
@@ -311,8 +393,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--backends", default=None, help="comma list (default: every GPU backend installed; cpu: torch)")
-    ap.add_argument("--plans", default="segments,subtrees,mixed",
+    ap.add_argument("--plans", default="segments,subtrees,mixed,fused",
                     help="comma list of runner plans (nodes: debugging; fused: the whole tree only)")
+    ap.add_argument("--graphs", choices=("on", "off", "both"), default="both", help="CUDA graphs (GPU devices)")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                    help="comma list, smallest first: the bundle's min and opt (the profile's sizes) are the first and last")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the exported bundle here (reused when present)")
+    ap.add_argument("--no-batch-check", dest="batch_check", action="store_false",
+                    help="skip the batch model's check (a profile at the batch between the first and last)")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: the torch CPU backend, to check the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny repeats and frames: checks that everything runs, measures nothing")
     ap.add_argument("--warmup", type=int, default=20)
@@ -321,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument("--out", type=Path, default=None, help="markdown table (a .json with the raw rows goes beside it)")
     args = ap.parse_args(argv)
+    args.batches = tuple(sorted({int(b) for b in args.batches.split(",") if b.strip()}))
     if args.smoke:
         args.warmup, args.repeats, args.profile_repeats, args.frames = 1, 3, 2, 3
     if args.device == "cpu":
@@ -342,15 +431,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in plans if p not in RUNNER_PLANS]
     if unknown:
         ap.error(f"--plans: received {unknown}; expected some of {list(RUNNER_PLANS)}")
-    rows = []
+    rows: list[dict] = []
+
+    def write(done: list[dict]) -> None:  # after every row: a run stopped by a time cap keeps what it measured
+        if args.out:
+            from hne_edge.fileio import atomic_write_json, atomic_write_text
+
+            atomic_write_text(args.out, to_markdown(done, where))
+            atomic_write_json(args.out.with_suffix(".json"), {"where": where, "rows": done}, allow_nan=True)
+
     for name in args.models.split(","):
-        rows += bench_model(name, backends, args.device, plans, args)
-    md = to_markdown(rows, where)
-    print(md)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(md)
-        args.out.with_suffix(".json").write_text(json.dumps({"where": where, "rows": rows}, indent=1))
+        before = list(rows)
+        rows += bench_model(name, backends, args.device, plans, args, on_row=lambda new, before=before: write(before + new))
+    write(rows)
+    print(to_markdown(rows, where))
     return 1 if any("error" in r for r in rows) else 0
 
 

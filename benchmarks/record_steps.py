@@ -1,12 +1,19 @@
-"""Record the true time of every step of a mixed runner, frame by frame, for the deadline oracle test.
+"""Record the true time of every step of a mixed runner, frame by frame, for the deadline tests (virtual clock).
 
-    .venv/bin/python benchmarks/record_steps.py --out tests/data/steps_hne_resnet_small_ort_cpu_b1.json
+    .venv/bin/python benchmarks/record_steps.py --realtime --out tests/data          # ONNX Runtime CPU, 1 thread, batch 1
+    python3 benchmarks/record_steps.py --backend torch --device cuda --batches 1,16 --out OUT   # a GPU (acceptance stage)
 
-hne_resnet_small (randomized weights), ONNX Runtime CPU, 1 intra-op thread, batch 1, a bundle with plans
-segments, subtrees and fused. ``runner.profile()`` runs each route of the mixed program (leaf by leaf,
-subtree by subtree, the whole tree) ``--frames`` times; sample ``r`` of every step of a route is frame
-``r``. tests/runtime/test_steps.py replays these times on a virtual clock (the numerics are the fake
-backend's) and compares the mixed runner with an oracle that knows every step's time.
+hne_resnet_small (seed 0 weights: latency does not depend on them), a bundle with the files the backend needs
+(``bench_gpu.bundle_for``: batch range (min, max, max) of ``--batches``), the runner of plan "mixed". Per frame,
+``runner.time_steps(x)`` runs each route of the mixed program once (leaf by leaf, subtree by subtree, the whole
+tree), unbudgeted, as a frame pays it: row ``r`` of ``frames_ms`` is every step's time in frame ``r``. Then one
+``run(x, max_leaves=1)``: its elapsed time minus its step is ``entry_ms[r]``, what a run() pays outside its steps
+(the input check, the image's upload: a synchronous copy on a GPU). One file per batch size,
+``OUT/steps_<model>_<backend>_<device>_b<batch>.json``; steps are named by what they add, as the bundle's ONNX
+files are (``segments/leaf03.onnx``, ``subtrees/unit02.onnx``, ``fused/tree.onnx``) whatever the backend, so
+tests/runtime/test_deadlines.py replays any recording on its fake bundle. ``--seconds`` caps the recording
+(each batch size gets its share of what is left once the runner is ready, and at least 20 frames; a file is
+written per batch size as soon as it is done).
 """
 
 from __future__ import annotations
@@ -15,60 +22,97 @@ import argparse
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+MIN_FRAMES = 20  # recorded whatever --seconds says (a file with fewer frames tells nothing)
 
-def main() -> None:
+
+def step_name(step: dict, tree) -> str:
+    """A step by what it adds, in the bundle's file names: a leaf's segment, a whole subtree's unit, the tree."""
+    lo, hi = step["leaves"]
+    if step["kind"] == "leaf":
+        return f"segments/leaf{lo:02d}.onnx"
+    if step["kind"] == "tree":
+        return "fused/tree.onnx"
+    unit = next(u for u in tree.subtree_units if (u.first_leaf, u.end) == (lo, hi))
+    return f"subtrees/unit{unit.index:02d}.onnx"
+
+
+def record(runner, batch: int, frames: int, seconds: float, warmup: int = 10) -> dict:
+    """``frames`` frames (fewer when ``seconds`` runs out) of every step's time and the run()'s entry, in ms."""
+    import numpy as np
+
+    spec = runner.input_spec
+    x = np.random.default_rng(batch).standard_normal((batch, spec.channels, *spec.spatial)).astype(np.float32)
+    for _ in range(warmup):  # graphs of this batch size captured and launched, buffers allocated
+        runner.time_steps(x)
+        runner.run(x, max_leaves=1)
+    rows, entry = [], []
+    end = time.monotonic() + seconds
+    while len(rows) < frames and (time.monotonic() < end or len(rows) < min(frames, MIN_FRAMES)):
+        rows.append([round(t * 1e3, 4) for t in runner.time_steps(x)])
+        r = runner.run(x, max_leaves=1)
+        entry.append(round(max(0.0, r.elapsed_ms - sum(ms for *_, ms in r.step_ms)), 4))
+    return {"frames_ms": rows, "entry_ms": entry}
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="hne_resnet_small")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--backend", default="onnxruntime")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batches", default="1", help="comma list; the bundle's batch range is (first, last, last)")
     ap.add_argument("--frames", type=int, default=300)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "hne_record_steps"))
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seconds", type=float, default=600.0, help="at most this long for all batch sizes together")
+    ap.add_argument("--threads", type=int, default=1, help="CPU backends' intra-op threads")
+    ap.add_argument("--workdir", type=Path, default=None, help="the bundle's folder (bench_gpu.py's: reused when present)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for steps_*.json")
+    ap.add_argument("--smoke", action="store_true", help="hne_tiny-sized check that it runs (few frames): not figures")
     ap.add_argument("--realtime", action="store_true",
                     help="SCHED_FIFO priority 1 (Linux, root), as a deployed real-time process would run: on a shared "
                          "machine the recording is then of the device, not of the other jobs' time slices")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.realtime:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+    if args.smoke:
+        args.frames, args.model = min(args.frames, 5), "hne_tiny" if args.model == "hne_resnet_small" else args.model
+    sys.path.insert(0, str(HERE))
+    from bench_gpu import bundle_for
 
-    import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import randomize_
-
-    from hne_edge.exporters import export_onnx
     from hne_edge.fileio import atomic_write_json
-    from hne_edge.models import create_model
     from hne_edge.runtime import AnytimeRunner
 
-    bundle = Path(args.workdir) / f"{args.model}_mixed"
-    if not (bundle / "manifest.json").exists():
-        torch.manual_seed(0)
-        export_onnx(randomize_(create_model(args.model)), bundle, plan="segments,subtrees,fused", batch=(1, 1, 16),
-                    torch_weights=False, verify=False, force=True)  # fmt: skip
-    with AnytimeRunner(bundle, plan="mixed", threads=args.threads, load_profile=False) as runner:
-        t0 = time.time()
-        prof = runner.profile(batch_sizes=(args.batch,), warmup=10, repeats=args.frames, save=False)
-        steps = [{"name": s["name"].split("/")[-2] + "/" + s["name"].split("/")[-1], "leaves": list(s["leaves"]),
-                  "kind": s["kind"]} for s in runner.steps]  # fmt: skip
-        samples = [leaf["samples_ms"] for leaf in prof.batches[args.batch]["leaves"]]
-    data = {
-        "command": " ".join(["python", "benchmarks/record_steps.py", *sys.argv[1:]]),
-        "model": args.model,
-        "backend": "onnxruntime (CPU), intra-op threads %d%s" % (args.threads, ", SCHED_FIFO" if args.realtime else ""),
-        "batch": args.batch,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, "
-                   f"load average {os.getloadavg()[0]:.1f} at the end, {time.time() - t0:.0f} s",
-        "steps": steps,
-        "frames_ms": [[round(s[r], 4) for s in samples] for r in range(args.frames)],  # frame r: every step's ms
-    }
-    atomic_write_json(args.out, data)
-    print(f"wrote {args.out}: {args.frames} frames x {len(steps)} steps")
+    t_start = time.monotonic()
+    _, bundle, _ = bundle_for(args.model, ["mixed"], [args.backend], args.workdir, batches)  # reused when there
+    options = {"threads": args.threads} if args.device == "cpu" else {}
+    with AnytimeRunner(bundle, backend=args.backend, device=args.device, plan="mixed", load_profile=False, **options) as runner:
+        describe = runner.backend.describe()
+        where = describe.get("gpu") or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+        steps = [{"name": step_name(s, runner.tree), "leaves": list(s["leaves"]), "kind": s["kind"]} for s in runner.steps]
+        args.out.mkdir(parents=True, exist_ok=True)
+        for i, batch in enumerate(batches):
+            left = args.seconds - (time.monotonic() - t_start)
+            t0 = time.monotonic()
+            got = record(runner, batch, args.frames, left / (len(batches) - i), warmup=2 if args.smoke else 10)
+            tag = args.backend if args.device == "cpu" else f"{args.backend}_{args.device.replace(':', '')}"
+            path = args.out / f"steps_{args.model}_{tag}_b{batch}.json"
+            atomic_write_json(path, {
+                "command": " ".join(["python", "benchmarks/record_steps.py", *(argv if argv is not None else sys.argv[1:])]),
+                "model": args.model,
+                "backend": f"{args.backend} ({args.device}; {', '.join(f'{k} {v}' for k, v in describe.items() if k not in ('backend', 'device'))})"
+                           + (", SCHED_FIFO" if args.realtime else ""),
+                "batch": batch,
+                "machine": f"{where}; load average {os.getloadavg()[0]:.1f} at the end, {time.monotonic() - t0:.0f} s"
+                           + (" (--smoke: not figures)" if args.smoke else ""),
+                "steps": steps,
+                **got,
+            }, indent=None)  # fmt: skip
+            print(f"wrote {path}: {len(got['frames_ms'])} frames x {len(steps)} steps", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -175,11 +175,12 @@ class FakeBackend(Backend):
     devices = ("cpu",)
 
     def __init__(self, tree: TreeSpec, classes: int, cost: Callable[[str, int], float] | None = None,
-                 call_cost: Callable[..., float] | None = None) -> None:  # fmt: skip
+                 call_cost: Callable[..., float] | None = None, upload_cost: Callable[[int], float] | None = None) -> None:  # fmt: skip
         super().__init__("cpu")
         self.tree, self.classes = tree, classes
         self.cost = cost or (lambda node, batch: 0.001)
         self.call_cost = call_cost or (lambda unit, batch: 0.0)  # seconds per call on top of its nodes
+        self.upload_cost = upload_cost or (lambda batch: 0.0)  # seconds per image upload (a GPU's copy in)
         self.clock = FakeClock()
         self.calls: list[str] = []  # nodes computed, in order
         self.files: list[str] = []  # model files run, in order
@@ -190,6 +191,10 @@ class FakeBackend(Backend):
 
     def create_runner(self, unit, loaded):
         return FakeRunner(unit, self)
+
+    def from_host(self, array):
+        self.clock.t += self.upload_cost(len(array))
+        return array
 
     def close(self) -> None:
         self.closed = True

@@ -9,7 +9,9 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -38,24 +40,39 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((out / "acceptance.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["doctor", "gpu-tests", "bench-gpu", "bench-train", "losses"]
-    assert all(s["status"] == "ok" for s in stages.values()), {k: (s["status"], s["summary"]) for k, s in stages.items()}
+    assert list(stages) == ["doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "mobilenet", "ort-gpu", "bench-train", "losses"]
+    ran = {k: s for k, s in stages.items() if k not in ("ort-gpu", "losses")}
+    assert all(s["status"] == "ok" for s in ran.values()), {k: (s["status"], s["summary"]) for k, s in stages.items()}
+    assert stages["ort-gpu"]["status"] == "skipped" and "--ort-gpu-parts" in stages["ort-gpu"]["summary"]
+    assert stages["losses"]["status"] == "skipped"  # not a default stage any more
     assert report["smoke"] is True and report["elapsed_s"] <= report["cap_s"]
     assert all(c["ok"] for c in stages["doctor"]["figures"]["checks"])
     tests = stages["gpu-tests"]["figures"]
     assert tests["failed"] == 0 and (tests["skipped"] > 0 if not HAS_CUDA else tests["passed"] > 0)
     rows = stages["bench-gpu"]["figures"]["rows"]
-    assert {r["plan"] for r in rows} == {"segments", "subtrees", "mixed"} and all("error" not in r for r in rows)
+    assert {r["plan"] for r in rows} == {"segments", "subtrees", "mixed", "fused"} and all("error" not in r for r in rows)
+    assert all("leaves_vs_split_bound" in r for r in rows if r["plan"] != "fused")
+    traces = stages["record-steps"]["figures"]["files"]
+    assert sorted(traces) == ["steps_hne_tiny_torch_b1.json", "steps_hne_tiny_torch_b4.json"]
+    assert all(t["frames"] >= 5 and t["fused_ms"] > 0 for t in traces.values())
+    kernels = stages["kernels"]["figures"]
+    assert [u["unit"] for u in kernels["units"]["units"]] == ["fused tree", "first leaf"]
+    assert all(u["max_error_vs_float64"] < 1e-4 for u in kernels["units"]["units"] + kernels["compiled"]["units"])
+    assert {r["model"] for r in stages["mobilenet"]["figures"]["rows"]} == {"hne_tiny"}  # --smoke: its code path
     train = stages["bench-train"]["figures"]
     assert set(train) == {"eager", "compile"} and all(r["status"] == "ok" and r["images_per_s"] > 0 for r in train.values())
     assert train["compile"]["compile"] is True and train["eager"]["compile"] is False
-    losses = stages["losses"]["figures"]["objectives"]
-    assert list(losses) == ["independent", "hierarchical", "hierarchical+label"]
-    assert all(r["status"] == "ok" and set(r["accuracy_pct"]) == {"1", "2", "4", "8", "16"} for r in losses.values())
     md = (out / "acceptance.md").read_text()
     assert "--smoke on the CPU: not figures" in md and "## Where each figure goes" in md
+    assert "## bench-gpu: GPU runtime targets" in md and "## kernels: Kernels per unit" in md
     assert "BENCHMARKS.md 'Training throughput" in proc.stdout and "BENCHMARKS.md 'GPU runtime" in proc.stdout
     assert not list(out.rglob("*.npz"))  # the joined data sets stayed in the scratch folder, which is gone
+    # what a GPU machine hands back: at most 8 files, at most 2 folders deep
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in files), files
+    with tarfile.open(out / "raw.tar.gz") as tar:
+        names = tar.getnames()
+    assert {"logs/doctor.log", "raw/doctor.json", "raw/bench_gpu.md", "logs/bench-train-eager.log"} <= set(names), names
 
 
 def test_a_run_cut_off_by_its_cap_still_reports(tmp_path, monkeypatch):
@@ -95,7 +112,7 @@ def test_a_run_cut_off_by_its_cap_still_reports(tmp_path, monkeypatch):
     assert stages["doctor"]["status"] == "timeout" and stages["gpu-tests"]["status"] == "ok"
     assert stages["bench-gpu"]["status"] == "not run" and "cap was reached" in stages["bench-gpu"]["summary"]
     assert stages["bench-train"]["status"] == "skipped" and stages["losses"]["status"] == "skipped"
-    assert "| 3 | bench_gpu.py short" in (run.out / "acceptance.md").read_text()
+    assert "| 3 | bench_gpu.py (hne_resnet_small" in (run.out / "acceptance.md").read_text()
 
 
 def _images(n=300, seed=0):
@@ -145,3 +162,143 @@ def test_missing_or_mismatched_parts_are_named(tmp_path):
         ga.join_npz_parts([tmp_path / "a", tmp_path / "b", tmp_path / "c"], tmp_path / "j.npz")
     with pytest.raises(SystemExit, match="which is not a folder"):
         ga.join_npz_parts([tmp_path / "nope"], tmp_path / "j.npz")
+
+
+# -- caps (the plan shared with issue 25) ----------------------------------------------------------------------
+
+
+def test_stage_caps_are_seconds_and_the_runtime_group_fits_in_4_minutes():
+    ga = _module()
+    caps = {s.name: s.cap_s for s in ga.STAGES}
+    assert list(caps)[:7] == list(ga.RUNTIME_GROUP)
+    assert sum(caps[n] for n in ga.RUNTIME_GROUP) <= 240
+    args = ga.parse_args(["--stage-cap", "kernels=120"])
+    assert {s.name: s.cap_s for s in ga.stages_for(args)}["kernels"] == 120 and args.cap_s == 480
+    assert "losses" not in args.stages and "ort-gpu" in args.stages  # losses only when named
+    smoke = ga.parse_args(["--smoke"])
+    assert smoke.cap_s == 1800 and {s.name: s.cap_s for s in ga.stages_for(smoke)}["doctor"] == 4 * caps["doctor"]
+    with pytest.raises(SystemExit):
+        ga.parse_args(["--stage-cap", "kernels"])
+
+
+# -- onnxruntime-gpu from wheel parts --------------------------------------------------------------------------
+
+STAND_IN = '''"""A stand-in for an onnxruntime-gpu wheel (tests/test_gpu_acceptance.py): the machine's onnxruntime, marked,
+with a preload_dlls that records its call."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+_spec = importlib.machinery.PathFinder.find_spec("onnxruntime", _rest)
+_real = importlib.util.module_from_spec(_spec)
+sys.modules[__name__] = _real
+_spec.loader.exec_module(_real)
+_real.STAND_IN = __file__
+
+
+def _preload_dlls(cuda=True, cudnn=True, msvc=True, directory=None):
+    _real.PRELOADED = True
+
+
+_real.preload_dlls = _preload_dlls
+'''
+
+
+def stand_in_wheel(folder, version="99.0.0"):
+    """A tiny pure-Python wheel named like onnxruntime-gpu's (its onnxruntime delegates to the machine's)."""
+    import base64
+    import hashlib
+
+    name = f"onnxruntime_gpu-{version}-py3-none-any.whl"
+    info = f"onnxruntime_gpu-{version}.dist-info"
+    files = {
+        "onnxruntime/__init__.py": STAND_IN,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},{len(t.encode())}"
+              for p, t in files.items()] + [f"{info}/RECORD,,"]  # fmt: skip
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / name, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return folder / name
+
+
+def _wheel_parts():
+    spec = importlib.util.spec_from_file_location("wheel_parts", REPO / "benchmarks" / "wheel_parts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wheel_parts_split_into_folders_and_join_byte_for_byte(tmp_path):
+    wp = _wheel_parts()
+    wheel = stand_in_wheel(tmp_path / "w")
+    with zipfile.ZipFile(wheel, "a") as z:  # big enough for several parts of 1 KiB, hard to compress
+        z.writestr("onnxruntime/capi/blob.bin", np.random.default_rng(0).bytes(5000), compress_type=zipfile.ZIP_STORED)
+    parts = wp.split_wheel(wheel, tmp_path / "parts", max_mib=1 / 1024, folders=2)
+    assert len(parts) >= 4 and all(p.stat().st_size <= 1024 for p in parts)
+    assert {p.parent.name for p in parts} == {"a", "b"} and parts[0].name == wheel.name + ".xz.part00"
+    joined = wp.join_wheel([tmp_path / "parts" / "b", tmp_path / "parts" / "a"], tmp_path / "out")
+    assert joined.name == wheel.name and joined.read_bytes() == wheel.read_bytes()
+    # the shell's way makes the same parts: an xz stream cut anywhere
+    (tmp_path / "c").mkdir()
+    blob = b"".join(p.read_bytes() for p in sorted(parts, key=lambda p: p.name))
+    for i in range(0, len(blob), 700):
+        (tmp_path / "c" / f"{wheel.name}.xz.part{i // 700:02d}").write_bytes(blob[i : i + 700])
+    assert wp.join_wheel([tmp_path / "c"], tmp_path / "out2").read_bytes() == wheel.read_bytes()
+
+
+def test_wheel_parts_that_do_not_make_a_wheel_are_named(tmp_path):
+    wp = _wheel_parts()
+    wheel = stand_in_wheel(tmp_path / "w")
+    with zipfile.ZipFile(wheel, "a") as z:
+        z.writestr("onnxruntime/capi/blob.bin", np.random.default_rng(1).bytes(4000), compress_type=zipfile.ZIP_STORED)
+    parts = wp.split_wheel(wheel, tmp_path / "p", max_mib=1 / 1024)
+    shutil.move(parts[1], tmp_path / "aside")
+    with pytest.raises(SystemExit, match=r"missing \['part01'\]"):
+        wp.join_wheel([tmp_path / "p"], tmp_path / "out")
+    shutil.move(tmp_path / "aside", parts[1])
+    parts[-1].unlink()
+    with pytest.raises(SystemExit, match="ends early"):
+        wp.join_wheel([tmp_path / "p"], tmp_path / "out")
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / parts[0].name).write_bytes(b"not the same")
+    with pytest.raises(SystemExit, match="in two folders with different bytes"):
+        wp.join_wheel([tmp_path / "p", tmp_path / "q"], tmp_path / "out")
+    with pytest.raises(SystemExit, match="expected the WHEEL.xz.partNN files of one wheel"):
+        wp.join_wheel([tmp_path / "w"], tmp_path / "out")
+
+
+def test_a_wheel_installs_without_pip_by_unpacking_it(tmp_path):
+    ga = _module()
+    wheel = stand_in_wheel(tmp_path / "w")
+    how = ga.install_wheel(shutil.which("false") or "/bin/false", wheel, tmp_path / "t")  # a Python without pip
+    assert how.startswith("unzipped") and (tmp_path / "t" / "onnxruntime" / "__init__.py").read_text() == STAND_IN
+
+
+def test_ort_gpu_stage_stages_a_wheel_from_parts_for_its_children(tmp_path):
+    """--ort-gpu-parts: the parts joined, pip install --no-deps --target into scratch, that folder first on the children's
+    PYTHONPATH, torch then onnxruntime.preload_dlls() in each child; then the ONNX Runtime GPU tests (here: skipped, no
+    GPU) and bench rows (here: bench_gpu's CPU smoke). A stand-in wheel on the CPU: what the children import is it."""
+    wp = _wheel_parts()
+    wheel = stand_in_wheel(tmp_path / "w")
+    wp.split_wheel(wheel, tmp_path / "parts", max_mib=1 / 2048, folders=2)
+    out = tmp_path / "acceptance"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--stages", "ort-gpu", "--out", str(out), "--ort-gpu-parts",
+                           str(tmp_path / "parts" / "a"), str(tmp_path / "parts" / "b")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900)  # fmt: skip
+    stage = {s["name"]: s for s in json.loads((out / "acceptance.json").read_text())["stages"]}["ort-gpu"]
+    assert proc.returncode == 0 and stage["status"] == "ok", (stage["status"], stage["summary"], proc.stdout[-3000:], proc.stderr[-3000:])
+    figures = stage["figures"]
+    assert figures["wheel"] == wheel.name and figures["installed_with"] == "pip install --no-deps --target"
+    probe = figures["probe"]
+    assert figures["staged_onnxruntime_imported"] and probe["onnxruntime_found"].endswith("onnxruntime/__init__.py")
+    assert probe["preload_dlls"] == "called" and "CPUExecutionProvider" in probe["providers"]
+    assert figures["tests"]["failed"] == 0 and figures["bench"]["status"] == "ok" and figures["bench"]["rows"]
+    assert any("ort_gpu_child.py -m pytest" in c for c in stage["commands"])

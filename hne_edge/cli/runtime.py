@@ -53,15 +53,17 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
 
 @click.command()
 @click.argument("bundle", type=BundlePath())
-@batch_sizes_option("1", "Batch sizes to profile.")
+@batch_sizes_option(None, "Batch sizes to profile (default: the bundle's min and opt batch sizes; the cost model "
+                         "interpolates between profiled sizes).")
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=50, show_default=True, type=click.IntRange(min=1))
 @_runner_options
 @quiet_option
 def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph, quiet):
     """Measure each leaf step and model file; save the cost model next to the bundle."""
-    sizes = batch_sizes
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+        lo, opt, _ = runner.input_spec.batch
+        sizes = batch_sizes or tuple(sorted({lo, opt}))
         with warnings.catch_warnings(record=True) as caught, progress_for(None, "profile", "pass", quiet=quiet) as progress:
             warnings.simplefilter("always")
             prof = runner.profile(batch_sizes=sizes, warmup=warmup, repeats=repeats, progress=progress)

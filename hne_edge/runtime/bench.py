@@ -11,7 +11,7 @@ from .cost_model import summarize
 from .inputs import check_labels
 from .runner import AnytimeRunner
 
-__all__ = ["level_latencies", "level_accuracy", "load_arrays"]
+__all__ = ["level_latencies", "level_accuracy", "load_arrays", "frame_oracles"]
 
 
 def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0,
@@ -48,6 +48,31 @@ def _stats(seconds: list[float], batch: int) -> dict[str, float]:
     stats["p99_ms"] = float(np.quantile(np.asarray(seconds, dtype=np.float64) * 1e3, 0.99))
     stats["samples_per_s"] = batch * 1e3 / stats["mean_ms"] if stats["mean_ms"] > 0 else float("inf")
     return stats
+
+
+def frame_oracles(runner: AnytimeRunner, x: np.ndarray, result: Any, budget_ms: float) -> dict[str, int]:
+    """The oracles of the frame a budgeted ``runner.run(x)`` just ran as ``result``, in leaves (the deadline
+    benchmarks' comparison; the rule itself is ``program.best_leaves``):
+
+    * ``oracle``: the plan-achievable oracle, the best sequence of the plan's own steps that fits;
+    * ``leaf_by_leaf``: the same restricted to the plan's leaf-by-leaf walk (a mixed plan's base);
+    * ``split_bound``: the even-split upper bound (a step's time spread over its leaves, stopping anywhere).
+
+    Every step's true time in this frame: the steps ``result`` took, their own; the others from
+    ``runner.time_steps(x)`` right after (each route once, unbudgeted, unseen by the cost model). The oracles pay
+    what the run paid outside its steps (input check, upload), so all count from the same call entry."""
+    from .program import best_leaves
+
+    seconds = runner.time_steps(x)
+    by_range = {tuple(s["leaves"]): j for j, s in enumerate(runner.steps)}
+    ran = 0.0
+    for lo, hi, ms in result.step_ms:
+        seconds[by_range[(lo, hi)]] = ms / 1e3
+        ran += ms
+    budget_s = (budget_ms - max(0.0, result.elapsed_ms - ran)) / 1e3
+    program = runner._program
+    return {"oracle": best_leaves(program, seconds, budget_s), "split_bound": best_leaves(program, seconds, budget_s, split=True),
+            "leaf_by_leaf": best_leaves(program.routes()[0], seconds, budget_s)}  # fmt: skip
 
 
 def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None,

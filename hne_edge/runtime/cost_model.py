@@ -76,6 +76,21 @@ priority on a busy 2-core machine (benchmarks/bench_runtime.py --max-ratios
 budget of twice the full tree every cap ran 100% of them, the uncapped
 model 26%.
 
+**Batch sizes** (:func:`profile_at_batch`, the batch rule): a profile predicts a batch size only from the
+sizes it measured (``AnytimeRunner.profile()`` measures the bundle's min and opt by default): their medians,
+interpolated between them, their measured slope beyond them, and nothing from one measured size alone (that
+batch size is then learned online, as without a profile). A CPU's cost grows about linearly with batch, a
+launch-bound GPU's is about flat (an H200: 1.24 ms at batch 1, 1.43 ms at 16); assuming either is wrong on the
+other by 10x or more.
+
+**A run's own work before its first step** (the input check, the image's upload: a synchronous copy of ~0.07 ms
+on an H200) is in a ``run()``'s budget but in no step. :attr:`_BatchModel.entry` is the ``quantile`` of the last
+``window`` of them, and the forced first step is judged with it (whether an overrun was forced). The next steps
+need no such term: each is decided at the time it would start.
+
+Queries: :meth:`CostModel.predict_step` (what a step is predicted to cost at a batch size: what a budget must
+fit) and :meth:`CostModel.median_step` (its median estimate: what speeds are compared by).
+
 **A profile that does not describe this machine** (hand-edited, or made on another one) is dropped with
 a warning once the first ``AUDIT_SAMPLES`` (8) leaf times are in: when their median ratio to the
 profile is outside [1/10, 10], the model forgets the profile and starts over from those measurements, as
@@ -120,6 +135,7 @@ __all__ = [
     "save_profile",
     "find_profile",
     "summarize",
+    "profile_at_batch",
 ]
 
 _INF = math.inf
@@ -452,6 +468,10 @@ class _BatchModel:
         self.probing = [False] * n
         self.b0_ref = self.base[0]  # leaf 0's base at the last full refresh
         self.full = _INF  # the whole tree's median cost (sum of the bases), once every leaf is known
+        # a run()'s own work before its first step (input check, the image's upload): in the budget, in no step
+        self.entry = 0.0  # its predicted quantile (seconds; 0 until observed)
+        self.entries: deque[float] = deque()
+        self.entries_sorted: list[float] = []
         # the max of n samples estimates about the 1 - 1/n quantile: it bounds a q-quantile prediction
         # only from 1 / (1 - q) samples on (100 for 0.99); fewer would under-predict rarely run leaves
         self.tail_min = max(self.min_samples, math.ceil(1 / (1 - self.q)) if self.q < 1 else 10**9)
@@ -480,6 +500,18 @@ class _BatchModel:
             return 1.0
         scale = srt[min(len(srt) - 1, math.ceil(self.q * len(srt)) - 1)]  # nearest rank
         return max(scale, self.cold_margin) if self.count < self.min_samples else scale
+
+    def observe_entry(self, seconds: float) -> None:
+        """A run()'s time from its call to its first step (input check, upload): :attr:`entry` becomes the
+        ``quantile`` of the last ``window`` of them (nearest rank). The forced first step is judged with it:
+        on a GPU the upload is a synchronous copy of ~0.05 ms, as much as a budget near the first leaf has
+        to spare (measured in virtual-clock replays: 2% misses at 0.05 ms when ignored)."""
+        ring, srt = self.entries, self.entries_sorted
+        if len(ring) == self.window:
+            del srt[bisect.bisect_left(srt, ring.popleft())]
+        ring.append(seconds)
+        bisect.insort(srt, seconds)
+        self.entry = srt[min(len(srt) - 1, math.ceil(self.q * len(srt)) - 1)]
 
     def observe(self, leaf: int, seconds: float) -> None:
         base = self.base[leaf]
@@ -659,33 +691,29 @@ class CostModel:
         return model
 
     def predict(self, batch: int) -> list[float]:
-        """Current predicted seconds per leaf (a copy)."""
+        """Current predicted seconds per step at ``batch`` (a copy): what a budget must fit."""
         return list(self.for_batch(batch).pred)
 
+    def predict_step(self, step: int, batch: int) -> float:
+        """What step ``step`` (an index of the runner's ``steps``) is predicted to cost at ``batch``, in seconds:
+        the quantile prediction a budget must fit (infinite while nothing measured says). The query a
+        scheduler asks of a unit before starting it."""
+        return self.for_batch(batch).pred[step]
+
+    def median_step(self, step: int, batch: int) -> float:
+        """Step ``step``'s current median estimate at ``batch`` (seconds; 0 while unmeasured): what speeds are
+        compared by."""
+        model = self.for_batch(batch)
+        return model.base[step] if model.known[step] else 0.0
+
     def _new_model(self, batch: int) -> _BatchModel:
-        profile = self.profile
-        if profile is None or not profile.batches:
+        at = profile_at_batch(self.profile, batch)
+        if at is None or len(at[0]) != len(self.step_macs):
             return _BatchModel(self.step_macs, None, (), self)
-        sizes = sorted(profile.batches)
-        lower = [b for b in sizes if b <= batch]
-        upper = [b for b in sizes if b >= batch]
-        if lower and upper:
-            b0, b1 = lower[-1], upper[0]
-            m0, m1 = profile.leaf_medians_s(b0), profile.leaf_medians_s(b1)
-            w = 0.0 if b1 == b0 else (batch - b0) / (b1 - b0)
-            base = [a + w * (c - a) for a, c in zip(m0, m1)]
-            nearest = b0 if w < 0.5 else b1
-        elif upper:  # smaller than anything profiled: the smallest profile (fixed costs dominate)
-            nearest = upper[0]
-            base = profile.leaf_medians_s(nearest)
-        else:  # larger: scale the largest linearly with batch (conservative on CPUs)
-            nearest = lower[-1]
-            base = [m * batch / nearest for m in profile.leaf_medians_s(nearest)]
-        if len(base) != len(self.step_macs):
-            return _BatchModel(self.step_macs, None, (), self)
+        base, nearest = at
         base = [max(b, MIN_LEAF_SECONDS) for b in base]  # medians of 1e-320 ms underflow to 0 s
         seeds = []
-        leaves = profile.batches[nearest]["leaves"]
+        leaves = self.profile.batches[nearest]["leaves"]
         reps = min(len(leaf.get("samples_ms", ())) for leaf in leaves)
         for r in range(reps):  # interleave leaves so the window's tail keeps every leaf
             for leaf in leaves:
@@ -693,3 +721,38 @@ class CostModel:
         scale = [b / (leaf["median_ms"] / 1e3) for b, leaf in zip(base, leaves)]  # samples at this batch size
         times = [[t / 1e3 * k for t in leaf.get("samples_ms", ())] for leaf, k in zip(leaves, scale)]
         return _BatchModel(self.step_macs, base, seeds, self, times)
+
+
+def profile_at_batch(profile: Profile | None, batch: int) -> tuple[list[float], int] | None:
+    """The batch rule: a profile's step medians (seconds) at ``batch``, from what was measured only, and the
+    measured batch size whose samples seed the tails; None when nothing measured says (the cost model then
+    learns that batch size online, as without a profile).
+
+    * a profiled batch size: its medians;
+    * between two profiled sizes: linear interpolation of each step's median;
+    * below the smallest: the smallest's (fixed costs dominate a small batch);
+    * above the largest: each step's measured slope between the two largest sizes, never below flat. On a
+      launch-bound GPU that slope is about 0 (H200: the fused tree costs 1.24 ms at batch 1, 1.43 ms at 16);
+      on a CPU it is about linear. With one profiled size nothing says how cost grows with batch: None,
+      rather than assume a CPU's linear slope (a batch-1 profile predicted batch 16 "41x slower" than an H200
+      measured, and was dropped) or a GPU's flat one (which under-predicts a CPU 10-fold).
+
+    ``AnytimeRunner.profile()`` measures the bundle's min and opt batch sizes by default, so a profile has two.
+    """
+    if profile is None or not profile.batches:
+        return None
+    sizes = sorted(profile.batches)
+    lower = [b for b in sizes if b <= batch]
+    upper = [b for b in sizes if b >= batch]
+    if lower and upper:
+        b0, b1 = lower[-1], upper[0]
+        m0, m1 = profile.leaf_medians_s(b0), profile.leaf_medians_s(b1)
+        w = 0.0 if b1 == b0 else (batch - b0) / (b1 - b0)
+        return [a + w * (c - a) for a, c in zip(m0, m1)], (b0 if w < 0.5 else b1)
+    if upper:
+        return profile.leaf_medians_s(upper[0]), upper[0]
+    if len(sizes) < 2:
+        return None
+    b0, b1 = sizes[-2], sizes[-1]
+    m0, m1 = profile.leaf_medians_s(b0), profile.leaf_medians_s(b1)
+    return [c + max(0.0, (c - a) / (b1 - b0)) * (batch - b1) for a, c in zip(m0, m1)], b1

@@ -22,7 +22,7 @@ from .cost_model import summarize
 from .program import Call, Program
 from .session import AnytimeSession, UnitHook
 
-__all__ = ["unit_timer", "measure"]
+__all__ = ["unit_timer", "measure", "step_seconds"]
 
 
 def unit_timer(backend: Any, samples: dict[str, list[float]] | None) -> UnitHook:
@@ -50,6 +50,23 @@ def unit_timer(backend: Any, samples: dict[str, list[float]] | None) -> UnitHook
         return outs
 
     return hook
+
+
+def step_seconds(open_session: Callable[[Program], AnytimeSession], program: Program, clock: Callable[[], float]) -> list[float]:
+    """Every step's wall time (seconds) on one frame: each route of ``program`` once, unbudgeted, through the
+    one loop (no hook, so each step costs what a frame pays); a step on several routes is timed on the first.
+
+    ``open_session(route)``: a session over the frame's uploaded image running ``route`` that does not feed
+    the cost model. What an oracle knows of a frame (:func:`~.program.best_leaves`)."""
+    seconds = [float("nan")] * len(program.steps)
+    for route in program.routes():
+        session = open_session(route)
+        n = session.num_leaves
+        session.advance(clock(), None, None, n, n)
+        for j, _, _, t in session.steps_taken:
+            if seconds[j] != seconds[j]:  # nan: not timed yet
+                seconds[j] = t
+    return seconds
 
 
 def measure(

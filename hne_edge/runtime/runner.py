@@ -447,9 +447,22 @@ class AnytimeRunner:
         return [{"step": j, "leaves": (s.lo, s.hi), "kind": s.kind, "name": s.name, "macs": m}
                 for j, (s, m) in enumerate(zip(self._program.steps, self.step_macs))]  # fmt: skip
 
+    def time_steps(self, x: np.ndarray) -> list[float]:
+        """Every step's wall time (seconds) on ``x``, as one frame pays it: each route of the program (leaf by
+        leaf; a mixed runner's subtree by subtree and whole tree too) run once, unbudgeted, unseen by the cost
+        model. What an oracle knows of this frame (``program.best_leaves``); the benchmarks' deadline rows and
+        ``benchmarks/record_steps.py`` use it. Indexed like :attr:`steps`."""
+        self._acquire()
+        try:
+            x = check_input(x, self.input_spec)
+            return profiler.step_seconds(lambda route: self._session(self._upload(x), len(x), UNOBSERVED, route),
+                                         self._program, self._clock)  # fmt: skip
+        finally:
+            self._release()
+
     def profile(
         self,
-        batch_sizes: Sequence[int] = (1,),
+        batch_sizes: Sequence[int] | None = None,
         warmup: int = 10,
         repeats: int = 50,
         save: bool = True,
@@ -457,6 +470,10 @@ class AnytimeRunner:
         progress: Progress | None = None,
     ) -> Profile:
         """Measure every step and unit on this device (median/p90/p95 after warm-up); use and save it.
+
+        ``batch_sizes``: default the bundle's min and opt batch sizes (one when they are equal). Between
+        profiled sizes the cost model interpolates; beyond the largest it follows the measured slope of the
+        two largest; with one size it predicts no other (see :func:`~.cost_model.profile_at_batch`).
 
         A mixed runner times each of its routes (leaf by leaf, subtree by subtree, the whole tree) in turn,
         so every step it may choose is measured.
@@ -466,7 +483,9 @@ class AnytimeRunner:
         Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
         (or the user cache if the bundle is read-only; ``self.profile_path`` says where).
         """
-        lo, _, hi = self.input_spec.batch
+        lo, opt, hi = self.input_spec.batch
+        if batch_sizes is None:  # two sizes when the bundle has them: the cost model interpolates (cost_model.profile_at_batch)
+            batch_sizes = sorted({lo, opt})
         sizes = [check_count(b, "batch_sizes[]", lo, hi) for b in batch_sizes]
         if not sizes:
             raise InputError("batch_sizes: received an empty list; expected at least one batch size")

@@ -111,9 +111,14 @@ class _Unobserved:
     """The cost model of warm-up and profiling passes: predicts nothing, learns nothing."""
 
     pred = None
+    entry = 0.0
 
     @staticmethod
     def observe(step: int, seconds: float) -> None:
+        pass
+
+    @staticmethod
+    def observe_entry(seconds: float) -> None:
         pass
 
 
@@ -315,6 +320,13 @@ class AnytimeSession:
         and (mixed programs) nothing can cancel or refine it: the whole-tree step may be taken.
         ``on_unit``: called in place of each unit call, e.g. to time it.
         """
+        # a run()'s own work before its first step (input check, upload) is in the budget: learned frame by frame, and
+        # part of what the forced leaves take when the forced-miss label is judged (as predicted when the call began)
+        model = self._model
+        entry = final and self._next == 0 and hasattr(model, "observe_entry")  # (stand-in models may lack it)
+        entry_s = model.entry if entry else 0.0
+        if entry:
+            model.observe_entry(self._clock() - t0)
         start = self._next
         if self.done:
             reason = "cancelled" if self._cancelled else ("complete" if self._next >= self._num_leaves else "closed")
@@ -328,7 +340,7 @@ class AnytimeSession:
         # a forced miss: the forced leaves overran a budget shorter than what they take 9 times in 10 (their own
         # measured p90); over a budget that holds them, the miss is the run's (a pre-emption, a busy machine).
         # Computed only for a frame whose forced leaves overran (the p90 sorts a leaf's recent times)
-        overran = stop_at is not None and t_forced > stop_at and t0 + self._forced_cost(start, n_min) > stop_at
+        overran = stop_at is not None and t_forced > stop_at and t0 + entry_s + self._forced_cost(start, n_min) > stop_at
         self._status = (stop_at is None or t1 <= stop_at, overran, budget_ms, reason)
 
     def _forced_cost(self, start: int, n_min: int) -> float:

@@ -246,3 +246,19 @@ def test_best_leaves_is_the_oracle_over_every_schedule():
     assert best_leaves(p, t, 1.55, whole=False) == 3  # the subtree (to 4) needs 1.7
     assert best_leaves(p, t, 1.7, whole=False) == 4
     assert best_leaves(compile_program(TREE, subtree_units()), [1.0, 0.2, 0.5], 1.6) == 2  # no stop at 3
+
+
+def test_best_leaves_split_is_an_upper_bound_that_stops_inside_steps():
+    """``split=True``: a step's time spread evenly over its leaves, stopping anywhere - the old benchmark oracle, which
+    credits stops no plan can make. Leaf by leaf it is the oracle; with multi-leaf steps it is above it."""
+    from hne_edge.runtime.program import best_leaves
+
+    p = mixed()
+    t = [1.0, 0.2, 0.3, 0.3, 0.5, 1.5]  # seg0..seg3, b1.1's subtree (2 leaves, 0.25 each), the tree (0.375 each)
+    assert best_leaves(p, t, 1.49) == 2 and best_leaves(p, t, 1.49, split=True) == 3  # 3 tree leaves: 1.125 s
+    assert best_leaves(p, t, 0.8, split=True) == 2  # two leaves of the tree: 0.75 s (no plan stops there)
+    sub = compile_program(TREE, subtree_units())
+    assert best_leaves(sub, [1.0, 0.2, 0.5], 1.6) == 2 and best_leaves(sub, [1.0, 0.2, 0.5], 1.6, split=True) == 3
+    seg = compile_program(TREE, segment_units())
+    for budget in (0.5, 1.1, 1.3, 1.6, 2.0):
+        assert best_leaves(seg, t[:4], budget) == best_leaves(seg, t[:4], budget, split=True)

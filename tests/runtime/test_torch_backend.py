@@ -71,3 +71,54 @@ def test_cli_run_torch_fp16_on_cpu(tiny_bundle, reference64, tmp_path):
     records = json.loads(proc.stdout)["records"]
     assert [r["leaves"] for r in records] == [16] * 3
     assert [r["class"] for r in records] == list(ref.mean(1).argmax(1))
+
+
+# -- compiled units (torch.compile), the cheapest reduction toward the launch floor (issue 26 item 6) ----------
+
+
+def _every_stop(runner, x, ref, tol):
+    for n in runner.stops:
+        np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), **tol)
+
+
+@pytest.mark.parametrize("plan", ["fused", "mixed"])  # mixed: every unit of segments, subtrees and fused
+def test_compiled_units_equal_the_float64_model_at_every_stop(steps_bundle, reference64, plan):
+    """``compile=`` runs each unit through torch.compile: dynamo's trace of every unit (here with the aot_eager
+    backend, which checks the tracing without code generation: inductor takes minutes on this CPU; the slow test
+    below runs it) gives every prefix of every plan within the fp32 tolerance of the float64 fused model."""
+    x, ref = reference64
+    with AnytimeRunner(steps_bundle, backend="torch", plan=plan, compile="aot_eager", load_profile=False) as runner:
+        assert runner.backend.describe()["compile"] == "aot_eager"
+        assert all(type(r.module).__name__ == "OptimizedModule" for r in runner._runners)
+        _every_stop(runner, x, ref, FP32)
+        if plan == "fused":
+            _every_stop(runner, x[:1], ref[:1], FP32)  # another batch size: compiled again (static shapes)
+
+
+def test_compiled_units_run_in_the_cuda_graphs_of_the_torch_cuda_backend(steps_bundle, reference64, fake_torch_cuda):
+    """On the torch CUDA backend (a fake device: CPU tensors) a compiled unit is captured and replayed like an eager
+    one: every stop exact, graphs replayed from the first frame."""
+    x, ref = reference64
+    with AnytimeRunner(steps_bundle, backend="torch", device="cuda", plan="fused", compile="aot_eager",
+                       load_profile=False) as runner:  # fmt: skip
+        (dev,) = fake_torch_cuda
+        assert dev.captures == 1 and runner.backend.describe()["compile"] == "aot_eager"
+        _every_stop(runner, x[:1], ref[:1], FP32)
+        assert dev.replays >= 2 and dev.captures == 1
+
+
+def test_compile_option_is_checked(tiny_bundle):
+    from hne_edge.errors import InputError
+
+    with pytest.raises(InputError, match=r"compile: received 3; expected True, False or a torch.compile backend name"):
+        AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", compile=3, load_profile=False)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_fused_tree_equals_the_float64_model(steps_bundle, reference64):
+    """The default compiler (inductor: bias, activation and residual fused into fewer kernels) on the whole tree:
+    every leaf within the fp32 tolerance of the float64 model (measured here: 3.7e-9; 220 s of compilation on this
+    2-core machine for hne_tiny's fused forward)."""
+    x, ref = reference64
+    with AnytimeRunner(steps_bundle, backend="torch", plan="fused", compile=True, load_profile=False, warmup=0) as runner:
+        np.testing.assert_allclose(runner.run(x).leaf_logits, ref.transpose(1, 0, 2), **FP32)

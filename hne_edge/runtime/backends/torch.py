@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...bundle import ANYTIME_PLANS, Manifest, bundle_path
-from ...errors import BackendUnavailable, BundleError, install_hint
+from ...errors import BackendUnavailable, BundleError, InputError, install_hint
 from ...limits import check_threads
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
 
@@ -81,20 +81,30 @@ class TorchBackend(Backend):
         :func:`hne_edge.limits.max_threads`.
     fold_batchnorm: fold each BatchNorm into its convolution when a unit's module is built
         (fewer kernels; the same function up to fp32 rounding).
+    compile: ``torch.compile`` each unit's module once it is built (off by default): ``True`` for the
+        default compiler (inductor: fuses a convolution's bias, activation and residual add into fewer kernels),
+        or the name of a ``torch.compile`` backend (``"aot_eager"`` checks the tracing without code generation).
+        Shapes are static (``dynamic=False``): each batch size compiles once, on its first call. The first call
+        of each unit and batch size pays the compilation (seconds to minutes), so construct the runner with its
+        warm-up and profile before deadlines matter. Meant for plans with few units (``fused``, ``subtrees``).
     """
 
     name = "torch"
     format = "torch"
     devices = ("cpu",)
 
-    def __init__(self, device: str = "cpu", threads: int | None = None, fold_batchnorm: bool = True) -> None:
+    def __init__(self, device: str = "cpu", threads: int | None = None, fold_batchnorm: bool = True,
+                 compile: bool | str = False) -> None:  # fmt: skip
         super().__init__(device)
         threads = check_threads(threads)
+        if not isinstance(compile, (bool, str)) or compile == "":
+            raise InputError(f"compile: received {compile!r}; expected True, False or a torch.compile backend name")
         self.torch = _import_torch()
         if threads is not None:
             self.torch.set_num_threads(threads)
         self.threads = threads
         self.fold_batchnorm = bool(fold_batchnorm)
+        self.compile = compile
 
     def has_plan(self, manifest: Manifest, plan: str, precision: str) -> bool:
         """Every plan is a view of the weights file: the bundle needs only that (fp32 serves fp16 too)."""
@@ -114,13 +124,22 @@ class TorchBackend(Backend):
         return LoadedPlan(plan, precision, units, image_dtype(units, manifest), weights, model)
 
     def prepare(self, module: Any, half: bool) -> Any:
-        """A unit's module as it runs: BatchNorm folded (in fp32, before any cast), then fp16 if ``half``."""
+        """A unit's module as it runs: BatchNorm folded (in fp32, before any cast), then fp16 if ``half``, placed on
+        the device (:meth:`place`), then compiled if ``compile``."""
         from ...models.layers import fold_batchnorm
 
         module = module.float().eval()
         if self.fold_batchnorm:
             module = fold_batchnorm(module)
-        return module.half() if half else module
+        module = self.place(module.half() if half else module)
+        if self.compile is False:
+            return module
+        backend = "inductor" if self.compile is True else self.compile
+        return self.torch.compile(module, backend=backend, dynamic=False)
+
+    def place(self, module: Any) -> Any:
+        """Where and how a prepared module's weights live (the CPU: as they are)."""
+        return module
 
     def _build(self, manifest: Manifest, path: Path, data: bytes) -> Any:
         from ...models import build_model
@@ -153,4 +172,5 @@ class TorchBackend(Backend):
             "torch": self.torch.__version__,
             "threads": self.threads,
             "fold_batchnorm": self.fold_batchnorm,
+            "compile": self.compile,
         }

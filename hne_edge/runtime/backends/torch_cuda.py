@@ -22,7 +22,9 @@ moved to the GPU:
   shape (shape, dtype, strides). The first call of a shape runs eagerly (that
   run is the warm-up: cuDNN autotuning, lazy allocations) and the graph is
   captured right after it, so no call computes a unit twice; later calls copy
-  the input into the graph's static input and replay. ``AnytimeRunner``'s
+  the input into the graph's static input and replay. The capture replays
+  the new graph once (off any frame: a graph's first launch also uploads it
+  to the device, so it is slower than the later ones; issue 26). ``AnytimeRunner``'s
   construction warm-up is such a first call at the bundle's optimal batch
   size, so real frames of that size replay from the first one. At most
   ``max_graphs`` shapes are kept (least recently used dropped). If a paused
@@ -145,6 +147,7 @@ class TorchCudaRunner(TorchRunner):
             self._call(static_in)
         with self._policy:  # the kernels captured are chosen under the same flags as the eager runs
             replay, outputs = self._backend.cuda.capture_outputs(lambda: self._call_unscoped(static_in))
+        replay()  # a graph's first launch also uploads it to the device: paid here, not by a frame's deadline
         return _Graph(static_in, replay, outputs)
 
     def release_impl(self) -> None:
@@ -165,6 +168,9 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
     cudnn_benchmark: ``torch.backends.cudnn.benchmark`` inside the backend's calls (None: the process's).
     fold_batchnorm: fold BatchNorm into the convolutions (as the CPU backend).
     threads: torch intra-op CPU threads (as the CPU backend).
+    compile: ``torch.compile`` each unit's module (as the CPU backend; off by default). The compiled kernels are
+        captured in the unit's CUDA graph like the eager ones (the first call of a batch size compiles, then
+        captures). Not yet measured on a GPU: benchmarks/bench_kernels.py compares it with the eager graphs.
     """
 
     name = "torch"
@@ -183,10 +189,11 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         cudnn_benchmark: bool | None = True,
         fold_batchnorm: bool = True,
         threads: int | None = None,
+        compile: bool | str = False,
     ) -> None:
         if int(graph_warmup) < 1:
             raise ValueError(f"graph_warmup: received {graph_warmup}; expected >= 1 (the first call of a shape is one)")
-        TorchBackend.__init__(self, device, threads=threads, fold_batchnorm=fold_batchnorm)  # the device; torch
+        TorchBackend.__init__(self, device, threads=threads, fold_batchnorm=fold_batchnorm, compile=compile)  # the device; torch
         require_cuda(self.name, self.device_id, torch=True)
         self.cuda = TorchCuda(self.device_id)
         self.channels_last = bool(channels_last)
@@ -197,8 +204,8 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         self.cudnn_benchmark = cudnn_benchmark
         self.policy = Fp32Policy(self.torch, self.allow_tf32, cudnn_benchmark)
 
-    def prepare(self, module: Any, half: bool) -> Any:
-        module = super().prepare(module, half).to(self.cuda.device)
+    def place(self, module: Any) -> Any:
+        module = module.to(self.cuda.device)
         if self.channels_last:
             module = module.to(memory_format=self.torch.channels_last)
         return module
@@ -232,4 +239,5 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
             "cuda_graph": self.cuda_graph,
             "allow_tf32": self.allow_tf32,
             "cudnn_benchmark": self.cudnn_benchmark,
+            "compile": self.compile,
         }
