@@ -79,6 +79,7 @@ __all__ = [
     "Manifest",
     "read_manifest",
     "read_manifest_and_digest",
+    "not_a_bundle",
     "write_manifest",
     "parse_json",
     "path_component",
@@ -482,16 +483,34 @@ class Manifest:
         """The model files of one plan, in execution order (nodes: breadth-first; segments: by leaf)."""
         chosen = [f for f in self.files if (f.format, f.plan, f.precision) == (format, plan, precision)]
         if not chosen:
-            raise BundleError(
-                f"bundle has no {variant_label(format, plan, precision)} model files; it has "
-                f"{', '.join(variant_label(*v) for v in self.variants()) or 'none'}"
-            )
+            raise self._missing(format, plan, precision)
         if plan == "nodes":
             order = {n.id: i for i, n in enumerate(self.tree.nodes)}
             return sorted(chosen, key=lambda f: order[f.nodes[0]])
         if plan == "weights":
             return chosen
         return sorted(chosen, key=lambda f: f.leaf)
+
+    def _missing(self, format: str, plan: str, precision: str) -> BundleError:
+        """A variant this bundle lacks: what it has, and the export that adds the variant and keeps the others."""
+        has = self.variants()
+        message = (f"bundle has no {variant_label(format, plan, precision)} model files; it has "
+                   f"{', '.join(variant_label(*v) for v in has) or 'none'}")  # fmt: skip
+        if format == "tensorrt":  # engines are built from the bundle's own ONNX files, on the target GPU
+            fix = f"build them on the target GPU: hne-edge export BUNDLE --format tensorrt --plan {plan} --precision {precision}"
+            return BundleError(message, hint="build them on the target GPU (hne_edge.exporters.tensorrt.build_engines)", cli_hint=fix)
+        exported = ("nodes", "segments", "subtrees", "fused")  # what export --plan writes (first, weights: by default)
+        plans = [p for p in PLANS if p in exported and (p == plan or any(v[1] == p for v in has))] or ["both"]
+        precisions = [q for q in PRECISIONS if q == precision or any(v[2] == q for v in has)]
+        ckpt = self.provenance.get("checkpoint") if isinstance(self.provenance.get("checkpoint"), str) else "CHECKPOINT"
+        also = {"first": " (without --no-first-leaf)", "weights": " (without --no-torch-weights)"}.get(plan, "")
+        return BundleError(
+            message,
+            hint=f"export it again with it: hne_edge.exporters.export_checkpoint({ckpt!r}, BUNDLE, plan={','.join(plans)!r}, "
+                 f"precisions={tuple(precisions)!r}, force=True)",
+            cli_hint=f"export it again with it: hne-edge export {ckpt} --out BUNDLE --plan {','.join(plans)} "
+                     f"--precision {','.join(precisions)} --force{also}",
+        )  # fmt: skip
 
     def sample_bytes(self, plan: str, precision: str) -> int:
         """Bytes per sample of the image and of every tensor the files of ``plan`` / ``precision`` output.
@@ -903,10 +922,26 @@ def _parse_manifest(path: Path) -> tuple[Manifest, bytes]:
     return Manifest.from_dict(parse_json(raw, str(path))), raw
 
 
+def not_a_bundle(path: str | os.PathLike) -> BundleError | None:
+    """The error for a file given where a bundle folder goes, naming what it likely is and how it becomes a bundle
+    (a checkpoint is exported first); None when ``path`` is not a file."""
+    if not os.path.isfile(path):
+        return None
+    suffix = Path(path).suffix.lower()
+    if suffix in (".pt", ".pth", ".ckpt"):
+        return BundleError(f"{path}: received a file (a checkpoint?); expected a bundle folder",
+                           hint=f"export the checkpoint to one first: hne_edge.exporters.export_checkpoint({str(path)!r}, 'BUNDLE')",
+                           cli_hint=f"export the checkpoint to one first: hne-edge export {path} --out BUNDLE")  # fmt: skip
+    if suffix in (".onnx", ".engine", ".plan", ".json"):
+        return BundleError(f"{path}: received one file of a bundle; expected the bundle folder",
+                           hint=f"pass the folder that holds {MANIFEST_NAME}")  # fmt: skip
+    return BundleError(f"{path}: received a file; expected a bundle folder (what hne-edge export writes)")
+
+
 def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[Manifest, bytes]:
     bundle_dir = Path(bundle_dir)
     if not bundle_dir.is_dir():
-        raise BundleError(f"bundle directory not found: {bundle_dir}")
+        raise not_a_bundle(bundle_dir) or BundleError(f"bundle directory not found: {bundle_dir}")
     manifest, raw = _parse_manifest(bundle_dir / MANIFEST_NAME)
     for i, f in enumerate(manifest.files):
         target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")

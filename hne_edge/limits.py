@@ -35,6 +35,8 @@ __all__ = [
     "MAX_INPUT_SIZE",
     "MAX_IN_CHANS",
     "cpu_count",
+    "load_average",
+    "free_cpus_threads",
     "max_threads",
     "check_threads",
     "available_memory",
@@ -56,6 +58,32 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, this one included); None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return None
+
+
+def free_cpus_threads(default: int, cpus: int | None = None, load: float | None = None) -> tuple[int, str | None]:
+    """Threads for a CPU-bound library whose user named none: its ``default``, lowered to the CPUs that other
+    processes leave free (this process's CPUs minus the load average, rounded; at least 1), and why when lowered.
+
+    More threads than free CPUs do not add speed, they collapse it: torch's two threads on two busy cores
+    trained at 13-18 img/s where one thread kept 150-450 (issue 28; BENCHMARKS.md, "Training threads under
+    load"). ``cpus`` / ``load``: this machine's unless given (tests).
+    """
+    cpus = cpu_count() if cpus is None else cpus
+    load = load_average() if load is None else load
+    if load is None:
+        return default, None
+    free = max(1, int(cpus - load + 0.5))
+    if free >= default:
+        return default, None
+    return free, f"load average {load:.1f} on {cpus} CPU{'s' if cpus > 1 else ''}"
 
 
 def max_threads() -> int:

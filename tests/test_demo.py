@@ -239,7 +239,8 @@ def test_the_forced_column_counts_budgets_shorter_than_the_first_leaf_not_preemp
     fits, short = rows
     assert (fits["misses"], fits["forced_misses"]) == (1, 0)  # the stall: a miss, not a forced one
     assert (short["misses"], short["forced_misses"]) == (40, 40)  # shorter than the first leaf: every frame forced
-    assert "budget was shorter than the first leaf (which always runs) as the runner predicted it" in format_budget_table(rows)
+    assert ("budget was shorter than the first leaf (which always runs) takes 9 times in 10 as the runner measured it"
+            in format_budget_table(rows))
 
 
 def test_pretrained_choices_name_what_is_shipped(tmp_path):
@@ -254,3 +255,27 @@ def test_pretrained_choices_name_what_is_shipped(tmp_path):
         pretrained_checkpoint(str(tmp_path / "nope.pt"))
     proc = run_cli("demo", "--pretrained", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "d"))
     assert proc.returncode == 2 and "--pretrained: received" in proc.stderr and not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow
+def test_the_demo_evaluates_the_validation_images_once(tmp_path, monkeypatch):
+    """Reproduces issue 28: the demo's step 5 ("profiling") spent 55 of its 57 s evaluating the whole validation
+    set a second time, for the ensemble table that step 2's evaluation had measured already."""
+    import hne_edge.train.engine as engine
+    from hne_edge.demo import run_demo
+
+    passes = []
+    predict = engine.predict
+
+    def counting(model, loader, *args, **kwargs):
+        passes.append(len(loader.dataset))
+        return predict(model, loader, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "predict", counting)
+    lines: list[str] = []
+    result = run_demo(tmp_path / "demo", data="digits", epochs=1, limit=64, frames=10, quiet=True, echo=lines.append)
+    # the 180 held-out digits: fit's validation of its last epoch, then step 2's evaluation; step 5 reads step 2's
+    assert passes == [180, 180], passes
+    assert result.metrics["num_images"] == 180
+    table = next(line for line in lines if line.startswith("validation accuracy by ensemble size"))
+    assert "(180 images" in table

@@ -13,7 +13,10 @@ import click
 from ..train.config import (DATASETS, DEFAULT_PRESET, HOLDOUTS, LOSSES, NORMALIZATIONS, POINTWISE, PRESETS,  # torch-free:
                             WEIGHTINGS)  # --help stays instant
 from ..tree import TREE_PRESETS
-from .options import config_device_option, device_option, quiet_option, threads_option
+from .options import config_device_option, device_option, names_typed_flags, quiet_option, threads_option, typed_flags
+
+# config keys whose flag is not "--" + the key's last part with "-" for "_" (errors name the flag the user typed)
+FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss", "loss.temperature_squared": "--t-squared"}
 
 @click.command("train")
 @click.option("--data", type=click.Choice(DATASETS), default=None, help="Dataset (default: digits, bundled with scikit-learn).")
@@ -64,6 +67,7 @@ from .options import config_device_option, device_option, quiet_option, threads_
 @threads_option("torch")
 @quiet_option
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
+@names_typed_flags
 def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, normalize, epochs,
           time_budget, batch_size, lr, lr_batch, warmup_epochs, weight_decay, accum_steps, seed, val_split, holdout, limit,
           val_limit, out, resume, config_path, preset, pointwise, device, threads, quiet, nproc_per_node):
@@ -79,10 +83,13 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     if config_path and preset:
         raise InputError("--config and --preset contradict each other: give one (a YAML config may say `preset: NAME`)")
     overrides: dict = {}
+    flags = typed_flags()
 
     def put(section: str | None, key: str, value) -> None:
         if value is not None:
             (overrides.setdefault(section, {}) if section else overrides)[key] = value
+            name = f"{section}.{key}" if section else key
+            flags[name] = FLAG_OF.get(name, "--" + key.replace("_", "-"))
 
     if batch_size is not None and batch_size != "auto":
         try:
@@ -95,6 +102,7 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     put("model", "name", model)
     if tree is not None:
         overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = parse_tree(tree, "--tree")
+        flags["model.overrides"] = "--tree"
     for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature), ("weighting", weighting),
                        ("temperature_squared", temperature_squared), ("normalize", normalize)):
         put("loss", key, value)

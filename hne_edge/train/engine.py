@@ -29,6 +29,7 @@ BatchNorm statistics stay per process (as in the paper's recipes).
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import random
@@ -46,6 +47,7 @@ from torch import nn
 
 from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch
+from ..limits import cpu_count, free_cpus_threads, load_average
 from ..models import HNE, create_model, tree_cost
 from ..models.layers import set_pointwise
 from ..progress import NULL_PROGRESS, Progress, format_duration, progress_for
@@ -170,6 +172,18 @@ def torch_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"device: received {name!r}; no CUDA device is available (use cpu or auto)")
     return torch.device(name)
+
+
+_TORCH_THREADS = torch.get_num_threads()  # torch's own default (one per physical core), before anyone changes it
+
+
+def use_free_cpus() -> str | None:
+    """Give torch its default threads, or fewer when other processes keep the CPUs busy
+    (:func:`hne_edge.limits.free_cpus_threads`); when fewer, say so (``"1 torch thread (load average 16.8 on 2
+    CPUs; --threads N to choose)"``), else None."""
+    threads, why = free_cpus_threads(_TORCH_THREADS)
+    torch.set_num_threads(threads)
+    return f"{threads} torch thread{'s' if threads > 1 else ''} ({why}; --threads N to choose)" if why else None
 
 
 def _amp_dtype(config: TrainConfig) -> torch.dtype | None:
@@ -464,6 +478,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     threads = config.threads or (min(4, os.cpu_count() or 1) if device.type == "cuda" else 0)
     if threads:  # on CUDA the CPU only feeds the GPU: a few threads, so that several runs can share one machine
         torch.set_num_threads(threads)
+    busy = None if threads else use_free_cpus()  # torch's default, or fewer threads when the CPUs are busy
     if world_size > 1:
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
@@ -565,12 +580,14 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             f"validation images, {length} {steps_per_epoch} step{'s' if steps_per_epoch > 1 else ''} "
             f"(batch {opt.batch_size}{_lr_text(opt)}); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
             f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}"
+            f"{', ' + busy if busy else ''}"
             + (where if state is not None else "")
         )
         log_path = out / LOG_NAME
         interrupt = _Interrupt(enabled=world_size == 1)
         estimate = (_RunEstimate(progress, opt.epochs * steps_per_epoch - done_steps, steps_per_epoch - start_step, device,
-                                 _shorter_run_advice(config.model.name, fast_ratio), on_ctrl_c=interrupt.enabled)
+                                 _shorter_run_advice(config.model.name, fast_ratio), on_ctrl_c=interrupt.enabled,
+                                 threads=0 if device.type == "cuda" else torch.get_num_threads(), images=opt.batch_size)
                     if budget is None else None)  # fmt: skip  (a time budget says how long instead)
         steps_run = 0
         epoch = start_epoch
@@ -735,40 +752,105 @@ def _shorter_run_advice(model: str, ratio: float) -> str:
 
 
 class _RunEstimate:
-    """Says once, after the first steps, how long the rest of the run takes on this device, and when that is
-    hours, what makes it shorter.
+    """Says once, when the step time is steady, how long the run takes on this device (and when that is hours,
+    what makes it shorter); warns once when the machine got too busy for torch's threads.
 
-    The first step carries one-off costs (allocation, kernel selection), so the rate is measured from the end of
-    the first step: after 20 more steps or 5 s, whichever comes first (or the end of the first epoch). A first
-    step that alone takes 30 s is its own estimate (the run is long either way).
+    The first steps carry one-off costs (allocation, kernel selection, compilation, cold caches) and, on a shared
+    CPU, bursts of contention: an estimate from the first 5 s said 32 min for a run of 238 s (issue 28). So the
+    first step is left out, and the step time is the mean over the latest half of the steps after it, said once
+    that mean is steady: the window holds :attr:`MIN_STEPS` steps or more, and the means of its :attr:`BATCHES`
+    consecutive parts give it a relative standard error of at most :attr:`STEADY` (batch means: a burst of slow
+    steps falls in one part and shows). A run that never settles says it after :attr:`SETTLE_S`, an epoch too
+    short to tell at its end. The progress lines keep the estimate current: their rate and ETA cover the latest
+    half of the elapsed time (:attr:`hne_edge.progress.Progress.rate`). A first step that alone takes 30 s is its
+    own estimate (the run is long either way). Tested on a recorded trace of this machine under load
+    (tests/train/test_engine.py): within 25 % of the run's time.
+
+    Oversubscription: when the step time later grows :attr:`COLLAPSE` times over the estimate's while the load
+    average is above the CPUs and torch runs several threads, it says so once with the fix (``--threads 1``).
 
     Args:
         steps_left: training steps left in the run; epoch_left: of them, those before the next checkpoint (the
-        end of the current epoch); advice: what makes a run shorter; on_ctrl_c: Ctrl-C saves a checkpoint too.
+        end of the current epoch); advice: what makes a run shorter; on_ctrl_c: Ctrl-C saves a checkpoint too;
+        threads: torch's CPU threads (0: a GPU run, nothing to watch); images: per step (the global batch);
+        clock, load, cpus: for tests.
     """
 
+    MIN_STEPS = 12
+    BATCHES = 4
+    STEADY = 0.07
+    SETTLE_S = 300.0
+    COLLAPSE = 3.0
+
     def __init__(self, progress: Progress, steps_left: int, epoch_left: int, device: torch.device, advice: str,
-                 clock: Callable[[], float] = time.perf_counter, on_ctrl_c: bool = True) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.perf_counter, on_ctrl_c: bool = True, threads: int = 0,
+                 load: Callable[[], float | None] = load_average, cpus: int | None = None, images: int = 0) -> None:  # fmt: skip
         self.progress, self.steps_left, self.epoch_left = progress, steps_left, epoch_left
         self.device, self.advice, self.clock, self.on_ctrl_c = device, advice, clock, on_ctrl_c
-        self.start, self.after_first, self.steps, self.said = clock(), 0.0, 0, False
+        self.threads, self.load, self.cpus = threads, load, cpu_count() if cpus is None else cpus
+        self.images = images  # per step (the global batch), for the warning's img/s
+        self.start = clock()
+        self.ends: list[float] = []  # when each step ended (the latest ones, once the estimate is said)
+        self.steps = 0
+        self.per_step: float | None = None  # what the estimate said
+        self.said = False
+        self.warned = not threads or threads < 2
 
     def after_step(self, step: int) -> None:
-        if self.said:
-            return
         now = self.clock()
+        self.ends.append(now)
         self.steps += 1
-        if self.steps == 1:
-            self.after_first = now
-            if now - self.start >= 30:
-                self.say(now - self.start, "the first step, start-up included")
-        elif now - self.after_first >= 5 or self.steps >= 21 or self.steps == self.epoch_left:
-            n = self.steps - 1
-            self.say((now - self.after_first) / n, f"{n} step{'s' if n > 1 else ''} after the first")
+        if not self.said:
+            self._estimate(now)
+        elif not self.warned:
+            self._watch(now)
 
-    def say(self, per_step: float, measured: str) -> None:
-        self.said = True
-        total = per_step * self.steps_left
+    def _estimate(self, now: float) -> None:
+        ends, k = self.ends, self.BATCHES
+        window = (self.steps - 1) // 2  # the latest half of the steps after the first (whose end is ends[0])
+        if window == 0:
+            if now - self.start >= 30 or self.steps == self.epoch_left:
+                self.say(now - self.start, now, "the first step, start-up included")
+            return
+        per_step = (now - ends[-window - 1]) / window
+        if window >= self.MIN_STEPS:
+            size = window // k
+            parts = [(ends[-1 - size * i] - ends[-1 - size * (i + 1)]) / size for i in range(k)]
+            mean = sum(parts) / k
+            error = (sum((p - mean) ** 2 for p in parts) / (k - 1)) ** 0.5 / mean / k**0.5 if mean > 0 else 0.0
+            if error <= self.STEADY:
+                return self.say(per_step, now, f"the last {window} steps")
+            if now - ends[0] >= self.SETTLE_S:
+                return self.say(per_step, now, f"the last {window} steps, which still vary: ±{error:.0%}")
+        elif self.steps == self.epoch_left:  # a short epoch: what it has, before its checkpoint
+            self.say(per_step, now, f"the last {window} step{'s' if window > 1 else ''}")
+
+    def _watch(self, now: float) -> None:
+        """Once the estimate is said: the latest :attr:`MIN_STEPS` steps and 5 s at least vs the estimate's step time."""
+        ends = self.ends
+        if len(ends) > 8192:  # a long run: the latest steps are enough
+            del ends[:4096]
+        first = min(bisect.bisect_right(ends, now - 5.0) - 1, len(ends) - 1 - self.MIN_STEPS)
+        if first < 0:
+            return
+        per_step = (now - ends[first]) / (len(ends) - 1 - first)
+        if per_step < self.COLLAPSE * self.per_step:
+            return
+        load = self.load()
+        if load is None or load <= self.cpus:
+            return
+        self.warned = True
+        ms = f"{self.per_step * 1e3:.3g} to {per_step * 1e3:.3g} ms a step"
+        rate = f"{self.images / self.per_step:,.0f} to {self.images / per_step:,.0f} img/s ({ms})" if self.images else ms
+        self.progress.write(
+            f"warning: training slowed from {rate} while the load average is {load:.1f} on {self.cpus} CPU{'s' if self.cpus > 1 else ''}: torch's "
+            f"{self.threads} threads wait for each other on busy cores; --threads 1 is usually several times faster "
+            "on a busy machine (stop with Ctrl-C and --resume with it: BENCHMARKS.md, 'Training threads under load')")
+
+    def say(self, per_step: float, now: float, measured: str) -> None:
+        self.said, self.per_step = True, per_step
+        left = per_step * max(self.steps_left - self.steps, 0)
+        total = now - self.start + left
         to_checkpoint = per_step * max(self.epoch_left - self.steps, 0)
         line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
                 f"({format_duration(per_step)}/step over {measured}; "

@@ -47,7 +47,7 @@ def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
 
 
 def test_doctor_on_a_runtime_only_install_runs_the_shipped_bundle(tmp_path):
-    """numpy + onnxruntime, no torch and no onnx (an edge device's `pip install 'hne-edge[runtime]'`)."""
+    """numpy + onnxruntime, no torch and no onnx (an edge device's wheel with the `runtime` extra)."""
     env = blocking_env(tmp_path, "torch", "onnx", "torchvision")
     proc = run_cli("doctor", "--repeats", "3", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -57,7 +57,7 @@ def test_doctor_on_a_runtime_only_install_runs_the_shipped_bundle(tmp_path):
     table = [line.split() for line in out.splitlines() if line.startswith("onnxruntime  cpu")]
     assert sorted((row[2], row[3]) for row in table) == sorted((p, q) for p in PRECISIONS for q in RUNNER_PLANS)
     assert all(row[4] == "shipped" and row[5] == "16/16" and row[-1] == "ok" for row in table)
-    assert "torch cpu: torch is not installed; to get it: pip install 'hne-edge[train]'" in out
+    assert "torch cpu: torch is not installed; to get it: pip install 'hne_edge-0.1.0-py3-none-any.whl[train]'" in out
     assert out.rstrip().splitlines()[-1].startswith(f"ok: {len(table)} checks passed")
 
 

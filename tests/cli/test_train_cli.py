@@ -33,10 +33,10 @@ def test_train_then_eval_on_digits(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--epochs", "0"), "optim.epochs: received 0; expected a positive integer"),
+        (("--epochs", "0"), "--epochs: received 0; expected a positive integer"),
         (("--data", "npz"), "needs data.data_dir (--data-dir)"),
-        (("--alpha", "2"), "loss.alpha: received 2.0"),
-        (("--normalize", "label", "--alpha", "1"), "loss.normalize=label divides the objective by (1 - alpha); received alpha=1.0"),
+        (("--alpha", "2"), "--alpha: received 2.0"),
+        (("--normalize", "label", "--alpha", "1"), "--normalize=label divides the objective by (1 - alpha); received alpha=1.0"),
         (("--preset", "cifar", "--config", "x.yaml"), "--config and --preset contradict"),
         (("--data", "npz", "--data-dir", "/nonexistent/d.npz"), "npz data not found"),
         (("--nproc-per-node", "0"), "--nproc-per-node: received 0"),

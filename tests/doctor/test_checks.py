@@ -60,15 +60,15 @@ def test_with_a_gpu_each_missing_piece_is_named_with_how_to_get_it(here):
     assert all(avail[k].present for k in BACKENDS)
     cpu_ort = by_key(gpu_env(here, providers=("CPUExecutionProvider",)))[("onnxruntime", "cuda")]
     assert not cpu_ort.present and "has no CUDAExecutionProvider" in cpu_ort.reason
-    assert "pip uninstall onnxruntime && pip install 'hne-edge[gpu]'" in cpu_ort.how
+    assert "pip uninstall onnxruntime && pip install 'hne_edge-0.1.0-py3-none-any.whl[gpu]'" in cpu_ort.how
     no_stream = by_key(gpu_env(here, torch_cuda=None, cuda_python=False))
     assert "neither torch with CUDA nor cuda-python" in no_stream[("onnxruntime", "cuda")].reason
     assert "neither torch with CUDA nor cuda-python" in no_stream[("tensorrt", "cuda")].reason
-    assert "pip install 'hne-edge[tensorrt]' (brings cuda-python)" in no_stream[("tensorrt", "cuda")].how
+    assert "pip install 'hne_edge-0.1.0-py3-none-any.whl[tensorrt]' (the wheel of a checkout: docs/guide.md#installing-on-a-device) (brings cuda-python)" in no_stream[("tensorrt", "cuda")].how
     assert no_stream[("torch", "cuda")].reason.endswith("is a CPU-only build")
     assert "pytorch.org" in no_stream[("torch", "cuda")].how
     no_trt = by_key(gpu_env(here, trt=None))[("tensorrt", "cuda")]
-    assert not no_trt.present and "pip install 'hne-edge[tensorrt]'" in no_trt.how and "JetPack" in no_trt.how
+    assert not no_trt.present and "pip install 'hne_edge-0.1.0-py3-none-any.whl[tensorrt]'" in no_trt.how and "JetPack" in no_trt.how
     broken = dataclasses.replace(gpu_env(here), libraries={**gpu_env(here).libraries,
                                  "tensorrt": Library("tensorrt", error="OSError: libnvinfer.so.10: cannot open")})  # fmt: skip
     assert by_key(broken)[("tensorrt", "cuda")].present  # installed but broken: checked, so it fails by name

@@ -174,7 +174,7 @@ def test_torch_cuda_without_a_device_names_what_is_missing(monkeypatch, tmp_path
 
 @pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed")
 def test_tensorrt_missing_gives_the_install_hint(tiny_bundle):
-    with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne-edge\[tensorrt\]'"):
+    with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne_edge-0\.1\.0-py3-none-any\.whl\[tensorrt\]'"):
         AnytimeRunner(tiny_bundle.bundle_dir, backend="tensorrt", device="cuda")
 
 

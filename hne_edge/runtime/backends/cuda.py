@@ -43,7 +43,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted
+from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted, install_hint
 from ...tensorrt_compat import import_cudart
 from .base import device_name, parse_device  # noqa: F401 - parse_device: the GPU backends' name for it
 
@@ -176,7 +176,7 @@ def require_cuda(backend: str, device_id: int, what: str = "", *, torch: bool = 
     if p.device_count <= device_id:
         expected = (
             f"an NVIDIA GPU with a working driver (CUDA device {device_id}), seen through torch with CUDA "
-            "or cuda-python (pip install 'hne-edge[gpu]')"
+            f"or cuda-python ({install_hint('gpu')})"
         )
         raise BackendUnavailable(
             f"backend {backend!r} on device {device!r}: no CUDA device {device_id} found ({p.explain()}); "
@@ -437,7 +437,7 @@ def open_device(device_id: int, prefer: str = "auto") -> CudaDevice:
         except ImportError as exc:
             errors.append(f"cuda-python: {exc}")
     raise BackendUnavailable(
-        "device memory and streams need torch with CUDA or cuda-python (pip install 'hne-edge[gpu]'); "
+        f"device memory and streams need torch with CUDA or cuda-python ({install_hint('gpu')}); "
         + "; ".join(errors)
     )
 
