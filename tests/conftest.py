@@ -237,3 +237,48 @@ def fake_torch_cuda(monkeypatch):
     monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
     monkeypatch.setattr(tc, "TorchCuda", make)
     return devices
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, fake_torch_cuda):
+    """Every GPU backend runs on the CPU: torch CUDA on CPU tensors (``fake_torch_cuda``), ONNX Runtime CUDA on
+    CPU OrtValues, TensorRT on engines that are their ONNX files (runtime_fakes.run_gpu_backends_on_fakes);
+    returns the fake TensorRT."""
+    from runtime_fakes import run_gpu_backends_on_fakes
+
+    return run_gpu_backends_on_fakes(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def every_file_bundle(tmp_path_factory) -> Path:
+    """A bundle with every kind of file a bundle can hold: every plan (``plan="all"``) in fp32 and fp16, the
+    first-leaf files, the torch weights, and a TensorRT engine for each ONNX file (built by the real exporter on
+    the fake TensorRT of runtime_fakes, so the GPU backends load them through the fakes). Read-only.
+
+    The model is a randomized hne_tiny, slimmer, with a 4-leaf tree of 9 nodes (branching 1, 1, 1, 2, 2): its
+    subtrees plan has units of one and of two leaves, and a test that loads each file in turn stays short."""
+    import torch
+
+    from runtime_fakes import run_gpu_backends_on_fakes
+
+    from hne_edge.exporters import export_onnx
+    from hne_edge.exporters.tensorrt import build_engines
+    from hne_edge.models import create_model
+
+    torch.manual_seed(0)
+    model = randomize_(create_model("hne_tiny", tree=(1, 1, 1, 2, 2), stem_channels=(4, 8),
+                                    blocks=((8, 1, 1), (8, 1, 1), (16, 2, 1), (16, 1, 1), (16, 1, 1))))  # fmt: skip
+    bundle = export_onnx(
+        model,
+        tmp_path_factory.mktemp("every_file_bundle") / "bundle",
+        class_names=[f"c{i}" for i in range(model.config.num_classes)],
+        precisions=("fp32", "fp16"),
+        plan="all",
+        batch=(1, 1, 8),
+        verify=False,  # what is checked here is the files' integrity, not their numerics (tested elsewhere)
+        torch_weights=True,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        run_gpu_backends_on_fakes(mp)
+        build_engines(bundle)
+    return bundle
