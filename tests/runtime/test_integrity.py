@@ -20,6 +20,8 @@ from hne_edge.errors import BundleError
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.backends import BACKENDS, backend_class
 
+pytestmark = pytest.mark.xdist_group("every_file_bundle")  # one pytest-xdist worker builds the bundle, not each
+
 CASES = [(name, kind, plan, precision) for name, kind in BACKENDS for plan in RUNNER_PLANS for precision in PRECISIONS]
 
 
