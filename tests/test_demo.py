@@ -17,16 +17,12 @@ from conftest import REPO, run_cli
 _HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.xdist_group("digits_demo")
 @pytest.mark.slow
-def test_demo_end_to_end(tmp_path):
-    # run where ../shared/data/cifar10_train.npz does not exist: the default (--data auto) falls back to digits
-    work = tmp_path / "project"
-    work.mkdir()
-    out = work / "runs" / "demo"  # the default --out, relative to where it runs
-    path_without_scripts = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                           if Path(p).resolve() != Path(sysconfig.get_path("scripts")).resolve())
-    proc = run_cli("demo", "--num-frames", "60", "--quiet", cwd=work, env={**_HERE, "PATH": path_without_scripts},
-                   timeout=900)
+def test_demo_end_to_end(digits_demo, tmp_path):
+    # the default demo (--data auto) where ../shared/data/cifar10_train.npz does not exist: digits, hne-edge off the
+    # PATH (conftest's digits_demo: `make demo` in a fresh clone, also what test_quickstart.py goes on from)
+    proc, out = digits_demo.proc, digits_demo.root / "runs" / "demo"  # the default --out, relative to where it ran
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     assert "data: scikit-learn digits, because ../shared/data/cifar10_train.npz is not here" in text

@@ -17,6 +17,26 @@ from hne_edge.runtime.backends import BACKENDS
 CPU_BACKENDS = [name for name, kind in BACKENDS if kind == "cpu"]
 
 
+# a few ISA features and the /proc/cpuinfo flags that mean them (from the kernel's names, not hne_edge's table)
+KNOWN_FLAGS = {"x86_64": {"AVX2": {"avx2"}, "FMA": {"fma"}, "AVX-512": {"avx512f"}},
+               "arm": {"NEON": {"asimd", "neon"}, "SVE": {"sve"}}}  # fmt: skip
+
+
+def cpu_features_from_proc(machine: str) -> dict[str, bool]:
+    """What the doctor must say of those features on this CPU, read here independently of it: present or
+    absent as /proc/cpuinfo's flags say (whatever this CPU has); nothing where there are no flags to read."""
+    try:
+        lines = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read().splitlines()
+    except OSError:
+        return {}
+    flags = next((set(v.split()) for k, _, v in (line.partition(":") for line in lines) if k.strip() in ("flags", "Features")),
+                 None)  # fmt: skip
+    family = "x86_64" if machine.lower() in ("x86_64", "amd64", "i686", "i386") else "arm" if machine.lower().startswith(("arm", "aarch")) else None
+    if flags is None or family is None:
+        return {}
+    return {name: bool(names & flags) for name, names in KNOWN_FLAGS[family].items()}
+
+
 def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
     proc = run_cli("doctor", "--json", "--repeats", "3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -24,7 +44,10 @@ def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
     assert report["ok"] is True and report["failures"] == []
     env = report["environment"]
     assert env["libraries"]["onnxruntime"]["version"] and env["libraries"]["torch"]["version"]
-    assert env["cpu"]["logical_cores"] >= 1 and "AVX-512" in env["cpu"]["features"] or env["cpu"]["machine"] != "x86_64"
+    assert env["cpu"]["logical_cores"] >= 1
+    expected = cpu_features_from_proc(env["cpu"]["machine"])  # not this machine's ISA: the CPU's own flags
+    assert {name: env["cpu"]["features"].get(name) for name in expected} == expected, env["cpu"]
+    assert bool(env["cpu"]["features"]) == bool(expected)  # features reported exactly where they can be read
     assert set(report["bundles"]) == {"fresh", "shipped"}
     rows = {(c["backend"], c["device"], c["precision"], c["plan"]): c for c in report["checks"]}
     for backend in CPU_BACKENDS:  # torch and onnxruntime are both installed here

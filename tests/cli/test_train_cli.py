@@ -58,6 +58,7 @@ def test_yaml_config_errors_and_existing_run(tmp_path):
     one_line_error(run_cli("eval", str(tmp_path / "run" / "checkpoint.pt")), "not a PyTorch archive")
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     """2 gloo processes x 16 images == 1 process accumulating 2 micro-batches of 16 (global batch 32).
 

@@ -88,7 +88,8 @@ def test_path_and_segment_modules(name):
 
 @torch.no_grad()
 @pytest.mark.parametrize("name, tree", [("hne_tiny", "hne"), ("hne_tiny", (1, 4, 1, 2, 1)), ("hne_tiny", (2, 1, 2, 1, 2)),
-                                        ("hne_resnet_small", "hne"), ("hne_mobilenetv2", "hne")])  # fmt: skip
+                                        ("hne_resnet_small", "hne"),
+                                        pytest.param("hne_mobilenetv2", "hne", marks=pytest.mark.slow)])  # fmt: skip
 def test_subtree_units_match_the_fused_model(name, tree):
     """Plan "subtrees" as modules: leaf 0's chain exports what later units read, each later unit is a whole
     subtree still fused, and together they give every leaf's fused logits (checked in float64: exact slicing)."""

@@ -803,6 +803,7 @@ def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):
 # -- benchmarks/bench_gpu.py runs (CPU smoke mode; its GPU figures need a GPU) ---------------------
 
 
+@pytest.mark.slow
 def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
     import json
     from pathlib import Path
