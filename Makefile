@@ -13,10 +13,16 @@ PYTEST_ARGS ?=
 # The stamp holds a checksum of what the install depends on, not a time: every file of a fresh clone is
 # new, so a time stamp would reinstall into a virtualenv built from the very same files.
 SETUP_KEY := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(EXTRAS)
+# Test workers (pytest-xdist): one per usable CPU (nproc: the affinity mask, e.g. taskset; not OMP_NUM_THREADS,
+# which nproc would obey) where there are more than 2; none (one process) on 1 or 2 CPUs, where workers only
+# compete for the cores. JOBS=0: one process.
+JOBS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1); \
+	if [ "$$n" -gt 2 ]; then echo "$$n"; else echo 0; fi)
+WORKERS := $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadgroup)
 # What demo and test import; INSTALL=no checks that VENV has them.
-NEEDED := torch onnx onnxruntime sklearn matplotlib yaml click pytest
+NEEDED := torch onnx onnxruntime sklearn matplotlib yaml click pytest $(if $(WORKERS),xdist)
 
-.PHONY: setup demo test bench gpu-acceptance clean
+.PHONY: setup demo test test-fast bench gpu-acceptance clean
 
 # The targets run `$(PY) -m ...` from this folder, so this checkout's code runs whichever virtualenv it is.
 setup:
@@ -36,7 +42,12 @@ demo: setup
 	$(PY) -m hne_edge demo $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(WORKERS) $(PYTEST_ARGS)
+
+# The suite without the tests marked slow (end-to-end runs: demo, quickstart, device install, crash safety, ...);
+# every module is still tested. CI runs `make test`: everything.
+test-fast: setup
+	$(PY) -m pytest $(WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # The runtime targets of BENCHMARKS.md (hne_resnet_small, ONNX Runtime CPU); see benchmarks/ for the others.
 bench: setup

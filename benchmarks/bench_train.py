@@ -1,18 +1,29 @@
-"""Training throughput of ``hne-edge train``'s loop: images/s, achieved TFLOP/s against the device's peak,
-and GPU utilisation, measured through ``hne_edge.train.fit`` itself (augmentation and loss included).
+"""Training throughput: the trainer's loop against its step alone, and each formulation of the step.
 
-Every run trains --epochs epochs of --limit images and reports the **last** epoch (the first absorbs
-cuDNN autotuning and, with --compile, compilation). FLOPs per image = 3 x 2 x the whole tree's MACs
-(forward; backward ~ twice the forward). GPU utilisation is the median of ``nvidia-smi`` samples
-taken every 0.2 s during the measured epoch.
+Two figures, measured in one process on the same model, optimiser and precision:
 
-    # the issue-11 target: hne_resnet_small, batch 128, >= 30,000 img/s on an H100/H200
-    python benchmarks/bench_train.py --device cuda --model hne_resnet_small --batch 128 --limit 25600
-    # the CPU figure of BENCHMARKS.md (a smaller batch)
-    nice .venv/bin/python benchmarks/bench_train.py --device cpu --model hne_tiny --batch 64 --limit 2048 --threads 2
+* **the loop**: ``hne_edge.train.fit`` itself (augmentation, loss, optimiser, schedule, progress), --epochs
+  epochs of --limit images; the last epoch is reported (the first absorbs cuDNN's kernel choice and, with
+  --compile, compilation);
+* **the step alone**: ``hne_edge.train.engine.train_step`` (the loop's own step) on one batch already on the
+  device, repeated: no data pipeline, no loop. Timed in chunks of steps ending in a synchronisation.
 
-The script uses only config fields that hne-edge 0.1 also had unless a flag asks for a newer one, so
-``PYTHONPATH=<old checkout> python benchmarks/bench_train.py ...`` measures an older trainer the same way.
+``loop / step`` is the loop's efficiency (the target: >= 0.9, an overhead <= 10 %), measured in pairs on one
+model and optimiser: an epoch of ``train_one_epoch`` (the loop fit runs: batches gathered, augmented and
+normalised on the device, the schedule, the step) then as many steps alone, --pairs times; the median of the
+pairs' ratios is reported, so a machine whose load changes hits both sides of each pair alike. Each ``--pointwise``
+formulation (``conv``: grouped 1x1 convolutions; ``bmm``: the same layers as batched matmuls) gets its step
+alone timed and its operators per step counted (every ATen call of one step, views apart: on a GPU about a
+kernel launch each); the loop runs the first. FLOPs per image = 3 x 2 x the whole tree's MACs (backward ~
+twice the forward); GPU utilisation is the median of ``nvidia-smi`` samples during the loop's last epoch.
+
+    # the GPU acceptance run's figures (the trainer's CUDA defaults: batch 512, bf16, channels-last)
+    python benchmarks/bench_train.py --device cuda --model hne_resnet_small --limit 25600 --pointwise conv,bmm
+    # the CPU figure of BENCHMARKS.md
+    nice .venv/bin/python benchmarks/bench_train.py --device cpu --model hne_tiny --batch 64 --limit 1024 --threads 1
+
+``--budget-s`` bounds the whole script: what would not fit is reported "not measured", and ``--json`` is
+rewritten after every figure, so a run stopped from outside still leaves what it measured.
 """
 
 from __future__ import annotations
@@ -58,7 +69,7 @@ class GpuSampler:
 
     def __init__(self, index: int, period: float = 0.2) -> None:
         self.index, self.period = index, period
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float]] = []  # (time, utilisation %)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.available = shutil.which("nvidia-smi") is not None
@@ -67,7 +78,8 @@ class GpuSampler:
         cmd = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", str(self.index)]
         while not self._stop.wait(self.period):
             try:
-                self.samples.append(float(subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()))
+                value = float(subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip())
+                self.samples.append((time.monotonic(), value))
             except (ValueError, subprocess.SubprocessError, OSError):
                 pass
 
@@ -78,6 +90,10 @@ class GpuSampler:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+
+    def median_since(self, since: float) -> float | None:
+        values = [v for t, v in self.samples if t >= since]
+        return statistics.median(values) if values else None
 
 
 def _data(args) -> str:
@@ -91,39 +107,156 @@ def _data(args) -> str:
     return str(path)
 
 
+def count_ops(step) -> dict[str, int]:
+    """ATen operators one call of ``step()`` runs (all of them, and those that are not views)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = {"ops": 0, "compute_ops": 0}
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counts["ops"] += 1
+            counts["compute_ops"] += not getattr(func, "is_view", False)
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        step()
+    return counts
+
+
+class StepAlone:
+    """The loop's step (``train_step``) on one device-resident batch, as ``fit`` would build it for ``config``."""
+
+    def __init__(self, config, pointwise: str) -> None:
+        import torch
+
+        from hne_edge.models import tree_cost
+        from hne_edge.models.layers import set_pointwise
+        from hne_edge.train.data import load_data
+        from hne_edge.train.engine import amp_dtype_for, build_model_for_data, make_optimizer, torch_device
+
+        self.torch = torch
+        self.device = torch_device(config.device)
+        bundle = load_data(config.data, seed=config.seed)
+        torch.manual_seed(config.seed)
+        model = build_model_for_data(config.model, bundle)
+        self.macs = tree_cost(model).total_macs  # on the CPU, at the data's image size
+        model = set_pointwise(model.to(self.device), pointwise)
+        channels_last = config.channels_last and self.device.type == "cuda"
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # as fit sets it
+        self.model, self.tree, self.loss = model, model.tree, config.loss
+        self.optimizer = make_optimizer(model, config.optim, self.device)
+        self.amp = amp_dtype_for(config, self.device)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
+        self.step_model = torch.compile(model) if config.compile else model
+        b, size = config.optim.batch_size, bundle.input_size
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(b, bundle.in_chans, size, size, generator=g).to(self.device)
+        self.x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        self.y = torch.randint(0, len(bundle.class_names), (b,), generator=g).to(self.device)
+        self.batch = b
+        self.config, self.bundle, self.loader = config, bundle, None
+        model.train()
+
+    def loop_epoch(self, epoch: int) -> float:
+        """Images/s of one epoch of the loop fit runs (``train_one_epoch`` over the device-resident loader)."""
+        from hne_edge.train.engine import _Schedule, train_one_epoch
+
+        torch = self.torch
+        if self.loader is None:
+            cl = self.config.channels_last and self.device.type == "cuda"
+            self.loader = self.bundle.train_loader(self.batch, seed=0, device=self.device if self.device.type == "cuda" else None,
+                                                   channels_last=cl)  # fmt: skip
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _Schedule("cosine", 10**6))
+        self.loader.set_epoch(epoch)
+        stats = train_one_epoch(self.step_model, self.loader, self.optimizer, self.scheduler, tree=self.tree, loss=self.loss,
+                                device=self.device, scaler=self.scaler, amp_dtype=self.amp,
+                                channels_last=self.config.channels_last and self.device.type == "cuda",
+                                after_step=lambda step: False)  # fmt: skip
+        return stats["images_per_s"]
+
+    def steps(self, n: int) -> float:
+        """Images/s of ``n`` steps alone, ended by a synchronisation."""
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.step()
+        self.sync()
+        return n * self.batch / (time.perf_counter() - t0)
+
+    def step(self) -> None:
+        from hne_edge.train.engine import train_step
+
+        train_step(self.step_model, self.x, self.y, self.optimizer, tree=self.tree, loss=self.loss, scaler=self.scaler,
+                   amp_dtype=self.amp)  # fmt: skip
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def time(self, min_s: float, max_steps: int, warmup: int = 3) -> dict:
+        """Images/s of chunks of steps (each ended by a synchronisation), after ``warmup`` untimed steps."""
+        for _ in range(warmup):
+            self.step()
+        self.sync()
+        chunk, rates, steps, t_all = 1, [], 0, time.perf_counter()
+        while steps < max_steps and (time.perf_counter() - t_all < min_s or len(rates) < 3):
+            t0 = time.perf_counter()
+            for _ in range(chunk):
+                self.step()
+            self.sync()
+            dt = time.perf_counter() - t0
+            rates.append(chunk * self.batch / dt)
+            steps += chunk
+            if dt < 0.2:  # chunks of at least ~0.2 s: the synchronisation is then a small part of each
+                chunk *= 2
+        return {"images_per_s": statistics.median(rates), "chunks": len(rates), "steps": steps,
+                "step_ms": 1e3 * self.batch / statistics.median(rates)}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="hne_resnet_small")
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--limit", type=int, default=25600, help="training images per epoch")
-    p.add_argument("--epochs", type=int, default=2, help="the last one is measured")
+    p.add_argument("--batch", type=int, default=None, help="default: the trainer's for the device (512 on CUDA, 128 on a CPU)")
+    p.add_argument("--limit", type=int, default=25600, help="training images per epoch of the loop")
+    p.add_argument("--epochs", type=int, default=2, help="epochs of the loop; the last one is measured")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the trainer's default)")
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "cifar10_train.npz"),
                    help="an .npz (x, y); synthetic CIFAR-shaped data when absent")
     p.add_argument("--no-amp", action="store_true")
     p.add_argument("--amp-dtype", default=None, help="bfloat16 | float16 (default: the trainer's)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the loop and the step alone)")
     p.add_argument("--no-channels-last", action="store_true")
+    p.add_argument("--pointwise", default="conv", help="comma list of formulations to time (conv, bmm); the loop runs the first")
+    p.add_argument("--step-seconds", type=float, default=2.0, help="the step alone is timed for at least this long")
+    p.add_argument("--pairs", type=int, default=3, help="(loop epoch, as many steps alone) pairs timed for the ratio")
+    p.add_argument("--budget-s", type=float, default=None, help="the whole script's time; what would not fit is not measured")
+    p.add_argument("--no-loop", action="store_true", help="time only the step alone")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for the utilisation of peak")
     p.add_argument("--out", default=None, help="append the markdown result to this file")
-    p.add_argument("--json", default=None, help="write the figures to this JSON file (scripts: gpu_acceptance.py)")
+    p.add_argument("--json", default=None, help="write the figures to this JSON file (rewritten after each figure)")
     args = p.parse_args()
+    started = time.monotonic()
+    modes = [m.strip() for m in args.pointwise.split(",") if m.strip()]
+    if not modes or set(modes) - {"conv", "bmm"}:
+        p.error(f"--pointwise: received {args.pointwise!r}; expected a comma list of conv, bmm")
 
     import torch
 
-    import hne_edge
-    from hne_edge.models import tree_cost
-    from hne_edge.train.checkpoint import model_from_checkpoint
-    from hne_edge.train.config import TrainConfig
+    from hne_edge.train.config import AUTO_BATCH, TrainConfig
     from hne_edge.train.engine import fit
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    batch = args.batch or AUTO_BATCH["cuda" if device.startswith("cuda") else "cpu"]
     config = {
         "data": {"name": "npz", "data_dir": _data(args), "val_split": 0.0, "limit": args.limit},
         "model": {"name": args.model},
         "loss": {"kind": "hierarchical", "alpha": 0.5, "temperature": 2.0},
-        "optim": {"epochs": args.epochs, "batch_size": args.batch, "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4},
+        "optim": {"epochs": args.epochs, "batch_size": batch, "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4},
         "seed": 0, "device": device, "threads": args.threads, "quiet": True,
         "amp": not args.no_amp, "channels_last": not args.no_channels_last,
     }
@@ -133,43 +266,122 @@ def main() -> None:
         config["compile"] = True
     name = _device_name(device)
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    with tempfile.TemporaryDirectory() as tmp, GpuSampler(torch.device(device).index or 0) as sampler:
-        config["out"] = tmp
-        started = time.time()
-        result = fit(TrainConfig.from_dict(config))
-        wall = time.time() - started
-        macs = tree_cost(model_from_checkpoint(result.checkpoint)[0]).total_macs  # at the data's input size
-    last = result.history[-1]
-    img_s = last["train_images_per_s"]
-    tflops = img_s * 6 * macs / 1e12
-    n = len(sampler.samples)
-    util = statistics.median(sampler.samples[n // args.epochs:]) if n else None  # the warm-up epoch's samples dropped
-    flags = [f for f, on in (("bf16/fp16 autocast", device != "cpu" and not args.no_amp), ("torch.compile", args.compile),
-                             ("channels_last", device != "cpu" and not args.no_channels_last)) if on]
+    cuda = device.startswith("cuda")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif cuda:
+        torch.set_num_threads(min(4, os.cpu_count() or 1))  # what fit does on CUDA
+    figures: dict = {
+        "model": args.model, "batch": batch, "device": device, "device_name": name, "torch": torch.__version__,
+        "compile": args.compile, "amp": cuda and not args.no_amp, "channels_last": cuda and not args.no_channels_last,
+        "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 1), "peak_tflops": peak,
+        "pointwise": modes, "loop": None, "step": {}, "not_measured": [],
+    }  # fmt: skip
+
+    def write() -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=1))
+
+    def left() -> float:
+        return float("inf") if args.budget_s is None else args.budget_s - (time.monotonic() - started)
+
+    steppers: dict = {}
+
+    def stepper(mode: str) -> StepAlone:
+        if mode not in steppers:
+            steppers[mode] = StepAlone(TrainConfig.from_dict({**config, "pointwise": mode}), mode)
+            figures["step"].setdefault(mode, {}).update(count_ops(steppers[mode].step))
+        return steppers[mode]
+
+    def time_step(mode: str) -> None:
+        st = stepper(mode)
+        result = st.time(min(args.step_seconds, max(left() / 4, 0.5)), max_steps=10_000)
+        figures["step"][mode].update(result, tflops=result["images_per_s"] * 6 * st.macs / 1e12)
+        write()
+
+    write()
+    time_step(modes[0])
+    if not args.no_loop:
+        st = stepper(modes[0])  # 1. pairs: an epoch of the loop, then as many steps alone
+        pairs = []
+        for i in range(args.pairs):
+            if i and left() < 3 * (pairs[-1]["loop_s"] + pairs[-1]["step_s"]):
+                figures["not_measured"].append(f"pairs {i + 1}-{args.pairs}: the --budget-s {args.budget_s:g} was spent")
+                break
+            t0 = time.perf_counter()
+            loop = st.loop_epoch(i + 1)
+            t1 = time.perf_counter()
+            alone = st.steps(len(st.loader))
+            pairs.append({"loop": loop, "step": alone, "ratio": loop / alone, "loop_s": t1 - t0, "step_s": time.perf_counter() - t1})
+            figures["pairs"] = pairs
+            figures["loop_vs_step"] = statistics.median(p["ratio"] for p in pairs)
+            figures["overhead_pct"] = 100 * (1 - figures["loop_vs_step"])
+            write()
+    for mode in modes[1:]:  # 2. the other formulations' step alone
+        if left() < 5:
+            figures["not_measured"].append(f"step alone, pointwise {mode}: the --budget-s {args.budget_s:g} was spent")
+            write()
+            continue
+        time_step(mode)
+    if not args.no_loop:  # 3. the trainer itself: fit, its last epoch (the pairs measured its loop already)
+        pair_s = figures["pairs"][0]["loop_s"] if figures.get("pairs") else 0.0
+        if left() > 3 * args.epochs * pair_s + 10:
+            with tempfile.TemporaryDirectory() as tmp, GpuSampler(torch.device(device).index or 0) as sampler:
+                loop_config = TrainConfig.from_dict({**config, "out": tmp, **({"pointwise": modes[0]} if modes[0] != "conv" else {})})
+                t0 = time.monotonic()
+                result = fit(loop_config)
+                last = result.history[-1]
+                img_s = last["train_images_per_s"]
+                util = sampler.median_since(time.monotonic() - last["train_seconds"])
+                figures["loop"] = {"pointwise": modes[0], "images_per_s": img_s, "epochs": args.epochs, "images": args.limit,
+                                   "wall_s": time.monotonic() - t0, "tflops": img_s * 6 * steppers[modes[0]].macs / 1e12,
+                                   "utilisation_pct": util}  # fmt: skip
+            write()
+        else:
+            figures["not_measured"].append(f"the trainer (fit): the --budget-s {args.budget_s:g} was spent")
+    step0 = figures["step"][modes[0]]["images_per_s"]
+    for mode in modes[1:]:
+        if "images_per_s" in figures["step"].get(mode, {}):
+            figures[f"{mode}_vs_{modes[0]}"] = figures["step"][mode]["images_per_s"] / step0
+    figures["wall_s"] = time.monotonic() - started
+    write()
+
+    def pct(tflops: float) -> str:
+        return f"{100 * tflops / peak:.2f}% of {peak:.0f}" if peak else "n/a"
+
+    flags = [f for f, on in (("bf16/fp16 autocast", figures["amp"]), ("torch.compile", args.compile),
+                             ("channels_last", figures["channels_last"])) if on]  # fmt: skip
     lines = [
-        f"### Training throughput, {args.model}, batch {args.batch}, {device}",
+        f"### Training throughput, {args.model}, batch {batch}, {device}",
         "",
-        f"Device: {name}; torch {torch.__version__}; hne-edge at {Path(hne_edge.__file__).parent.parent.name}; "
-        f"{', '.join(flags) or 'fp32'}; {torch.get_num_threads()} CPU threads; load average "
-        f"{os.getloadavg()[0]:.1f}. Epoch {args.epochs} of {args.epochs}, {args.limit} images, wall {wall:.0f} s in all.",
+        f"Device: {name}; torch {torch.__version__}; {', '.join(flags) or 'fp32'}; {figures['threads']} CPU threads; "
+        f"load average {os.getloadavg()[0]:.1f}. Loop: epoch {args.epochs} of {args.epochs}, {args.limit} images; "
+        f"step alone: one device-resident batch, median of timed chunks. Wall {figures['wall_s']:.0f} s in all.",
         "",
-        "| images/s | TFLOP/s achieved | % of peak | GPU utilisation (median) | 200 CIFAR epochs (50k images) |",
-        "|---|---|---|---|---|",
-        f"| {img_s:,.0f} | {tflops:.3f} | {f'{100 * tflops / peak:.2f}% of {peak:.0f}' if peak else 'n/a (no peak known)'} "
-        f"| {f'{util:.0f}%' if util is not None else 'n/a'} | {200 * 50000 / img_s / 60:,.1f} min |",
-        "",
+        "| what | pointwise | images/s | TFLOP/s | % of peak | ops per step (non-view) | loop / step |",
+        "|---|---|---|---|---|---|---|",
     ]
+    if figures["loop"]:
+        lp = figures["loop"]
+        util = f", GPU {lp['utilisation_pct']:.0f}% busy" if lp["utilisation_pct"] is not None else ""
+        lines.append(f"| the trainer (fit, epoch {args.epochs}){util} | {lp['pointwise']} | {lp['images_per_s']:,.0f} | "
+                     f"{lp['tflops']:.3f} | {pct(lp['tflops'])} | | |")  # fmt: skip
+    if figures.get("pairs"):
+        ps = figures["pairs"]
+        ratios = ", ".join(f"{p['ratio']:.3f}" for p in ps)
+        lines.append(f"| the loop (train_one_epoch), {len(ps)} pairs | {modes[0]} | {statistics.median(p['loop'] for p in ps):,.0f} "
+                     f"| | | | {figures['loop_vs_step']:.3f} (pairs: {ratios}) |")  # fmt: skip
+        lines.append(f"| the step alone, in the pairs | {modes[0]} | {statistics.median(p['step'] for p in ps):,.0f} | | | | |")
+    for mode, st in figures["step"].items():
+        if "images_per_s" in st:
+            lines.append(f"| the step alone | {mode} | {st['images_per_s']:,.0f} | {st['tflops']:.3f} | {pct(st['tflops'])} | "
+                         f"{st['ops']} ({st['compute_ops']}) | |")  # fmt: skip
+    lines += [""] + [f"Not measured: {n}" for n in figures["not_measured"]]
     text = "\n".join(lines)
     print(text)
-    if args.json:
-        figures = {"model": args.model, "batch": args.batch, "device": device, "device_name": name, "torch": torch.__version__,
-                   "compile": args.compile, "amp": device != "cpu" and not args.no_amp, "epochs": args.epochs,
-                   "images": args.limit, "images_per_s": img_s, "tflops": tflops, "peak_tflops": peak,
-                   "utilisation_pct": util, "wall_s": wall}  # fmt: skip
-        Path(args.json).write_text(json.dumps(figures, indent=1))
     if args.out:
         with open(args.out, "a") as f:
-            f.write(text + f"Command: `{' '.join(['python', *sys.argv])}`\n\n")
+            f.write(text + f"\nCommand: `{' '.join(['python', *sys.argv])}`\n\n")
 
 
 if __name__ == "__main__":

@@ -45,11 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "hne_edge" / "assets" / "cifar10_demo.pt")
     args = parser.parse_args(argv)
 
-    from hne_edge.demo import _data_fingerprint, ensemble_rows
+    from hne_edge.demo import ensemble_rows
     from hne_edge.fileio import atomic_write_json
-    from hne_edge.train import load_checkpoint, model_from_checkpoint, save_checkpoint
+    from hne_edge.train import load_checkpoint, model_from_checkpoint
+    from hne_edge.train.checkpoint import save_release
     from hne_edge.train.config import TrainConfig, upgrade_config
-    from hne_edge.train.data import BatchLoader, load_data
+    from hne_edge.train.data import BatchLoader, load_data, npz_fingerprint
     from hne_edge.train.engine import predict
 
     state = load_checkpoint(args.run / "checkpoint.pt")
@@ -57,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     history = state["extra"]["history"]
     if state["epoch"] != config.optim.epochs:
         raise SystemExit(f"{args.run}: epoch {state['epoch']} of {config.optim.epochs}; package a finished run")
-    model, _ = model_from_checkpoint(args.run / "checkpoint.pt")
-    save_checkpoint(args.out, model=model, class_names=state["class_names"], normalization=state["normalization"],
-                    epoch=state["epoch"], config=state["config"], extra={"history": history})
+    model, _ = model_from_checkpoint(state)
+    save_release(args.out, state)
     data = load_data(config.data, seed=config.seed)
     norm = state["normalization"]
     logits, labels = predict(model, BatchLoader(data.val, 256, mean=norm["mean"], std=norm["std"]))
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": state["config"],
         "data": {
             "file": config.data.data_dir,
-            "sha256": _data_fingerprint(config.data.data_dir),
+            "sha256": npz_fingerprint(config.data.data_dir),
             "fingerprint": "sha256 of x's bytes then y's as int64",
             "train_images": len(data.train),
             "validation_images": len(data.val),

@@ -1,9 +1,11 @@
-"""The GPU acceptance run (issue 22): one command that proves a GPU machine and measures it, within a time cap.
+"""The GPU acceptance run (issues 22, 25, 26): one command that proves a GPU machine and measures it, within a time cap.
 
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out runs/acceptance         # every default stage, 8 minutes at most
     make gpu-acceptance                                                              # the same
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --cap-s 270 \
         --stages doctor,gpu-tests,bench-gpu,record-steps,kernels,mobilenet,ort-gpu,bench-train   # the runtime group + bench-train
+    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --stages reference --cap-s 330 \
+        --cifar-parts /tmp/stage_a runs/stage_b                                      # the reference HNE_small, its own call
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --stages ort-gpu --ort-gpu-parts runs/ort_a runs/ort_b ...
     python benchmarks/gpu_acceptance.py --smoke                                      # every stage's code path, on the CPU
 
@@ -33,9 +35,18 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    machine's Python has no pip), that folder put first on the children's ``PYTHONPATH``, and every child started
    through ``benchmarks/ort_gpu_child.py`` (torch first, then ``onnxruntime.preload_dlls()``): a probe of what
    the children import, the ONNX Runtime real-GPU tests, and bench_gpu rows with ``--backends onnxruntime``.
-8. ``bench-train`` (35): ``benchmarks/bench_train.py`` for hne_resnet_small at batch 128, without and with
-   ``--compile``: images/s, TFLOP/s, % of peak, GPU utilisation.
-9. ``losses`` (whatever is left; only when named in ``--stages``, and only with CIFAR training data and a test
+8. ``bench-train`` (35): ``benchmarks/bench_train.py`` for hne_resnet_small at the trainer's CUDA defaults
+   (batch 512, bf16, channels-last): the loop against its step alone on device-resident data (their ratio: the
+   loop's overhead), each ``--pointwise`` formulation's step alone and operators per step, the trainer (``fit``)
+   itself when time is left, TFLOP/s, % of peak, GPU utilisation (all in acceptance.json; the JSON in raw.tar.gz).
+9. ``reference`` (whatever is left, at least 240 s; only with CIFAR training data, else "skipped"):
+   ``benchmarks/train_reference.py`` trains hne_resnet_small to a time budget (what the cap leaves) with the
+   paper's objective, and with L^I too when ``--reference-objectives`` names it (the time split evenly), the
+   file's last 5,000 images held out; writes ``OUT/checkpoint.pt`` (float32 weights), ``OUT/config.yaml`` and
+   ``OUT/record.json`` (a second objective: ``OUT/<objective>/checkpoint.pt`` and ``record.json``, its config in
+   the record), which ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call
+   (the CIFAR parts travel in two copies): ``--stages reference --cap-s 330``; OUT then holds at most 8 files.
+10. ``losses`` (whatever is left; only when named in ``--stages``, and only with CIFAR training data and a test
    set): ``benchmarks/cifar_losses.py``, one run per objective of ``--objectives`` for ``--loss-epochs`` epochs,
    each scored on the test set; each objective gets an equal share of the time left.
 
@@ -50,12 +61,12 @@ makes ``runs/ort/a`` .. ``runs/ort/d``, one per copy; ``--ort-gpu-parts`` takes 
 
 What comes back stays small (a GPU machine returns at most 8 files): ``acceptance.md`` and ``acceptance.json``
 (every stage's figures and tables), ``raw.tar.gz`` (the logs and the stages' side files, repacked after every
-stage), the step traces, and bench-train's JSON files.
+stage), the step traces, and the reference run's checkpoint, config and record.
 
 ``--smoke`` runs every stage's code path on the CPU: doctor without the fresh export, the GPU tests (which
-skip), bench_gpu / record_steps / bench_kernels ``--device cpu --smoke`` on hne_tiny (the compiled units and
-bench_train's compiled run with ``TORCHDYNAMO_DISABLE=1``: inductor on a small CPU takes minutes), bench_train
-on 128 images, and the losses on a synthetic CIFAR-shaped set split into two parts folders and joined back, as
+skip), bench_gpu / record_steps / bench_kernels ``--device cpu --smoke`` on hne_tiny (the compiled units with
+``TORCHDYNAMO_DISABLE=1``: inductor on a small CPU takes minutes), bench_train on 32 images of hne_tiny, the
+reference on hne_tiny for about a minute, and the losses on a synthetic CIFAR-shaped set split into two parts folders and joined back, as
 real data would be; ort-gpu only with ``--ort-gpu-parts`` (tests/test_gpu_acceptance.py gives it a stand-in
 wheel). Its figures are not figures. Exit status: 0 when every stage that ran passed and none was cut off, else 1.
 """
@@ -90,6 +101,8 @@ DEFAULT_CAP_S = 480.0
 SMOKE_CAP_FACTOR = 4.0  # --smoke: stage caps x this, and the run's cap 1800 s unless --cap-s is given
 MIN_STAGE_S = 15.0  # a stage that would get less than this is not started
 OBJECTIVES = ("independent", "hierarchical", "hierarchical+label")  # cifar_losses.py run names
+REFERENCE_OBJECTIVES = ("hierarchical", "independent")  # train_reference.py --objective
+SMOKE_REFERENCE_S = 80.0  # --smoke: the reference stage's time on the CPU (its min_s is the real run's)
 
 
 @dataclass(frozen=True)
@@ -125,9 +138,14 @@ STAGES = (
     Stage("ort-gpu", "ONNX Runtime CUDA from wheel parts (--ort-gpu-parts): its GPU tests and bench rows", 40,
           "docs/results.md 'Honest limits' and docs/gpu.md: whether ONNX Runtime CUDA has run on a GPU; BENCHMARKS.md "
           "'GPU runtime': its rows"),
-    Stage("bench-train", "bench_train.py (hne_resnet_small, batch 128, eager and compiled)", 35,
-          "BENCHMARKS.md 'Training throughput: the trainer's loop (issue 11)': the GPU rows (images/s, TFLOP/s, "
-          "% of peak, utilisation), replacing 'GPU: not measured'; the >= 30,000 img/s target met or not"),
+    Stage("bench-train", "bench_train.py (hne_resnet_small, CUDA defaults: the loop vs the step alone, each formulation)", 35,
+          "BENCHMARKS.md 'Training throughput: the trainer's loop (issues 11 and 25)': the GPU rows (the loop, the step "
+          "alone and their ratio; conv vs bmm; ops per step; the trainer's images/s, TFLOP/s, % of peak, utilisation), "
+          "the >= 12,000 img/s target (stretch 25,000) met or not"),
+    Stage("reference", "the reference HNE_small trained to a time budget (train_reference.py)", None,
+          "benchmarks/ship_reference.py OUT makes it the package's pretrained model (hne_edge/assets/); RESULTS.md "
+          "'CIFAR-10: the reference HNE_small on a GPU' and docs/results.md: the GPU row (held-out accuracy by n, epochs, "
+          "images seen, the budget); BENCHMARKS.md: the trainer's throughput over a whole run", min_s=240),
     Stage("losses", "L^I vs L^HD (and the normalised objective) scored on the test set", None,
           "RESULTS.md (docs/results.md) 'CIFAR-10: L^I vs L^D vs L^HD': a GPU row per objective (hne_resnet_small, "
           "the epochs used, test set, n = 1..16), and issue 22 item 3's question for GPU budgets", default=False),
@@ -629,39 +647,101 @@ class Run:
 
     # 8 --------------------------------------------------------------------------------------------
     def stage_bench_train(self, result: StageResult, budget: float) -> None:
-        base = [self.py, "benchmarks/bench_train.py"]
+        out = self.raw("bench_train.json")  # its figures are all in acceptance.json too
+        cmd = [self.py, "benchmarks/bench_train.py", "--pointwise", "conv,bmm", "--json", str(out),
+               "--budget-s", f"{max(budget - 5, 5):.0f}"]  # fmt: skip  (its own clock starts after the interpreter's)
         if self.args.smoke:
-            base += ["--device", "cpu", "--model", "hne_tiny", "--batch", "32", "--limit", "128", "--epochs", "2", "--threads", "1"]
-        else:
-            base += ["--device", "cuda", "--model", "hne_resnet_small", "--batch", "128", "--limit", "25600", "--epochs", "2"]
+            cmd += ["--device", "cpu", "--model", "hne_tiny", "--batch", "16", "--limit", "32", "--epochs", "1",
+                    "--threads", "1", "--pairs", "1", "--step-seconds", "0.3"]  # fmt: skip
+        else:  # the trainer's CUDA defaults (batch 512, bf16, channels-last); 25 steps an epoch
+            cmd += ["--device", "cuda", "--model", "hne_resnet_small", "--limit", "12800", "--epochs", "2", "--pairs", "3"]
         train = getattr(self, "train_npz", None)
-        base += ["--data", str(train)] if train else ["--data", ""]  # "": synthetic CIFAR-shaped images (throughput only)
-        runs = {}
+        cmd += ["--data", str(train)] if train else ["--data", ""]  # "": synthetic CIFAR-shaped images (throughput only)
+        code = self.command(result, cmd, budget)
+        try:
+            figures = json.loads(out.read_text())
+        except (OSError, ValueError):
+            figures = None
+        if figures is None:
+            result.status = "timeout" if code is None else "failed"
+            result.summary = f"no figures ({'ran past ' + str(round(budget)) + ' s' if code is None else f'exit {code}'}): " + \
+                _tail(self.out / "logs" / "bench-train.log")
+            return
+        result.figures = figures
+        result.status = "ok" if code == 0 else ("timeout" if code is None else "failed")
+        parts = []
+        if "loop_vs_step" in figures:
+            parts.append(f"loop / step {figures['loop_vs_step']:.2f} (overhead {figures['overhead_pct']:.0f}%)")
+        for mode, st in figures.get("step", {}).items():
+            if "images_per_s" in st:
+                parts.append(f"step {mode} {st['images_per_s']:,.0f} img/s, {st['ops']} ops")
+        if "bmm_vs_conv" in figures:
+            parts.append(f"bmm / conv {figures['bmm_vs_conv']:.2f}")
+        if figures.get("loop"):
+            lp = figures["loop"]
+            util = f", GPU {lp['utilisation_pct']:.0f}%" if lp.get("utilisation_pct") is not None else ""
+            parts.append(f"fit {lp['images_per_s']:,.0f} img/s, {lp['tflops']:.2f} TFLOP/s{util}")
+        parts += [f"not measured: {n}" for n in figures.get("not_measured", [])]
+        result.summary = f"batch {figures.get('batch')}: " + "; ".join(parts) + (" (--smoke: CPU, hne_tiny)" if self.args.smoke else "")
+
+    # 9 --------------------------------------------------------------------------------------------
+    def stage_reference(self, result: StageResult, budget: float) -> None:
+        if self.args.smoke:
+            budget = min(budget, SMOKE_REFERENCE_S)
         t_end = time.monotonic() + budget
-        no_inductor = {"TORCHDYNAMO_DISABLE": "1"} if self.args.smoke else None  # see the module docstring
-        for variant, extra, env in (("eager", [], None), ("compile", ["--compile"], no_inductor)):
-            left = t_end - time.monotonic()
-            timeout = left / 2 if variant == "eager" else left  # the compiled run compiles: it gets the rest
-            out = self.out / f"bench_train_{variant}.json"
-            code = self.command(result, base + extra + ["--json", str(out)], timeout, env=env, log=f"bench-train-{variant}")
-            if code is None:
-                runs[variant] = {"status": "timeout", "seconds_allowed": round(timeout)}
-            elif code != 0 or not out.is_file():
-                runs[variant] = {"status": "failed", "error": _tail(self.out / "logs" / f"bench-train-{variant}.log")}
+        train = getattr(self, "train_npz", None)
+        if train is None:
+            result.status = "skipped"
+            result.summary = "no CIFAR training data given (--cifar or --cifar-parts)"
+            return
+        objectives = self.args.reference_objectives
+        runs: dict[str, dict] = {}
+        for i, objective in enumerate(objectives):
+            share = (t_end - time.monotonic()) / (len(objectives) - i)  # an equal share of what is left
+            folder = self.out if i == 0 else self.out / objective  # the first at OUT's top, the others one folder down
+            grace = 5.0 if self.args.smoke else 10.0  # it ends by its deadline; at the share's end SIGTERM, and it writes its record
+            cmd = [self.py, "benchmarks/train_reference.py", "--data", str(train), "--out", str(folder),
+                   "--run-dir", str(self.work / f"reference-{objective}"), "--objective", objective,
+                   "--deadline", f"{time.time() + share - grace:.1f}",
+                   "--parent-command", shlex.join([Path(sys.executable).name, *sys.argv])]  # fmt: skip
+            if i:
+                cmd += ["--no-config-file"]  # OUT keeps to 8 files: the config is in the record
+            if self.args.smoke:
+                cmd += ["--device", "cpu", "--model", "hne_tiny", "--batch-size", "32", "--limit", "96", "--threads", "1",
+                        "--eval-every", "1", "--reserve-s", "4"]  # fmt: skip
             else:
-                runs[variant] = {"status": "ok", **json.loads(out.read_text())}
-        result.figures = runs
+                cmd += ["--device", "cuda"]
+            code = self.command(result, cmd, share, log="reference")
+            runs[objective] = self._reference_result(folder, code, share, "" if i == 0 else f"{objective}/")
+        result.figures = {"objectives": runs}
         statuses = {r["status"] for r in runs.values()}
-        result.status = "ok" if statuses == {"ok"} else ("timeout" if "timeout" in statuses and "failed" not in statuses else "failed")
+        result.status = "ok" if statuses == {"ok"} else ("timeout" if statuses <= {"ok", "timeout", "stopped"} else "failed")
 
-        def line(v: str, r: dict) -> str:
-            if r["status"] != "ok":
-                return f"{v}: {r['status']}" + (f" ({r.get('error', '')[:160]})" if r.get("error") else "")
-            util = f", GPU {r['utilisation_pct']:.0f}%" if r.get("utilisation_pct") is not None else ""
-            return f"{v}: {r['images_per_s']:,.0f} img/s, {r['tflops']:.2f} TFLOP/s{util}"
+        def line(objective: str, r: dict) -> str:
+            if r["status"] not in ("ok", "partial"):
+                return f"{objective}: {r['status']}" + (f" ({r.get('error', '')[:200]})" if r.get("error") else "")
+            acc = r.get("accuracy_pct") or {}
+            shown = " / ".join(f"n={n} {acc[str(n)]:.1f}%" for n in (1, 2, 4, 8, 16) if str(n) in acc)
+            return (f"{objective}: {r['status']}, {r.get('epochs') or 0:.1f} epochs, {r.get('images_seen') or 0:,} images at "
+                    f"{r.get('images_per_s') or 0:,.0f} img/s; held out {shown}")  # fmt: skip
 
-        result.summary = "; ".join(line(v, r) for v, r in runs.items())
-        result.summary += " (compile: dynamo disabled in --smoke)" if self.args.smoke else ""
+        result.summary = "; ".join(line(o, r) for o, r in runs.items()) + (" (--smoke: CPU, hne_tiny)" if self.args.smoke else "")
+
+    @staticmethod
+    def _reference_result(folder: Path, code: int | None, allowed: float, where: str) -> dict:
+        try:
+            record = json.loads((folder / "record.json").read_text())
+        except (OSError, ValueError):
+            return {"status": "timeout" if code is None else "failed", "seconds_allowed": round(allowed),
+                    "error": f"no record.json (exit {code})"}  # fmt: skip
+        status = record.get("status", "failed")
+        if code is None and status in ("starting", "training"):
+            status = "timeout"
+        return {"status": status, "error": record.get("error"), "epochs": record.get("epochs"),
+                "images_seen": record.get("images_seen"), "accuracy_pct": record.get("accuracy_pct"),
+                "images_per_s": (record.get("throughput") or {}).get("images_per_s_mean"),
+                "time_budget_s": record.get("time_budget_s"), "seconds": record.get("seconds"),
+                "files": [f"{where}{name}" for name in ("checkpoint.pt", "config.yaml", "record.json") if (folder / name).is_file()]}  # fmt: skip
 
     # 10 -------------------------------------------------------------------------------------------
     def stage_losses(self, result: StageResult, budget: float) -> None:
@@ -779,7 +859,8 @@ def machine_info() -> dict[str, str]:
 
 
 def prepare_data(run: Run) -> None:
-    """The training and test sets of stages 4 and 5: given, joined from parts, or (--smoke) synthesized and split."""
+    """The training and test sets (bench-train, reference, losses): given, joined from parts, or (--smoke) synthesized
+    and split."""
     a = run.args
     data = run.work / "data"
     if a.smoke and not (a.cifar or a.cifar_parts):
@@ -818,13 +899,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cifar", default=None, help="CIFAR-10 training .npz (x: N,32,32,3 uint8; y: N)")
     p.add_argument("--cifar-parts", nargs="+", default=None, metavar="FOLDER",
                    help="folders holding npz_chunks.py split's part*.xz and meta.npz (joined here)")
-    p.add_argument("--test-data", default=None, help="the test set .npz that stage 5 scores on")
+    p.add_argument("--test-data", default=None, help="the test set .npz that the losses stage scores on")
     p.add_argument("--test-parts", nargs="+", default=None, metavar="FOLDER", help="the test set as npz_chunks.py parts")
+    p.add_argument("--reference-objectives", nargs="+", default=["hierarchical"], choices=REFERENCE_OBJECTIVES,
+                   help="the reference stage's objectives, each to its share of the time (default: %(default)s)")
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES),
-                   help="cifar_losses.py run names for stage 5 (LOSS[@WEIGHTING][+NORMALIZE]; default: %(default)s)")
+                   help="cifar_losses.py run names for the losses stage (LOSS[@WEIGHTING][+NORMALIZE]; default: %(default)s)")
     p.add_argument("--loss-model", default="hne_resnet_small")
     p.add_argument("--loss-epochs", type=int, default=5)
-    p.add_argument("--loss-limit", type=int, default=None, help="train stage 5 on this many images (default: all)")
+    p.add_argument("--loss-limit", type=int, default=None, help="train the losses stage on this many images (default: all)")
     args = p.parse_args(argv)
     args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(args.stages) - {s.name for s in STAGES})

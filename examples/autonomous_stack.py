@@ -13,8 +13,8 @@ the others are predicted to leave and uses the anytime contract:
 3. if they finish early, the slack before the next frame *refines* the same
    session from its cached activations and a better answer is published.
 
-Writes ``timeline.csv`` (one row per frame) and ``timeline.png``, and prints
-misses, leaves and accuracy (when labels are given).
+Writes ``timeline.csv`` (one row per frame) and ``timeline.png`` (where matplotlib is installed: a device
+with the ``runtime`` extra alone gets the CSV), and prints misses, leaves and accuracy (when labels are given).
 
     python examples/autonomous_stack.py runs/demo/bundle --frames frames.npz --out runs/stack
 """
@@ -171,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out / "timeline.png", runner.num_leaves)
+    try:
+        plot(rows, out / "timeline.png", runner.num_leaves)
+        png = out / "timeline.png"
+    except ImportError:  # matplotlib is not part of the runtime's dependencies (a device): the CSV is the result
+        png = None
     n = len(rows)
     misses = sum(1 - r["first_met_budget"] for r in rows)
     print(f"{n} frames at {period_ms:.3f} ms period (full tree {full_ms:.3f} ms)")
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if y is not None:
         print(f"accuracy on time {np.mean([r['first_correct'] for r in rows]):.2%}; "
               f"after refining {np.mean([r['final_correct'] for r in rows]):.2%}")
-    print(f"wrote {out / 'timeline.csv'} and {out / 'timeline.png'}")
+    print(f"wrote {out / 'timeline.csv'}" + (f" and {png}" if png else " (matplotlib not installed: no PNG)"))
     return 0
 
 

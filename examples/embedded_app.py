@@ -2,7 +2,7 @@
 """Embedded app: the minimal anytime loop. Load a bundle, feed frames, fixed budget, read answer + uncertainty.
 
 This is the code to paste into an app. It needs numpy and onnxruntime only
-(no torch): ``pip install 'hne-edge[runtime]'`` on the device.
+(no torch): the wheel with the ``runtime`` extra on the device (docs/guide.md, "Installing on a device").
 
     python examples/embedded_app.py runs/demo/bundle --budget-ms 0.5
     python examples/embedded_app.py BUNDLE --frames frames.npz     # x: (N, H, W, C) uint8 [, y: (N,)]

@@ -42,13 +42,14 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import BundleError, short_repr
-from .fileio import atomic_write_json, foreign_entry
-from .limits import MAX_BATCH
+from .fileio import atomic_write_json, foreign_entry, is_scratch
+from .limits import MAX_BATCH, MAX_COUNT
 from .tree import TreeSpec
 
 __all__ = [
@@ -68,6 +69,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "MANIFEST_NAME",
     "PROFILES_DIR",
+    "PROFILE_FORMAT",
+    "profile_filename",
     "BUNDLE_LAYOUT",
     "why_not_replaceable",
     "TensorSpec",
@@ -76,6 +79,7 @@ __all__ = [
     "Manifest",
     "read_manifest",
     "read_manifest_and_digest",
+    "not_a_bundle",
     "write_manifest",
     "parse_json",
     "path_component",
@@ -91,6 +95,7 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FORMATS = ("onnx", "tensorrt", "torch")
 PROFILES_DIR = "profiles"  # cost models a runtime measured on this bundle (cost_model.py)
+PROFILE_FORMAT = "hne-edge-profile"  # the "format" of every profile file (runtime/cost_model.py writes and reads them)
 # the top-level entries of a bundle folder: its manifest, one folder per format, the profiles; nothing else
 BUNDLE_LAYOUT = {MANIFEST_NAME: "file", **dict.fromkeys(FORMATS, "dir"), PROFILES_DIR: "dir"}
 # "first": leaf 0's chain (image -> logits) without the exported activations, which a run that stops
@@ -121,6 +126,16 @@ def batch_range_ok(batch: Any) -> bool:
         and all(isinstance(v, int) and not isinstance(v, bool) for v in batch)
         and 1 <= batch[0] <= batch[1] <= batch[2] <= MAX_BATCH
     )  # fmt: skip
+
+
+def profile_filename(device: str, backend: str, plan: str, precision: str) -> str:
+    """The name of a cost profile in a bundle's ``profiles/`` (one per device, backend, runner plan and precision)."""
+    return f"{device}-{backend}-{plan}-{precision}.json"
+
+
+# what profile_filename makes (a device name has no "-"; a backend name may); a profile is at most this big
+_PROFILE_NAME = re.compile(rf"[^-/\x00]+-[^/\x00]+-(?:{'|'.join(RUNNER_PLANS)})-(?:{'|'.join(PRECISIONS)})\.json")
+MAX_PROFILE_BYTES = 64 << 20
 
 
 def activation_name(node_id: str | None) -> str:
@@ -183,6 +198,9 @@ def file_key(model_file: "ModelFile", tree: TreeSpec) -> dict[str, Any]:
     return {"leaf": model_file.leaf, "num_leaves": tree.num_leaves}
 
 
+_ENGINE_DIR = re.compile(r"trt[0-9]+\.[0-9]+_sm[0-9]+")  # the last part of what engine_dir makes
+
+
 def engine_dir(trt_version: str, compute_capability: Any) -> str:
     """``tensorrt/trt10.3_sm87``: engines of one TensorRT minor version and one GPU architecture."""
     from .tensorrt_compat import normalize_compute_capability, version_tuple
@@ -224,18 +242,30 @@ def _take(data: Any, where: str, required: set[str], optional: set[str] = frozen
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    """``value`` when it is of ``kind`` and within the schema's bounds: a number finite and at most
+    :data:`~hne_edge.limits.MAX_COUNT` in magnitude, a string UTF-8 text without NUL (it may name a file)."""
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool and bool not in tuple(kind if isinstance(kind, tuple) else ())):
         expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise BundleError(f"manifest: {where} must be {expected}; received {short_repr(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise BundleError(f"manifest: {where} must be a finite number; received {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not -MAX_COUNT <= value <= MAX_COUNT:
+        raise BundleError(f"manifest: {where} must be a number within +-2**50 (|value| <= 2**50); "
+                          f"received {short_repr(value)}")  # fmt: skip
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BundleError(f"manifest: {where} holds a NUL character; expected text without one; received {short_repr(value)}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BundleError(f"manifest: {where} is not UTF-8 text (a lone surrogate); received {short_repr(value)}") from None
     return value
 
 
 def _count(value: Any, where: str) -> int:
-    """A non-negative int (sizes, MACs)."""
-    if _typed(value, int, where) < 0:
-        raise BundleError(f"manifest: {where} must be >= 0; received {value!r}")
+    """A non-negative int (sizes, MACs), at most :data:`~hne_edge.limits.MAX_COUNT`."""
+    if not 0 <= _typed(value, int, where) <= MAX_COUNT:
+        raise BundleError(f"manifest: {where} must be an int in 0..2**50; received {short_repr(value)}")
     return value
 
 
@@ -248,8 +278,11 @@ def _choice(value: Any, choices: tuple[str, ...], where: str) -> str:
 def _shape(value: Any, where: str) -> tuple[int | str, ...]:
     _typed(value, list, where)
     for dim in value:
-        if not (isinstance(dim, str) or (isinstance(dim, int) and not isinstance(dim, bool) and dim > 0)):
-            raise BundleError(f"manifest: {where} dims must be positive ints or symbolic names; received {short_repr(value)}")
+        if isinstance(dim, str):
+            _typed(dim, str, f"{where} dims")
+        elif not (isinstance(dim, int) and not isinstance(dim, bool) and 0 < dim <= MAX_COUNT):
+            raise BundleError(f"manifest: {where} dims must be positive ints (at most 2**50) or symbolic names; "
+                              f"received {short_repr(value)}")  # fmt: skip
     return tuple(value)
 
 
@@ -450,16 +483,34 @@ class Manifest:
         """The model files of one plan, in execution order (nodes: breadth-first; segments: by leaf)."""
         chosen = [f for f in self.files if (f.format, f.plan, f.precision) == (format, plan, precision)]
         if not chosen:
-            raise BundleError(
-                f"bundle has no {variant_label(format, plan, precision)} model files; it has "
-                f"{', '.join(variant_label(*v) for v in self.variants()) or 'none'}"
-            )
+            raise self._missing(format, plan, precision)
         if plan == "nodes":
             order = {n.id: i for i, n in enumerate(self.tree.nodes)}
             return sorted(chosen, key=lambda f: order[f.nodes[0]])
         if plan == "weights":
             return chosen
         return sorted(chosen, key=lambda f: f.leaf)
+
+    def _missing(self, format: str, plan: str, precision: str) -> BundleError:
+        """A variant this bundle lacks: what it has, and the export that adds the variant and keeps the others."""
+        has = self.variants()
+        message = (f"bundle has no {variant_label(format, plan, precision)} model files; it has "
+                   f"{', '.join(variant_label(*v) for v in has) or 'none'}")  # fmt: skip
+        if format == "tensorrt":  # engines are built from the bundle's own ONNX files, on the target GPU
+            fix = f"build them on the target GPU: hne-edge export BUNDLE --format tensorrt --plan {plan} --precision {precision}"
+            return BundleError(message, hint="build them on the target GPU (hne_edge.exporters.tensorrt.build_engines)", cli_hint=fix)
+        exported = ("nodes", "segments", "subtrees", "fused")  # what export --plan writes (first, weights: by default)
+        plans = [p for p in PLANS if p in exported and (p == plan or any(v[1] == p for v in has))] or ["both"]
+        precisions = [q for q in PRECISIONS if q == precision or any(v[2] == q for v in has)]
+        ckpt = self.provenance.get("checkpoint") if isinstance(self.provenance.get("checkpoint"), str) else "CHECKPOINT"
+        also = {"first": " (without --no-first-leaf)", "weights": " (without --no-torch-weights)"}.get(plan, "")
+        return BundleError(
+            message,
+            hint=f"export it again with it: hne_edge.exporters.export_checkpoint({ckpt!r}, BUNDLE, plan={','.join(plans)!r}, "
+                 f"precisions={tuple(precisions)!r}, force=True)",
+            cli_hint=f"export it again with it: hne-edge export {ckpt} --out BUNDLE --plan {','.join(plans)} "
+                     f"--precision {','.join(precisions)} --force{also}",
+        )  # fmt: skip
 
     def sample_bytes(self, plan: str, precision: str) -> int:
         """Bytes per sample of the image and of every tensor the files of ``plan`` / ``precision`` output.
@@ -714,13 +765,29 @@ def _no_constant(name: str) -> Any:
     raise BundleError(f"{name} is not a JSON number; expected finite numbers only")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a valid JSON literal that json reads as inf
+        raise BundleError(f"{short_repr(text)} is not a finite JSON number (it overflows a float); expected finite numbers only")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text) > 4000:  # int() refuses 4300+ digits (ValueError); the schema's own fields say where, within that
+        raise BundleError(f"an integer of {len(text.lstrip('-'))} digits is not a number a bundle holds; expected "
+                          "integers within +-2**50")  # fmt: skip
+    return int(text)
+
+
 def parse_json(data: bytes, where: str) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, bounded nesting; errors are BundleError."""
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity (nor literals that overflow to them), no integers of
+    thousands of digits, bounded nesting; errors are BundleError."""
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                          parse_float=_finite_float, parse_int=_short_int)  # fmt: skip
     except BundleError as exc:
         raise BundleError(f"{where}: {exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise BundleError(f"{where}: not valid JSON ({short_repr(str(exc))})") from None
     except RecursionError:
         raise BundleError(f"{where}: JSON nested too deeply; expected a manifest") from None
@@ -747,9 +814,10 @@ def why_not_replaceable(folder: str | os.PathLike) -> str | None:
     """Why an export may not replace ``folder`` (deleting everything in it), or None when it may.
 
     It may when ``folder`` is empty, or is a bundle: it holds nothing but :data:`BUNDLE_LAYOUT`'s
-    entries (no symbolic links), and its ``manifest.json`` parses as an hne-edge manifest of this
-    schema version. Its model files are not checked: a damaged bundle is still ours to replace.
-    The reason names the first entry that is not a bundle's.
+    entries (no symbolic links), its ``manifest.json`` parses as an hne-edge manifest of this
+    schema version, and nothing at any depth but what that manifest lists and what the bundle's
+    own tools write beside it (:func:`_foreign_in_bundle`). Its model files are not checked: a
+    damaged bundle is still ours to replace. The reason names the first entry that is not a bundle's.
     """
     folder = Path(folder)
     entry = foreign_entry(folder, BUNDLE_LAYOUT)
@@ -758,10 +826,92 @@ def why_not_replaceable(folder: str | os.PathLike) -> str | None:
     if not any(folder.iterdir()):
         return None
     try:
-        _parse_manifest(folder / MANIFEST_NAME)
+        manifest, _ = _parse_manifest(folder / MANIFEST_NAME)
     except BundleError as exc:
         return f"it is not an hne-edge bundle ({exc})"
+    entry = _foreign_in_bundle(folder, manifest)
+    if entry is not None:
+        return f"it holds {entry}, which is not part of the bundle"
     return None
+
+
+def _foreign_in_bundle(folder: Path, manifest: Manifest) -> str | None:
+    """The first entry, at any depth of ``folder``, that is not the bundle's (described for an error), or None.
+
+    The bundle's entries: ``manifest.json``, each file the manifest lists and the folders that hold them,
+    the folders of :data:`BUNDLE_LAYOUT`, each TensorRT engine folder (:func:`engine_dir`) and its timing
+    cache (``build_engines`` writes both, the folder before its first engine), ``profiles/`` holding
+    profiles (:func:`profile_filename`, whose JSON says ``"format": PROFILE_FORMAT``), and a killed
+    writer's scratch file beside any of these (:func:`~hne_edge.fileio.is_scratch`, its seal checked).
+    Anything else - a file, a folder (even empty), a link, a device, a folder it cannot list - is the user's.
+    """
+    files = {MANIFEST_NAME} | {"/".join(p for p in f.path.split("/") if p not in ("", ".")) for f in manifest.files}
+    folders = {"/".join(p.split("/")[:k]) for p in files for k in range(1, p.count("/") + 1)}
+    folders |= {name for name, kind in BUNDLE_LAYOUT.items() if kind == "dir"}  # onnx/, tensorrt/, torch/, profiles/
+    engines = [e.name for e in _scandir_or_empty(folder / "tensorrt") if _ENGINE_DIR.fullmatch(e.name) and e.is_dir()]
+    folders |= {f"tensorrt/{name}" for name in engines}  # build_engines makes it before its first engine
+    files |= {f"tensorrt/{name}/timing.cache" for name in engines}  # ... and keeps its timing cache there
+    stack: list[tuple[str, set[str], Any]] = []  # (prefix, its listed names, entries left): depth first, by name
+
+    def enter(path: str, prefix: str) -> str | None:
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError as exc:  # what cannot be listed cannot be known to be ours
+            return f"{prefix.rstrip('/') or '.'!r} (not readable: {exc.strerror})"
+        here = prefix.rstrip("/")
+        stack.append((prefix, {rel.rpartition("/")[2] for rel in files if rel.rpartition("/")[0] == here}, iter(entries)))
+        return None
+
+    found = enter(str(folder), "")
+    while stack and found is None:
+        prefix, listed, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        rel = prefix + entry.name
+        if entry.is_symlink():
+            return f"{rel!r} (a symbolic link)"
+        if entry.is_dir():
+            if rel not in folders:
+                return f"{rel!r} (a folder, where a file belongs)" if rel in files else repr(rel)
+            found = enter(entry.path, rel + "/")
+        elif not entry.is_file():
+            return f"{rel!r} (not a regular file)"
+        elif rel in folders:
+            return f"{rel!r} (a file, where a folder belongs)"
+        elif rel not in files and not is_scratch(entry.name, listed, ("tmp",)) and not (
+            prefix == PROFILES_DIR + "/" and _is_profile(entry)
+        ):
+            return repr(rel)
+    return found
+
+
+def _scandir_or_empty(path: Path) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(path)) if path.is_dir() and not path.is_symlink() else []
+    except OSError:
+        return []
+
+
+class _ProfileNames:
+    """The names :func:`profile_filename` makes, as a container (for :func:`~hne_edge.fileio.is_scratch`)."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and _PROFILE_NAME.fullmatch(name) is not None
+
+
+def _is_profile(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` (in ``profiles/``) is a profile the runtime wrote, or a killed writer's scratch of one."""
+    if is_scratch(entry.name, _ProfileNames(), ("tmp",)):
+        return True
+    if entry.name not in _ProfileNames() or entry.stat().st_size > MAX_PROFILE_BYTES:
+        return False
+    try:
+        data = parse_json(Path(entry.path).read_bytes(), entry.name)
+    except (BundleError, OSError):
+        return False
+    return isinstance(data, dict) and data.get("format") == PROFILE_FORMAT
 
 
 def _parse_manifest(path: Path) -> tuple[Manifest, bytes]:
@@ -772,10 +922,26 @@ def _parse_manifest(path: Path) -> tuple[Manifest, bytes]:
     return Manifest.from_dict(parse_json(raw, str(path))), raw
 
 
+def not_a_bundle(path: str | os.PathLike) -> BundleError | None:
+    """The error for a file given where a bundle folder goes, naming what it likely is and how it becomes a bundle
+    (a checkpoint is exported first); None when ``path`` is not a file."""
+    if not os.path.isfile(path):
+        return None
+    suffix = Path(path).suffix.lower()
+    if suffix in (".pt", ".pth", ".ckpt"):
+        return BundleError(f"{path}: received a file (a checkpoint?); expected a bundle folder",
+                           hint=f"export the checkpoint to one first: hne_edge.exporters.export_checkpoint({str(path)!r}, 'BUNDLE')",
+                           cli_hint=f"export the checkpoint to one first: hne-edge export {path} --out BUNDLE")  # fmt: skip
+    if suffix in (".onnx", ".engine", ".plan", ".json"):
+        return BundleError(f"{path}: received one file of a bundle; expected the bundle folder",
+                           hint=f"pass the folder that holds {MANIFEST_NAME}")  # fmt: skip
+    return BundleError(f"{path}: received a file; expected a bundle folder (what hne-edge export writes)")
+
+
 def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[Manifest, bytes]:
     bundle_dir = Path(bundle_dir)
     if not bundle_dir.is_dir():
-        raise BundleError(f"bundle directory not found: {bundle_dir}")
+        raise not_a_bundle(bundle_dir) or BundleError(f"bundle directory not found: {bundle_dir}")
     manifest, raw = _parse_manifest(bundle_dir / MANIFEST_NAME)
     for i, f in enumerate(manifest.files):
         target = resolve_in_bundle(bundle_dir, f.path, f"files[{i}]")
@@ -783,8 +949,17 @@ def _read_manifest(bundle_dir: str | os.PathLike, verify_files: bool) -> tuple[M
             resolve_in_bundle(bundle_dir, f.source, f"files[{i}].source")
         _check_on_disk(target, f, f"files[{i}]")
         if verify_files:
+            _check_size(f, target.stat().st_size, f"files[{i}].bytes")  # a stat first: cheap
             _check_digest(f, sha256_file(target), f"files[{i}].sha256")
     return manifest, raw
+
+
+def _check_size(f: ModelFile, actual: int, where: str) -> None:
+    if actual != f.bytes:
+        raise BundleError(
+            f"bundle file {f.path} ({where}) is {actual} bytes on disk; the manifest says {f.bytes}; the file was "
+            "modified or corrupted"
+        )
 
 
 def _check_digest(f: ModelFile, actual: str, where: str) -> None:
@@ -796,13 +971,14 @@ def _check_digest(f: ModelFile, actual: str, where: str) -> None:
 
 
 def read_verified(path: str | os.PathLike, model_file: ModelFile | None) -> bytes:
-    """The bytes of a model file, checked against ``model_file.sha256`` (``None``: not checked).
+    """The bytes of a model file, checked against ``model_file.bytes`` and ``.sha256`` (``None``: not checked).
 
     Backends load these bytes, never the path again: a file swapped after the
     check cannot be what runs.
     """
     data = Path(path).read_bytes()
     if model_file is not None:
+        _check_size(model_file, len(data), "bytes at load")
         _check_digest(model_file, sha256_bytes(data), "sha256 at load")
     return data
 

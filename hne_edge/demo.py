@@ -10,17 +10,21 @@ convention path ``../shared/data/cifar10_train.npz`` when that file exists,
 else scikit-learn's bundled digits (no download), with a line saying which
 and why. Digits is easy (one leaf already scores ~98%), so it shows only
 the latency side of anytime inference. On CIFAR-10 the demo starts from a
-small checkpoint shipped with the package (``hne_edge/assets/``, trained by
-this project; how is recorded next to it), because the accuracy rise with
-the number of leaves needs more training than a few minutes of CPU allow.
-Any training option (``--epochs``, ``--limit``, ``--model``, a ``--seed``
-other than 0) or an explicit ``--data`` trains here instead.
+checkpoint shipped with the package (``hne_edge/assets/``, trained by this
+project; how is recorded next to it), because the accuracy rise with the
+number of leaves needs more training than a few minutes of CPU allow:
+``--pretrained auto`` (the default) takes the reference HNE_small trained on a
+GPU (:data:`REFERENCE`, ``benchmarks/ship_reference.py`` puts it there) when
+the package ships one, else the small CPU-trained hne_tiny (:data:`PRETRAINED`,
+also ``--pretrained tiny``); ``--pretrained PATH`` takes another such
+checkpoint with its ``.json`` record beside it. Any training option
+(``--epochs``, ``--limit``, ``--model``, a ``--seed`` other than 0) or an
+explicit ``--data`` trains here instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -36,16 +40,39 @@ from .errors import InputError
 from .fileio import atomic_file, atomic_write_json, check_output_dir, foreign_entry
 
 __all__ = ["DemoResult", "run_demo", "choose_data", "budget_sweep", "format_budget_table", "ensemble_rows",
-           "format_ensemble_line", "how_to_run_hne_edge", "MARKER", "DEMO_LAYOUT", "CIFAR10_NPZ", "PRETRAINED"]
+           "format_ensemble_line", "how_to_run_hne_edge", "pretrained_checkpoint", "pretrained_record", "MARKER", "DEMO_LAYOUT",
+           "CIFAR10_NPZ", "PRETRAINED", "REFERENCE"]
 
 MARKER = ".hne-edge-demo"  # a folder with this file (and nothing a demo does not write) was written by the demo
-# what a demo writes into --out, and the folders its printed next steps write there: the next demo run
-# replaces a folder holding these and nothing else
-DEMO_LAYOUT = {MARKER: "file", "train": "dir", "eval": "dir", "bundle": "dir", "frames.npz": "file", "demo.json": "file",
-               "bench": "dir", "stack": "dir"}
+
+
+def _bundle_folder(path: Path) -> str | None:
+    """Why ``path`` is not a bundle the demo may replace (the export's own rule), or None."""
+    from .bundle import why_not_replaceable
+
+    return why_not_replaceable(path)
+
+
+# what a demo writes into --out, at every depth, and the folders its printed next steps write there: the next
+# demo run replaces a folder holding these and nothing else. train/: a run's files (train/engine.py RUN_LAYOUT);
+# eval/: evaluate_checkpoint's metrics.json and plot_metrics' figures, and the demo's two; bundle/: a bundle;
+# bench/: `hne-edge bench`'s; stack/: examples/autonomous_stack.py's
+DEMO_LAYOUT = {
+    MARKER: "file",
+    "train": {"checkpoint.pt": "file", "train_log.json": "file", "config.yaml": "file"},
+    "eval": dict.fromkeys(("metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png",
+                           "tree.png", "anytime_budget.png"), "file"),  # fmt: skip
+    "bundle": _bundle_folder,
+    "frames.npz": "file",
+    "demo.json": "file",
+    "bench": {"bench.json": "file", "bench.png": "file"},
+    "stack": {"timeline.csv": "file", "timeline.png": "file"},
+}
 CIFAR10_NPZ = "../shared/data/cifar10_train.npz"  # the data convention: ../shared beside the project root
 ASSETS = Path(__file__).parent / "assets"
-PRETRAINED = ASSETS / "cifar10_demo.pt"  # its record: cifar10_demo.json; its config: cifar10_demo.yaml
+PRETRAINED = ASSETS / "cifar10_demo.pt"  # the CPU-trained hne_tiny; its record: cifar10_demo.json; config: .yaml
+REFERENCE = ASSETS / "cifar10_reference.pt"  # the GPU-trained HNE_small, when shipped (benchmarks/ship_reference.py)
+PRETRAINED_CHOICES = ("auto", "reference", "tiny")  # or the path of a checkpoint with its .json record beside it
 SWEEP_FRAMES = 1000  # default frames of the CIFAR budget sweep (batch-1 runs under 7 budgets stay ~1 minute)
 
 
@@ -88,22 +115,33 @@ def choose_data(data: str, data_dir: str | None, cwd: str | Path = ".") -> tuple
     if data_dir is not None:
         raise InputError(f"--data-dir {data_dir} needs --data npz/cifar10/cifar100/imagefolder; received --data auto")
     if (Path(cwd) / CIFAR10_NPZ).is_file():
-        return "npz", CIFAR10_NPZ, f"data: CIFAR-10 from {CIFAR10_NPZ} (found; --data digits runs the 30-second digits demo)"
+        return "npz", CIFAR10_NPZ, f"data: CIFAR-10 from {CIFAR10_NPZ} (found; --data digits runs the smaller digits demo)"
     return "digits", None, (f"data: scikit-learn digits, because {CIFAR10_NPZ} is not here (digits is easy: expect "
                             "a flat accuracy by ensemble size; --data npz --data-dir PATH.npz to use your CIFAR-10 copy)")
 
 
-def _data_fingerprint(path: str | Path) -> str:
-    """sha256 of an npz's ``x`` then ``y`` bytes: the same images in the same order give the same split."""
-    with np.load(path, allow_pickle=False) as archive:
-        h = hashlib.sha256(np.ascontiguousarray(archive["x"]).tobytes())
-        h.update(np.ascontiguousarray(archive["y"]).astype(np.int64).tobytes())
-    return h.hexdigest()
+def pretrained_checkpoint(choice: str = "auto") -> Path:
+    """The checkpoint ``--pretrained choice`` names: ``auto`` (:data:`REFERENCE` when shipped, else
+    :data:`PRETRAINED`), ``reference``, ``tiny`` or a path (with its ``.json`` record beside it)."""
+    if choice == "auto":
+        return REFERENCE if REFERENCE.is_file() else PRETRAINED
+    if choice == "tiny":
+        return PRETRAINED
+    if choice == "reference":
+        if not REFERENCE.is_file():
+            raise InputError(f"--pretrained reference: this package ships no {REFERENCE.name} (no GPU-trained reference "
+                             "yet); expected --pretrained auto or tiny")  # fmt: skip
+        return REFERENCE
+    path = Path(choice)
+    if not path.is_file() or not path.with_suffix(".json").is_file():
+        raise InputError(f"--pretrained: received {choice!r}; expected auto, reference, tiny or a checkpoint file with its "
+                         ".json record beside it")  # fmt: skip
+    return path
 
 
-def pretrained_record() -> dict[str, Any]:
-    """How the shipped checkpoint was trained (``cifar10_demo.json``)."""
-    return json.loads((ASSETS / "cifar10_demo.json").read_text())
+def pretrained_record(checkpoint: Path = PRETRAINED) -> dict[str, Any]:
+    """How a shipped checkpoint was trained (the ``.json`` beside it: ``cifar10_demo.json`` by default)."""
+    return json.loads(Path(checkpoint).with_suffix(".json").read_text())
 
 
 def ensemble_rows(logits, labels, sizes: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[dict[str, Any]]:
@@ -139,8 +177,8 @@ def budget_sweep(runner, images: np.ndarray, labels: np.ndarray, budgets_ms: lis
     (:func:`hne_edge.runtime.summarize_frames`, what ``hne-edge run`` prints too).
 
     A miss is a frame whose answer came after its budget. It is forced when the budget was shorter than the
-    first leaf (which always runs) as the runner predicted it; a miss on a budget that fits the first leaf
-    is the machine's (a leaf slower than predicted: a pre-empted process), not the budget's.
+    first leaf (which always runs) takes 9 times in 10, as the runner measured it (its p90); a miss on a budget that
+    fits the first leaf is the machine's (a leaf slower than that: a pre-empted process), not the budget's.
     """
     from .runtime import summarize_frames
 
@@ -167,8 +205,8 @@ def format_budget_table(rows: list[dict[str, Any]]) -> str:
             f"{r['misses']:>4}/{r['frames']:<4}  {r['forced_misses']:>8}"
         )
     lines.append("misses: answers later than the budget; (forced): of those, frames whose budget was shorter "
-                 "than the first leaf (which always runs) as the runner predicted it; the others ran slower than that (on a "
-                 "busy machine, the process pre-empted)")
+                 "than the first leaf (which always runs) takes 9 times in 10 as the runner measured it; the others ran slower "
+                 "than that (on a busy machine, the process pre-empted)")
     return "\n".join(lines)
 
 
@@ -232,6 +270,7 @@ def run_demo(
     frames: int | None = None,
     force: bool = False,
     quiet: bool = False,
+    pretrained: str = "auto",
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the whole pipeline into ``out_dir`` (see the module docstring)."""
@@ -242,24 +281,24 @@ def run_demo(
     from .runtime import AnytimeRunner
     from .train import TrainConfig, evaluate_checkpoint, fit, load_checkpoint, model_from_checkpoint
     from .train.config import upgrade_config
-    from .train.data import BatchLoader, load_data
-    from .train.engine import predict
+    from .train.data import load_data, npz_fingerprint
 
     out = Path(out_dir)
     auto = data == "auto"
     data, data_dir, note = choose_data(data, data_dir)
     # the shipped checkpoint stands in for training only where nothing asks to train (it was trained with seed 0)
-    pretrained = auto and data == "npz" and model is None and epochs is None and limit is None and seed == 0
-    if pretrained:
-        record = pretrained_record()
-        found = _data_fingerprint(data_dir)
+    use_shipped = auto and data == "npz" and model is None and epochs is None and limit is None and seed == 0
+    shipped = pretrained_checkpoint(pretrained)  # a bad --pretrained is refused whatever the data
+    if use_shipped:
+        record = pretrained_record(shipped)
+        found = npz_fingerprint(data_dir)
         if found != record["data"]["sha256"]:  # another order or other images: the hold-out could hold training images
             raise InputError(
-                f"{data_dir}: not the file {PRETRAINED.name} was trained on (sha256 of x and y {found[:12]}..., "
+                f"{data_dir}: not the file {shipped.name} was trained on (sha256 of x and y {found[:12]}..., "
                 f"expected {record['data']['sha256'][:12]}...), so its validation split could hold training images; "
                 f"train here instead: hne-edge demo --data npz --data-dir {data_dir}"
             )
-        stored = upgrade_config(load_checkpoint(PRETRAINED)["config"])
+        stored = upgrade_config(load_checkpoint(shipped)["config"])
         config = TrainConfig.from_dict({**stored, "data": {**stored["data"], "data_dir": data_dir}, "quiet": quiet})
     else:
         config = _train_config(out, data, data_dir, model, epochs, limit, seed, quiet)  # validate before touching the disk
@@ -271,12 +310,13 @@ def run_demo(
 
     if note:
         echo(note)
-    if pretrained:
-        step(1, f"using the checkpoint shipped with hne-edge ({PRETRAINED.name}): {record['summary']}")
+    if use_shipped:
+        step(1, f"using the checkpoint shipped with hne-edge ({shipped.name}): {record['summary']}")
+        other = "--pretrained tiny: the small CPU-trained one; " if shipped == REFERENCE else ""
         echo(f"        it trained for {record['train_seconds'] / 60:.0f} min on {record['machine']}; command, data and "
-             f"figures: {PRETRAINED.with_suffix('.json')}. To train here instead: --epochs N (and --limit N images "
+             f"figures: {shipped.with_suffix('.json')}. {other}To train here instead: --epochs N (and --limit N images "
              "for a quick run)")
-        checkpoint = PRETRAINED
+        checkpoint = shipped
     else:
         step(1, f"training {config.model.name} on {config.data.name} ({config.loss.kind} loss, "
                 f"{config.optim.epochs} epochs)")
@@ -284,8 +324,9 @@ def run_demo(
     step(2, "evaluating every ensemble size n = 1..N on the validation split")
     with contextlib.ExitStack() as stack:  # on an error too: the progress stops, the runner closes
         progress = stack.enter_context(progress_for(None, "demo", quiet=quiet))  # each phase restarts it
+        evaluated: dict[str, Any] = {}  # its logits: the ensemble rows below need no second pass
         metrics = evaluate_checkpoint(checkpoint, out / "eval", data={"data_dir": config.data.data_dir},
-                                      progress=progress)  # fmt: skip
+                                      progress=progress, predictions=evaluated)  # fmt: skip
         fused, state = model_from_checkpoint(checkpoint)
         plot_tree(fused.tree, out / "eval" / "tree.png", {k: v.macs for k, v in tree_cost(fused).nodes.items()})
         step(3, "exporting the ONNX bundle (per-node and per-leaf segment plans, and the export-free first leaf)")
@@ -305,11 +346,8 @@ def run_demo(
         worst = max((c.max_abs_diff for c in report.checks), default=0.0)
         echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
         step(5, "profiling each leaf on this CPU (ONNX Runtime, segments plan)")
-        data_bundle = load_data(config.data, seed=config.seed)
-        val = data_bundle.val
-        norm = state["normalization"]  # the weights' own normalisation (evaluate_checkpoint's choice too)
-        logits, truth = predict(fused, BatchLoader(val, 256, mean=norm["mean"], std=norm["std"]))
-        by_size = ensemble_rows(logits, truth)
+        val = load_data(config.data, seed=config.seed).val  # the split evaluate_checkpoint evaluated
+        by_size = ensemble_rows(evaluated["logits"], evaluated["labels"])
         images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
         labels = val.labels.numpy()
         if frames is None and data != "digits":

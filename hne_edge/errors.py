@@ -30,6 +30,7 @@ __all__ = [
     "MissingExtra",
     "EXTRA_OF_MODULE",
     "missing_extra",
+    "install_hint",
     "short_repr",
 ]
 
@@ -108,9 +109,17 @@ class ResourceExhausted(HNEError, RuntimeError):
 # The extra of pyproject.toml that installs each optional top-level module (tests check it against pyproject).
 EXTRA_OF_MODULE = {
     "torch": "train", "torchvision": "train", "yaml": "train", "matplotlib": "train", "sklearn": "train",
-    "tqdm": "train", "PIL": "train", "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "runtime",
+    "tqdm": "train", "PIL": "runtime", "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "runtime",
     "tensorrt": "tensorrt", "cuda": "gpu",
 }
+
+
+def install_hint(extra: str) -> str:
+    """The command that adds hne-edge's optional ``extra`` (one home for it). hne-edge is on no package index, so
+    installing it by name finds nothing; the wheel built from a checkout does."""
+    from . import __version__
+
+    return f"pip install 'hne_edge-{__version__}-py3-none-any.whl[{extra}]' (the wheel of a checkout: docs/guide.md#installing-on-a-device)"
 
 
 class MissingExtra(BackendUnavailable):
@@ -127,5 +136,5 @@ def missing_extra(exc: ImportError, what: str) -> MissingExtra | None:
         return None
     return MissingExtra(
         f"{what} needs {name}, which is not installed here: it comes with hne-edge's '{extra}' extra",
-        hint=f"pip install 'hne-edge[{extra}]' (from a wheel: pip install 'hne_edge-<version>-py3-none-any.whl[{extra}]')",
+        hint=install_hint(extra),
     )

@@ -2,10 +2,19 @@
 
 Every writer in the package (checkpoints, JSON records, profiles, metrics,
 manifests, bundles) goes through these helpers: the bytes go to a hidden
-sibling ``.NAME.KIND-PID-RANDOM``, are flushed and fsync'ed, and are renamed
-over the target in one step. A reader therefore sees the old file or the new
-one, never a prefix. The PID in the scratch name lets a later writer remove
-the leftovers of a killed one (:func:`remove_stale`).
+sibling ``.NAME.hne-KIND-PID-NONCESEAL`` (:func:`scratch_path`), are flushed
+and fsync'ed, and are renamed over the target in one step. A reader therefore
+sees the old file or the new one, never a prefix. The PID in the scratch name
+lets a later writer remove the leftovers of a killed one (:func:`remove_stale`).
+
+What is ours to delete is decided by the name alone, so the name carries a
+seal: 8 hex digits of a sha256 over NAME, KIND, PID and the random NONCE. A
+user's ``.bk.old-2024-06`` or ``.bk.partial-31337-mine`` (or a copy of one of
+our leftovers under another name, or beside another target) does not carry it,
+and is never taken for a dead writer's scratch. A marker file inside scratch
+folders would not do: a scratch file has no inside, a staged folder becomes
+the user's output by a rename (the marker would have to go first, leaving a
+window), and the ``old`` folder is the user's previous output renamed aside.
 
 Folders: a command that writes several files into an output folder stages them
 (:func:`staged_output`), so a failure leaves the folder as it was and no new
@@ -19,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import glob
+import hashlib
 import json
 import os
 import re
@@ -27,7 +36,7 @@ import secrets
 import shutil
 import sys
 from pathlib import Path
-from typing import IO, Any, Container, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Container, Iterator, Mapping, Sequence
 
 __all__ = [
     "scratch_path",
@@ -41,9 +50,12 @@ __all__ = [
     "foreign_entry",
     "is_scratch",
     "staged_output",
+    "SCRATCH_KINDS",
 ]
 
-_SCRATCH = re.compile(r"\.(?P<name>.+)\.(?:tmp|partial|old)-\d+-[0-9a-f]+")  # what scratch_path makes
+SCRATCH_KINDS = ("tmp", "partial", "old")  # a file being written; a folder being filled; a folder being replaced
+# what scratch_path makes, exactly (the seal is checked by is_scratch)
+_SCRATCH = re.compile(r"\.(?P<name>.+)\.hne-(?P<kind>tmp|partial|old)-(?P<pid>[1-9][0-9]{0,9})-(?P<nonce>[0-9a-f]{8})(?P<seal>[0-9a-f]{8})")
 
 
 def _alive(pid: int) -> bool:
@@ -51,6 +63,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except OverflowError:  # no such pid can exist here, so no writer of ours made it: keep what it names
+        return True
     except OSError:  # exists, owned by someone else
         return True
     return True
@@ -66,52 +80,98 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Pa
     return path
 
 
-def foreign_entry(folder: str | os.PathLike, layout: Mapping[str, str]) -> str | None:
-    """The first entry of ``folder`` (by name) that ``layout`` does not allow, described for an error; None if none.
+# what a layout allows at a name: "file" (a regular file), "dir" (a folder, its contents not looked at), a
+# layout (a folder holding only what that layout allows, checked at every depth) or a check of the folder that
+# returns why it is not ours (None: it is)
+Layout = Mapping[str, "str | Layout | Callable[[Path], str | None]"]
 
-    ``layout`` maps each allowed name to ``"file"`` (a regular file) or ``"dir"`` (a folder); a symbolic
-    link is never allowed (what a link points to is not ours to judge). A scratch sibling of an allowed
-    name (``.NAME.tmp-PID-HEX``, from :func:`scratch_path`) is ours: a killed writer's leftover.
+
+def foreign_entry(folder: str | os.PathLike, layout: Layout, _prefix: str = "") -> str | None:
+    """The first entry of ``folder`` (by name, depth first) that ``layout`` does not allow, described for an error;
+    None if none.
+
+    ``layout`` maps each allowed name to ``"file"`` (a regular file), ``"dir"`` (a folder), a nested layout
+    (a folder whose entries are checked the same way) or a callable that checks the folder and returns why
+    it is not ours (the bundle inside a demo's folder: :func:`hne_edge.bundle.why_not_replaceable`). A
+    symbolic link is never allowed (what a link points to is not ours to judge). A scratch sibling of an
+    allowed name (from :func:`scratch_path`, its seal checked: :func:`is_scratch`) is ours: a killed writer's
+    leftover.
     """
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        rel = _prefix + entry.name
         if is_scratch(entry.name, layout) and not entry.is_symlink():
             continue
         kind = layout.get(entry.name)
         if entry.is_symlink():
-            return f"{entry.name!r} (a symbolic link)"
+            return f"{rel!r} (a symbolic link)"
         if kind is None:
-            return repr(entry.name)
-        if (kind == "dir") != entry.is_dir():
+            return repr(rel)
+        if (kind != "file") != entry.is_dir():
             found, expected = ("folder", "file") if entry.is_dir() else ("file", "folder")
-            return f"{entry.name!r} (a {found}, where a {expected} belongs)"
+            return f"{rel!r} (a {found}, where a {expected} belongs)"
+        if isinstance(kind, Mapping):
+            inner = foreign_entry(entry.path, kind, rel + "/")
+            if inner is not None:
+                return inner
+        elif callable(kind):
+            why = kind(Path(entry.path))
+            if why is not None:
+                return f"{rel!r} ({why})"
     return None
 
 
-def is_scratch(name: str, of: Container[str]) -> bool:
-    """Whether ``name`` is a scratch sibling (:func:`scratch_path`) of one of the names ``of``."""
-    scratch = _SCRATCH.fullmatch(name)
-    return scratch is not None and scratch["name"] in of
+def _seal(name: str, kind: str, pid: str, nonce: str) -> str:
+    """8 hex digits that only :func:`scratch_path` writes: a sha256 over the target's name, the kind, pid and nonce."""
+    text = "\0".join(("hne-edge scratch", name, kind, pid, nonce))
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _scratch_match(name: str) -> re.Match | None:
+    """The parts of ``name`` when it is exactly a name :func:`scratch_path` made (its seal checked), else None."""
+    found = _SCRATCH.fullmatch(name)
+    if found is None or found["seal"] != _seal(found["name"], found["kind"], found["pid"], found["nonce"]):
+        return None
+    return found
+
+
+def is_scratch(name: str, of: Container[str], kinds: Container[str] = SCRATCH_KINDS) -> bool:
+    """Whether ``name`` is a scratch sibling (:func:`scratch_path`, seal included) of one of the names ``of``."""
+    found = _scratch_match(name)
+    return found is not None and found["name"] in of and found["kind"] in kinds
 
 
 def scratch_path(target: Path, kind: str) -> Path:
-    """A fresh sibling name ``.NAME.KIND-PID-RANDOM`` (the pid lets a later run tell a dead writer's leftovers)."""
-    return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+    """A fresh sibling name ``.NAME.hne-KIND-PID-NONCESEAL`` of ``target``: the pid lets a later run tell a dead
+    writer's leftovers, the seal (see the module docstring) that the name is ours."""
+    if kind not in SCRATCH_KINDS:
+        raise ValueError(f"scratch_path kind: received {kind!r}; expected one of {list(SCRATCH_KINDS)}")
+    pid, nonce = str(os.getpid()), secrets.token_hex(4)
+    return target.parent / f".{target.name}.hne-{kind}-{pid}-{nonce}{_seal(target.name, kind, pid, nonce)}"
 
 
 def remove_stale(target: Path, kinds: Sequence[str] = ("partial", "old")) -> None:
-    """Remove ``.NAME.KIND-PID-*`` siblings of ``target`` whose writer process is gone (a killed writer)."""
+    """Remove the scratch siblings of ``target`` of these ``kinds`` whose writer process is gone (a killed writer).
+
+    Only a name :func:`scratch_path` made for ``target`` qualifies (:func:`is_scratch`: the exact pattern and its
+    seal); a process id that is alive, or this process's, keeps its scratch.
+    """
     try:
-        candidates = [p for kind in kinds for p in target.parent.glob(f".{glob.escape(target.name)}.{kind}-*")]
+        names = os.listdir(target.parent)
     except OSError:
         return
-    for p in candidates:
-        pid = p.name.rsplit("-", 2)[-2] if p.name.count("-") >= 2 else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    p.unlink()
+    for name in names:
+        found = _scratch_match(name)
+        if found is None or found["name"] != target.name or found["kind"] not in kinds:
+            continue
+        pid = int(found["pid"])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        p = target.parent / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 @contextlib.contextmanager

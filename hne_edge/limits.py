@@ -6,6 +6,9 @@ One home for every bound, so that each is one constant and one check
 * **Batch range** (:data:`MAX_BATCH`): what ``export --batch-range`` accepts and what a manifest may declare
   (:func:`hne_edge.bundle.batch_range_ok` is the one rule both apply). 4096 samples is far beyond an anytime
   frame and matches the largest batch the dynamo exporter is asked to support.
+* **Counts a file states** (:data:`MAX_COUNT`): every integer a manifest holds (MACs, bytes, shapes, opsets, ...)
+  is at most 2**50 in magnitude (a petabyte; 10**15 multiply-adds per sample). A sum of a tree's thousands
+  of them stays exact in a float64 and within an int64, and printing one never overflows a float.
 * **Threads** (:func:`check_threads`): at most :data:`THREADS_PER_CPU` per CPU of this machine, wherever a
   thread count is taken (``--threads``, ``AnytimeRunner(threads=)``, the backends, ``TrainConfig.threads``).
   More threads than that only add contention; 100,000 of them hang the host.
@@ -26,11 +29,14 @@ from .errors import InputError, ResourceExhausted
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_COUNT",
     "THREADS_PER_CPU",
     "MAX_NUM_CLASSES",
     "MAX_INPUT_SIZE",
     "MAX_IN_CHANS",
     "cpu_count",
+    "load_average",
+    "free_cpus_threads",
     "max_threads",
     "check_threads",
     "available_memory",
@@ -39,6 +45,7 @@ __all__ = [
 ]
 
 MAX_BATCH = 4096
+MAX_COUNT = 2**50  # the largest integer (in magnitude) a manifest may state
 THREADS_PER_CPU = 4
 MAX_NUM_CLASSES = 100_000  # ImageNet-21k has 21,843
 MAX_INPUT_SIZE = 1024  # 4.6x ImageNet's 224 a side; activations grow with its square
@@ -51,6 +58,32 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, this one included); None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return None
+
+
+def free_cpus_threads(default: int, cpus: int | None = None, load: float | None = None) -> tuple[int, str | None]:
+    """Threads for a CPU-bound library whose user named none: its ``default``, lowered to the CPUs that other
+    processes leave free (this process's CPUs minus the load average, rounded; at least 1), and why when lowered.
+
+    More threads than free CPUs do not add speed, they collapse it: torch's two threads on two busy cores
+    trained at 13-18 img/s where one thread kept 150-450 (issue 28; BENCHMARKS.md, "Training threads under
+    load"). ``cpus`` / ``load``: this machine's unless given (tests).
+    """
+    cpus = cpu_count() if cpus is None else cpus
+    load = load_average() if load is None else load
+    if load is None:
+        return default, None
+    free = max(1, int(cpus - load + 0.5))
+    if free >= default:
+        return default, None
+    return free, f"load average {load:.1f} on {cpus} CPU{'s' if cpus > 1 else ''}"
 
 
 def max_threads() -> int:

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import numpy as np
+
 from .fileio import atomic_file
 from .tree import TreeSpec
 
@@ -67,7 +69,7 @@ def _tick_text(v: float) -> str:
     return f"{v:.0f}" if v >= 10 else f"{v:.3g}"
 
 
-def _label_log_x(ax, xs: Sequence[float], pad: float = 0.06) -> None:
+def _label_log_x(ax, xs: Sequence[float], pad: float = 0.06, axis: str = "x") -> None:
     """Log x axis labelled at round values only (1, 2, 5 x 10^k, denser when the data spans little), every tick
     labelled; the axis runs ``pad`` of the data's span (in decades) beyond each end.
 
@@ -78,7 +80,7 @@ def _label_log_x(ax, xs: Sequence[float], pad: float = 0.06) -> None:
     from matplotlib.ticker import NullLocator  # noqa: PLC0415
 
     lo, hi = min(xs), max(xs)
-    ax.set_xscale("log")
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
     span = math.log10(hi / lo) if hi > lo else 0.3
     left, right = lo / 10 ** (pad * span), hi * 10 ** (pad * span)
     ticks: list[float] = []
@@ -87,9 +89,14 @@ def _label_log_x(ax, xs: Sequence[float], pad: float = 0.06) -> None:
                  for m in mantissas if left <= m * 10.0**k <= right]  # fmt: skip
         if len(ticks) >= 3:
             break
-    ax.set_xlim(left, right)
-    ax.set_xticks(ticks, [_tick_text(v) for v in ticks])
-    ax.xaxis.set_minor_locator(NullLocator())
+    if axis == "x":
+        ax.set_xlim(left, right)
+        ax.set_xticks(ticks, [_tick_text(v) for v in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+    else:  # the same round ticks up the side (latencies: a p95 100x the median squashed it flat on a linear axis)
+        ax.set_ylim(left, right)
+        ax.set_yticks(ticks, [_tick_text(v) for v in ticks])
+        ax.yaxis.set_minor_locator(NullLocator())
 
 
 def _save(fig, path: str | os.PathLike) -> Path:
@@ -112,13 +119,14 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
     for node in tree.nodes:  # a node sits at the middle of the leaves below it
         y[node.id] = -(node.leaves[0] + node.leaves[-1]) / 2
     first = set(tree.path(0))
-    fig, ax = _figure((2.0 + 1.6 * tree.num_blocks, 1.0 + 0.32 * n))
+    fig, ax = _figure((2.0 + 1.6 * tree.num_blocks, 1.6 + 0.32 * n))
     ax.plot([-0.8], [-(n - 1) / 2], marker="s", color="0.3", markersize=10)
     ax.annotate("image", (-0.8, -(n - 1) / 2), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
     for node in tree.nodes:
         px, py = (node.depth - 1, y[node.parent]) if node.parent else (-0.8, -(n - 1) / 2)
         on_first = node.id in first
         ax.plot([px, node.depth], [py, y[node.id]], color="tab:red" if on_first else "0.6", lw=2 if on_first else 1, zorder=1)
+    labels: list[tuple[str, Any]] = []
     for node in tree.nodes:
         on_first = node.id in first
         ax.scatter([node.depth], [y[node.id]], s=60, color="tab:red" if on_first else "tab:blue", zorder=2)
@@ -129,8 +137,7 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
             ax.annotate(f"leaf {node.leaves[0]}", (node.depth, y[node.id]), textcoords="offset points",
                         xytext=(8, -3), fontsize=7)
         elif len(node.leaves) >= n / 2 or tree.num_blocks <= 3:
-            ax.annotate(label, (node.depth, y[node.id]), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7,
-                        bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5})  # readable over the edges
+            labels.append((label, node))
     def block_label(d: int) -> str:  # every block's cost, where the node labels would crowd (blocks >= 2)
         label = f"block {d}\n{tree.width(d)} node{'s' if tree.width(d) > 1 else ''}"
         if node_macs is not None:
@@ -143,9 +150,43 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
     ax.set_xlim(-1.2, tree.num_blocks - 0.2)
+    ax.set_ylim(-(n - 1) - 0.9, 0.9)  # room above and below the outer nodes for their labels
     ax.set_title(title or f"HNE tree, branching {tree.branching}: {n} networks; red = leaf 0's path", fontsize=9)
     fig.tight_layout()
+    edges = [ax.transData.transform(line.get_xydata()) for line in ax.get_lines()]
+    for label, node in labels:  # after the layout: placed where no edge crosses them (issue 28: centred above, they did)
+        _place_clear(ax, label, (node.depth, y[node.id]), edges)
     return fig
+
+
+# where a tree node's label may go: (offset in points, ha, va), the first that no edge crosses wins
+_NODE_LABEL_PLACES = ((-7, 7, "right", "bottom"), (-7, -7, "right", "top"), (0, 9, "center", "bottom"),
+                      (0, -9, "center", "top"), (7, 7, "left", "bottom"), (7, -7, "left", "top"), (-9, 0, "right", "center"))
+
+
+def _place_clear(ax, text: str, xy: tuple[float, float], polylines: Sequence[Any]) -> None:
+    """Annotate ``text`` at ``xy`` in the first of :data:`_NODE_LABEL_PLACES` that no polyline (display points)
+    crosses and that stays inside the axes; where none is clear, the first, over a white box."""
+    frame = ax.get_window_extent()
+    for dx, dy, ha, va in _NODE_LABEL_PLACES:
+        note = ax.annotate(text, xy, textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, fontsize=7)
+        box = note.get_window_extent().padded(2)
+        inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        if inside and not any(_crosses_box(box, line) for line in polylines):
+            return
+        note.remove()
+    dx, dy, ha, va = _NODE_LABEL_PLACES[0]  # a crowded fan (4 children): over the edges, which its box hides
+    ax.annotate(text, xy, textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, fontsize=7, zorder=3,
+                bbox={"fc": "white", "ec": "none", "alpha": 1.0, "pad": 0.5})
+
+
+def _crosses_box(box: Any, points: Any, samples: int = 64) -> bool:
+    """Whether the polyline through ``points`` (display coordinates) passes through ``box``."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        for t in np.linspace(0.0, 1.0, samples):
+            if box.contains(x0 + t * (x1 - x0), y0 + t * (y1 - y0)):
+                return True
+    return False
 
 
 def plot_tree(
@@ -239,7 +280,7 @@ def metrics_figures(
                         clip_on=False)  # fmt: skip
             xs += x
             ys += y + ([v + e for v, e in zip(y, err)] + [v - e for v, e in zip(y, err)] if err else [])
-            first_xy = first_xy or (x, y, [r["n"] for r in rows])
+            first_xy = first_xy or (x, y, [r["n"] for r in rows], err)
         _label_log_x(ax, xs)
         if key == "accuracy":
             ax.set_ylim(*_accuracy_limits(ys))
@@ -250,8 +291,8 @@ def metrics_figures(
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
         fig.tight_layout()
-        x, y, ns = first_xy  # every run has the same n at the same MACs: one run's points carry them
-        _label_points(ax, x, y, [f"n={n}" if k == 0 else str(n) for k, n in enumerate(ns)])
+        x, y, ns, err = first_xy  # every run has the same n at the same MACs: one run's points carry them
+        _label_points(ax, x, y, [f"n={n}" if k == 0 else str(n) for k, n in enumerate(ns)], err)
         figures[name] = fig
 
     curve("accuracy", "accuracy (%)", "accuracy_vs_macs.png", 100.0)
@@ -297,14 +338,17 @@ def bench_figure(result: Mapping[str, Any]) -> Figure:
         acc = [100 * lv["accuracy"] for lv in levels]
         ax.plot(lat, acc, "o-", clip_on=False)
         ax.set_ylim(*_accuracy_limits(acc))
-        ax.set_xlabel("median latency (ms)")
+        _label_log_x(ax, [v for v in lat if v > 0] or [1.0])  # one stalled level must not squash the others
+        ax.set_xlabel("median latency (ms, log scale)")
         ax.set_ylabel("top-1 accuracy (%)")
     else:
         ns = [lv["n"] for lv in levels]
+        p95 = [lv["p95_ms"] for lv in levels]
         ax.plot(ns, lat, "o-", label="median")
-        ax.plot(ns, [lv["p95_ms"] for lv in levels], "--", label="p95")
+        ax.plot(ns, p95, "--", label="p95")
+        _label_log_x(ax, [v for v in lat + p95 if v > 0] or [1.0], axis="y")  # a busy machine's p95 is 100x the median
         ax.set_xlabel("leaves evaluated (n)")
-        ax.set_ylabel("latency (ms)")
+        ax.set_ylabel("latency (ms, log scale)")
         ax.legend()
     ax.set_title(f"{result['model']} {result['backend']}/{result['device']} batch {result['batch_size']}", fontsize=9)
     ax.grid(alpha=0.3)
@@ -315,25 +359,58 @@ def bench_figure(result: Mapping[str, Any]) -> Figure:
     return fig
 
 
-def _label_points(ax, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str], fontsize: float = 7) -> None:
-    """Write ``texts[i]`` below-right of point i, leaving out a label that would overlap one already placed.
+def _label_points(ax, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str],
+                  errs: Sequence[float] | None = None, fontsize: float = 7) -> None:
+    """Write ``texts[i]`` beside point i where it covers no point, no error bar and no other label, trying
+    below, above, right and left of it in turn; a label with no free place is left out.
 
-    Latencies measured on a busy machine bunch up, and overlapping numbers
-    read as none; the first and the last point are labelled first.
+    Positions are computed in display space through the axes' transform (a log axis included: a linear estimate
+    put labels of a log-MACs plot on top of the next points' error bars, issue 28). Latencies measured on a busy
+    machine bunch up, and overlapping numbers read as none; the first and the last point are labelled first.
     """
     fig = ax.figure
-    box = ax.get_position()
-    width, height = fig.get_figwidth() * 72 * box.width, fig.get_figheight() * 72 * box.height  # in points
-    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
-    placed: dict[int, tuple[float, float, float, float]] = {}
+    to_px = fig.dpi / 72  # points -> pixels
+    pts = ax.transData.transform(list(zip(xs, ys)))
+    if errs is not None:
+        lows = ax.transData.transform([(x, y - e) for x, y, e in zip(xs, ys, errs)])[:, 1]
+        highs = ax.transData.transform([(x, y + e) for x, y, e in zip(xs, ys, errs)])[:, 1]
+    else:
+        lows, highs = pts[:, 1], pts[:, 1]
+    frame = ax.get_window_extent()  # inside the plotting area: not over the title, the ticks or off the figure
+    marker, gap = 3.5 * to_px, 2.5 * to_px
+    obstacles = [(px - marker, min(lo, py - marker), px + marker, max(hi, py + marker))
+                 for (px, py), lo, hi in zip(pts, lows, highs)]  # fmt: skip
+    placed: dict[int, tuple[tuple[float, float, float, float], tuple[float, float], str, str]] = {}
+
+    def free(box: tuple[float, float, float, float], own: int) -> bool:
+        x0, y0, x1, y1 = box
+        if x0 < frame.x0 or x1 > frame.x1 or y0 < frame.y0 or y1 > frame.y1:
+            return False
+        others = [o for k, o in enumerate(obstacles) if k != own] + [p[0] for p in placed.values()]
+        return all(x1 < o[0] or o[2] < x0 or y1 < o[1] or o[3] < y0 for o in others)
+
     for i in dict.fromkeys([0, len(xs) - 1, *range(len(xs))]):
-        px, py = (xs[i] - x0) / (x1 - x0) * width, (ys[i] - y0) / (y1 - y0) * height
-        w, h = 0.75 * fontsize * len(texts[i]) + 1, 1.3 * fontsize  # a generous estimate of the text's box
-        new = (px + 3, py - 3 - h, px + 3 + w, py - 3)
-        if all(new[2] < b[0] or b[2] < new[0] or new[3] < b[1] or b[3] < new[1] for b in placed.values()):
-            placed[i] = new
+        (px, py), lo, hi = pts[i], min(lows[i], pts[i][1] - marker), max(highs[i], pts[i][1] + marker)
+        w, h = 0.6 * fontsize * len(texts[i]) * to_px + 2, 1.25 * fontsize * to_px  # the text's box, generously
+        below, above = (lo - py) / to_px - 2.5, (hi - py) / to_px + 2.5  # offsets in points past the bar's ends
+        side = 3.5 + 2.5
+        candidates = [  # (box, offset in points from the point, ha, va); below and above first: off the curve
+            ((px - w / 2, lo - gap - h, px + w / 2, lo - gap), (0, below), "center", "top"),
+            ((px - w / 2, hi + gap, px + w / 2, hi + gap + h), (0, above), "center", "bottom"),
+            ((px + marker + gap, py - h / 2, px + marker + gap + w, py + h / 2), (side, 0), "left", "center"),
+            ((px - marker - gap - w, py - h / 2, px - marker - gap, py + h / 2), (-side, 0), "right", "center"),
+            ((px, lo - gap - h, px + w, lo - gap), (0, below), "left", "top"),  # below, leaning right or left
+            ((px - w, lo - gap - h, px, lo - gap), (0, below), "right", "top"),
+            ((px, hi + gap, px + w, hi + gap + h), (0, above), "left", "bottom"),
+            ((px - w, hi + gap, px, hi + gap + h), (0, above), "right", "bottom"),
+        ]
+        for box, offset, ha, va in candidates:
+            if free(box, i):
+                placed[i] = (box, offset, ha, va)
+                break
     for i in sorted(placed):
-        ax.annotate(texts[i], (xs[i], ys[i]), textcoords="offset points", xytext=(3, -3), va="top", fontsize=fontsize)
+        _, offset, ha, va = placed[i]
+        ax.annotate(texts[i], (xs[i], ys[i]), textcoords="offset points", xytext=offset, ha=ha, va=va, fontsize=fontsize)
 
 
 def plot_bench(result: Mapping[str, Any], path: str | os.PathLike) -> Path:

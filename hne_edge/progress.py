@@ -19,12 +19,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections import deque
 from typing import IO, Any, Callable
 
 __all__ = ["Progress", "progress_for", "format_duration", "NULL_PROGRESS"]
 
 EVERY_S = 10.0  # plain-line cadence: well under the 30 s a log reader waits before suspecting a hang
 BAR_FIELDS_S = 1.0  # on a terminal, how often due() asks for fresh figures for the bar
+RATE_WINDOW_S = 300.0  # the rate (and so the ETA) is measured over the latest half of the elapsed time, at most this
+RATE_MARKS = 128  # (time, steps) marks kept for it, spread over the elapsed time
 
 
 def format_duration(seconds: float) -> str:
@@ -88,6 +91,7 @@ class Progress:
         self._last_fields: float | None = None  # when due() last answered True on a terminal
         self._promised: bool | None = None  # due()'s answer, which the next update() keeps
         self._last_n = initial
+        self._marks: deque[tuple[float, int]] = deque([(self._start, initial)], maxlen=RATE_MARKS)
         self._last_by_heartbeat = False
         self._lock = threading.Lock()
         self._closed = False
@@ -106,6 +110,7 @@ class Progress:
         with self._lock:
             self._start_heartbeat()
             self.n += n
+            self._mark()
             self._set(note, fields)
             promised, self._promised = self._promised, None
             if self._bar is not None:
@@ -153,6 +158,8 @@ class Progress:
             self.n = self.initial = self._last_n = initial
             self.note, self.fields = "", {}
             self._start, self._last_line, self._last_fields = self._clock(), None, None
+            self._marks.clear()
+            self._marks.append((self._start, initial))
             self._start_heartbeat()
             if self._bar is not None:
                 self._bar = _tqdm_bar(total, desc, self.unit, self._stream, initial)
@@ -204,14 +211,34 @@ class Progress:
         return self._clock() - self._start
 
     @property
+    def finished(self) -> bool:
+        """Every step of a known total is done (a heartbeat then has nothing new to say)."""
+        return self._total is not None and self.n >= self._total
+
+    @property
     def rate(self) -> float | None:
-        """Steps per second so far (None before the first step)."""
-        elapsed, done = self.elapsed, self.n - self.initial
-        return done / elapsed if done > 0 and elapsed > 0 else None
+        """Steps per second over the latest half of the elapsed time (at most :data:`RATE_WINDOW_S`), after the first
+        step once there are others (None before the first step): the first steps' one-off costs (start-up,
+        compilation, cold caches) leave it as the run goes, and a machine that got busier or quieter shows within
+        minutes. The ETA follows it: a training estimate 8x too high came from the first seconds (issue 28)."""
+        now, done = self._clock(), self.n - self.initial
+        if done <= 0 or now <= self._start:
+            return None
+        since = now - min((now - self._start) / 2, RATE_WINDOW_S)
+        t, n = self._marks[0]
+        for mark in self._marks:  # the latest mark at or before the window's start (the start itself at first)
+            if mark[0] > since:
+                break
+            t, n = mark
+        if n == self.initial and len(self._marks) > 1 and self.n > self._marks[1][1]:
+            t, n = self._marks[1]  # never the first step's one-off costs (start-up, compilation) once others are done
+        if self.n > n and now > t:
+            return (self.n - n) / (now - t)
+        return done / (now - self._start)
 
     @property
     def eta(self) -> float | None:
-        """Seconds left at the rate so far (None when the total or the rate is unknown)."""
+        """Seconds left at :attr:`rate` (None when the total or the rate is unknown)."""
         rate = self.rate
         if self.total is None or rate is None:
             return None
@@ -240,6 +267,12 @@ class Progress:
         return (last is None or self._clock() - last >= self._every
                 or (self._last_by_heartbeat and self.n + ahead > self._last_n)
                 or (self.total is not None and self.n + ahead >= self.total))  # fmt: skip
+
+    def _mark(self) -> None:
+        """Keep a (time, steps) mark for :attr:`rate`, spaced so that the marks span the elapsed time."""
+        now = self._clock()
+        if now - self._marks[-1][0] >= (now - self._start) / (RATE_MARKS // 2):
+            self._marks.append((now, self.n))
 
     def _set(self, note: str | None, fields: dict[str, Any]) -> None:
         if note is not None:
@@ -272,6 +305,8 @@ class Progress:
             if self._closed:
                 return False
             last = self._start if self._last_line is None else self._last_line
+            if self.finished:  # its last line is written: repeating a finished count says nothing about what runs now
+                return True
             if self._clock() - last >= self._every * 0.99:  # silent for a whole period: say we are alive
                 self._write_line(heartbeat=True)
             return True

@@ -17,7 +17,7 @@ import re
 import subprocess
 from typing import Any, Sequence
 
-from .errors import BackendUnavailable, InputError
+from .errors import BackendUnavailable, InputError, install_hint
 
 __all__ = [
     "INSTALL_HINT",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 INSTALL_HINT = (
-    "TensorRT is not available: install it on the target (x86_64: pip install 'hne-edge[tensorrt]'; "
+    f"TensorRT is not available: install it on the target (x86_64: {install_hint('tensorrt')}; "
     "Jetson: the JetPack 6 python3-libnvinfer package) and run on a machine with an NVIDIA GPU"
 )
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -14,6 +16,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# Under pytest-xdist (`make test` on more than 2 CPUs) the workers and the commands they start share the cores:
+# each gets its share of torch / OpenMP threads (before torch is imported), or N workers of N threads each
+# oversubscribe the machine and crawl. An OMP_NUM_THREADS set by the caller is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    from hne_edge.limits import cpu_count
+
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cpu_count() // _WORKERS))
 
 
 def randomize_(model, seed: int = 0):
@@ -60,6 +71,21 @@ def blocking_env(tmp_path: Path, *packages: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
+def breaking_env(tmp_path: Path, package: str, error: str) -> dict[str, str]:
+    """Environment for a subprocess in which importing ``package`` raises ``error`` (Python source of an exception,
+    e.g. ``OSError('libtorch_cpu.so: cannot open shared object file')``): an installed package that is broken."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Break:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {package!r}:\n"
+        f"            raise {error}\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Break())\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.fixture
 def bundle_copy(tiny_bundle, tmp_path) -> Path:
     """A private copy of tiny_bundle's bundle, for tests that edit it or let a runner write profiles into it."""
@@ -96,6 +122,16 @@ def tree_digest(root: Path) -> dict[str, str]:
             else:
                 found[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return found
+
+
+def dead_writers_scratch(target: Path, kind: str = "tmp") -> Path:
+    """The name a writer that has since exited gave its scratch sibling of ``target`` (``fileio.scratch_path``, run
+    in a process that is gone): what a killed writer leaves behind. The path is returned, not created."""
+    code = "import sys; from pathlib import Path; from hne_edge.fileio import scratch_path; " \
+           "print(scratch_path(Path(sys.argv[1]), sys.argv[2]))"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(target), kind], capture_output=True, text=True, check=True,
+                          cwd=REPO, timeout=120)  # fmt: skip
+    return Path(proc.stdout.strip())
 
 
 def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
@@ -136,9 +172,13 @@ def one_line_error(proc, *fragments: str, after_progress: bool = False) -> str:
 def clone_working_tree(repo: Path, dest: Path) -> Path:
     """A fresh ``git clone`` of ``repo`` at ``dest`` holding its working tree as it would be committed: tracked
     changes and new files git does not ignore, nothing ignored (no .venv, runs/, build outputs). On a clean
-    checkout (CI) that is exactly HEAD. Skips the test where git is not installed."""
+    checkout (CI) that is exactly HEAD. Skips the test where git is not installed, or ``repo`` is not a git
+    checkout (a source archive)."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed here")
+    inside = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if inside.returncode != 0 or Path(inside.stdout.strip()).resolve() != repo.resolve():
+        pytest.skip(f"{repo} is not a git checkout (a source archive?): nothing to clone")
 
     def git(*args: str, cwd: Path = dest) -> None:
         subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=300)
@@ -237,3 +277,112 @@ def fake_torch_cuda(monkeypatch):
     monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
     monkeypatch.setattr(tc, "TorchCuda", make)
     return devices
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, fake_torch_cuda):
+    """Every GPU backend runs on the CPU: torch CUDA on CPU tensors (``fake_torch_cuda``), ONNX Runtime CUDA on
+    CPU OrtValues, TensorRT on engines that are their ONNX files (runtime_fakes.run_gpu_backends_on_fakes);
+    returns the fake TensorRT."""
+    from runtime_fakes import run_gpu_backends_on_fakes
+
+    return run_gpu_backends_on_fakes(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def every_file_bundle(tmp_path_factory) -> Path:
+    """A bundle with every kind of file a bundle can hold: every plan (``plan="all"``) in fp32 and fp16, the
+    first-leaf files, the torch weights, and a TensorRT engine for each ONNX file (built by the real exporter on
+    the fake TensorRT of runtime_fakes, so the GPU backends load them through the fakes). Read-only.
+
+    The model is a randomized hne_tiny, slimmer, with a 4-leaf tree of 9 nodes (branching 1, 1, 1, 2, 2): its
+    subtrees plan has units of one and of two leaves, and a test that loads each file in turn stays short."""
+    import torch
+
+    from runtime_fakes import run_gpu_backends_on_fakes
+
+    from hne_edge.exporters import export_onnx
+    from hne_edge.exporters.tensorrt import build_engines
+    from hne_edge.models import create_model
+
+    torch.manual_seed(0)
+    model = randomize_(create_model("hne_tiny", tree=(1, 1, 1, 2, 2), stem_channels=(4, 8),
+                                    blocks=((8, 1, 1), (8, 1, 1), (16, 2, 1), (16, 1, 1), (16, 1, 1))))  # fmt: skip
+    bundle = export_onnx(
+        model,
+        tmp_path_factory.mktemp("every_file_bundle") / "bundle",
+        class_names=[f"c{i}" for i in range(model.config.num_classes)],
+        precisions=("fp32", "fp16"),
+        plan="all",
+        batch=(1, 1, 8),
+        verify=False,  # what is checked here is the files' integrity, not their numerics (tested elsewhere)
+        torch_weights=True,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        run_gpu_backends_on_fakes(mp)
+        build_engines(bundle)
+    return bundle
+
+
+def without_scripts_on_path() -> str:
+    """PATH without this interpreter's scripts folder: `hne-edge` is found only if a command activates .venv."""
+    scripts = Path(sysconfig.get_path("scripts")).resolve()
+    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p).resolve() != scripts)
+
+
+def run_all(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run, but a timeout stops every process the command started, not only the first (make's and
+    bash's children would run on, on a shared machine)."""
+    with subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"{' '.join(args)} ran past {timeout:.0f} s:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+class DemoRun(NamedTuple):
+    """One digits demo, run as a newcomer runs it (see :func:`digits_demo`)."""
+
+    root: Path  # where it ran: a fresh clone of this checkout (make demo), or an empty folder (hne-edge demo)
+    proc: subprocess.CompletedProcess
+    env: dict[str, str]  # the environment it ran in (the quickstart goes on in it)
+    by_make: bool  # True: `make demo` in a clone that reuses this virtualenv
+
+
+@pytest.fixture(scope="session")
+def digits_demo(tmp_path_factory) -> DemoRun:
+    """The default demo on digits, run once per session and shared (it is the suite's longest command):
+    test_demo.py checks its output, test_quickstart.py goes on with the README's quickstart in the same folder
+    (both marked ``xdist_group("digits_demo")``: one worker runs them, so the demo runs once there too).
+
+    `make demo VENV=<this virtualenv> INSTALL=no` in a fresh clone of this checkout (nothing ignored in it; not
+    beside ../shared, so ``--data auto`` picks digits), with `hne-edge` off the PATH as after a real `make demo`;
+    where there is no virtualenv, make, bash or git checkout, `hne-edge demo` in an empty folder. One torch thread:
+    on a shared, loaded machine two threads wait for each other (this changes how hard the commands compete for
+    the cores, not the commands)."""
+    root = tmp_path_factory.mktemp("demo") / "hne-edge"
+    venv = Path(sys.prefix)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "MAKEFLAGS", "MFLAGS")}
+    env.update(PATH=without_scripts_on_path(), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+    by_make = venv != Path(sys.base_prefix) and (venv / "bin" / "activate").is_file() and all(
+        shutil.which(tool) for tool in ("make", "bash", "git"))  # fmt: skip
+    if by_make:
+        try:
+            clone_working_tree(REPO, root)
+        except pytest.skip.Exception:  # not a git checkout: no clone to run make in
+            by_make = False
+    if by_make:
+        (root / ".venv").symlink_to(venv, target_is_directory=True)  # the README's commands start from .venv
+        # `hne-edge` (a script of that virtualenv) must import the clone's package, not the checkout the
+        # virtualenv was installed from; `make` and `python -` in the clone's root do so anyway
+        env["PYTHONPATH"] = str(root)
+        proc = run_all(["make", "demo", f"VENV={venv}", "INSTALL=no"], cwd=root, env=env, timeout=3600)
+    else:
+        root.mkdir(parents=True)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])  # this checkout's package
+        proc = run_all([sys.executable, "-m", "hne_edge", "demo"], cwd=root, env=env, timeout=3600)
+    return DemoRun(root, proc, env, by_make)

@@ -464,6 +464,30 @@ class OrtTensorRT:
         return _OrtEngine(session, self)
 
 
+def run_gpu_backends_on_fakes(monkeypatch) -> "OrtTensorRT":
+    """Patch the ONNX Runtime CUDA and TensorRT backends (and the TensorRT exporter) to run on the CPU: ONNX
+    Runtime CUDA on CPU OrtValues with the CPU provider, TensorRT on :class:`OrtTensorRT` (engines built by the
+    real exporter, run by the real backend) on a :class:`FakeDevice`; returns the fake TensorRT. The torch CUDA
+    backend's fake is conftest's ``fake_torch_cuda`` fixture. ``monkeypatch``: a fixture's, or a
+    ``pytest.MonkeyPatch.context()`` for a longer-lived setup (a session fixture building engines)."""
+    import hne_edge.exporters.tensorrt as trt_exporter
+    import hne_edge.runtime.backends.onnxruntime_cuda as ort_cuda
+    import hne_edge.runtime.backends.tensorrt as trt_backend
+
+    cls = ort_cuda.OnnxRuntimeCudaBackend
+    monkeypatch.setattr(cls, "ort_device", "cpu")
+    monkeypatch.setattr(cls, "execution_provider", "CPUExecutionProvider")
+    monkeypatch.setattr(cls, "_open_cuda", lambda self, memory, extra: (FakeDevice(), ["CPUExecutionProvider"]))
+    device = FakeDevice()
+    fake = OrtTensorRT(device)
+    for module in (trt_backend, trt_exporter):
+        monkeypatch.setattr(module, "load_tensorrt", lambda: fake)
+        monkeypatch.setattr(module, "device_info", lambda device_id=0: ("FakeGPU", "8.7"))
+    monkeypatch.setattr(trt_backend, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(trt_backend, "open_device", lambda device_id, memory: device)
+    return fake
+
+
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 

@@ -59,8 +59,9 @@ def test_extra_top_level_key(bundle):
 def test_sha256_mismatch_names_file_and_field(bundle):
     data = json.loads((bundle / MANIFEST_NAME).read_text())
     victim = data["files"][5]["path"]
-    with open(bundle / victim, "ab") as f:
-        f.write(b"\0")
+    data = bytearray((bundle / victim).read_bytes())
+    data[-1] ^= 0xFF  # same size: the sha256 is what differs
+    (bundle / victim).write_bytes(bytes(data))
     with pytest.raises(BundleError, match=rf"{victim} \(files\[5\]\.sha256\) does not match the manifest"):
         read_manifest(bundle)
     # the structure alone still reads without hashing

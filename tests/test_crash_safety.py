@@ -94,7 +94,7 @@ def test_export_killed_inside_the_swap_leaves_the_old_bundle_or_the_new_one_whol
         assert manifest.tree.num_leaves == 16
         outcomes.append("old" if (out / "manifest.json").read_bytes() == before else "new")
         leftovers = {p.name for p in root.iterdir()} - {"out"}
-        assert all(name.startswith(".out.partial-") for name in leftovers), leftovers  # the next export's to remove
+        assert all(name.startswith(".out.hne-partial-") for name in leftovers), leftovers  # the next export's to remove
     assert outcomes[0] == "old" and "new" in outcomes, outcomes  # the kills landed before and after the switch
     proc = subprocess.run(args, env={**env, "HNE_TEST_KILL_AT": "0"}, cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

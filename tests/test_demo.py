@@ -17,16 +17,12 @@ from conftest import REPO, run_cli
 _HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.xdist_group("digits_demo")
 @pytest.mark.slow
-def test_demo_end_to_end(tmp_path):
-    # run where ../shared/data/cifar10_train.npz does not exist: the default (--data auto) falls back to digits
-    work = tmp_path / "project"
-    work.mkdir()
-    out = work / "runs" / "demo"  # the default --out, relative to where it runs
-    path_without_scripts = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                           if Path(p).resolve() != Path(sysconfig.get_path("scripts")).resolve())
-    proc = run_cli("demo", "--num-frames", "60", "--quiet", cwd=work, env={**_HERE, "PATH": path_without_scripts},
-                   timeout=900)
+def test_demo_end_to_end(digits_demo, tmp_path):
+    # the default demo (--data auto) where ../shared/data/cifar10_train.npz does not exist: digits, hne-edge off the
+    # PATH (conftest's digits_demo: `make demo` in a fresh clone, also what test_quickstart.py goes on from)
+    proc, out = digits_demo.proc, digits_demo.root / "runs" / "demo"  # the default --out, relative to where it ran
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     assert "data: scikit-learn digits, because ../shared/data/cifar10_train.npz is not here" in text
@@ -239,4 +235,43 @@ def test_the_forced_column_counts_budgets_shorter_than_the_first_leaf_not_preemp
     fits, short = rows
     assert (fits["misses"], fits["forced_misses"]) == (1, 0)  # the stall: a miss, not a forced one
     assert (short["misses"], short["forced_misses"]) == (40, 40)  # shorter than the first leaf: every frame forced
-    assert "budget was shorter than the first leaf (which always runs) as the runner predicted it" in format_budget_table(rows)
+    assert ("budget was shorter than the first leaf (which always runs) takes 9 times in 10 as the runner measured it"
+            in format_budget_table(rows))
+
+
+def test_pretrained_choices_name_what_is_shipped(tmp_path):
+    from hne_edge.demo import PRETRAINED, REFERENCE, pretrained_checkpoint
+
+    assert pretrained_checkpoint("tiny") == PRETRAINED
+    assert pretrained_checkpoint("auto") == (REFERENCE if REFERENCE.is_file() else PRETRAINED)
+    if not REFERENCE.is_file():
+        with pytest.raises(ValueError, match="ships no cifar10_reference.pt"):
+            pretrained_checkpoint("reference")
+    with pytest.raises(ValueError, match=r"--pretrained: received '.*nope.pt'; expected auto, reference, tiny or a "):
+        pretrained_checkpoint(str(tmp_path / "nope.pt"))
+    proc = run_cli("demo", "--pretrained", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "d"))
+    assert proc.returncode == 2 and "--pretrained: received" in proc.stderr and not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow
+def test_the_demo_evaluates_the_validation_images_once(tmp_path, monkeypatch):
+    """Reproduces issue 28: the demo's step 5 ("profiling") spent 55 of its 57 s evaluating the whole validation
+    set a second time, for the ensemble table that step 2's evaluation had measured already."""
+    import hne_edge.train.engine as engine
+    from hne_edge.demo import run_demo
+
+    passes = []
+    predict = engine.predict
+
+    def counting(model, loader, *args, **kwargs):
+        passes.append(len(loader.dataset))
+        return predict(model, loader, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "predict", counting)
+    lines: list[str] = []
+    result = run_demo(tmp_path / "demo", data="digits", epochs=1, limit=64, frames=10, quiet=True, echo=lines.append)
+    # the 180 held-out digits: fit's validation of its last epoch, then step 2's evaluation; step 5 reads step 2's
+    assert passes == [180, 180], passes
+    assert result.metrics["num_images"] == 180
+    table = next(line for line in lines if line.startswith("validation accuracy by ensemble size"))
+    assert "(180 images" in table

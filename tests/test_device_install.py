@@ -81,7 +81,9 @@ def test_the_runtime_install_has_no_torch_and_stays_small(device_venv):
     assert Path(out[0]).is_relative_to(device_venv), out  # the installed wheel, not a checkout
     assert out[1] == "True", "torch is installed in the runtime-only virtualenv"
     size = site_packages_mb(device_venv)
-    assert size < 400, f"the runtime install is {size:.0f} MB of site-packages (torch alone is over 1 GB)"
+    # measured 203 MB with Pillow (issue 28: the runtime extra reads images), onnxruntime 1.32, numpy 2.4, pip and
+    # setuptools; torch alone is over 1 GB. The bound leaves a quarter for other versions, not a doubling.
+    assert size < 260, f"the runtime install is {size:.0f} MB of site-packages (measured 203 MB; torch alone is over 1 GB)"
 
 
 def test_hne_edge_run_on_the_device_matches_pytorch(device_venv, tiny_bundle, tmp_path):
@@ -103,6 +105,22 @@ def test_hne_edge_run_on_the_device_matches_pytorch(device_venv, tiny_bundle, tm
         leaf_logits = tiny_bundle.model(torch.from_numpy(preprocess(frames, spec)))  # (B, N, classes)
     expected = leaf_logits.mean(dim=1).argmax(dim=1).tolist()
     assert [r["class"] for r in records] == expected
+
+
+def test_hne_edge_run_reads_image_files_on_the_device(device_venv, tiny_bundle, tmp_path):
+    """Reproduces issue 28: `run` takes image files, but the `runtime` extra lacked Pillow, so a device install
+    could not read one. The extra brings it now."""
+    from PIL import Image
+
+    spec_size = (16, 16)
+    rng = np.random.default_rng(6)
+    for name in ("a.png", "b.jpg"):
+        Image.fromarray(rng.integers(0, 256, (*spec_size, 3), dtype=np.uint8)).save(tmp_path / name)
+    proc = device_cli(device_venv, "run", str(tiny_bundle.bundle_dir), str(tmp_path / "a.png"), str(tmp_path / "b.jpg"),
+                      cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("a.png[0]  ") and lines[1].startswith("b.jpg[0]  ") and "leaves=16/16" in lines[0], lines
 
 
 @pytest.mark.parametrize("args", [["inspect"], ["verify"], ["profile", "--warmup", "1", "--repeats", "3"],

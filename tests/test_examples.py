@@ -87,6 +87,18 @@ def test_autonomous_stack(bundle_copy, labelled_frames, tmp_path):
     assert "answers late:" in proc.stdout and "accuracy on time" in proc.stdout
 
 
+def test_autonomous_stack_without_matplotlib_keeps_its_csv(bundle_copy, tmp_path):
+    """Reproduces issue 28: on a runtime-only install the stack wrote its CSV, then crashed importing matplotlib.
+    It degrades as `hne-edge bench` does: the CSV and the summary, a note instead of the PNG, exit 0."""
+    out = tmp_path / "stack"
+    env = blocking_env(tmp_path, "matplotlib", "torch")
+    proc = run_example("autonomous_stack.py", str(bundle_copy), "--count", "20", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "answers late:" in proc.stdout
+    assert f"wrote {out / 'timeline.csv'} (matplotlib not installed: no PNG)" in proc.stdout, proc.stdout
+    assert len((out / "timeline.csv").read_text().splitlines()) == 21 and not (out / "timeline.png").exists()
+
+
 def test_examples_speak_as_the_cli_does(bundle_copy, tmp_path):
     """Issue 20 item 8: train_cifar took --dataset where the CLI takes --data; the examples printed `error:`
     where the CLI prints `Error:`; autonomous_stack --period-ms -1 ended in a traceback and 0 meant the default."""
@@ -146,7 +158,7 @@ def test_export_tensorrt_example_without_tensorrt(bundle_copy):
         pytest.skip("TensorRT is installed: this test checks the message users get without it")
     proc = run_example("export_tensorrt.py", str(bundle_copy))
     assert proc.returncode == 2
-    assert "TensorRT is not available" in proc.stderr and "pip install 'hne-edge[tensorrt]'" in proc.stderr
+    assert "TensorRT is not available" in proc.stderr and "pip install 'hne_edge-0.1.0-py3-none-any.whl[tensorrt]'" in proc.stderr
 
 
 def test_multi_camera_replays_synthetic_cameras_and_image_folders(bundle_copy, tmp_path):

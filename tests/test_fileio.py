@@ -2,10 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from conftest import dead_writers_scratch
 
 from hne_edge.fileio import atomic_file, atomic_write_json, atomic_write_text, remove_stale, scratch_path
 
@@ -38,9 +38,7 @@ def test_written_file_gets_the_umask_mode(tmp_path):
 
 def test_remove_stale_takes_a_dead_writers_scratch_but_not_a_live_ones(tmp_path):
     target = tmp_path / "ckpt.pt"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(dead.stdout)
-    dead_scratch = tmp_path / f".ckpt.pt.tmp-{dead_pid}-abcd1234"
+    dead_scratch = dead_writers_scratch(target, "tmp")
     dead_scratch.write_bytes(b"half")
     live_scratch = scratch_path(target, "tmp")  # this process: alive
     live_scratch.write_bytes(b"in progress")
@@ -80,7 +78,7 @@ def test_foreign_entry_names_the_first_entry_a_layout_does_not_hold(tmp_path):
     layout = {"manifest.json": "file", "onnx": "dir"}
     assert foreign_entry(tmp_path, layout) is None
     (tmp_path / "onnx").mkdir()
-    (tmp_path / ".manifest.json.tmp-123-abcd1234").write_text("{")  # a killed writer's scratch: ours
+    dead_writers_scratch(tmp_path / "manifest.json").write_text("{")  # a killed writer's scratch: ours
     assert foreign_entry(tmp_path, layout) is None
     (tmp_path / "manifest.json").symlink_to(tmp_path / "onnx")
     assert foreign_entry(tmp_path, layout) == "'manifest.json' (a symbolic link)"

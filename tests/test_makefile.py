@@ -8,6 +8,7 @@ not pip (the quickstart test runs the real thing).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -31,8 +32,11 @@ def fake_venv(root: Path) -> Path:
     return venv
 
 
-def make(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["make", "-C", str(folder), *args], capture_output=True, text=True, timeout=120)
+def make(folder: Path, *args: str, cpus: set[int] | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``make -C folder args``; ``cpus``: the CPUs it may run on (as under ``taskset``)."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None
+    proc = subprocess.run(["make", "-C", str(folder), *args], capture_output=True, text=True, timeout=120, preexec_fn=pin,
+                          env={**os.environ, **(env or {})})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -61,7 +65,7 @@ def test_installs_once_then_reuses_the_virtualenv_even_from_a_fresh_clone(tmp_pa
     assert first[1] == "-m hne_edge demo", first  # this checkout's code, run from its root
     make(REPO, "demo", f"VENV={venv}")
     assert calls(venv) == ["-m hne_edge demo"]  # built from the same files: nothing to install
-    make(fresh_clone(tmp_path), "test", f"VENV={venv}", "PYTEST_ARGS=-q")
+    make(fresh_clone(tmp_path), "test", f"VENV={venv}", "PYTEST_ARGS=-q", "JOBS=0")
     assert calls(venv) == ["-m pytest -q"]  # newer files with the same content: still nothing to install
     make(REPO, "demo", f"VENV={venv}", "EXTRAS=train")
     assert calls(venv)[0].startswith("-m pip install")  # another install asked for: it installs
@@ -81,3 +85,28 @@ def test_install_no_names_what_the_virtualenv_lacks():
                            "NEEDED=numpy no_such_module_for_make"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert f"INSTALL=no, but {venv} lacks no_such_module_for_make" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_test_workers_one_per_cpu_only_beyond_two_cpus(tmp_path):
+    """`make test` runs pytest-xdist workers, one per usable CPU, only where there are more than 2 CPUs; on 1 or 2
+    (a small CI machine, taskset) one process; JOBS says how many (0: none)."""
+    venv = fake_venv(tmp_path)
+    make(REPO, "setup", f"VENV={venv}")
+    calls(venv)
+    first = min(os.sched_getaffinity(0))
+    make(REPO, "test", f"VENV={venv}", "PYTEST_ARGS=-q", cpus={first})  # as under taskset -c <first>
+    assert calls(venv) == ["-m pytest -q"]
+    make(REPO, "test", f"VENV={venv}", "JOBS=3")
+    assert calls(venv) == ["-m pytest -n 3 --dist loadgroup"]
+    make(REPO, "test", f"VENV={venv}", "JOBS=0")
+    assert calls(venv) == ["-m pytest"]
+    make(REPO, "test", f"VENV={venv}")
+    n = len(os.sched_getaffinity(0))
+    assert calls(venv) == ([f"-m pytest -n {n} --dist loadgroup"] if n > 2 else ["-m pytest"])
+    eight = tmp_path / "eight_cpus"  # a machine with 8 usable CPUs: nproc says so (whatever OMP_NUM_THREADS says)
+    eight.mkdir()
+    (eight / "nproc").write_text('#!/bin/sh\n[ -n "$OMP_NUM_THREADS" ] && echo 1 || echo 8\n')
+    (eight / "nproc").chmod(0o755)
+    make(REPO, "test", f"VENV={venv}", env={"PATH": f"{eight}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"})
+    assert calls(venv) == ["-m pytest -n 8 --dist loadgroup"]

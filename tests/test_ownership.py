@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, one_line_error, run_cli, tree_digest
+from conftest import REPO, dead_writers_scratch, one_line_error, run_cli, tree_digest
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
 _HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -79,11 +79,15 @@ def test_force_refuses_a_folder_that_is_not_a_bundle(tiny_bundle, tmp_path, make
 
 
 def test_force_replaces_a_bundle_with_profiles_and_a_dead_writers_scratch(tiny_bundle, tmp_path):
+    from hne_edge.runtime import AnytimeRunner
+
     out = tmp_path / "out"
     shutil.copytree(tiny_bundle.bundle_dir, out)
-    (out / "profiles").mkdir()
-    (out / "profiles" / "cpu-onnxruntime-segments-fp32.json").write_text("{}")  # written by a runner
-    (out / ".manifest.json.tmp-999999999-dead").write_text("{")  # a killed update_manifest's scratch
+    with AnytimeRunner(out, warmup=0) as runner:
+        runner.profile(batch_sizes=(1,), warmup=0, repeats=2)  # profiles/cpu-onnxruntime-segments-fp32.json
+    assert [p.name for p in (out / "profiles").iterdir()] == ["cpu-onnxruntime-segments-fp32.json"]
+    dead_writers_scratch(out / "manifest.json").write_text("{")  # a killed update_manifest's scratch
+    dead_writers_scratch(out / "profiles" / "cpu-onnxruntime-segments-fp32.json").write_text("{")
     old = (out / "manifest.json").read_bytes()
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--force", *FAST_EXPORT)
     assert proc.returncode == 0, proc.stderr
@@ -286,3 +290,215 @@ def test_demo_force_adds_only_a_folder_of_demo_entries_without_its_marker(tmp_pa
     (out / "eval").mkdir()
     _prepare_out(out, force=False)  # a demo's folder (its marker, demo entries): the next demo replaces it
     assert sorted(p.name for p in out.iterdir()) == [MARKER]
+
+
+# -- issue 29: inside a bundle, and beside any output ------------------------------------------------------
+
+
+def test_force_refuses_a_bundle_with_user_files_nested_inside(tiny_bundle, tmp_path):
+    """Issue 29 (1): both files were deleted by `export --force` (exit 0): only top-level entries were looked at."""
+    bn = tmp_path / "bn"
+    shutil.copytree(tiny_bundle.bundle_dir, bn)
+    (bn / "onnx" / "NOTES.txt").write_text("notes\n")
+    (bn / "torch" / "mywork").mkdir()
+    (bn / "torch" / "mywork" / "data.txt").write_text("x\n")
+    before = tree_digest(tmp_path)
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(bn), "--force", *FAST_EXPORT)
+    one_line_error(proc, "refusing to replace", str(bn), "onnx/NOTES.txt", "--force replaces only")
+    assert tree_digest(tmp_path) == before
+    (bn / "onnx" / "NOTES.txt").unlink()
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(bn), "--force", *FAST_EXPORT)
+    one_line_error(proc, "refusing to replace", "torch/mywork")
+    assert (bn / "torch" / "mywork" / "data.txt").read_text() == "x\n"
+
+
+def _look_alikes(folder: Path, name: str) -> None:
+    """A user's folders and files whose names look like a killed writer's scratch siblings of ``name``."""
+    for kind in ("old", "partial", "tmp"):
+        for tail in ("2024-06", "31337-mine", "999999999-dead", "1-abcd1234"):
+            entry = folder / f".{name}.{kind}-{tail}"
+            if tail[0] == "2":
+                entry.write_text(f"{kind} {tail}\n")
+            else:
+                entry.mkdir()
+                (entry / "keep.txt").write_text(f"{kind} {tail}\n")
+
+
+def test_export_eval_and_bench_leave_a_users_look_alike_folders_beside_out_alone(tiny_bundle, tmp_path, frames):
+    """Issue 29 (2): `.bk.old-2024-06` and `.bk.partial-31337-mine` were removed by `export --out bk --force`:
+    fileio.remove_stale read '2024' and '31337' as the process ids of dead writers."""
+    bk = tmp_path / "bk"
+    shutil.copytree(tiny_bundle.bundle_dir, bk)
+    for name in ("bk", "ev", "be"):
+        _look_alikes(tmp_path, name)
+    before = {k: v for k, v in tree_digest(tmp_path).items() if not k.startswith(("bk", "ev", "be"))}
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(bk), "--force", *FAST_EXPORT)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(tmp_path / "ev"),
+                   "--no-plots", "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("bench", str(bk), "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "be"), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    after = tree_digest(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith(("bk", "ev", "be"))} == before
+
+
+def test_train_leaves_a_users_look_alike_files_in_its_folder_alone(tmp_path):
+    """Issue 29 (2): a user's `.checkpoint.pt.tmp-2024-06` in the run folder passed for a dead writer's scratch:
+    train took the folder for an empty one and atomic_file deleted the file."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".checkpoint.pt.tmp-2024-06").write_text("mine\n")
+    before = tree_digest(tmp_path)
+    one_line_error(run_cli(*TRAIN, "--out", str(run)), str(run), ".checkpoint.pt.tmp-2024-06")
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("inner, named", [("bundle/onnx/NOTES.txt", "'bundle' (it holds 'onnx/NOTES.txt'"),
+                                          ("eval/mine/plot.png", "'eval/mine'"), ("train/notes.md", "'train/notes.md'"),
+                                          ("bench/x.csv", "'bench/x.csv'")])  # fmt: skip
+def test_demo_refuses_its_own_folder_with_a_user_file_nested_inside(tiny_bundle, tmp_path, inner, named):
+    """Issue 29 (1), at the demo: its folders were checked by name only, so `demo` deleted a user's file inside its
+    bundle/ or eval/ with the rest of the previous demo."""
+    from hne_edge.demo import DEMO_LAYOUT, MARKER
+    from hne_edge.train.engine import RUN_LAYOUT
+
+    assert DEMO_LAYOUT["train"] == RUN_LAYOUT  # a demo's train/ is a run folder
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / MARKER).write_text("written by hne-edge demo\n")
+    shutil.copytree(tiny_bundle.bundle_dir, out / "bundle")
+    (out / "eval").mkdir()
+    (out / "eval" / "metrics.json").write_text("{}")
+    (out / inner).parent.mkdir(parents=True, exist_ok=True)
+    (out / inner).write_text("mine\n")
+    before = tree_digest(tmp_path)
+    proc = run_cli(*DEMO, "--out", str(out), "--force")
+    one_line_error(proc, "was not written by hne-edge demo", f"it holds {named}")
+    assert tree_digest(tmp_path) == before
+
+
+# -- every command that writes, among a user's files inside, beside and above its output (issue 29) ---------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_user_name = st.one_of(
+    st.sampled_from(["notes.txt", ".git", "manifest.json", "onnx", "profiles", "mine", "Documents", "a.png", "x.json"]),
+    st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=8).filter(
+        lambda n: n not in (".", "..")),
+)
+_user_tree = st.recursive(
+    st.tuples(st.just("file"), st.binary(max_size=8)) | st.tuples(st.just("link"), st.sampled_from(["..", "nowhere"])),
+    lambda kids: st.tuples(st.just("dir"), st.dictionaries(_user_name, kids, min_size=1, max_size=3)),
+    max_leaves=4,
+)
+_user_trees = st.dictionaries(_user_name, _user_tree, min_size=2, max_size=4)
+
+
+def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> None:
+    """Make ``tree`` in ``folder`` ({name: ("file", bytes) | ("link", target) | ("dir", {...})}), leaving alone what
+    is there already and the names in ``skip`` (what the command itself writes there)."""
+    for name, (kind, value) in tree.items():
+        path = folder / name
+        if name in skip or os.path.lexists(path):
+            continue
+        if kind == "file":
+            path.write_bytes(value)
+        elif kind == "link":
+            path.symlink_to(value)
+        else:
+            path.mkdir()
+            _place(path, value)
+
+
+def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[str], Path, bool, set[str]]:
+    """(arguments, --out, whether the user's files go inside it, what the command may write or replace there);
+    --out's folder is prepared here as a user would have it."""
+    ckpt, out = str(tiny_bundle.checkpoint_path), work / "out"
+    if command in ("export --force", "export --force (the user's files inside)", "profile", "run"):
+        shutil.copytree(tiny_bundle.bundle_dir, out)
+    elif command in ("eval", "bench", "info --plot", "train (the user's files inside)"):
+        out.mkdir()
+    elif command.startswith("demo (the user's"):
+        out.mkdir()
+        (out / ".hne-edge-demo").write_text("written by hne-edge demo\n")
+        shutil.copytree(tiny_bundle.bundle_dir, out / "bundle")
+    everything = {"*"}
+    return {
+        "export": (["export", ckpt, "--out", str(out), *FAST_EXPORT], out, False, everything),
+        "export --force": (["export", ckpt, "--out", str(out), "--force", *FAST_EXPORT], out, False, everything),
+        "export --force (the user's files inside)": (["export", ckpt, "--out", str(out), "--force", *FAST_EXPORT], out,
+                                                     True, set()),
+        "train": ([*TRAIN, "--out", str(out)], out, False, everything),
+        "train (the user's files inside)": ([*TRAIN, "--out", str(out)], out, True, set()),
+        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet"], out, True,
+                 {"metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png"}),
+        "bench": (["bench", str(tiny_bundle.bundle_dir), "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet"],
+                  out, True, {"bench.json", "bench.png"}),
+        "profile": (["profile", str(out), "--repeats", "2", "--warmup", "0", "--quiet"], out, True,
+                    {"profiles", "profiles/cpu-onnxruntime-segments-fp32.json"}),
+        "info --plot": (["info", "hne_tiny", "--plot", str(out / "tree.png")], out, True, {"tree.png"}),
+        "run": (["run", str(out), str(frames), "--json"], out, True, set()),
+        "demo": ([*DEMO, "--out", str(out)], out, False, everything),
+        "demo (the user's files inside its bundle)": ([*DEMO, "--out", str(out)], out / "bundle" / "onnx", True, set()),
+    }[command]
+
+
+def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examples: int) -> None:
+    runs = iter(range(10**6))
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(inside=_user_trees, beside=_user_trees, above=_user_trees)
+    def check(inside, beside, above):
+        top = tmp_path / f"example{next(runs)}"
+        work = top / "work"
+        work.mkdir(parents=True)
+        args, out, into, writes = _writer(command, tiny_bundle, frames, work)
+        _place(top, above)
+        _place(work, beside)
+        for name in _LOOK_ALIKES(out.name):
+            if not os.path.lexists(work / name):
+                (work / name).mkdir()
+                (work / name / "keep.txt").write_text("mine\n")
+        if into:
+            _place(out, inside, skip={w.split("/")[0] for w in writes})
+        before = tree_digest(top)
+        proc = run_cli(*args)
+        after = tree_digest(top)
+        refused = not writes
+        if refused and command != "run":
+            one_line_error(proc)
+        else:
+            assert proc.returncode == 0, (command, proc.stderr[-3000:])
+        rel = str(out.relative_to(top))
+        mine = lambda k: "*" in writes and (k == rel or k.startswith(rel + "/")) or any(  # noqa: E731
+            k == f"{rel}/{w}" for w in writes)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and not mine(k))
+        assert not changed, (command, changed[:10])
+
+    check()
+
+
+_LOOK_ALIKES = lambda name: [f".{name}.{kind}-{tail}" for kind in ("tmp", "partial", "old")  # noqa: E731
+                             for tail in ("2024-06", "31337-mine")]  # issue 29: taken for dead writers' scratch
+
+# every command that writes (and `run`, which must write nothing); `--out` is new where the command makes it,
+# an existing folder of the user's where it may write into one
+WRITERS = ["export", "export --force", "export --force (the user's files inside)", "train (the user's files inside)",
+           "eval", "bench", "profile", "info --plot", "run", "demo (the user's files inside its bundle)",
+           pytest.param("train", marks=pytest.mark.slow), pytest.param("demo", marks=pytest.mark.slow)]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_every_writing_command_leaves_a_users_files_inside_beside_and_above_alone(tiny_bundle, frames, tmp_path,
+                                                                                 command):  # fmt: skip
+    """Issue 29: random trees of a user's files, folders and links (and names that look like our scratch) inside,
+    beside and above each command's output; the command writes only its own files (or refuses, in one line)."""
+    _every_writer(tiny_bundle, frames, tmp_path, command, examples=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [w for w in WRITERS if isinstance(w, str)])
+def test_every_writing_command_leaves_a_users_files_alone_many_trees(tiny_bundle, frames, tmp_path, command):
+    _every_writer(tiny_bundle, frames, tmp_path, command, examples=6)

@@ -117,8 +117,17 @@ def test_missing_extras_name_an_extra_that_pyproject_defines():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(EXTRA_OF_MODULE.values()) <= set(extras)
     exc = missing_extra(ModuleNotFoundError("No module named 'torch'", name="torch"), "hne-edge train")
-    assert "hne-edge train needs torch" in str(exc) and "pip install 'hne-edge[train]'" in str(exc)
+    assert "hne-edge train needs torch" in str(exc) and "pip install 'hne_edge-0.1.0-py3-none-any.whl[train]'" in str(exc)
     assert missing_extra(ModuleNotFoundError("No module named 'foo'", name="foo"), "x") is None  # a bug, not the install
+    # issue 28: `run` takes images, so the runtime extra brings Pillow (PIL); and no message sends a user to a
+    # package index that does not have hne-edge (`pip install 'hne-edge[...]'`): the wheel route, one home for it
+    assert EXTRA_OF_MODULE["PIL"] == "runtime" and any(p.startswith("pillow") for p in extras["runtime"])
+    assert "docs/guide.md#installing-on-a-device" in str(exc)
+    index_route = [f"{path.relative_to(REPO)}:{n}" for folder in ("hne_edge", "examples")
+                   for path in (REPO / folder).rglob("*.py")
+                   for n, line in enumerate(path.read_text().splitlines(), 1)
+                   if "install 'hne-edge[" in line or "install hne-edge[" in line]  # fmt: skip
+    assert index_route == [], index_route
 
 
 def test_due_asks_for_costly_figures_only_when_a_line_will_show_them():
@@ -205,3 +214,29 @@ def test_units_read_as_english():
         clock.t += 1
         p.update()
     assert out.getvalue().startswith("profile: 1/2 passes (50%), 1 passes/s")
+
+
+def test_a_finished_count_is_not_repeated_by_the_heartbeat():
+    """Reproduces issue 28: eval's and the trainer's finished '360/360 images (100%)' kept printing every 10 s while
+    the plots were drawn and the last validation ran (its rate falling, as if the work went on)."""
+    out = io.StringIO()
+    p = Progress(3, "eval", "image", stream=out, every_s=0.05)
+    for _ in range(3):
+        p.update()
+    time.sleep(0.4)  # eight periods of silence after the last step
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines[-1].startswith("eval: 3/3 images (100%)") and sum("3/3" in line for line in lines) == 1, lines
+
+
+def test_the_rate_and_eta_follow_the_latest_steps_not_the_start_up():
+    """Issue 28: the ETA came from the rate since the start, start-up included; it covers the latest half of the
+    elapsed time now, and leaves the first step out once there are others."""
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(1000, "train", "step", stream=out, every_s=10, clock=clock, heartbeat=False)
+    clock.t += 60  # the first step: start-up, compilation
+    p.update()
+    for _ in range(199):
+        clock.t += 0.5
+        p.update()
+    assert p.rate == 2.0 and p.eta == 400.0  # 800 steps left at 2 steps/s (the rate since the start: 1.25)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,6 +52,15 @@ def test_check_input_returns_a_valid_array_or_raises_input_error(data, shape, dt
     assert out.ndim == 4 and out.shape[1:] == (3, 8, 8) and 1 <= out.shape[0] <= 4
     assert np.isfinite(out).all()
     np.testing.assert_array_equal(out, x)
+
+
+@SETTINGS
+@given(data=st.data(), shape=shapes, dtype=dtypes)
+def test_check_input_refuses_every_masked_array(data, shape, dtype):
+    """Issue 29 (4): a mask hid NaN from the finite check; whatever it hides, a masked array is refused."""
+    x = np.ma.masked_array(data.draw(hnp.arrays(dtype, shape)), mask=data.draw(hnp.arrays(np.bool_, shape)))
+    with pytest.raises(InputError, match="received a numpy masked array"):
+        check_input(x, SPEC)
 
 
 @SETTINGS
@@ -249,7 +260,8 @@ def _build(root, tiny_bundle, case):
     if base == "random-manifest":
         (out / "manifest.json").write_text(json.dumps(manifest))
     _materialize(out, extras)
-    bundle_shaped = all(name in _BUNDLE_NAMES and kind == "dir" for name, (kind, _) in extras.items())
+    # a bundle's own folders, emptied (a damaged bundle is still ours); any file, link or folder inside them is not
+    bundle_shaped = all(name in _BUNDLE_NAMES and kind == "dir" and not value for name, (kind, value) in extras.items())
     ours = (base in ("empty", "no-manifest") and not extras) or (base == "bundle" and bundle_shaped)
     return out, ours
 
@@ -307,3 +319,143 @@ def test_train_out_writes_only_into_a_new_or_empty_folder(tiny_bundle, tmp_path,
         assert {k: v for k, v in after.items() if not mine(k)} == {k: v for k, v in before.items() if not mine(k)}
     else:
         assert after == before
+
+
+# -- nothing we did not make is deleted: beside any output, inside a bundle (issue 29) ---------------------------
+
+from conftest import dead_writers_scratch  # noqa: E402
+
+_TARGETS = ("out", "bk", "out.json")  # a staged output folder, an export's folder, a file written atomically
+
+
+def _look_alikes(target: str) -> list[str]:
+    """Names a user may give that look like our scratch siblings of ``target`` (issue 29: `.bk.old-2024-06`)."""
+    names = [f".{target}.{kind}-{tail}" for kind in ("tmp", "partial", "old")
+             for tail in ("2024-06", "31337-mine", "1-abcd1234", "999999999-dead")]  # fmt: skip
+    names += [f".{target}.hne-{kind}-999999999-0123456789abcdef" for kind in ("tmp", "partial", "old")]  # no seal
+    names += [f".{target}.partial", f".{target}.tmp", f"{target}.old", f".{target}"]
+    return names
+
+
+@pytest.fixture(scope="module")
+def dead_scratch_names():
+    """{target: {kind: name}}: the scratch names a writer gave its siblings of each target, then exited (so the
+    names are exactly ours, sealed, with a dead pid; each test places them where it likes)."""
+    return {t: {k: dead_writers_scratch(Path("/") / t, k).name for k in ("tmp", "partial", "old")} for t in _TARGETS}
+
+
+_name = st.one_of(
+    st.sampled_from([n for t in _TARGETS for n in _look_alikes(t)] + ["notes.txt", ".git", "out.bak", "bk~", "manifest.json"]),
+    st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=10).filter(
+        lambda n: n not in (".", "..") and n not in _TARGETS),
+)
+_user_entry = st.recursive(
+    st.tuples(st.just("file"), st.binary(max_size=8)) | st.tuples(st.just("link"), st.sampled_from(["out", "..", "nowhere"])),
+    lambda kids: st.tuples(st.just("dir"), st.dictionaries(_name, kids, min_size=1, max_size=3)),
+    max_leaves=5,
+)
+
+
+def _place(folder: Path, tree: dict) -> None:
+    for name, (kind, value) in tree.items():
+        path = folder / name
+        if os.path.lexists(path):
+            continue
+        if kind == "file":
+            path.write_bytes(value)
+        elif kind == "link":
+            path.symlink_to(value)
+        else:
+            path.mkdir()
+            _place(path, value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(beside=st.dictionaries(_name, _user_entry, min_size=1, max_size=6), above=st.dictionaries(_name, _user_entry, max_size=3),
+       ours=st.sets(st.sampled_from([(t, k) for t in _TARGETS for k in ("tmp", "partial", "old")])))  # fmt: skip
+def test_writers_remove_only_a_dead_writers_own_scratch(tmp_path_factory, dead_scratch_names, beside, above, ours):
+    """Every writer (atomic_file, staged_output, atomic_output_dir) among a user's files and look-alike names beside
+    and above its target: what it removes is exactly the sealed scratch of dead writers of that target, nothing of the
+    user's (before issue 29, `.bk.old-2024-06` and `.bk.partial-31337-mine` were deleted)."""
+    from hne_edge.exporters.base import atomic_output_dir
+    from hne_edge.fileio import atomic_write_json, atomic_write_text, staged_output
+
+    top = tmp_path_factory.mktemp("beside")
+    root = top / "work"
+    root.mkdir()
+    _place(top, above)
+    _place(root, beside)
+    for dead in ("out", "bk"):  # another target's sealed leftovers, copied here under this target's... and its own
+        name = dead_scratch_names["bk" if dead == "out" else "out"]["partial"].replace(f".{'bk' if dead == 'out' else 'out'}.", f".{dead}.", 1)
+        if not os.path.lexists(root / name):
+            (root / name).mkdir()
+            (root / name / "keep.txt").write_text("a copy of a leftover, renamed: the user's now\n")
+    user = tree_digest(top)
+    placed = {}
+    for target, kind in sorted(ours):
+        path = root / dead_scratch_names[target][kind]
+        (path.mkdir() if kind != "tmp" else path.write_bytes(b"half"))
+        placed[(target, kind)] = path
+    atomic_write_json(root / "out.json", {"v": 1})
+    with staged_output(root / "out") as stage:
+        atomic_write_text(stage / "metrics.json", "{}")
+    with atomic_output_dir(root / "bk") as tmp:
+        atomic_write_text(tmp / "manifest.json", "{}")
+    after = tree_digest(top)
+    mine = lambda k: k in ("work/out", "work/bk", "work/out.json") or k.startswith(("work/out/", "work/bk/"))  # noqa: E731
+    scratch = {str(p.relative_to(top)) for p in placed.values()}
+    ours_left = {k for k in after if any(k == s or k.startswith(s + "/") for s in scratch)}
+    assert {k: v for k, v in after.items() if not mine(k) and k not in ours_left} == user
+    cleaned = {("out.json", "tmp"), ("out", "partial"), ("out", "old"), ("bk", "partial"), ("bk", "old")}
+    for key, path in placed.items():  # a dead writer's sealed scratch goes where that writer's successor runs
+        assert os.path.lexists(path) == (key not in cleaned), key
+
+
+_BUNDLE_FOLDERS = ("", "onnx", "onnx/fp32", "onnx/fp32/segments", "onnx/fp32/nodes", "torch", "profiles", "tensorrt",
+                   "tensorrt/trt10.3_sm87", "onnx/fp32/segments/more")  # existing ones, and folders a user adds
+_inside_name = st.one_of(
+    st.sampled_from(["NOTES.txt", "leaf00.onnx", "model.pt", "manifest.json", "timing.cache", "profiles", "trt10.3_sm87",
+                     "cpu-onnxruntime-segments-fp32.json", ".leaf00.onnx.tmp-1-abcd1234", ".manifest.json.tmp-2024-06",
+                     ".manifest.json.hne-tmp-999999999-0123456789abcdef", "b0.onnx", ".hne-edge-demo"]),
+    st.text(st.characters(codec="utf-8", exclude_characters="/\x00'\""), min_size=1, max_size=10).filter(
+        lambda n: n not in (".", "..")),
+)
+_addition = st.tuples(st.sampled_from(_BUNDLE_FOLDERS), _inside_name,
+                      st.sampled_from(["file", "link", "dir"]), st.binary(max_size=8))  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(additions=st.lists(_addition, min_size=1, max_size=4))
+def test_force_refuses_a_bundle_holding_anything_its_manifest_does_not_list(tiny_bundle, tmp_path_factory, additions):
+    """A bundle is the files its manifest lists, the folders that hold them, and what our tools write beside them
+    (profiles, an engine folder's timing cache, a dead writer's sealed scratch). A user's file, link or folder at
+    any depth makes `force` refuse, naming it, and nothing changes (before issue 29 only the top level was looked at)."""
+    from hne_edge.bundle import why_not_replaceable
+    from hne_edge.errors import ExportError
+    from hne_edge.exporters.base import atomic_output_dir
+
+    root = tmp_path_factory.mktemp("inside")
+    out = root / "out"
+    shutil.copytree(tiny_bundle.bundle_dir, out)
+    added = []  # every entry added is the user's: a file, a link, or a folder holding a file
+    for folder, name, kind, data in additions:
+        parent = out / folder
+        if not parent.is_dir() or parent.is_symlink() or os.path.lexists(parent / name):
+            continue  # a folder no earlier addition made, or a name the bundle (or an addition) has
+        path = parent / name
+        if kind == "file":
+            path.write_bytes(data)
+        elif kind == "link":
+            path.symlink_to("../manifest.json")
+        else:
+            path.mkdir()
+            (path / "mine.txt").write_bytes(data)
+        added.append(str(path.relative_to(out)))
+    assume(added)
+    before = tree_digest(root)
+    reason = why_not_replaceable(out)
+    assert reason is not None and any(repr(a)[1:-1] in reason for a in added), (reason, added)  # named
+    with pytest.raises(ExportError, match="refusing to replace"):
+        with atomic_output_dir(out, force=True):
+            pass
+    assert tree_digest(root) == before

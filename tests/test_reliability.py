@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import edit_manifest, one_line_error, run_cli
+from conftest import dead_writers_scratch, edit_manifest, one_line_error, run_cli
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
 
@@ -53,8 +53,8 @@ def test_force_replaces_a_bundle_cleans_leftovers_and_uses_umask_modes(tiny_bund
     out = tmp_path / "out"
     shutil.copytree(tiny_bundle.bundle_dir, out)
     (out / "profiles").mkdir()
-    (out / "profiles" / "old.json").write_text("{}")
-    stale = tmp_path / ".out.partial-999999999-dead"  # a killed export's leftover (no such pid)
+    (out / "profiles" / "cpu-onnxruntime-nodes-fp32.json").write_text('{"format": "hne-edge-profile"}')  # a runner's
+    stale = dead_writers_scratch(out, "partial")  # a killed export's leftover
     stale.mkdir()
     (stale / "manifest.json").write_text("{}")
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--force", *FAST_EXPORT)
@@ -360,7 +360,7 @@ def test_eval_refuses_nan_weights(tiny_bundle, tmp_path):
 def test_checkpoint_gets_umask_mode_and_stale_temps_go(tiny_bundle, tmp_path):
     from hne_edge.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 
-    stale = tmp_path / ".ck.pt.tmp-999999999-dead"
+    stale = dead_writers_scratch(tmp_path / "ck.pt", "tmp")
     stale.write_bytes(b"half a checkpoint")
     model, state = model_from_checkpoint(tiny_bundle.checkpoint_path)
     path = save_checkpoint(tmp_path / "ck.pt", model=model, class_names=state["class_names"])

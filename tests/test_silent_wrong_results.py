@@ -214,3 +214,179 @@ def test_a_profile_within_an_order_of_magnitude_is_kept(profiled, factor):
         warnings.simplefilter("error")
         _misses(runner, frames=10)
     assert runner.cost.profile is not None and runner.cost.for_batch(1).audit is None  # audited and kept
+
+
+# -- finite in, finite out (issue 29, items 3-4) -------------------------------------------------------------
+
+
+def test_a_finite_input_that_overflows_the_model_is_an_error_not_a_prediction(tiny_bundle, tmp_path):
+    """Issue 29 (3): `runner.run(np.full(..., 3e38))` answered prediction 0 with confidence nan, and `hne-edge run`
+    printed p=nan with exit 0. The logits that come out are checked (once, where a session returns its result)."""
+    from hne_edge.runtime import AnytimeRunner, NonFiniteResult
+
+    big = np.full((1, 3, 16, 16), 3e38, np.float32)  # finite: the input check lets it in
+    with AnytimeRunner(tiny_bundle.bundle_dir, warmup=0) as runner:
+        for plan_kwargs in ({}, {"max_leaves": 1}, {"budget_ms": 1e3}):
+            with pytest.raises(NonFiniteResult, match=r"leaf 0 computed non-finite logits \(NaN/Inf\) for 1 of 1 sample"):
+                runner.run(big, **plan_kwargs)
+        session = runner.start(big)
+        session.step()
+        with pytest.raises(NonFiniteResult):
+            session.result()
+        ok = runner.run(np.zeros((1, 3, 16, 16), np.float32))  # the runner is not left broken
+        assert np.isfinite(ok.probs).all()
+    np.save(tmp_path / "big.npy", big)
+    line = one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "big.npy")), "non-finite logits")
+    assert "p=nan" not in line
+
+
+def test_a_bundle_whose_weights_are_nan_and_rehashed_is_an_error_not_a_prediction(bundle_copy, tmp_path):
+    """Issue 29 (3): only `verify` caught a bundle whose NaN weights were re-hashed into the manifest."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    from conftest import edit_manifest
+
+    rel = "onnx/fp32/segments/leaf03.onnx"
+    model = onnx.load(bundle_copy / rel)
+    init = next(i for i in reversed(model.graph.initializer) if i.data_type == onnx.TensorProto.FLOAT)
+    init.CopyFrom(numpy_helper.from_array(np.full_like(numpy_helper.to_array(init), np.nan), init.name))
+    data = model.SerializeToString()
+    (bundle_copy / rel).write_bytes(data)
+
+    def rehash(d):
+        entry = next(f for f in d["files"] if f["path"] == rel)
+        entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+
+    edit_manifest(bundle_copy, rehash)
+    np.save(tmp_path / "x.npy", np.zeros((2, 3, 16, 16), np.float32))
+    one_line_error(run_cli("run", str(bundle_copy), str(tmp_path / "x.npy")), "leaf 3 computed non-finite logits")
+    proc = run_cli("run", str(bundle_copy), str(tmp_path / "x.npy"), "--max-leaves", "3", "--json")
+    assert proc.returncode == 0, proc.stderr  # the first three leaves are finite: their answer stands
+    assert {r["leaves"] for r in json.loads(proc.stdout)["records"]} == {3}
+
+
+def test_a_masked_array_is_refused_not_checked_through_its_mask(tiny_bundle):
+    """Issue 29 (4): `np.ma.masked_invalid(x)` hid the NaN from `np.isfinite(x).all()`, and the NaN ran."""
+    from hne_edge.errors import InputError
+    from hne_edge.runtime import AnytimeRunner, check_input
+
+    x = np.zeros((1, 3, 16, 16), np.float32)
+    x[0, 0, 0, 0] = np.nan
+    masked = np.ma.masked_invalid(x)
+    with AnytimeRunner(tiny_bundle.bundle_dir, warmup=0) as runner:
+        for bad in (masked, np.ma.masked_array(np.zeros_like(x))):  # with a NaN behind the mask, and without
+            with pytest.raises(InputError, match="received a numpy masked array"):
+                check_input(bad, runner.input_spec)
+            with pytest.raises(InputError, match="masked array"):
+                runner.run(bad)
+            with pytest.raises(InputError, match="masked array"):
+                runner.start(bad)
+
+
+def test_leaves_whose_mean_overflows_are_an_error_too():
+    """Two finite leaves of 3e38 sum past float32's largest value: the mean is what would be answered."""
+    from hne_edge.runtime import AnytimeResult, NonFiniteResult
+    from hne_edge.runtime.session import check_finite_result
+
+    leaves = np.zeros((2, 3, 4), np.float32)
+    leaves[:, 1, 2] = 3e38  # sample 1 only
+    with pytest.raises(NonFiniteResult, match="their mean overflows float32 for 1 of 3 sample"):
+        check_finite_result(AnytimeResult(leaves, elapsed_ms=1.0))
+    assert check_finite_result(AnytimeResult(leaves[:1], elapsed_ms=1.0)).predictions.tolist() == [0, 2, 0]
+
+
+# -- one poisoned entry of a profile (issue 29, item 9) ------------------------------------------------------------
+
+# hne 16-leaf binary tree, virtual clock 1 ms per node: step i (leaf i) costs the nodes of its segment
+TRUE_MS = [5, 1, 2, 1, 3, 1, 2, 1, 4, 1, 2, 1, 3, 1, 2, 1]  # the whole tree: 31 ms
+
+
+@pytest.fixture
+def profiled16(tmp_path):
+    """A 16-leaf fake bundle with its saved profile; ``poison(step, ms, samples)`` edits one entry, ``open_runner()``."""
+    from hne_edge.bundle import read_manifest
+    from hne_edge.runtime import AnytimeRunner
+
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2, 2, 2), classes=4)
+    m = read_manifest(b)
+
+    def open_runner():
+        return AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), warmup=0)
+
+    open_runner().profile(warmup=0, repeats=5)
+    path = b / "profiles" / "cpu-fake-segments-fp32.json"
+    clean = path.read_text()
+
+    def poison(step: int, ms: float, samples: bool = True) -> None:
+        data = json.loads(clean)
+        leaf = data["batch_sizes"]["1"]["leaves"][step]
+        leaf["median_ms"] = ms  # what the issue did; "samples": the whole entry, as a profile from elsewhere has it
+        if samples:
+            leaf["samples_ms"] = [ms] * len(leaf["samples_ms"])
+            leaf["p90_ms"] = leaf["p95_ms"] = leaf["mean_ms"] = ms
+        path.write_text(json.dumps(data))
+
+    return poison, open_runner
+
+
+def _budgeted(runner, frames: int, budget_ms: float = 40.0) -> tuple[list[int], int]:
+    x = np.zeros((1, C, H, W), np.float32)[:, :, :4, :4]
+    results = [runner.run(x, budget_ms=budget_ms) for _ in range(frames)]
+    return [r.leaves for r in results], sum(not r.met_budget for r in results)
+
+
+@pytest.mark.parametrize("ms, samples", [(100.0, False), (100.0, True), (20.0, True), (1e300, True)])
+def test_one_entry_far_from_its_peers_is_predicted_as_they_are_on_load(profiled16, ms, samples):
+    """Issue 29 (9): leaves[5].median_ms = 100 (true 1 ms here) capped every frame under a budget that fits the whole
+    tree at 5 leaves: the step was never run, so never measured again (with its samples poisoned too: for ever).
+    Steps that add the same MACs (leaves at one depth) cost alike: an entry 10x off its peers is theirs until measured."""
+    poison, open_runner = profiled16
+    poison(5, ms, samples)
+    runner = open_runner()
+    with pytest.warns(UserWarning, match=r"1 entry more than 10 times off the steps that add the same MACs \(step 5: "):
+        leaves, misses = _budgeted(runner, 20)
+    assert leaves == [16] * 20 and misses == 0, leaves  # main: [5] * 20
+    np.testing.assert_allclose(runner.predicted_ms(1), TRUE_MS, rtol=0.5)
+
+
+@pytest.mark.parametrize("step, ms", [(0, 1e-300), (0, 100.0), (4, 1e-300), (5, 1e-6)])
+def test_an_entry_far_from_its_first_measurement_is_learned_from_it(profiled16, step, ms):
+    """An entry too fast is run at once, and its first measurement tells: it is learned from that measurement, not
+    unlearned 5% per observation (a 1e-300 ms leaf 0 left every other step predicted by a wrong anchor)."""
+    poison, open_runner = profiled16
+    poison(step, ms)
+    runner = open_runner()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        leaves, _ = _budgeted(runner, 30)
+    said = [str(w.message) for w in caught]
+    assert any(f"step {step} measured {TRUE_MS[step]} ms here" in m for m in said) or step == 5, said
+    assert leaves[-10:] == [16] * 10, leaves
+    np.testing.assert_allclose(runner.predicted_ms(1), TRUE_MS, rtol=0.5)
+
+
+@pytest.mark.parametrize("step", [4, 8])
+def test_a_step_the_budget_keeps_skipping_is_measured_again(profiled16, step):
+    """Step 4 has one peer (12) and step 8 none, so their entries cannot be told wrong on load. Kept from running for
+    `probe_after` frames and never measured here, an entry over twice what the other steps say is run once at that
+    estimate; its measurement then replaces it (with a warning)."""
+    poison, open_runner = profiled16
+    poison(step, 100.0)
+    runner = open_runner()
+    probe_after = runner.cost.probe_after
+    with pytest.warns(UserWarning, match=rf"step {step} measured {TRUE_MS[step]} ms here, .* faster than its entry"):
+        leaves, misses = _budgeted(runner, probe_after + 40)
+    assert leaves[0] == step and leaves[-10:] == [16] * 10 and misses == 0, (leaves[:3], leaves[-10:])  # main: [step] always
+    assert leaves.index(16) <= probe_after + 20
+
+
+def test_a_profile_entry_too_large_for_a_float_is_refused_not_a_traceback(profiled16):
+    """`"median_ms": 10**400` raised OverflowError in the profile's own check (math.isfinite of a huge int)."""
+    poison, open_runner = profiled16
+    poison(5, 10**400)
+    with pytest.warns(UserWarning, match=r"ignoring saved profile .*leaves\[5\]\.median_ms must be a positive finite number"):
+        runner = open_runner()
+    assert runner.cost.profile is None

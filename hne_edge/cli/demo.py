@@ -24,8 +24,12 @@ from ..train.config import DATASETS
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True,
               help="Also replace a folder holding only what a demo writes but not its .hne-edge-demo marker.")
+@click.option("--pretrained", default="auto", show_default=True,
+              help="The CIFAR-10 checkpoint --data auto starts from: auto (the GPU-trained reference HNE_small when "
+                   "this package ships one, else tiny), reference, tiny (the small CPU-trained hne_tiny), or the path "
+                   "of such a checkpoint with its .json record beside it.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def demo(out_dir, data, data_dir, model, epochs, limit, frames, frames_alias, seed, force, quiet) -> None:
+def demo(out_dir, data, data_dir, model, epochs, limit, frames, frames_alias, seed, force, pretrained, quiet) -> None:
     """Train, evaluate, export, verify, profile and run a small distilled HNE end to end.
 
     Ends with a table: per-frame budget -> mean leaves -> accuracy -> p50/p99 latency -> budget misses.
@@ -37,4 +41,5 @@ def demo(out_dir, data, data_dir, model, epochs, limit, frames, frames_alias, se
     if data in ("auto", "digits") and data_dir is not None:
         raise click.UsageError(f"--data-dir needs --data npz, cifar10, cifar100 or imagefolder; received --data {data}")
     run_demo(out_dir, data=data, data_dir=data_dir, model=model, epochs=epochs, limit=limit, seed=seed,
-             frames=frames if frames is not None else frames_alias, force=force, quiet=quiet, echo=click.echo)
+             frames=frames if frames is not None else frames_alias, force=force, quiet=quiet, pretrained=pretrained,
+             echo=click.echo)

@@ -43,6 +43,7 @@ def doctor(ctx: click.Context, as_json: bool, no_export: bool, repeats: int, thr
     for check in report.failures:
         if debug and check.traceback:
             click.echo(check.traceback, err=True)
-    names = "; ".join(f"{c.label}: {c.error}" for c in report.failures) or "no backend is present"
+    names = "; ".join([f"{name}: {why}" for name, why in report.broken.items()]
+                      + [f"{c.label}: {c.error}" for c in report.failures]) or "no backend is present"  # fmt: skip
     click.echo(f"doctor: FAILED: {names}", err=True)
     sys.exit(1)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import click
-
+import numpy as np
 
 from ..bundle import PRECISIONS
 from ..exporters.base import PLAN_CHOICES
@@ -15,7 +15,7 @@ from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
 from ..exporters.tensorrt import HARDWARE_LEVELS
 from ..progress import progress_for
 from . import printable
-from .options import batch_sizes_option, quiet_option
+from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
 
 
 @click.command("export")
@@ -97,15 +97,32 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
 
 @click.command("verify")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("bundle", type=BundlePath(path_type=Path))
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Compare every file and anytime prefix with this checkpoint's PyTorch model.")
 @batch_sizes_option(None, "Batch sizes to run, within the bundle's batch range (default: its min and up to 4).")
+@click.option("--frames", type=click.Path(exists=True, dir_okay=False), default=None, metavar="PATH.npz",
+              help="Verify on these images (x: N,H,W,C uint8 or N,C,H,W float; one batch) instead of random ones.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random images.")
+@click.option("--atol", type=click.FloatRange(min=0), default=None,
+              help="Absolute bound: max |ONNX - reference| <= atol + rtol * max |reference| per output "
+                   "[default: 1e-4 for fp32, 1e-3 for fp16].")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None,
+              help="Relative bound, times the output's largest |reference| [default: 0 for fp32, 5e-3 for fp16].")
 @quiet_option
-def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] | None, quiet: bool) -> None:
+def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] | None, frames: str | None, seed: int,
+           atol: float | None, rtol: float | None, quiet: bool) -> None:  # fmt: skip
     """Check BUNDLE: manifest, sha256, ONNX Runtime loads, plans agree (and vs PyTorch with --checkpoint)."""
     from ..bundle import read_manifest
     from ..exporters.verify import verify_bundle
+
+    inputs = None
+    if frames is not None:
+        from ..runtime.bench import load_arrays
+        from ..runtime.inputs import preprocess
+
+        x, _ = load_arrays(frames)
+        inputs = preprocess(x, read_manifest(bundle, verify_files=False).input) if x.dtype == np.uint8 else x
 
     if batch_sizes:
         low, _, high = read_manifest(bundle, verify_files=False).input.batch
@@ -119,14 +136,15 @@ def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] |
 
         model, _ = model_from_checkpoint(checkpoint)
     with progress_for(None, "verify", "step", quiet=quiet) as progress:
-        report = verify_bundle(bundle, model=model, batch_sizes=list(batch_sizes) if batch_sizes else None,
-                               progress=progress)  # fmt: skip
+        with flag_names({"atol": "--atol", "rtol": "--rtol"}):
+            report = verify_bundle(bundle, model=model, batch_sizes=list(batch_sizes) if batch_sizes else None,
+                                   progress=progress, inputs=inputs, seed=seed, atol=atol, rtol=rtol)  # fmt: skip
     click.echo(_printable_lines(report.format_table()))
     report.raise_for_failures()
 
 
 @click.command("inspect")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("bundle", type=BundlePath(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest JSON instead.")
 @click.option("--no-verify-files", is_flag=True, help="Skip the sha256 check of every file (faster).")
 def inspect(bundle: Path, as_json: bool, no_verify_files: bool) -> None:

@@ -15,13 +15,37 @@ Conventions (docs/cli.md, "Conventions"):
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import copy
+import functools
+import os
+import re
+from typing import Callable, Iterator
 
 import click
 
+from ..errors import HNEError
 from ..limits import THREADS_PER_CPU
 
 DEVICE_HELP = "auto (a GPU when one can be used here, else the CPU) | cpu | cuda[:N]."
+
+
+class BundlePath(click.Path):
+    """A bundle argument: an existing folder. A file is named as what it likely is, with the command that turns it
+    into a bundle (:func:`hne_edge.bundle.not_a_bundle`; a checkpoint said "Directory '...' is a file", issue 28)."""
+
+    name = "bundle"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(exists=True, file_okay=False, **kwargs)
+
+    def convert(self, value, param, ctx):
+        from ..bundle import not_a_bundle
+
+        error = not_a_bundle(value) if isinstance(value, (str, os.PathLike)) else None
+        if error is not None:
+            raise error
+        return super().convert(value, param, ctx)
 
 
 def device_option(f: Callable) -> Callable:
@@ -59,6 +83,42 @@ def parse_sizes(value: str | None, param: str) -> tuple[int, ...] | None:
 def batch_sizes_option(default: str | None, help: str) -> Callable[[Callable], Callable]:
     return click.option("--batch-sizes", default=default, show_default=default is not None, metavar="N[,N...]",
                         callback=lambda ctx, param, value: parse_sizes(value, "--batch-sizes"), help=help)  # fmt: skip
+
+
+@contextlib.contextmanager
+def flag_names(names: dict[str, str]) -> Iterator[None]:
+    """Errors raised inside name the flags the user typed, not the Python parameters or config keys they set:
+    ``names`` maps each (``budget_ms``, ``data.limit``) to its flag (``--budget-ms``, ``--limit``). The library
+    keeps its own voice (a Python caller passed ``budget_ms``); the command that took the flag renames it."""
+    try:
+        yield
+    except HNEError as exc:
+        if not names or not exc.args or not isinstance(exc.args[0], str):
+            raise
+        pattern = re.compile(r"(?<![\w.\-])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?![\w])")
+        renamed = pattern.sub(lambda m: names[m.group(1)], exc.args[0])
+        if renamed == exc.args[0]:
+            raise
+        new = copy.copy(exc)
+        new.args = (renamed, *exc.args[1:])
+        raise new from None
+
+
+def typed_flags() -> dict[str, str]:
+    """The running command's {config key: flag} of the flags the user typed (filled by the command as it reads
+    them; :func:`names_typed_flags` renames its errors with it)."""
+    return click.get_current_context().meta.setdefault("hne_edge.typed_flags", {})
+
+
+def names_typed_flags(command: Callable) -> Callable:
+    """Run ``command`` so that its errors name the flags the user typed (:func:`typed_flags`), not config keys."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        with flag_names(typed_flags()):
+            return command(*args, **kwargs)
+
+    return run
 
 
 def debug_option() -> click.Option:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 from pathlib import Path
 
 import click
@@ -14,7 +16,7 @@ from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
 from . import printable
-from .options import batch_sizes_option, device_option, quiet_option, threads_option
+from .options import BundlePath, batch_sizes_option, device_option, flag_names, quiet_option, threads_option
 
 
 class _BackendChoice(click.Choice):
@@ -50,7 +52,7 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=BundlePath())
 @batch_sizes_option(None, "Batch sizes to profile (default: the bundle's min and opt batch sizes; the cost model "
                          "interpolates between profiled sizes).")
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
@@ -59,8 +61,6 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
 @quiet_option
 def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph, quiet):
     """Measure each leaf step and model file; save the cost model next to the bundle."""
-    import warnings
-
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         lo, opt, _ = runner.input_spec.batch
         sizes = batch_sizes or tuple(sorted({lo, opt}))
@@ -85,7 +85,7 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=BundlePath())
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1))
@@ -99,7 +99,7 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @quiet_option
 def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out, as_json, backend, device, plan, precision,
           threads, cuda_graph, quiet):  # fmt: skip
-    """Latency of every anytime level n = 1..N (median / p95); JSON + PNG curve."""
+    """Latency of every anytime level n = 1..N (mean, median, p90, p95, p99) and its throughput; JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
 
     data = frames or frames_alias
@@ -148,14 +148,26 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
         click.echo(json.dumps(result, indent=1))
         return
     click.echo(f"{result['model']}  {backend}/{result['device']}  plan={plan}  {precision}  batch={batch_size}  ({repeats} repeats)")
-    head = f"{'n':>3}  {'MMACs':>8}  {'median ms':>9}  {'p95 ms':>8}" + ("  accuracy" if accuracy else "")
+    head = (f"{'n':>3}  {'MMACs':>8}  {'mean ms':>8}  {'median ms':>9}  {'p90 ms':>8}  {'p95 ms':>8}  {'p99 ms':>8}  "
+            f"{'samples/s':>9}" + ("  accuracy" if accuracy else ""))  # fmt: skip
     click.echo(head)
     for level in levels:
-        line = f"{level['n']:>3}  {level['macs'] / 1e6:8.2f}  {level['median_ms']:9.3f}  {level['p95_ms']:8.3f}"
+        line = (f"{level['n']:>3}  {level['macs'] / 1e6:8.2f}  {level['mean_ms']:8.3f}  {level['median_ms']:9.3f}  "
+                f"{level['p90_ms']:8.3f}  {level['p95_ms']:8.3f}  {level['p99_ms']:8.3f}  {level['samples_per_s']:9.1f}")
         if accuracy:
             line += f"  {level['accuracy']:8.2%}"
         click.echo(line)
     click.echo(f"wrote {out_dir / 'bench.json'}" + (f" and {png}" if png else " (matplotlib not installed: no PNG)"))
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """The runtime's warnings (a dropped profile, a machine too busy for its budgets) as one ``warning:`` line each
+    on stderr, when they happen, instead of Python's two-line ``file:line: UserWarning`` form."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, *args, **kwargs: click.echo(f"warning: {message}", err=True)
+        yield
 
 
 def _load_inputs(paths, runner):
@@ -183,8 +195,11 @@ def _load_inputs(paths, runner):
     return items
 
 
+RUN_FLAGS = {"budget_ms": "--budget-ms", "max_leaves": "--max-leaves", "min_leaves": "--min-leaves"}  # run()'s names
+
+
 @click.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=BundlePath())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--budget-ms", type=float, default=None, help="Per-frame time budget in milliseconds.")
 @click.option("--max-leaves", type=int, default=None)
@@ -201,11 +216,16 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
 
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
     records, results = [], []
-    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+    with _warnings_as_lines(), _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+        lo, _, hi = runner.input_spec.batch
+        if not lo <= batch_size <= hi:  # what the user asked, not the size of the frame it made of their samples
+            raise click.BadParameter(f"received {batch_size}; expected {lo}..{hi} (the batch range the bundle was "
+                                     "exported and verified for)", param_hint="--batch-size")  # fmt: skip
         for source, x, y in _load_inputs(inputs, runner):
             for start in range(0, len(x), batch_size):
                 xb = x[start : start + batch_size]
-                r = runner.run(xb, budget_ms=budget_ms, max_leaves=max_leaves, min_leaves=min_leaves, stop_when=stop)
+                with flag_names(RUN_FLAGS):
+                    r = runner.run(xb, budget_ms=budget_ms, max_leaves=max_leaves, min_leaves=min_leaves, stop_when=stop)
                 results.append(r)
                 d = r.to_dict()
                 for k, s in enumerate(d.pop("samples")):
@@ -242,7 +262,7 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
                    f"{lat['p50']:.3f} ms, p90 {lat['p90']:.3f} ms, p99 {lat['p99']:.3f} ms, max {lat['max']:.3f} ms")
     if budget_ms is not None and results:
         click.echo(f"budget misses {summary['misses']}/{summary['frames']} frames ({summary['forced_misses']} forced: "
-                   "the budget was shorter than the minimum leaves)")
+                   "the budget was shorter than the minimum leaves take 9 times in 10)")
 
 
 def _streams(value: str) -> tuple[int, ...]:

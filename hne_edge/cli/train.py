@@ -10,9 +10,13 @@ from pathlib import Path
 
 import click
 
-from ..train.config import DATASETS, DEFAULT_PRESET, LOSSES, NORMALIZATIONS, PRESETS, WEIGHTINGS  # torch-free: --help stays instant
+from ..train.config import (DATASETS, DEFAULT_PRESET, HOLDOUTS, LOSSES, NORMALIZATIONS, POINTWISE, PRESETS,  # torch-free:
+                            WEIGHTINGS)  # --help stays instant
 from ..tree import TREE_PRESETS
-from .options import config_device_option, device_option, quiet_option, threads_option
+from .options import config_device_option, device_option, names_typed_flags, quiet_option, threads_option, typed_flags
+
+# config keys whose flag is not "--" + the key's last part with "-" for "_" (errors name the flag the user typed)
+FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss", "loss.temperature_squared": "--t-squared"}
 
 @click.command("train")
 @click.option("--data", type=click.Choice(DATASETS), default=None, help="Dataset (default: digits, bundled with scikit-learn).")
@@ -31,13 +35,24 @@ from .options import config_device_option, device_option, quiet_option, threads_
               help="none: the paper's objective (default). label: divide it by (1 - alpha), i.e. L^I + alpha/(1-alpha) "
                    "L^HD, the label term at full weight (weight decay unchanged). Use label for short schedules "
                    "(tens of epochs), where the paper's halved label term costs accuracy (RESULTS.md).")
-@click.option("--epochs", type=int, default=None)
-@click.option("--batch-size", type=int, default=None, help="Global batch size (split across processes).")
-@click.option("--lr", type=float, default=None, help="Peak learning rate (SGD, cosine schedule).")
+@click.option("--epochs", type=int, default=None, help="Epochs (under --time-budget: the most it may run).")
+@click.option("--time-budget", default=None,
+              help="Train for this long instead (7m, 90s, 1h30m or seconds): the first steps are timed, then the number "
+                   "of steps is fixed so that the schedule, validations and checkpoints end inside it.")
+@click.option("--batch-size", default=None,
+              help="Global batch size (split across processes), or auto: 512 on CUDA, 128 on a CPU (the cifar preset's).")
+@click.option("--lr", type=float, default=None,
+              help="Learning rate (SGD, cosine schedule); with --lr-batch, the rate at that batch size.")
+@click.option("--lr-batch", type=int, default=None,
+              help="The batch size --lr is quoted at: the rate is scaled linearly to --batch-size (the cifar preset: 128).")
+@click.option("--warmup-epochs", type=float, default=None,
+              help="When the rate is scaled up, rise to it linearly from --lr over this many epochs (the cifar preset: 2).")
 @click.option("--weight-decay", type=float, default=None)
 @click.option("--accum-steps", type=int, default=None, help="Micro-batches per step (gradient accumulation).")
 @click.option("--seed", type=int, default=None)
-@click.option("--val-split", type=float, default=None, help="Fraction of training images held out (seeded) for validation.")
+@click.option("--val-split", type=float, default=None, help="Fraction of training images held out for validation.")
+@click.option("--holdout", type=click.Choice(HOLDOUTS), default=None,
+              help="Which images --val-split holds out: random (seeded; default) or last (the file's last ones, in order).")
 @click.option("--limit", type=int, default=None, help="Train on at most this many images (quick runs).")
 @click.option("--val-limit", type=int, default=None,
               help="Validate on at most this many of the held-out images (default: all of the seeded --val-split).")
@@ -45,12 +60,17 @@ from .options import config_device_option, device_option, quiet_option, threads_
 @click.option("--resume", is_flag=True, help="Continue the run in --out exactly where it stopped.")
 @click.option("--config", "config_path", default=None, help="YAML config (may name a preset); flags override it.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None, help="Paper recipe to start from.")
+@click.option("--pointwise", type=click.Choice(POINTWISE), default=None,
+              help="How the 1x1 convolutions of the branches run in training: conv (grouped, default) or bmm (batched "
+                   "matmul); the same parameters and outputs.")
 @config_device_option
 @threads_option("torch")
 @quiet_option
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
-def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, normalize, epochs, batch_size, lr, weight_decay, accum_steps,
-          seed, val_split, limit, val_limit, out, resume, config_path, preset, device, threads, quiet, nproc_per_node):
+@names_typed_flags
+def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, normalize, epochs,
+          time_budget, batch_size, lr, lr_batch, warmup_epochs, weight_decay, accum_steps, seed, val_split, holdout, limit,
+          val_limit, out, resume, config_path, preset, pointwise, device, threads, quiet, nproc_per_node):
     """Train an HNE; with no options, hne_tiny on the bundled digits (~20 s on a CPU).
 
     With only --data, the run starts from the matching paper preset (cifar10/cifar100/npz: cifar,
@@ -63,23 +83,34 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     if config_path and preset:
         raise InputError("--config and --preset contradict each other: give one (a YAML config may say `preset: NAME`)")
     overrides: dict = {}
+    flags = typed_flags()
 
     def put(section: str | None, key: str, value) -> None:
         if value is not None:
             (overrides.setdefault(section, {}) if section else overrides)[key] = value
+            name = f"{section}.{key}" if section else key
+            flags[name] = FLAG_OF.get(name, "--" + key.replace("_", "-"))
 
+    if batch_size is not None and batch_size != "auto":
+        try:
+            batch_size = int(batch_size)
+        except ValueError:
+            raise InputError(f"--batch-size: received {batch_size!r}; expected a positive integer or auto") from None
     for key, value in (("name", data), ("data_dir", data_dir), ("download", download), ("val_split", val_split), ("limit", limit),
-                       ("val_limit", val_limit)):
+                       ("val_limit", val_limit), ("holdout", holdout)):
         put("data", key, value)
     put("model", "name", model)
     if tree is not None:
         overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = parse_tree(tree, "--tree")
+        flags["model.overrides"] = "--tree"
     for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature), ("weighting", weighting),
                        ("temperature_squared", temperature_squared), ("normalize", normalize)):
         put("loss", key, value)
-    for key, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr), ("weight_decay", weight_decay), ("accum_steps", accum_steps)):
+    for key, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr), ("lr_batch", lr_batch),
+                       ("warmup_epochs", warmup_epochs), ("weight_decay", weight_decay), ("accum_steps", accum_steps)):
         put("optim", key, value)
-    for key, value in (("seed", seed), ("out", out), ("device", device), ("threads", threads), ("quiet", quiet)):
+    for key, value in (("seed", seed), ("out", out), ("device", device), ("threads", threads), ("quiet", quiet),
+                       ("time_budget", time_budget), ("pointwise", pointwise)):
         put(None, key, value)
 
     model_source = None  # how the model was chosen when --model did not name it: fit's first line says so

@@ -27,11 +27,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from ..bundle import PRECISIONS
 from ..limits import check_threads
 from ..progress import NULL_PROGRESS, Progress
-from .checks import Availability, Check, availability, build_engines_for, check_variant, plans_for
 from .environment import Environment, collect_environment
 
 if TYPE_CHECKING:  # pragma: no cover - .tiny is imported when the doctor runs, so `python -m hne_edge.doctor.tiny` runs clean
-    from .tiny import TinyBundle
+    from .checks import Availability, Check  # .checks and .tiny need numpy: imported when the doctor runs, after
+    from .tiny import TinyBundle  # it found numpy importable (a broken numpy is a failed row, not a traceback)
+
+# what every check needs: when one of these does not import, it is the report's failure and nothing else runs
+REQUIRED = ("numpy",)
 
 __all__ = ["DoctorReport", "run_doctor", "check_backend", "check_failed"]
 
@@ -43,6 +46,7 @@ class DoctorReport:
     checks: list[Check]
     bundles: dict[str, str] = field(default_factory=dict)  # "fresh" / "shipped" -> what it is
     seconds: float = 0.0
+    broken: dict[str, str] = field(default_factory=dict)  # REQUIRED libraries that do not import -> why
 
     @property
     def failures(self) -> list[Check]:
@@ -50,7 +54,7 @@ class DoctorReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.checks) and not self.failures
+        return bool(self.checks) and not self.failures and not self.broken
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,7 +65,7 @@ class DoctorReport:
             "checks": [c.to_dict() for c in self.checks],
             "absent": [{"backend": a.backend, "device": a.device, "reason": a.reason, "how": a.how}
                        for a in self.available if not a.present],  # fmt: skip
-            "failures": [c.label for c in self.failures],
+            "failures": list(self.broken) + [c.label for c in self.failures],
         }
 
     def format_table(self) -> str:
@@ -90,14 +94,18 @@ def run_doctor(
         progress: counts the checks and names the one running (:mod:`hne_edge.progress`; None: silent).
         environment: what :func:`~.environment.collect_environment` returned, if the caller has it already.
     """
-    from . import tiny
-
     started = time.perf_counter()
     threads = check_threads(threads)  # bad input: one InputError up front, not a failed row per backend
     progress = progress or NULL_PROGRESS
     say = lambda note: progress.set(note=note)  # noqa: E731
     say("looking at the environment")
     env = environment or collect_environment()
+    broken = {name: env.libraries[name].describe() for name in REQUIRED if not env.libraries[name].ok}
+    if broken:
+        return DoctorReport(env, [], [], seconds=time.perf_counter() - started, broken=broken)
+    from . import tiny
+    from .checks import Availability, availability
+
     available = availability(env)
     present = [a for a in available if a.present]
     if export is None:
@@ -147,6 +155,8 @@ def _torch_threads_kept(env: Environment) -> Iterator[None]:
 
 def _bundle(make: Callable[[], TinyBundle], origin: str, checks: list[Check]) -> TinyBundle | None:
     """``make()``, or None with a failed check naming why (a broken exporter or asset is a failure too)."""
+    from .checks import Check
+
     try:
         return make()
     except Exception as exc:
@@ -163,6 +173,7 @@ def check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, r
     """Every precision x anytime plan of ``a`` on the first of ``tinies`` that has it (the fresh export is
     fp32 only: the ONNX backends' fp16 rows run the shipped bundle's fp16 files)."""
     from ..runtime.backends import backend_class
+    from .checks import build_engines_for, check_variant, plans_for
 
     chosen: list[tuple[TinyBundle, str, str]] = []
     try:  # importing the backend's module can fail on a broken install: that is this backend's failure
@@ -197,6 +208,8 @@ def check_backend(tinies: list[TinyBundle], a: Availability, env: Environment, r
 
 def check_failed(a: Availability, tiny: TinyBundle, what: str, exc: BaseException) -> Check:
     import traceback
+
+    from .checks import Check
 
     return Check(a.backend, a.device, "-", what, tiny.origin, ok=False, error=f"{type(exc).__name__}: {' '.join(str(exc).split())}",
                  traceback="".join(traceback.format_exception(exc)))  # fmt: skip

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..bundle import ANYTIME_PLANS, read_manifest
-from ..errors import EXTRA_OF_MODULE
+from ..errors import EXTRA_OF_MODULE, install_hint
 from ..exporters.base import TOLERANCES
 from ..runtime import AnytimeRunner, SessionCancelled
 from ..runtime.backends import BACKENDS, Backend, create_backend
@@ -51,7 +51,7 @@ CUDA_TORCH = "install a CUDA build of torch (https://pytorch.org/get-started/loc
 
 def _pip(module: str) -> str:
     """How to install the extra of hne-edge that brings ``module`` (errors.EXTRA_OF_MODULE is its one home)."""
-    return f"pip install 'hne-edge[{EXTRA_OF_MODULE[module]}]'"
+    return install_hint(EXTRA_OF_MODULE[module])
 
 
 @dataclass(frozen=True)

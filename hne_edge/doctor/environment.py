@@ -1,13 +1,16 @@
 """What this machine has: Python and the libraries hne-edge uses, each GPU, the CPU and its ISA features.
 
 Nothing here fails: a library that is missing or does not import, a GPU tool that is absent, a
-``/proc/cpuinfo`` that does not exist (macOS, Windows) are recorded as such. Works with numpy alone;
+``/proc/cpuinfo`` that does not exist (macOS, Windows) are recorded as such. Imports without numpy (a
+numpy that does not import is recorded too; the CUDA probe, which needs the runtime, is then skipped);
 torch, onnxruntime, cuda-python and TensorRT are imported only to read their versions and devices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
 import platform
 import re
@@ -16,10 +19,12 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..runtime.backends.cuda import CudaProbe, probe_cuda
 from ..tensorrt_compat import device_support, import_cudart, normalize_compute_capability
+
+if TYPE_CHECKING:  # pragma: no cover - the runtime package needs numpy, and a broken numpy is a row of this report
+    from ..runtime.backends.cuda import CudaProbe
 
 __all__ = ["Library", "Gpu", "Cpu", "Environment", "collect_environment", "cpu_info", "list_gpus", "ISA_FEATURES"]
 
@@ -98,7 +103,7 @@ class Environment:
     ort_providers: list[str]
     torch_cuda_build: str | None  # torch.version.cuda (None: a CPU-only build, or no torch)
     torch_cudnn: int | None
-    cuda: CudaProbe  # devices seen by torch / cuda-python (runtime.backends.cuda.probe_cuda)
+    cuda: CudaProbe | None  # devices seen by torch / cuda-python (runtime.backends.cuda.probe_cuda); None: numpy is broken
     gpus: list[Gpu]
     gpu_notes: list[str]  # how the GPUs were looked for when none was found, Jetson release, ...
     cpu: Cpu
@@ -106,11 +111,11 @@ class Environment:
 
     @property
     def has_gpu(self) -> bool:
-        return bool(self.gpus) or self.cuda.device_count > 0
+        return bool(self.gpus) or (self.cuda is not None and self.cuda.device_count > 0)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["cuda"] = {k: v for k, v in asdict(self.cuda).items()}
+        data["cuda"] = None if self.cuda is None else {k: v for k, v in asdict(self.cuda).items()}
         data["has_gpu"] = self.has_gpu
         return data
 
@@ -118,7 +123,8 @@ class Environment:
 def _library(module: str, name: str | None = None, version_of=None) -> Library:
     name = name or module
     try:
-        mod = importlib.import_module(module)
+        with contextlib.redirect_stderr(io.StringIO()):  # a library that prints its own traceback (onnxruntime
+            mod = importlib.import_module(module)  # when numpy is broken): the error is recorded below instead
     except ModuleNotFoundError as exc:
         if exc.name is not None and module.startswith(exc.name):
             return Library(name)  # the package itself is missing
@@ -253,6 +259,12 @@ def cpu_info() -> Cpu:
     return Cpu(model or platform.processor() or machine, machine, os.cpu_count(), usable, features, source, load)
 
 
+def _probe_cuda() -> CudaProbe:
+    from ..runtime.backends.cuda import probe_cuda  # the runtime's one probe (it never raises)
+
+    return probe_cuda()
+
+
 def collect_environment() -> Environment:
     """The whole report (imports torch / onnxruntime / TensorRT where installed; a few seconds)."""
     from .. import __version__
@@ -291,7 +303,7 @@ def collect_environment() -> Environment:
         ort_providers=providers,
         torch_cuda_build=torch_cuda,
         torch_cudnn=cudnn,
-        cuda=probe_cuda(),
+        cuda=_probe_cuda() if libraries["numpy"].ok else None,
         gpus=gpus,
         gpu_notes=notes,
         cpu=cpu_info(),

@@ -28,7 +28,7 @@ def format_environment(env: "Environment") -> list[str]:
     torch = lib["torch"].describe()
     if lib["torch"].ok:
         build = f"CUDA {env.torch_cuda_build} build, cuDNN {env.torch_cudnn}" if env.torch_cuda_build else "CPU-only build"
-        torch += f" ({build}; sees {env.cuda.torch_devices} GPU(s))"
+        torch += f" ({build}; sees {'?' if env.cuda is None else env.cuda.torch_devices} GPU(s))"
     rows.append(("torch", torch))
     rows.append(("cuda-python", lib["cuda-python"].describe()))
     trt = lib["tensorrt"].describe()
@@ -67,13 +67,13 @@ def format_report(report: "DoctorReport") -> str:
         width = max(len(k) for k in report.bundles)
         lines += [f"  {k:<{width}}  {v}" for k, v in report.bundles.items()]
         lines.append("")
-    table = [COLUMNS]
+    table = [COLUMNS] if not report.broken else []
     for c in report.checks:
         error = f"{c.max_error:.1e} / {c.bound:.1e}" if c.max_error is not None else "-"
         table.append((c.backend, c.device, c.precision, c.plan, c.bundle, f"{c.prefixes}/{c.leaves}", error,
                       c.budget or "-", c.cancel.split(" (")[0] if c.cancel else "-", _ms(c.first_leaf_ms),
                       _ms(c.full_tree_ms), "ok" if c.ok else "FAILED"))  # fmt: skip
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(COLUMNS))]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(COLUMNS))] if table else []
     lines += ["  ".join(f"{v:<{w}}" for v, w in zip(row, widths)).rstrip() for row in table]
     absent = [a for a in report.available if not a.present]
     if absent:
@@ -81,7 +81,10 @@ def format_report(report: "DoctorReport") -> str:
         lines += [f"  {a.label}: {a.reason}" + (f"; to get it: {a.how}" if a.how else "") for a in absent]
     lines.append("")
     failures = report.failures
-    if failures:
+    if report.broken:  # what the doctor itself needs: nothing else could be checked
+        lines.append(f"FAILED: {', '.join(report.broken)} (needed by every backend): nothing else could be checked")
+        lines += [f"  {name}: {why}" for name, why in report.broken.items()]
+    elif failures:
         lines.append(f"FAILED: {len(failures)} of {len(report.checks)} checks ({report.seconds:.1f} s)")
         lines += [f"  {c.label}: {c.error}" for c in failures]
     elif report.checks:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activation_name, file_path, read_manifest, sha256_file, write_manifest
 from ..errors import ExportError, InputError
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, scratch_path
 from ..limits import MAX_BATCH
 from ..progress import NULL_PROGRESS, Progress
 from .base import (
@@ -501,7 +501,7 @@ def export_standalone_network(
         raise InputError(f"leaf must be in 0..{model.num_leaves - 1}; received {leaf}")
     module = fold_batchnorm(model.path_module(leaf))
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
+    tmp = scratch_path(path, "tmp")  # ours alone: a user's ".NAME.partial" beside it is neither replaced nor removed
     try:
         export_module(
             module, tmp, _example(model), ["image"], ["logits"], opset=opset, exporter=exporter, precision=precision,

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest
-from ..errors import BundleError
+from ..errors import BundleError, InputError
 from ..limits import check_threads
 from ..progress import NULL_PROGRESS, Progress
-from .base import TOLERANCES, OutputMismatchError, ShapeError, ToleranceError
+from .base import TOLERANCES, OutputMismatchError, ShapeError, Tolerance, ToleranceError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..models import HNE
@@ -63,9 +63,9 @@ def ort_session(path: str | os.PathLike, threads: int | None = None, name: str |
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency of the exporters
-        from ..errors import BackendUnavailable
+        from ..errors import BackendUnavailable, install_hint
 
-        raise BackendUnavailable("verification needs onnxruntime: pip install 'hne-edge[onnx]'") from exc
+        raise BackendUnavailable(f"verification needs onnxruntime: {install_hint('onnx')}") from exc
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: errors reach the caller as exceptions
     threads = check_threads(threads or None)
@@ -167,15 +167,17 @@ class Check:
         )
 
 
-def compare_outputs(file: str, check: str, got: np.ndarray, ref: np.ndarray, precision: str) -> Check:
-    """``max |got - ref|`` against the precision's bound (shape mismatch is a :class:`ShapeError`)."""
+def compare_outputs(file: str, check: str, got: np.ndarray, ref: np.ndarray, precision: str,
+                    tolerance: Tolerance | None = None) -> Check:
+    """``max |got - ref|`` against the precision's bound (``tolerance``: another; shape mismatch is a
+    :class:`ShapeError`)."""
     got = np.asarray(got, dtype=np.float32)
     ref = np.asarray(ref, dtype=np.float32)
     if got.shape != ref.shape:
         raise ShapeError(f"{file} ({check}): received output shape {list(got.shape)}; expected {list(ref.shape)}")
     finite_ref = np.isfinite(ref)
     scale = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
-    bound = TOLERANCES[precision].bound(scale)
+    bound = (tolerance or TOLERANCES[precision]).bound(scale)
     if not finite_ref.all():  # no bound can say anything: name the cause, not "exceeds the bound nan"
         return Check(file, check, float("inf"), bound, False,
                      "the PyTorch reference itself is not finite (NaN/Inf): check the model's weights and BatchNorm statistics")  # fmt: skip
@@ -188,6 +190,13 @@ def compare_outputs(file: str, check: str, got: np.ndarray, ref: np.ndarray, pre
         where = np.unravel_index(int(diff.argmax()), diff.shape)
         detail = f"at index {list(map(int, where))}: received {got[where]:.6g}, expected {ref[where]:.6g}"
     return Check(file, check, worst, bound, worst <= bound, detail)
+
+
+def _bound(value: float, name: str) -> float:
+    """``atol`` / ``rtol``: a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 <= value < float("inf"):
+        raise InputError(f"{name}: received {value!r}; expected a finite number >= 0")
+    return float(value)
 
 
 def _merge(checks: list[Check]) -> Check:
@@ -243,9 +252,17 @@ def verify_bundle(
     threads: int | None = None,
     node_modules: dict | None = None,
     progress: Progress | None = None,
+    inputs: np.ndarray | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
 ) -> VerifyReport:
     """Verify a bundle (see module docstring). Raises BundleError/ShapeError for structural problems;
     numerical results are in the returned report (``report.raise_for_failures()`` to make them errors).
+
+    The inputs are standard-normal images drawn with ``seed`` at ``batch_sizes``, or ``inputs``: the user's own
+    batch (the manifest's input layout and dtype, as ``runner.preprocess`` returns it; one batch within the
+    bundle's range). ``atol`` / ``rtol`` replace the precisions' bounds (``max |y - ref| <= atol + rtol *
+    max |ref|`` per output tensor; :data:`~.base.TOLERANCES` where not given).
 
     ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
     ``progress`` counts steps: each file of a variant run through the runtime (which loads and runs them all),
@@ -256,6 +273,19 @@ def verify_bundle(
     progress = progress or NULL_PROGRESS
     manifest = read_manifest(bundle_dir, verify_files=True)
     report = VerifyReport(bundle_dir)
+    bounds = {q: Tolerance(t.atol if atol is None else _bound(atol, "atol"), t.rtol if rtol is None else _bound(rtol, "rtol"))
+              for q, t in TOLERANCES.items()}  # fmt: skip
+    if inputs is not None:
+        from ..runtime.inputs import check_input
+
+        if batch_sizes is not None:
+            raise InputError("received batch sizes and input images: the images are the one batch verified",
+                             hint="pass batch_sizes or inputs, not both", cli_hint="pass --batch-sizes or --frames, not both")
+        given, top = len(inputs), manifest.input.batch[2]
+        inputs = check_input(np.asarray(inputs)[:top], manifest.input)
+        batch_sizes = [len(inputs)]
+        if given > top:
+            report.notes.append(f"inputs: the first {top} of the {given} given images (the bundle's largest batch)")
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
             f"the reference model ({model.config.name}) is not the architecture of the bundle "
@@ -289,9 +319,15 @@ def verify_bundle(
 
     rng = np.random.default_rng(seed)
     # in the bundle's input dtype (float16 for an fp16-only bundle), as a user would feed it; PyTorch gets float32
-    images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32).astype(manifest.input.dtype)
-              for b in batch_sizes}  # fmt: skip
-    report.notes.append(f"inputs: standard-normal images at batch sizes {list(batch_sizes)}")
+    if inputs is not None:
+        images = {len(inputs): inputs}
+        report.notes.append(f"inputs: {len(inputs)} given images (one batch)")
+    else:
+        images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32).astype(manifest.input.dtype)
+                  for b in batch_sizes}  # fmt: skip
+        report.notes.append(f"inputs: standard-normal images (seed {seed}) at batch sizes {list(batch_sizes)}")
+    if atol is not None or rtol is not None:
+        report.notes.append("bounds: " + "; ".join(f"{q} {t.atol:g} + {t.rtol:g} x max|ref|" for q, t in bounds.items()))
     chains, firsts, stops = {}, {}, {}
     for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
         progress.set(note=f"running onnx/{q}/{p} through the runtime")
@@ -304,14 +340,14 @@ def verify_bundle(
 
     if model is not None:
         _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules,
-                              progress, torch_states)  # fmt: skip
+                              progress, torch_states, bounds)  # fmt: skip
 
     # plan agreement (no torch needed): every plan must compute what the first one (in the manifest's order) does
     for precision in ("fp32", "fp16"):
         present = sorted((p for p, q in variants if q == precision), key=PLANS.index)
         for plan in present[1:]:
             checks = [
-                compare_outputs(f"onnx/{precision}", "", s, n, precision)
+                compare_outputs(f"onnx/{precision}", "", s, n, precision, bounds[precision])
                 for b in batch_sizes
                 for s, n in zip(
                     anytime_means(chains[(plan, precision, b)]), anytime_means(chains[(present[0], precision, b)])
@@ -326,14 +362,15 @@ def verify_bundle(
             if f.precision not in firsts:
                 raise ShapeError(f"{f.path}: a first-leaf file without a nodes or segments plan of {f.precision} to run it with")
             full, first = firsts[f.precision]
-            checks = [compare_outputs(f.path, "", first[b], chains[(full, f.precision, b)][0], f.precision) for b in batch_sizes]
+            checks = [compare_outputs(f.path, "", first[b], chains[(full, f.precision, b)][0], f.precision, bounds[f.precision])
+                      for b in batch_sizes]  # fmt: skip
             worst = _merge(checks)
             worst.check = f"== {full} plan leaf 0 (runtime, max_leaves=1)"
             report.checks.append(worst)
     for plan in sorted(ANYTIME_PLANS, key=PLANS.index):
         if (plan, "fp32") in variants and (plan, "fp16") in variants:
             checks = [
-                compare_outputs("", "", h, s, "fp16")
+                compare_outputs("", "", h, s, "fp16", bounds["fp16"])
                 for b in batch_sizes
                 for h, s in zip(anytime_means(chains[(plan, "fp16", b)]), anytime_means(chains[(plan, "fp32", b)]))
             ]
@@ -346,7 +383,9 @@ def verify_bundle(
 
 
 def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains, stops, report, node_modules=None,
-                          progress: Progress = NULL_PROGRESS, torch_states: dict | None = None) -> None:  # fmt: skip
+                          progress: Progress = NULL_PROGRESS, torch_states: dict | None = None,
+                          bounds: dict[str, Tolerance] | None = None) -> None:  # fmt: skip
+    bounds = bounds or TOLERANCES
     import torch
 
     model = model.eval()
@@ -377,7 +416,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
                     ref = np.stack([refs[b][leaf] for leaf in under], axis=1)
                 else:
                     ref = refs[b][spec.node]
-                checks.append(compare_outputs(f.path, spec.name, got, ref, f.precision))
+                checks.append(compare_outputs(f.path, spec.name, got, ref, f.precision, bounds[f.precision]))
         worst = _merge(checks)
         worst.check = f"vs torch ({worst.check})"
         report.checks.append(worst)
@@ -387,7 +426,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         if fmt != "onnx" or plan not in ANYTIME_PLANS:
             continue
         checks = [
-            compare_outputs(f"onnx/{precision}/{plan}", f"n={n}", got, want, precision)
+            compare_outputs(f"onnx/{precision}/{plan}", f"n={n}", got, want, precision, bounds[precision])
             for b in images
             for n, (got, want) in enumerate(zip(anytime_means(chains[(plan, precision, b)]), fused_means[b]), start=1)
         ]
@@ -396,7 +435,7 @@ def _verify_against_torch(manifest, bundle_dir, sessions, model, images, chains,
         report.checks.append(worst)
         if (plan, precision, next(iter(images))) in stops:  # each stop as a run that ends there computes it
             checks = [
-                compare_outputs(f"onnx/{precision}/{plan}", f"n={n}", got, fused_means[b][n - 1], precision)
+                compare_outputs(f"onnx/{precision}/{plan}", f"n={n}", got, fused_means[b][n - 1], precision, bounds[precision])
                 for b in images
                 for n, got in stops[(plan, precision, b)].items()
             ]

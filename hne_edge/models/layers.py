@@ -10,6 +10,11 @@ Only ``nn.Conv2d`` and ``nn.BatchNorm2d`` hold weights here; linear layers
 are 1x1 grouped convolutions on pooled features, so every parameter and
 buffer stacks its branches along dim 0. Keep it that way: the branch
 slicer, the MAC counter and the ONNX exporters rely on it.
+
+The 1x1 convolutions of a block (:class:`PointwiseConv2d`) can also run as one
+batched matrix multiply over the branches (``pointwise = "bmm"``): the same
+weights, the same function, another kernel. Training may choose it where it
+is faster (``TrainConfig.pointwise``); exports always see the convolution.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ import torch
 from torch import nn
 
 __all__ = [
+    "POINTWISE_MODES",
+    "PointwiseConv2d",
+    "branch_matmul",
+    "set_pointwise",
     "ConvBNAct",
     "Bottleneck",
     "InvertedResidual",
@@ -31,6 +40,50 @@ __all__ = [
 ]
 
 ActLayer = Callable[[], nn.Module] | None
+POINTWISE_MODES = ("conv", "bmm")
+
+
+class PointwiseConv2d(nn.Conv2d):
+    """A 1x1 convolution (no bias) whose groups may run as a batched matrix multiply.
+
+    ``pointwise = "conv"`` (the default) is ``nn.Conv2d``; ``"bmm"`` computes the same function with
+    :func:`branch_matmul`. It is an ``nn.Conv2d`` with the same parameters and state-dict keys either way.
+    """
+
+    pointwise: str = "conv"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pointwise == "bmm" and self.groups > 1 and not torch.onnx.is_in_onnx_export():
+            return branch_matmul(x, self.weight, self.groups, self.stride[0])
+        return super().forward(x)
+
+
+def branch_matmul(x: torch.Tensor, weight: torch.Tensor, groups: int, stride: int = 1) -> torch.Tensor:
+    """``conv2d(x, weight, stride=stride, groups=groups)`` for a 1x1 ``weight`` (groups*cout, cin, 1, 1), as one
+    ``bmm`` over the groups. A channels-last ``x`` is read in place (each group's rows are a strided view);
+    a contiguous one is reordered once. The result has ``x``'s memory format."""
+    if stride != 1:
+        x = x[:, :, ::stride, ::stride]
+    b, c, h, w = x.shape
+    cin, cout = c // groups, weight.shape[0] // groups
+    wt = weight.view(groups, cout, cin)
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        rows = x.permute(0, 2, 3, 1).reshape(b * h * w, groups, cin).transpose(0, 1)  # (g, bhw, cin), a view
+        y = torch.bmm(rows, wt.transpose(1, 2))  # (g, bhw, cout)
+        return y.transpose(0, 1).reshape(b, h, w, groups * cout).permute(0, 3, 1, 2)  # (b, g*cout, h, w) channels-last
+    cols = x.reshape(b, groups, cin, h * w).permute(1, 2, 0, 3).reshape(groups, cin, b * h * w)  # (g, cin, b*hw)
+    y = torch.bmm(wt, cols)  # (g, cout, b*hw)
+    return y.view(groups, cout, b, h * w).permute(2, 0, 1, 3).reshape(b, groups * cout, h, w)
+
+
+def set_pointwise(model: nn.Module, mode: str) -> nn.Module:
+    """Run every :class:`PointwiseConv2d` of ``model`` as ``mode`` (``conv`` or ``bmm``); returns ``model``."""
+    if mode not in POINTWISE_MODES:
+        raise ValueError(f"pointwise: received {mode!r}; expected one of {', '.join(POINTWISE_MODES)}")
+    for m in model.modules():
+        if isinstance(m, PointwiseConv2d):
+            m.pointwise = mode
+    return model
 
 
 class ConvBNAct(nn.Sequential):
@@ -61,8 +114,9 @@ class ConvBNAct(nn.Sequential):
                 f"channels must be divisible by groups; received in_channels={in_channels}, "
                 f"out_channels={out_channels}, groups={groups}"
             )
+        conv = PointwiseConv2d if kernel_size == 1 else nn.Conv2d
         layers: list[nn.Module] = [
-            nn.Conv2d(
+            conv(
                 in_channels * branches,
                 out_channels * branches,
                 kernel_size,

@@ -23,7 +23,7 @@ from .cost_model import CostModel, Profile
 from .inputs import check_input, preprocess
 from .result import Agreement, AnytimeResult, StopRule, Uncertainty, softmax, summarize_frames
 from .runner import AnytimeRunner, ConcurrentUseError
-from .session import AnytimeSession, NoResultError, RunnerClosedError, SessionCancelled
+from .session import AnytimeSession, NoResultError, NonFiniteResult, RunnerClosedError, SessionCancelled
 from .streams import FrameHandle, StreamResult, StreamScheduler
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "ConcurrentUseError",
     "RunnerClosedError",
     "NoResultError",
+    "NonFiniteResult",
     "SessionCancelled",
     "StreamScheduler",
     "StreamResult",

@@ -23,7 +23,9 @@ __all__ = ["level_latencies", "level_accuracy", "load_arrays", "frame_oracles", 
 
 def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0,
                     progress: Progress | None = None) -> list[dict]:
-    """Wall time of ``runner.run(x, max_leaves=n)`` for every stop n of its plan (median / p90 / p95, ms).
+    """Wall time of ``runner.run(x, max_leaves=n)`` for every stop n of its plan: median, p90, p95, p99 and mean
+    (ms), and the throughput that mean gives (``samples_per_s``: batch / mean, what trtexec and Polygraphy call
+    throughput).
 
     Levels are interleaved within each repetition so load changes hit every level alike. ``progress`` counts
     the repetitions (warm-up ones included).
@@ -44,7 +46,15 @@ def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repe
                 times[k].append(t)
         progress.update(note="warm-up" if rep < warmup else "")
     macs = runner.manifest.prefix_macs()
-    return [{"n": n, "macs": macs[n - 1], **summarize(t)} for n, t in zip(stops, times)]
+    return [{"n": n, "macs": macs[n - 1], **_stats(t, batch)} for n, t in zip(stops, times)]
+
+
+def _stats(seconds: list[float], batch: int) -> dict[str, float]:
+    """:func:`~.cost_model.summarize`'s median / p90 / p95 / mean (ms), with p99 and the throughput (samples/s)."""
+    stats = summarize(seconds)
+    stats["p99_ms"] = float(np.quantile(np.asarray(seconds, dtype=np.float64) * 1e3, 0.99))
+    stats["samples_per_s"] = batch * 1e3 / stats["mean_ms"] if stats["mean_ms"] > 0 else float("inf")
+    return stats
 
 
 def frame_oracles(runner: AnytimeRunner, x: np.ndarray, result: Any, budget_ms: float) -> dict[str, int]:

@@ -97,6 +97,20 @@ profile is outside [1/10, 10], the model forgets the profile and starts over fro
 without one. Bounded influence would otherwise unlearn it 5% per observation: a profile 1e300 times too
 fast made 263 of 300 frames miss their budget. Within a factor of 10 the profile is kept and refined.
 
+**One entry that does not describe this machine** (one step's median hand-edited 2000 times too slow, which
+a budget then never lets run, so it was never measured again and every budgeted frame stopped before it)
+is caught three ways (issue 29), each with a warning:
+
+* on load (:func:`entries_unlike_their_peers`): steps that add the same MACs (leaves at the same depth of
+  the tree) cost alike, so an entry more than ``PROFILE_TOLERANCE`` (10) times off the median of at least
+  two such peers is replaced by that median until the step is measured here;
+* on its first measurement here once the whole profile passed its audit (:meth:`_BatchModel._check_entry`):
+  an entry more than 10 times off what is measured is learned afresh from the measurement (not unlearned
+  5% per observation);
+* a step the budget has kept from running for ``probe_after`` frames, never measured here, whose entry is
+  over twice what its peers (or, alone at its depth, its MACs at the other steps' speed) say, is re-probed
+  at that estimate once (:meth:`_BatchModel._peer_estimate`).
+
 **Without a profile** no frame is spent measuring: the first leaf is always
 evaluated (``min_leaves >= 1``), so its time calibrates seconds-per-MAC and
 unseen leaves are predicted from the manifest's MACs; each leaf's own time
@@ -121,11 +135,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bundle import PROFILES_DIR
+from ..bundle import PROFILE_FORMAT, PROFILES_DIR, profile_filename  # a bundle's profiles/ entries: bundle.py's rule
 from ..errors import HNEError, InputError
 from ..fileio import atomic_write_json
 
 __all__ = [
+    "entries_unlike_their_peers",
     "Profile",
     "ProfileError",
     "read_profile",
@@ -139,7 +154,6 @@ __all__ = [
 ]
 
 _INF = math.inf
-PROFILE_FORMAT = "hne-edge-profile"
 PROFILE_VERSION = 1
 MIN_LEAF_SECONDS = 1e-9  # a coarse or virtual clock may time a fast leaf at 0 s: later ratios divide by it
 AUDIT_SAMPLES = 8  # a profile's first measurements here, whose median ratio decides whether it is kept
@@ -155,10 +169,6 @@ def summarize(samples_s: Sequence[float]) -> dict[str, float]:
         "p95_ms": float(np.quantile(a, 0.95)),
         "mean_ms": float(a.mean()),
     }
-
-
-def profile_filename(device: str, backend: str, plan: str, precision: str) -> str:
-    return f"{device}-{backend}-{plan}-{precision}.json"
 
 
 def user_cache_dir() -> Path:
@@ -193,8 +203,15 @@ def _obj(value: Any, where: str, required: set[str], optional: set[str] = frozen
     return value
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float (10**400)
+        return False
+
+
 def _number(value: Any, where: str, positive: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
     if not ok or value < 0 or (positive and value == 0):
         _fail(where, "a positive finite number" if positive else "a finite number >= 0", value)
     return float(value)
@@ -418,6 +435,32 @@ def find_profile(
     return None, None, "; ".join(reasons) or f"no saved profile {name}"
 
 
+def entries_unlike_their_peers(base: Sequence[float], macs: Sequence[int],
+                               tolerance: float = PROFILE_TOLERANCE) -> dict[int, float]:  # fmt: skip
+    """Steps whose entry is more than ``tolerance`` times off the median of the other steps that add the same MACs
+    (the same depth of the tree: they cost alike), where there are at least two such: ``{step: that median}``."""
+    peers: dict[int, list[int]] = {}
+    for i, m in enumerate(macs):
+        peers.setdefault(m, []).append(i)
+    doubtful = {}
+    for i, b in enumerate(base):
+        others = sorted(base[j] for j in peers[macs[i]] if j != i)
+        if len(others) >= 2:
+            median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+            if not median / tolerance <= b <= median * tolerance:
+                doubtful[i] = median
+    return doubtful
+
+
+def _warn_doubtful(doubtful: dict[int, float], base: Sequence[float], name: str, batch: int) -> None:
+    shown = "; ".join(f"step {i}: {base[i] * 1e3:.3g} ms, its peers {m * 1e3:.3g} ms" for i, m in sorted(doubtful.items())[:4])
+    warnings.warn(
+        f"saved profile {name} (batch {batch}): {len(doubtful)} entr{'y' if len(doubtful) == 1 else 'ies'} more than "
+        f"{PROFILE_TOLERANCE:g} times off the steps that add the same MACs ({shown}); predicted as their peers until "
+        "measured here (run `hne-edge profile` again on this machine)", stacklevel=3,
+    )  # fmt: skip
+
+
 class _BatchModel:
     """Predictions and online updates for one batch size. Hot path: ``observe`` (a few us) and ``pred``.
 
@@ -466,6 +509,12 @@ class _BatchModel:
         self.seen = [0] * n
         self.probe_after = cm.probe_after
         self.probing = [False] * n
+        # a profile's entries as loaded (what the audit compares with) and those not yet measured here (each is
+        # checked against its first measurement: _check_entry, whose warnings wait for the audit's verdict)
+        self.loaded = list(self.base)
+        self.unchecked: list[bool] | None = [True] * n if base is not None else None
+        self.entry_warnings: list[str] = []
+        self.peers = [[j for j in range(n) if j != i and self.macs[j] == self.macs[i]] for i in range(n)]
         self.b0_ref = self.base[0]  # leaf 0's base at the last full refresh
         self.full = _INF  # the whole tree's median cost (sum of the bases), once every leaf is known
         # a run()'s own work before its first step (input check, the image's upload): in the budget, in no step
@@ -517,6 +566,8 @@ class _BatchModel:
         base = self.base[leaf]
         if self.audit is not None and self._audit(leaf, seconds):
             return  # the profile was dropped and these measurements learned afresh
+        if self.unchecked is not None and self.unchecked[leaf]:
+            self._check_entry(leaf, seconds)  # an entry 10x off is learned afresh below, as a first observation
         if self.known[leaf] and not self.probing[leaf]:  # the hot path
             ratio = seconds / base
             if ratio > self.max_ratio:
@@ -581,6 +632,47 @@ class _BatchModel:
                 for i in self.unknown:
                     self.pred[i] = self.macs[i] * per_mac * self.scale
 
+    def _check_entry(self, leaf: int, seconds: float) -> None:
+        """The first measurement here of a profile's step: an entry more than PROFILE_TOLERANCE times off it is
+        forgotten (the step becomes unknown, so :meth:`observe` learns it from this measurement), with a warning."""
+        self.unchecked[leaf] = False
+        if not any(self.unchecked):
+            self.unchecked = None  # every entry measured: off the hot path
+        entry = self.base[leaf]
+        ratio = max(seconds, MIN_LEAF_SECONDS) / entry
+        if 1 / PROFILE_TOLERANCE <= ratio <= PROFILE_TOLERANCE:
+            return
+        self.known[leaf], self.probing[leaf] = False, False
+        self.unknown.append(leaf)
+        self.times[leaf].clear()  # the profile's samples of it too
+        self.tail[leaf] = math.inf
+        self.full = _INF  # every prediction is refreshed with the new base
+        if leaf == 0:  # the other steps' anchors were leaf 0's wrong entry: they follow its measurement from now
+            self.anchor[:] = [max(seconds, MIN_LEAF_SECONDS)] * self.n
+        name = self.cm.profile.filename if self.cm.profile is not None else "the profile"
+        self.entry_warnings.append(
+            f"saved profile {name}: step {leaf} measured {seconds * 1e3:.3g} ms here, {max(ratio, 1 / ratio):.3g} times "
+            f"{'slower' if ratio > 1 else 'faster'} than its entry ({entry * 1e3:.3g} ms); learns it from measurements "
+            "(run `hne-edge profile` again on this machine)"
+        )  # fmt: skip
+        if self.audit is None:  # else the audit says whether they matter: the whole profile may go instead
+            self._flush_entry_warnings()
+
+    def _flush_entry_warnings(self) -> None:
+        for message in self.entry_warnings:
+            warnings.warn(message, stacklevel=4)
+        self.entry_warnings.clear()
+
+    def _peer_estimate(self, i: int) -> float:
+        """What step ``i`` should cost by the others: the median base of the steps that add the same MACs, or, alone
+        at its depth, its MACs at the median speed (seconds per MAC) of the other known steps; inf when neither."""
+        base, known = self.base, self.known
+        peers = sorted(base[j] for j in self.peers[i] if known[j])
+        if peers:
+            return peers[len(peers) // 2]
+        speeds = sorted(base[j] / self.macs[j] for j in range(self.n) if j != i and known[j] and self.macs[j] > 0)
+        return self.macs[i] * speeds[len(speeds) // 2] if speeds and self.macs[i] > 0 else _INF
+
     def _audit(self, leaf: int, seconds: float) -> bool:
         """Check the profile against the first measurements; drop it (True) when it is off by PROFILE_TOLERANCE.
 
@@ -590,12 +682,13 @@ class _BatchModel:
         profile stays and the usual bounded learning takes over.
         """
         audit = self.audit
-        audit.append((leaf, seconds, max(seconds, MIN_LEAF_SECONDS) / self.base[leaf]))
+        audit.append((leaf, seconds, max(seconds, MIN_LEAF_SECONDS) / self.loaded[leaf]))  # vs the profile as loaded
         if len(audit) < AUDIT_SAMPLES:
             return False
         self.audit = None
         ratio = sorted(r for _, _, r in audit)[len(audit) // 2]
         if 1 / PROFILE_TOLERANCE <= ratio <= PROFILE_TOLERANCE:
+            self._flush_entry_warnings()  # the profile stays: the entries found off on their own are worth saying
             return False
         pred = self.pred  # the scheduler holds this list: keep it, refill it
         self.__init__(self.macs, None, (), self.cm)
@@ -623,7 +716,12 @@ class _BatchModel:
                 pred[i] = self.macs[i] * per_mac * scale
                 continue
             p = min(base[i] * scale, tail[i], full + base[i])
-            if seen[i] < stale and self.times[i]:
+            if seen[i] < stale and self.unchecked is not None and self.unchecked[i]:
+                estimate = self._peer_estimate(i)  # kept from running for long, never measured here, and its
+                if base[i] > 2 * estimate:  # entry says far more than its peers: re-probe at what they say
+                    p = min(p, estimate)
+                    self.probing[i] = True
+            elif seen[i] < stale and self.times[i]:
                 fastest = min(self.times[i])
                 if base[i] > 2 * fastest:  # untested for long, and it learned a slow spell: re-probe at its best
                     p = min(p, fastest)
@@ -720,6 +818,12 @@ class CostModel:
                 seeds.append(leaf["samples_ms"][r] / leaf["median_ms"])
         scale = [b / (leaf["median_ms"] / 1e3) for b, leaf in zip(base, leaves)]  # samples at this batch size
         times = [[t / 1e3 * k for t in leaf.get("samples_ms", ())] for leaf, k in zip(leaves, scale)]
+        doubtful = entries_unlike_their_peers(base, self.step_macs)
+        if doubtful:  # predicted as their peers, their own samples (and ratios) left out
+            _warn_doubtful(doubtful, base, self.profile.filename, batch)
+            base = [doubtful.get(i, b) for i, b in enumerate(base)]
+            times = [[] if i in doubtful else ts for i, ts in enumerate(times)]
+            seeds = [r for k, r in enumerate(seeds) if k % len(leaves) not in doubtful]
         return _BatchModel(self.step_macs, base, seeds, self, times)
 
 

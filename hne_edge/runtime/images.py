@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendUnavailable, InputError
+from ..errors import BackendUnavailable, InputError, install_hint
 
 __all__ = ["IMAGE_SUFFIXES", "is_image_path", "read_image"]
 
@@ -30,7 +30,8 @@ def read_image(path: str | os.PathLike, channels: int) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError:
-        raise BackendUnavailable(f"{path}: reading images needs Pillow (pip install pillow); or pass .npy/.npz") from None
+        raise BackendUnavailable(f"{path}: reading images needs Pillow, which hne-edge's 'runtime' extra installs: "
+                                 f"{install_hint('runtime')}; or pass .npy/.npz") from None
     try:
         with Image.open(path) as im:
             return np.asarray(im.convert("L" if channels == 1 else "RGB"))

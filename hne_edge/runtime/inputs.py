@@ -34,13 +34,17 @@ def _expected_shape(spec: InputSpec) -> str:
 def check_input(x: Any, spec: InputSpec) -> np.ndarray:
     """Validate a normalised NCHW batch against the bundle's input spec; return it C-contiguous.
 
-    Checks, in order: type, dtype, rank, channels, spatial size, batch range, finite values.
+    Checks, in order: type (a plain array: not a masked one), dtype, rank, channels, spatial size, batch range,
+    finite values.
     Raises :class:`~hne_edge.errors.InputError` ("received X; expected Y").
     """
     if not isinstance(x, np.ndarray):
         kind = f"{type(x).__module__}.{type(x).__qualname__}"
         hint = "use .cpu().numpy()" if kind.startswith("torch.") else None
         raise InputError(f"input {spec.name}: received {kind}; expected a numpy.ndarray", hint=hint)
+    if isinstance(x, np.ma.MaskedArray):  # its isfinite().all() skips what the mask hides, and the model runs it
+        raise InputError(f"input {spec.name}: received a numpy masked array; expected a plain numpy.ndarray (the model "
+                         "would run the values behind the mask)", hint="use x.filled(value) to choose them")  # fmt: skip
     if x.dtype != _dtype(spec.dtype):
         hint = "uint8 images: use runner.preprocess(images)" if x.dtype == np.uint8 else f"use x.astype(np.{spec.dtype})"
         raise InputError(f"input {spec.name}: received dtype {x.dtype}; expected {spec.dtype}", hint=hint,

@@ -118,6 +118,15 @@ class Program:
         """The smallest stop >= ``n`` (``n`` <= 0: 0)."""
         return 0 if n <= 0 else min(s for s in self.stops if s >= n)
 
+    def walk(self, start: int, end: int) -> list[int]:
+        """The steps the plan takes from position ``start`` until ``end`` leaves are done (a mixed program: its base
+        walk; the forced leaves of a frame are ``walk(0, min_leaves)``)."""
+        out, n = [], start
+        while n < end:
+            out.append(self.at[n])
+            n = self.steps[out[-1]].hi
+        return out
+
     def routes(self) -> tuple["Program", ...]:
         """One plain program per kind of step a mixed program can take: leaf by leaf, subtree by subtree
         where it can, the whole tree. Same steps (same indices, so the same cost-model entries), no choice:

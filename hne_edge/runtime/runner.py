@@ -16,8 +16,11 @@ input check).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import warnings
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,7 +28,7 @@ import numpy as np
 
 from ..bundle import MIXED_PLANS, PRECISIONS, RUNNER_PLANS, read_manifest_and_digest
 from ..errors import BundleError, HNEError, InputError
-from ..limits import check_memory
+from ..limits import check_memory, cpu_count, load_average
 from ..progress import Progress
 from . import profiler
 from .backends import Backend, create_backend
@@ -48,10 +51,65 @@ __all__ = ["AnytimeRunner", "AnytimeSession", "ConcurrentUseError", "RunnerClose
 
 
 MAX_WARMUP = 1000  # full passes over the tree at construction; more only delays the first frame
+LOAD_FRAMES = 50  # the budgeted frames the load watch looks back on
+LOAD_MIN_FRAMES = 20  # ... and how many it needs before it says anything
+LOAD_MISSES = 0.2  # it warns when this share of them missed a budget that fits their forced leaves
 
 
 class ConcurrentUseError(HNEError, RuntimeError):
     """Two threads used one AnytimeRunner at the same time."""
+
+
+class _LoadWatch:
+    """Says once per runner when the machine is too slow to keep budgets, with the slowdown it measured (issue 28).
+
+    A busy machine misses budgets frame after frame, and a miss is counted but says nothing of why. A miss is the
+    machine's when the budget fits the frame's forced leaves as the saved profile measured them (their p95: a
+    budget at their median is missed half the time on any machine; without a profile: when it is not a forced
+    miss, :attr:`AnytimeResult.overran_min_leaves`). After :data:`LOAD_MIN_FRAMES`
+    budgeted ``run()`` frames, when :data:`LOAD_MISSES` of the last :data:`LOAD_FRAMES` or fewer are such misses,
+    it warns once (``warnings.warn``; the CLI prints a ``warning:`` line) with the time those frames took over the
+    profile's medians of their steps, and the load average. It never changes what runs.
+    """
+
+    def __init__(self) -> None:
+        self.frames: deque[tuple[bool, float]] = deque(maxlen=LOAD_FRAMES)  # (the machine's miss, time / profiled)
+        self.count = self.missed = 0  # frames seen; the machine's misses among those kept (a frame costs no sum)
+        self.said = False
+
+    def frame(self, runner: "AnytimeRunner", session: AnytimeSession, result: AnytimeResult, n_min: int) -> None:
+        machine, ratio = False, math.nan
+        if not result.met_budget:
+            profiled = runner._profiled_s(session.batch)
+            if profiled is None:
+                machine = not result.overran_min_leaves
+            else:
+                median, p95 = profiled
+                machine = result.budget_ms / 1e3 >= sum(p95[j] for j in runner._program.walk(0, n_min))
+                taken = session.steps_taken
+                expected = sum(median[j] for j, *_ in taken)
+                ratio = sum(t for *_, t in taken) / expected if machine and expected > 0 else math.nan
+        if len(self.frames) == LOAD_FRAMES:
+            self.missed -= self.frames[0][0]
+        self.frames.append((machine, ratio))
+        self.count += 1
+        self.missed += machine
+        missed = self.missed
+        if self.count < LOAD_MIN_FRAMES or missed < LOAD_MISSES * len(self.frames):
+            return
+        self.said = True
+        ratios = sorted(r for _, r in self.frames if r == r)
+        if ratios:
+            why = (f"those frames took a median {ratios[len(ratios) // 2]:.2g}x what "
+                   f"{runner.profile_path or 'the profile'} measured for their steps")
+        else:
+            why = "with no profile for this batch size the slowdown is not measured (hne-edge profile saves one)"
+        load = load_average()
+        busy = f"; load average {load:.1f} on {cpu_count()} CPUs" if load is not None else ""
+        warnings.warn(
+            f"this machine is too busy to keep its budgets (the last: {result.budget_ms:.3g} ms): {missed} of the last "
+            f"{len(self.frames)} frames missed budgets that fit their forced leaves; {why}{busy}. A quieter machine, a "
+            "higher priority (nice, chrt) or longer budgets keep them; said once per runner", stacklevel=3)
 
 
 class AnytimeRunner:
@@ -186,6 +244,8 @@ class AnytimeRunner:
             )
         self.quantile = quantile
         self.cost = self._cost_model(self.profile_data)
+        self._load_watch = _LoadWatch()
+        self._said_stops = False
         self._closed = False
         if warmup:
             spec = self.input_spec
@@ -337,9 +397,8 @@ class AnytimeRunner:
         """
         t0 = self._clock()
         stop_at, budget = check_stop_at(t0, budget_ms, deadline)
+        check_count(min_leaves, "min_leaves", 1, self.num_leaves)  # a result needs a leaf: one range, 1..N
         n_stop, n_min = check_limits(self._program, max_leaves, min_leaves, repr(self.plan))
-        if n_min < 1:
-            raise InputError(f"min_leaves: received {min_leaves}; expected >= 1 (a result needs a leaf)")
         self._acquire()
         try:
             x = check_input(x, self.input_spec)
@@ -347,11 +406,35 @@ class AnytimeRunner:
             session.advance(t0, stop_at, budget, n_stop, n_min, stop_when, final=True)
         finally:
             self._release()
-        return session.result()
+        result = session.result()
+        if stop_at is not None:
+            if result.overran_min_leaves and n_min > min_leaves and not self._said_stops:
+                self._say_stops(result, min_leaves, n_min)
+            if not self._load_watch.said:
+                self._load_watch.frame(self, session, result, n_min)
+        return result
+
+    def _say_stops(self, result: AnytimeResult, asked: int, forced: int) -> None:
+        """Once per runner: the plan's first stop forced more leaves than asked, and the budget could not hold them
+        (plan "fused" ran all 16 leaves of every budgeted frame without a word, issue 28)."""
+        self._said_stops = True
+        warnings.warn(
+            f"plan {self.plan!r} stops only at {', '.join(map(str, self.stops))} leaves, so a frame runs {forced} leaves "
+            f"at least ({asked} asked): a budget of {result.budget_ms:.3g} ms cannot hold them (this frame took "
+            f"{result.elapsed_ms:.3g} ms and missed it; every such frame will); plan 'segments' or 'mixed' stops within "
+            "a budget", stacklevel=3)
 
     __call__ = run
 
     # -- cost model --------------------------------------------------------------
+    def _profiled_s(self, batch: int) -> tuple[list[float], list[float]] | None:
+        """The saved profile's median and p95 seconds per step at ``batch`` (None: no profile of that batch size)."""
+        profile = self.profile_data
+        if profile is None or batch not in profile.batches:
+            return None
+        steps = profile.batches[batch]["leaves"]
+        return [s["median_ms"] / 1e3 for s in steps], [s.get("p95_ms", s["median_ms"]) / 1e3 for s in steps]
+
     def predicted_ms(self, batch: int = 1) -> list[float]:
         """The cost model's current predictions (ms) for ``batch`` (within the bundle's batch range), per step of
         the program (for plans "segments" and "nodes", step i is leaf i; see :attr:`steps`)."""

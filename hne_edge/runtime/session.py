@@ -43,6 +43,7 @@ from .result import AnytimeResult
 __all__ = [
     "AnytimeSession",
     "NoResultError",
+    "NonFiniteResult",
     "RunnerClosedError",
     "SessionCancelled",
     "UnitHook",
@@ -67,6 +68,35 @@ class NoResultError(HNEError, RuntimeError):
 
 class SessionCancelled(NoResultError):
     """``cancel()`` came before the session's first leaf, so it has no result (and evaluates nothing more)."""
+
+
+class NonFiniteResult(HNEError, FloatingPointError):
+    """The evaluated leaves' logits (or their mean) are not finite: an answer would be NaN, never a prediction.
+
+    The input check lets only finite values in; a finite input far outside the normalised range can still
+    overflow float32 inside the model, and a bundle's weights may be NaN (re-hashed into its manifest).
+    """
+
+
+def check_finite_result(result: AnytimeResult) -> AnytimeResult:
+    """``result``, once its leaves' logits and their mean are finite; else :class:`NonFiniteResult` naming the first
+    leaf that is not (the one check of what comes out, as :func:`~.inputs.check_input` is of what goes in)."""
+    leaves = result.leaf_logits
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing mean is reported below, not warned about
+        mean = result.logits
+    if np.isfinite(leaves).all() and np.isfinite(mean).all():
+        return result
+    bad = ~np.isfinite(leaves).all(axis=-1)  # (leaves, batch)
+    what = "their mean overflows float32 for"
+    count, total = int((~np.isfinite(mean).all(axis=-1)).sum()), leaves.shape[1]
+    if bad.any():
+        leaf = int(np.flatnonzero(bad.any(axis=1))[0])
+        what, count = f"leaf {leaf} computed non-finite logits (NaN/Inf) for", int(bad[leaf].sum())
+    raise NonFiniteResult(
+        f"no result from {result.leaves} leaves: {what} {count} of {total} sample(s); expected finite logits "
+        "(an input far outside the normalised range overflows the model, or the bundle's weights are not finite: "
+        "hne-edge verify --checkpoint compares the bundle with its checkpoint)"
+    )
 
 
 # -- argument checks (at the boundary) ---------------------------------------------------------------
@@ -343,14 +373,15 @@ class AnytimeSession:
         return self.result()
 
     def result(self) -> AnytimeResult:
-        """The ensemble of the leaves evaluated so far (at least one)."""
+        """The ensemble of the leaves evaluated so far (at least one); :class:`NonFiniteResult` when their logits, or
+        their mean, are not finite."""
         n = self._next
         if n == 0 and self._cancelled:
             raise SessionCancelled("session.result(): cancelled before its first leaf, so there is no result")
         if n == 0:
             raise NoResultError("session.result(): no leaf evaluated yet; call step() or refine() first")
         met, overran, budget, reason = self._status
-        return AnytimeResult(
+        return check_finite_result(AnytimeResult(
             leaf_logits=self._leaf_logits[:n],
             elapsed_ms=self._elapsed * 1e3,
             met_budget=met,
@@ -360,7 +391,7 @@ class AnytimeSession:
             class_names=self._class_names,
             leaf_ms=[t * 1e3 for t in self.leaf_seconds],
             step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in self.steps_taken],
-        )
+        ))  # fmt: skip
 
     def settle(self, met_budget: bool, budget_ms: float | None, stopped_by: str, elapsed_s: float) -> None:
         """Record how a frame stepped from outside ended (the stream scheduler's: it runs the steps with
@@ -408,15 +439,14 @@ class AnytimeSession:
         and (mixed programs) nothing can cancel or refine it: the whole-tree step may be taken.
         ``on_unit``: called in place of each unit call, e.g. to time it.
         """
-        # the budget covers the forced leaves as predicted when the call began: a miss then is the run's (a leaf
-        # slower than predicted, a pre-emption), not one the budget made unavoidable
-        # (a run()'s own work before its first step - input check, upload - is in the budget: predicted, then learned)
-        model, pred = self._model, self._model.pred
+        # a run()'s own work before its first step (input check, upload) is in the budget: learned frame by frame, and
+        # part of what the forced leaves take when the forced-miss label is judged (as predicted when the call began)
+        model = self._model
         entry = final and self._next == 0 and hasattr(model, "observe_entry")  # (stand-in models may lack it)
-        forced_fit = stop_at is None or pred is None or (
-            t0 + (model.entry if entry else 0.0) + sum(pred[self._next : n_min]) <= stop_at)  # fmt: skip
+        entry_s = model.entry if entry else 0.0
         if entry:
             model.observe_entry(self._clock() - t0)
+        start = self._next
         if self.done:
             reason = "cancelled" if self._cancelled else ("complete" if self._next >= self._num_leaves else "closed")
             t_forced = t0
@@ -426,12 +456,34 @@ class AnytimeSession:
             self._cache = None
         t1 = self._clock()
         self._elapsed += t1 - t0
-        self._status = (
-            stop_at is None or t1 <= stop_at,
-            stop_at is not None and t_forced > stop_at and not forced_fit,
-            budget_ms,
-            reason,
-        )
+        # a forced miss: the forced leaves overran a budget shorter than what they take 9 times in 10 (their own
+        # measured p90); over a budget that holds them, the miss is the run's (a pre-emption, a busy machine).
+        # Computed only for a frame whose forced leaves overran (the p90 sorts a leaf's recent times)
+        overran = stop_at is not None and t_forced > stop_at and t0 + entry_s + self._forced_cost(start, n_min) > stop_at
+        self._status = (stop_at is None or t1 <= stop_at, overran, budget_ms, reason)
+
+    def _forced_cost(self, start: int, n_min: int) -> float:
+        """Seconds the forced steps of a call from leaf ``start`` to ``n_min`` leaves take 9 times in 10: the p90 of each step's
+        own recent times in the cost model (its median with fewer than 10 of them; its prediction for a step it
+        has not measured; 0 without a cost model).
+
+        Not the prediction the budget checks: that adds a pooled margin for the tail (up to the whole tree on a
+        loaded machine), and labelled misses forced at budgets 14x the first leaf's median (issue 28)."""
+        model = self._model
+        pred = model.pred
+        if pred is None:
+            return 0.0
+        median, known, times = getattr(model, "base", None), getattr(model, "known", None), getattr(model, "times", None)
+        cost = 0.0
+        for j in self._program.walk(start, n_min):
+            if median is None or (known is not None and not known[j]):
+                cost += pred[j]
+            elif times is not None and len(times[j]) >= 10:
+                own = sorted(times[j])
+                cost += own[int(0.9 * (len(own) - 1))]
+            else:
+                cost += median[j]
+        return cost
 
     def _loop(
         self,

@@ -12,7 +12,10 @@ unpickler accepts them)::
     }
 
 The exporters read ``model``, ``model_config``, ``class_names`` and
-``normalization``; the trainer reads the rest on ``--resume``.
+``normalization``; the trainer reads the rest on ``--resume``. A checkpoint
+handed out (:func:`save_release`: the shipped demo and reference models) has no
+optimizer state and may store its weights in float16; every reader builds the
+float32 model and loads them into it (:func:`model_from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_bytes
 from ..models import HNE, build_model
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "load_resumable",
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "save_release", "load_checkpoint", "load_resumable",
            "model_from_checkpoint", "check_usable", "unusable_reason", "torch_bytes", "safe_torch_load"]
 
 CHECKPOINT_FORMAT = "hne-edge-checkpoint"
@@ -50,10 +53,12 @@ def save_checkpoint(
     epoch: int | None = None,
     config: dict | None = None,
     extra: dict | None = None,
+    weights_dtype: torch.dtype | None = None,
 ) -> Path:
     """Write a checkpoint atomically: a temporary file in the same folder, fsync, then rename.
 
     A crash at any point leaves either the previous checkpoint or the new one, never a truncated file.
+    ``weights_dtype``: store the floating weights and statistics in it (integer buffers stay as they are).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +72,8 @@ def save_checkpoint(
     state = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
-        "model": model.state_dict(),
+        "model": {k: v.to(weights_dtype) if weights_dtype is not None and v.is_floating_point() else v
+                  for k, v in model.state_dict().items()},
         "model_config": model.config.to_dict(),
         "tree": model.tree.to_dict(),
         "class_names": class_names,
@@ -80,6 +86,20 @@ def save_checkpoint(
     }
     atomic_write_bytes(path, torch_bytes(state))
     return path
+
+
+def save_release(path: str | os.PathLike, checkpoint: str | os.PathLike | dict[str, Any], *,
+                 weights_dtype: torch.dtype = torch.float32, extra: dict | None = None) -> Path:
+    """The checkpoint to hand out from a training run's ``checkpoint``: its final weights, model config, class
+    names, normalisation, epoch, config and history, without optimizer state; floating weights stored in
+    ``weights_dtype`` (float16 halves the file; readers load them into the float32 model). ``extra`` adds to
+    its ``extra`` (``extra["weights_dtype"]`` says how the weights are stored)."""
+    state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+    model, _ = model_from_checkpoint(state)
+    history = (state.get("extra") or {}).get("history", [])
+    return save_checkpoint(path, model=model, class_names=state["class_names"], normalization=state["normalization"],
+                           epoch=state.get("epoch"), config=state.get("config"), weights_dtype=weights_dtype,
+                           extra={"history": history, "weights_dtype": str(weights_dtype).replace("torch.", ""), **(extra or {})})  # fmt: skip
 
 
 def torch_bytes(obj: Any) -> bytes:

@@ -26,7 +26,9 @@ from typing import Any
 from ..errors import InputError
 from ..limits import check_threads
 
-__all__ = ["DATASETS", "LOSSES", "WEIGHTINGS", "NORMALIZATIONS", "SCHEDULES", "DEFAULT_PRESET", "AMP_DTYPES", "upgrade_config", "DataConfig", "ModelSpec", "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
+__all__ = ["DATASETS", "LOSSES", "WEIGHTINGS", "NORMALIZATIONS", "SCHEDULES", "DEFAULT_PRESET", "AMP_DTYPES", "HOLDOUTS",
+           "POINTWISE", "AUTO_BATCH", "upgrade_config", "parse_duration", "resolve_for_device", "DataConfig", "ModelSpec",
+           "LossConfig", "OptimConfig", "TrainConfig", "PRESETS"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "npz", "imagefolder")
 LOSSES = ("independent", "structured", "distill", "hierarchical")  # see hne_edge.train.losses
@@ -34,6 +36,11 @@ WEIGHTINGS = ("paper", "mean-t2")
 NORMALIZATIONS = ("none", "label")  # loss.normalize: see LossConfig
 SCHEDULES = ("cosine", "step", "constant")
 AMP_DTYPES = ("auto", "bfloat16", "float16")
+HOLDOUTS = ("random", "last")  # data.holdout: which images val_split holds out
+POINTWISE = ("conv", "bmm")  # pointwise: how a branch-parallel 1x1 convolution runs in training (same parameters)
+# optim.batch_size "auto": the batch a device kind trains at. On CUDA the paper's 128 leaves the GPU idle
+# (BENCHMARKS.md 'Training throughput'); elsewhere it is the paper's.
+AUTO_BATCH = {"cuda": 512, "cpu": 128}
 # fields earlier releases wrote that no longer mean anything; dropped when read.
 # log_every: progress lines are time-based now (every 10 s without a terminal), not every N steps
 REMOVED_FIELDS = ("log_every",)
@@ -62,7 +69,10 @@ class DataConfig:
         data_dir: a folder (cifar10/100: torchvision's root; imagefolder: class folders, or
             ``train/`` and ``val/`` inside) or an ``.npz`` file with ``x`` (N,H,W,C uint8) and ``y``.
         download: let torchvision download CIFAR into ``data_dir``.
-        val_split: fraction of the training images held out (seeded) for validation; 0 = none.
+        val_split: fraction of the training images held out for validation; 0 = none.
+        holdout: which images ``val_split`` holds out: ``random`` (a permutation seeded by ``seed``) or
+            ``last`` (the last ones of the file, in its order: the last 5,000 of CIFAR-10's 50,000 at 0.1,
+            whatever the seed).
         limit: use only this many training images (after the split), for quick runs.
         val_limit: validate on at most this many of the held-out images (default: all of them; the cap
             keeps a subset of the same seeded hold-out).
@@ -74,6 +84,7 @@ class DataConfig:
     data_dir: str | None = None
     download: bool = False
     val_split: float = 0.1
+    holdout: str = "random"
     limit: int | None = None
     val_limit: int | None = None
     augment: bool = True
@@ -82,6 +93,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         _expect(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
         _expect(_is_num(self.val_split) and 0 <= self.val_split < 1, "data.val_split", self.val_split, "a finite number with 0 <= x < 1")
+        _expect(self.holdout in HOLDOUTS, "data.holdout", self.holdout, f"one of {', '.join(HOLDOUTS)}")
         _expect(self.limit is None or (_is_int(self.limit) and self.limit > 0), "data.limit", self.limit, "a positive integer or null")
         _expect(self.val_limit is None or (_is_int(self.val_limit) and self.val_limit > 0), "data.val_limit",
                 self.val_limit, "a positive integer or null")  # fmt: skip
@@ -163,18 +175,27 @@ class OptimConfig:
     """SGD and the learning-rate schedule (stepped every iteration).
 
     Attributes:
-        epochs: passes over the training set.
-        batch_size: global batch (split evenly across processes under DDP).
-        lr: peak learning rate.
+        epochs: passes over the training set (under a ``time_budget``: at most this many).
+        batch_size: global batch (split evenly across processes under DDP), or ``auto``: the device kind's
+            (:data:`AUTO_BATCH`: 512 on CUDA, the paper's 128 on a CPU), fixed when the run starts.
+        lr: the learning rate, at ``lr_batch`` images per batch when that is set.
+        lr_batch: the batch size ``lr`` is quoted at. Set, the peak learning rate is
+            ``lr * batch_size / lr_batch`` (the linear scaling rule, Goyal et al. 2017: the paper's 0.1 at
+            128 is 0.4 at 512); null: ``lr`` as given, whatever the batch.
+        warmup_epochs: when the rule scales the learning rate up, it rises linearly from ``lr`` to the peak
+            over this many epochs (at most a tenth of the run's steps), then the schedule starts. No
+            warm-up when the rate is not scaled up: at ``lr_batch`` the recipe is exactly the paper's.
         momentum, nesterov, weight_decay: SGD settings.
-        schedule: cosine (to 0 over all iterations), step (x0.1 at 50% and 75%) or constant.
+        schedule: cosine (to 0 over all iterations after the warm-up), step (x0.1 at 50% and 75%) or constant.
         accum_steps: split each batch into this many micro-batches and accumulate gradients
             (same update as one batch, up to BatchNorm statistics per micro-batch).
     """
 
     epochs: int = 200
-    batch_size: int = 128
+    batch_size: int | str = 128
     lr: float = 0.1
+    lr_batch: int | None = None
+    warmup_epochs: float = 0.0
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 5e-4
@@ -183,18 +204,38 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _expect(_is_int(self.epochs) and self.epochs > 0, "optim.epochs", self.epochs, "a positive integer")
-        _expect(_is_int(self.batch_size) and self.batch_size > 0, "optim.batch_size", self.batch_size, "a positive integer")
+        _expect(self.batch_size == "auto" or (_is_int(self.batch_size) and self.batch_size > 0), "optim.batch_size",
+                self.batch_size, "a positive integer or auto")  # fmt: skip
         _expect(_is_num(self.lr) and self.lr > 0, "optim.lr", self.lr, "a finite number > 0")  # too large: fit stops when the loss diverges
+        _expect(self.lr_batch is None or (_is_int(self.lr_batch) and self.lr_batch > 0), "optim.lr_batch", self.lr_batch,
+                "a positive integer or null")  # fmt: skip
+        _expect(_is_num(self.warmup_epochs) and self.warmup_epochs >= 0, "optim.warmup_epochs", self.warmup_epochs,
+                "a finite number >= 0")  # fmt: skip
         _expect(_is_num(self.momentum) and 0 <= self.momentum < 1, "optim.momentum", self.momentum, "a finite number with 0 <= m < 1")
         _expect(_is_num(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "a finite number >= 0")
         _expect(self.schedule in SCHEDULES, "optim.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
         _expect(_is_int(self.accum_steps) and self.accum_steps > 0, "optim.accum_steps", self.accum_steps, "a positive integer")
         if self.nesterov and self.momentum == 0:
             raise InputError("optim.nesterov=True needs optim.momentum > 0; received momentum=0")
-        if self.batch_size % self.accum_steps:
+        if self.batch_size != "auto" and self.batch_size % self.accum_steps:
             raise InputError(
                 f"optim.batch_size={self.batch_size} must be divisible by optim.accum_steps={self.accum_steps}"
             )
+
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate the schedule starts from (after any warm-up): ``lr``, scaled linearly to the batch
+        when ``lr_batch`` is set (a resolved batch: see :func:`resolve_for_device`)."""
+        if self.lr_batch is None:
+            return self.lr
+        if self.batch_size == "auto":
+            raise InputError("optim.batch_size is auto until the run's device is known; resolve the config first")
+        return self.lr * self.batch_size / self.lr_batch
+
+    @property
+    def warmup_start(self) -> float:
+        """The warm-up's first learning rate as a fraction of :attr:`peak_lr` (1: no warm-up)."""
+        return min(1.0, self.lr / self.peak_lr) if self.warmup_epochs > 0 else 1.0
 
 
 @dataclass
@@ -213,6 +254,17 @@ class TrainConfig:
         quiet: no progress output (a bar on a terminal, else a line every 10 s; see :mod:`hne_edge.progress`).
         eval_every: validate every this many epochs (and always after the last).
         compile: ``torch.compile`` the model for training (the first steps then compile; no numerical change).
+            Off by default: compiling takes tens of seconds, and in the trainer's own loop it has not paid
+            (BENCHMARKS.md 'Training throughput').
+        time_budget: train for this long (seconds, or ``"7m"``, ``"90s"``, ``"1h30m"``) instead of a number
+            of epochs: the first steps are timed, then the number of steps is fixed so that the schedule, the
+            validations and the checkpoints end inside it (``optim.epochs`` stays the most it may run). The
+            budget counts from the start of training (data loading included); a resumed run keeps the step
+            count it fixed. null: ``optim.epochs`` epochs.
+        pointwise: how each branch-parallel 1x1 convolution runs in training: ``conv`` (one grouped
+            convolution) or ``bmm`` (one batched matrix multiply over the branches). The same parameters
+            and, to rounding, the same outputs; which is faster depends on the device
+            (``benchmarks/bench_train.py --pointwise``).
     """
 
     data: DataConfig = field(default_factory=DataConfig)
@@ -229,6 +281,8 @@ class TrainConfig:
     quiet: bool = False
     eval_every: int = 1
     compile: bool = False
+    time_budget: float | str | None = None
+    pointwise: str = "conv"
 
     def __post_init__(self) -> None:
         for name, cls in (("data", DataConfig), ("model", ModelSpec), ("loss", LossConfig), ("optim", OptimConfig)):
@@ -243,6 +297,9 @@ class TrainConfig:
         _expect(_is_int(self.eval_every) and self.eval_every > 0, "eval_every", self.eval_every, "a positive integer")
         _expect(self.amp_dtype in AMP_DTYPES, "amp_dtype", self.amp_dtype, f"one of {', '.join(AMP_DTYPES)}")
         _expect(isinstance(self.compile, bool), "compile", self.compile, "true or false")
+        _expect(self.pointwise in POINTWISE, "pointwise", self.pointwise, f"one of {', '.join(POINTWISE)}")
+        if self.time_budget is not None:
+            self.time_budget = parse_duration(self.time_budget, "time_budget")
         self.out = str(self.out)
 
     # -- construction -----------------------------------------------------
@@ -280,6 +337,8 @@ class TrainConfig:
         import yaml  # noqa: PLC0415
 
         path = Path(path)
+        if path.is_dir():
+            raise InputError(f"config {path}: received a folder; expected a YAML config file")
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
         try:
@@ -331,8 +390,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data": {"name": "cifar10", "val_split": 0.1},
         "model": {"name": "hne_resnet"},
         "loss": {"kind": "hierarchical", "alpha": 0.5, "temperature": 2.0},
-        "optim": {"epochs": 200, "batch_size": 128, "lr": 0.1, "momentum": 0.9, "nesterov": False,
-                  "weight_decay": 5e-4, "schedule": "cosine"},
+        # the paper's lr 0.1 at batch 128; "auto" is 128 on a CPU (exactly the paper's recipe) and 512 on CUDA
+        # (lr 0.4 by the linear rule, after a 2-epoch warm-up from 0.1)
+        "optim": {"epochs": 200, "batch_size": "auto", "lr": 0.1, "lr_batch": 128, "warmup_epochs": 2.0, "momentum": 0.9,
+                  "nesterov": False, "weight_decay": 5e-4, "schedule": "cosine"},
     },
     "imagenet": {
         "data": {"name": "imagefolder", "val_split": 0.0, "num_workers": 8},
@@ -369,6 +430,12 @@ def upgrade_config(stored: dict[str, Any]) -> dict[str, Any]:
     data = stored.get("data")
     if isinstance(data, dict) and "val_limit" not in data:
         data["val_limit"] = data.get("limit")
+    if isinstance(data, dict):
+        data.setdefault("holdout", "random")  # the only split before data.holdout
+    optim = stored.get("optim")
+    if isinstance(optim, dict):  # before lr_batch and warm-up: the learning rate as given
+        optim.setdefault("lr_batch", None)
+        optim.setdefault("warmup_epochs", 0.0)
     loss = stored.setdefault("loss", {})
     if isinstance(loss, dict) and "weighting" not in loss:
         loss["weighting"] = "mean-t2"
@@ -383,3 +450,37 @@ def preset_dict(name: str) -> dict[str, Any]:
     if name not in PRESETS:
         raise InputError(f"preset: received {name!r}; expected one of {', '.join(PRESETS)}")
     return copy.deepcopy(PRESETS[name])
+
+
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0}
+
+
+def parse_duration(value: Any, what: str = "duration") -> float:
+    """Seconds from a number of seconds or a string such as ``"7m"``, ``"90s"``, ``"1h30m"``, ``"420"``."""
+    import re  # noqa: PLC0415
+
+    expected = "a number of seconds > 0 or a duration such as 7m, 90s, 1h30m"
+    if _is_num(value):
+        seconds = float(value)
+    elif isinstance(value, str) and (text := value.strip().lower().replace(" ", "")):
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        else:
+            parts = re.findall(r"(\d+(?:\.\d+)?)(h|min|m|s)", text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise InputError(f"{what}: received {value!r}; expected {expected}")
+            seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    else:
+        raise InputError(f"{what}: received {value!r}; expected {expected}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InputError(f"{what}: received {value!r}; expected {expected}")
+    return seconds
+
+
+def resolve_for_device(config: "TrainConfig", device_type: str) -> "TrainConfig":
+    """``config`` with what depends on the device fixed (``optim.batch_size: auto``), as the run records it."""
+    if config.optim.batch_size != "auto":
+        return config
+    data = config.to_dict()
+    data["optim"]["batch_size"] = AUTO_BATCH.get(device_type, AUTO_BATCH["cpu"])
+    return TrainConfig.from_dict(data)

@@ -23,10 +23,16 @@ Augmentation (the paper's, section 5):
 Normalisation is per channel: published figures for CIFAR and ImageNet,
 computed on the training split for digits and npz.
 
-Determinism: the validation split is a permutation seeded by ``seed``;
-epoch ``e`` shuffles and augments with a generator seeded by
-``(seed, e)`` only, so a resumed run replays exactly the same batches.
-Under DDP every process draws the same global batch and takes its slice.
+Determinism: the validation split is a permutation seeded by ``seed`` (or,
+``data.holdout: last``, the file's last images); epoch ``e`` shuffles and
+augments with a generator seeded by ``(seed, e)`` only, so a resumed run
+replays exactly the same batches. Under DDP every process draws the same
+global batch and takes its slice.
+
+On a GPU the images live on the device as uint8 and each epoch's random
+draws (order, crops, flips) cross the bus once, at its start: a batch is then
+gathered, cropped, flipped and normalised on the device with no host
+round trip, so the training loop never waits for the host between steps.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ import torch
 from ..errors import InputError
 from .config import DataConfig
 
-__all__ = ["ArrayDataset", "Augment", "DataBundle", "BatchLoader", "load_data", "load_npz", "split_indices", "epoch_generator"]
+__all__ = ["ArrayDataset", "Augment", "DataBundle", "BatchLoader", "load_data", "load_npz", "npz_fingerprint", "split_indices",
+           "epoch_generator"]
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
@@ -56,15 +63,20 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
 
 
 def split_indices(n: int, val_split: float, seed: int, limit: int | None = None,
-                  val_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded (train, val) index split of ``n`` items; ``limit`` caps the training part, ``val_limit`` the
+                  val_limit: int | None = None, holdout: str = "random") -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, val) index split of ``n`` items; ``limit`` caps the training part, ``val_limit`` the
     validation part (each on its own: a quick run on few images still validates on the whole hold-out).
 
-    The hold-out is drawn before either cap, so a capped validation set is a subset of the full one, and a
-    capped training set never takes a held-out image.
+    ``holdout="random"`` holds out a permutation seeded by ``seed``; ``"last"`` the last ``val_split`` of the
+    items in their order (the seed plays no part). The hold-out is drawn before either cap, so a capped
+    validation set is a subset of the full one, and a capped training set never takes a held-out image.
     """
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    if holdout not in ("random", "last"):
+        raise InputError(f"holdout: received {holdout!r}; expected random or last")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if holdout == "random" else None
     n_val = int(round(n * val_split))
+    if perm is None:  # the file's own order: the last n_val items, the training part before them
+        perm = torch.cat([torch.arange(n - n_val, n), torch.arange(n - n_val)])
     val, train = perm[:n_val], perm[n_val:]
     if limit is not None:
         train = train[:limit]
@@ -82,26 +94,31 @@ class Augment:
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator, rows: slice | None = None) -> torch.Tensor:
         """Augment ``images[rows]``; random draws cover the whole batch so every DDP slice sees the same draws."""
-        b, c, h, w = images.shape
         # draws come from the CPU generator wherever the images are, so a GPU run sees a CPU run's crops and flips
-        offsets, flips = self.draw(b, generator)
-        offsets, flips = offsets.to(images.device, non_blocking=True), flips.to(images.device, non_blocking=True)
+        offsets, flips = self.draw(images.shape[0], generator)
+        offsets, flips = offsets.to(images.device), flips.to(images.device)
         if rows is not None:
             images, offsets, flips = images[rows], offsets[rows], flips[rows]
-            b = images.shape[0]
-        if self.pad:
-            dev = images.device
-            padded = torch.nn.functional.pad(images, (self.pad,) * 4)
-            ys = offsets[:, 0, None] + torch.arange(h, device=dev)  # (b, h)
-            xs = offsets[:, 1, None] + torch.arange(w, device=dev)  # (b, w)
-            images = padded[
-                torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                ys[:, None, :, None], xs[:, None, None, :],
-            ]
-        if self.flip:
-            images = torch.where(flips[:, None, None, None], images.flip(-1), images)
-        return images
+        return self.apply(images, offsets, flips)
 
+    def apply(self, images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+        """Crop ``images`` (uint8 (b, c, h, w)) at ``offsets`` (b, 2) of the padded image and mirror where ``flips``
+        (b,): one gather, on the images' device (the draws must be there too)."""
+        b, c, h, w = images.shape
+        dev = images.device
+        cols = torch.arange(w, device=dev)
+        if self.flip:  # a mirrored crop reads its columns right to left
+            cols = torch.where(flips[:, None], w - 1 - cols, cols)  # (b, w)
+        else:
+            cols = cols.expand(b, w)
+        if not self.pad:
+            return images if not self.flip else images.gather(3, cols[:, None, None, :].expand(b, c, h, w))
+        padded = torch.nn.functional.pad(images, (self.pad,) * 4)  # (b, c, h + 2p, w + 2p)
+        wp = w + 2 * self.pad
+        ys = offsets[:, 0, None] + torch.arange(h, device=dev)  # (b, h)
+        xs = offsets[:, 1, None] + cols  # (b, w)
+        index = (ys[:, :, None] * wp + xs[:, None, :]).view(b, 1, h * w).expand(b, c, h * w)
+        return padded.flatten(2).gather(2, index).view(b, c, h, w)
 
     def draw(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The random draws of one batch (crop offsets, flips); a resumed epoch replays those of the skipped batches."""
@@ -145,6 +162,7 @@ class BatchLoader:
         rank, world_size: this process's place in a DDP group.
         device: hold the images there (once) and augment and normalise there, e.g. a CUDA
             device: batches then never cross the host bus. None: where the dataset is.
+        channels_last: yield batches in the channels-last memory format (what a channels-last model reads).
     """
 
     def __init__(
@@ -161,6 +179,7 @@ class BatchLoader:
         rank: int = 0,
         world_size: int = 1,
         device: torch.device | str | None = None,
+        channels_last: bool = False,
     ) -> None:
         if batch_size % world_size:
             raise InputError(f"batch_size={batch_size} must be divisible by the number of processes ({world_size})")
@@ -169,7 +188,7 @@ class BatchLoader:
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.seed, self.rank, self.world_size, self.channels_last = seed, rank, world_size, channels_last
         self.epoch = self.start = 0
         where = dataset.images.device
         self._scale = (torch.tensor(std, dtype=torch.float32) * 255).view(1, -1, 1, 1).to(where)
@@ -186,22 +205,25 @@ class BatchLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         generator = epoch_generator(self.seed, self.epoch)
-        n = len(self.dataset)
+        n, size, where = len(self.dataset), self.batch_size, self.dataset.images.device
         order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
-        for i in range(len(self)):
-            if i < self.start:
-                if self.augment is not None:
-                    self.augment.draw(min(self.batch_size, n - i * self.batch_size), generator)
-                continue
-            index = order[i * self.batch_size : (i + 1) * self.batch_size].to(self.dataset.images.device)
+        batches = len(self)
+        if self.augment is not None:  # the epoch's draws in the order a batch-by-batch pass makes them, then one copy
+            draws = [self.augment.draw(min(size, n - i * size), generator) for i in range(batches)]
+            offsets = torch.cat([d[0] for d in draws]).to(where) if draws else None
+            flips = torch.cat([d[1] for d in draws]).to(where) if draws else None
+        order = order.to(where)
+        for i in range(self.start, batches):
+            index = order[i * size : (i + 1) * size]
             per_rank = math.ceil(index.numel() / self.world_size)
             rows = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
-            images = self.dataset.images[index]
+            images = self.dataset.images[index[rows]]
             if self.augment is not None:
-                images = self.augment(images, generator, rows)
-            else:
-                images = images[rows]
-            yield (images.float() - self._shift) / self._scale, self.dataset.labels[index][rows]
+                lo = i * size + self.rank * per_rank
+                images = self.augment.apply(images, offsets[lo : lo + images.shape[0]], flips[lo : lo + images.shape[0]])
+            if self.channels_last:  # uint8 is cheap to reorder; the float image then keeps the layout
+                images = images.contiguous(memory_format=torch.channels_last)
+            yield (images.float() - self._shift) / self._scale, self.dataset.labels[index[rows]]
 
 
 @dataclass
@@ -223,19 +245,20 @@ class DataBundle:
         return {"mean": [float(m) for m in self.mean], "std": [float(s) for s in self.std]}
 
     def train_loader(self, batch_size: int, *, seed: int, augment: bool = True, rank: int = 0, world_size: int = 1,
-                     num_workers: int = 0, device: torch.device | None = None):
+                     num_workers: int = 0, device: torch.device | None = None, channels_last: bool = False):
         """Training batches; ``device``: hold in-memory images there and augment there (folder data ignores it)."""
         if self.folder:
             return _FolderLoader(self.train, batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, num_workers=num_workers, drop_last=True)
         return BatchLoader(
             self.train, batch_size, mean=self.mean, std=self.std, shuffle=True, augment=self.augment if augment else None,
-            drop_last=True, seed=seed, rank=rank, world_size=world_size, device=device,
+            drop_last=True, seed=seed, rank=rank, world_size=world_size, device=device, channels_last=channels_last,
         )
 
-    def eval_loader(self, dataset, batch_size: int = 256, num_workers: int = 0, device: torch.device | None = None):
+    def eval_loader(self, dataset, batch_size: int = 256, num_workers: int = 0, device: torch.device | None = None,
+                    channels_last: bool = False):
         if self.folder:
             return _FolderLoader(dataset, batch_size, shuffle=False, seed=0, num_workers=num_workers)
-        return BatchLoader(dataset, batch_size, mean=self.mean, std=self.std, device=device)
+        return BatchLoader(dataset, batch_size, mean=self.mean, std=self.std, device=device, channels_last=channels_last)
 
 
 def _stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -273,6 +296,23 @@ def _load_digits() -> tuple[ArrayDataset, list[str]]:
     digits = load_digits()
     x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)  # pixel values 0..16 -> 0..255
     return _from_arrays(x, digits.target, "digits"), [str(i) for i in range(10)]
+
+
+def npz_fingerprint(path: str | Path) -> str:
+    """sha256 of an npz's ``x`` then ``y`` (as int64) bytes: the same images in the same order give the same
+    fingerprint, so a checkpoint's record can tell whether a file is the one its hold-out was drawn from."""
+    import hashlib  # noqa: PLC0415
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read as a numpy .npz archive ({type(exc).__name__}); expected x and y") from exc
+    if not hasattr(archive, "files") or not {"x", "y"} <= set(archive.files):
+        raise InputError(f"{path}: expected a .npz archive with 'x' (N,H,W,C uint8) and 'y' (N,)")
+    with archive:
+        h = hashlib.sha256(np.ascontiguousarray(archive["x"]).tobytes())
+        h.update(np.ascontiguousarray(archive["y"]).astype(np.int64).tobytes())
+    return h.hexdigest()
 
 
 def load_npz(path: str | Path) -> tuple[ArrayDataset, list[str]]:
@@ -347,7 +387,7 @@ def load_data(cfg: DataConfig, *, seed: int, split: str = "train") -> DataBundle
     else:
         full, classes = _load_cifar(cfg, train=True)
         augment = Augment(pad=4, flip=True)
-    train_idx, val_idx = split_indices(len(full), cfg.val_split, seed, cfg.limit, cfg.val_limit)
+    train_idx, val_idx = split_indices(len(full), cfg.val_split, seed, cfg.limit, cfg.val_limit, cfg.holdout)
     train = full.subset(train_idx)
     val = full.subset(val_idx) if len(val_idx) else None
     if split == "test":
@@ -392,7 +432,7 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
             raise InputError(f"split='test' needs {root}/val; the folder has no train/ and val/ subfolders")
         train_full = datasets.ImageFolder(root, transform=train_tf)
         eval_full = datasets.ImageFolder(root, transform=eval_tf)
-        train_idx, val_idx = split_indices(len(train_full), cfg.val_split, seed, cfg.limit, cfg.val_limit)
+        train_idx, val_idx = split_indices(len(train_full), cfg.val_split, seed, cfg.limit, cfg.val_limit, cfg.holdout)
         train = Subset(train_full, train_idx.tolist())
         val = Subset(eval_full, val_idx.tolist()) if len(val_idx) else None
         classes = train_full.classes

@@ -29,6 +29,7 @@ BatchNorm statistics stay per process (as in the paper's recipes).
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import random
@@ -46,16 +47,19 @@ from torch import nn
 
 from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch
+from ..limits import cpu_count, free_cpus_threads, load_average
 from ..models import HNE, create_model, tree_cost
+from ..models.layers import set_pointwise
 from ..progress import NULL_PROGRESS, Progress, format_duration, progress_for
-from .checkpoint import load_resumable, save_checkpoint, unusable_reason
-from .config import LossConfig, ModelSpec, TrainConfig, upgrade_config
+from .checkpoint import load_resumable, save_checkpoint, torch_bytes, unusable_reason
+from .config import LossConfig, ModelSpec, OptimConfig, TrainConfig, resolve_for_device, upgrade_config
 from .data import DataBundle, load_data
 from .evaluation import chance_note
 from .losses import ensemble_logits, hne_loss
 
-__all__ = ["FitResult", "TrainingDiverged", "train_one_epoch", "evaluate", "fit", "build_model_for_data", "capture_rng_state",
-           "restore_rng_state", "check_run_folder", "RUN_LAYOUT"]
+__all__ = ["FitResult", "TrainingDiverged", "train_step", "train_one_epoch", "evaluate", "fit", "build_model_for_data",
+           "make_optimizer", "amp_dtype_for", "plan_steps", "capture_rng_state", "restore_rng_state", "check_run_folder",
+           "RUN_LAYOUT"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "train_log.json"
@@ -79,6 +83,7 @@ class FitResult:
     log: Path
     history: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the run's end says about it (e.g. it ended at chance)
+    budget: dict[str, Any] | None = None  # a time budget's plan (:class:`_TimeBudget`), as the checkpoint records it
 
     @property
     def final(self) -> dict[str, Any]:
@@ -128,21 +133,36 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 class _Schedule:
-    """LR multiplier per iteration: 1. cosine from 1 to 0; 2. step x0.1 at 50%/75%; 3. constant.
+    """LR multiplier per iteration: an optional linear warm-up, then 1. cosine from 1 to 0; 2. step x0.1 at
+    50%/75%; 3. constant.
 
-    A class (not a lambda) so the scheduler's state_dict records it as plain data.
+    The warm-up rises from ``warmup_start`` (the unscaled learning rate over the scaled peak: see
+    :attr:`~.config.OptimConfig.warmup_start`) to 1 over ``warmup_steps``; the schedule then runs over the steps
+    after it. Without a warm-up it is the paper's schedule over all ``total_steps``. A class (not a lambda) so
+    the scheduler's state_dict records it as plain data, a time budget's fixed step count included.
     """
 
-    def __init__(self, kind: str, total_steps: int) -> None:
+    def __init__(self, kind: str, total_steps: int, warmup_steps: int = 0, warmup_start: float = 1.0) -> None:
         self.kind, self.total_steps = kind, max(1, total_steps)
+        self.warmup_steps, self.warmup_start = warmup_steps, warmup_start
 
     def __call__(self, step: int) -> float:
-        t = min(step, self.total_steps) / self.total_steps
+        if step < self.warmup_steps:  # 1. from the unscaled rate up to the peak
+            return self.warmup_start + (1.0 - self.warmup_start) * step / self.warmup_steps
+        span = max(1, self.total_steps - self.warmup_steps)
+        t = min(step - self.warmup_steps, span) / span  # 2. progress through the schedule proper, 0..1
         if self.kind == "cosine":
             return 0.5 * (1.0 + math.cos(math.pi * t))
         if self.kind == "step":
             return 0.1 ** ((t >= 0.5) + (t >= 0.75))
         return 1.0
+
+    def fit_to(self, total_steps: int, steps_per_epoch: int, warmup_epochs: float) -> "_Schedule":
+        """Set the run's length (and with it the warm-up: ``warmup_epochs``, at most a tenth of the steps)."""
+        self.total_steps = max(1, total_steps)
+        scaled = self.warmup_start < 1.0
+        self.warmup_steps = min(round(warmup_epochs * steps_per_epoch), self.total_steps // 10) if scaled else 0
+        return self
 
 
 def torch_device(name: str) -> torch.device:
@@ -154,6 +174,18 @@ def torch_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+_TORCH_THREADS = torch.get_num_threads()  # torch's own default (one per physical core), before anyone changes it
+
+
+def use_free_cpus() -> str | None:
+    """Give torch its default threads, or fewer when other processes keep the CPUs busy
+    (:func:`hne_edge.limits.free_cpus_threads`); when fewer, say so (``"1 torch thread (load average 16.8 on 2
+    CPUs; --threads N to choose)"``), else None."""
+    threads, why = free_cpus_threads(_TORCH_THREADS)
+    torch.set_num_threads(threads)
+    return f"{threads} torch thread{'s' if threads > 1 else ''} ({why}; --threads N to choose)" if why else None
+
+
 def _amp_dtype(config: TrainConfig) -> torch.dtype | None:
     """The CUDA autocast dtype: ``auto`` is bfloat16 where the GPU supports it (no loss scaling), else float16."""
     if not config.amp:
@@ -161,6 +193,23 @@ def _amp_dtype(config: TrainConfig) -> torch.dtype | None:
     if config.amp_dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return getattr(torch, config.amp_dtype)
+
+
+def make_optimizer(model: nn.Module, opt: OptimConfig, device: torch.device) -> torch.optim.SGD:
+    """The run's SGD at :attr:`~.config.OptimConfig.peak_lr` (the schedule multiplies it); fused on CUDA (one
+    kernel for every parameter's update) where this torch offers it."""
+    settings = dict(lr=opt.peak_lr, momentum=opt.momentum, nesterov=opt.nesterov, weight_decay=opt.weight_decay)
+    if device.type == "cuda":
+        try:
+            return torch.optim.SGD(model.parameters(), fused=True, **settings)
+        except (RuntimeError, ValueError, TypeError):  # a torch without fused SGD for these parameters: the default
+            pass
+    return torch.optim.SGD(model.parameters(), **settings)
+
+
+def amp_dtype_for(config: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype the run trains in on ``device`` (None: float32; autocast is for CUDA only)."""
+    return _amp_dtype(config) if device.type == "cuda" else None
 
 
 def _distributed() -> tuple[int, int, int]:
@@ -178,6 +227,48 @@ def _all_mean(values: list[float], world_size: int) -> list[float]:
 
 
 # -- the loop ----------------------------------------------------------------
+def train_step(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    *,
+    tree,
+    loss: LossConfig,
+    accum_steps: int = 1,
+    scaler: torch.amp.GradScaler | None = None,
+    amp_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step on a batch already where ``model`` is: zero the gradients, then per micro-batch the
+    forward (autocast in ``amp_dtype`` when given), the HNE loss and the backward, then the update.
+
+    Returns the step's loss and the number of correct full-ensemble answers, both left on the device (reading
+    them would wait for it). The trainer's loop and ``benchmarks/bench_train.py``'s step alone both run this.
+    """
+    options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared, "normalize": loss.normalize}
+    device_type = images.device.type
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=images.device)
+    correct = torch.zeros((), dtype=torch.long, device=images.device)
+    for k, (x, y) in enumerate(zip(images.chunk(accum_steps), labels.chunk(accum_steps))):
+        # DDP: all-reduce gradients only on the last micro-batch
+        sync = k == accum_steps - 1 or not hasattr(model, "no_sync")
+        ctx = model.no_sync() if not sync else _null()
+        with ctx:
+            with torch.autocast(device_type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
+                logits = model(x)  # (b, N, classes)
+            value = hne_loss(loss.kind, logits.float(), y, tree, loss.alpha, loss.temperature, **options) / accum_steps
+            (scaler.scale(value) if scaler is not None else value).backward()
+        loss_sum += value.detach()
+        correct += (ensemble_logits(logits.detach(), logits.shape[1]).argmax(-1) == y).sum()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    return loss_sum, correct
+
+
 def train_one_epoch(
     model: nn.Module,
     loader,
@@ -217,31 +308,15 @@ def train_one_epoch(
     correct = torch.zeros((), dtype=torch.long, device=device)
     seen = 0
     start = time.perf_counter()
-    options = {"weighting": loss.weighting, "temperature_squared": loss.temperature_squared, "normalize": loss.normalize}
     steps = 0
     for step, (images, labels) in enumerate(loader, start_step + 1):
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        if channels_last:
+        if channels_last:  # a no-op for the batches of a channels-last loader
             images = images.contiguous(memory_format=torch.channels_last)
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=device)
-        for k, (x, y) in enumerate(zip(images.chunk(accum_steps), labels.chunk(accum_steps))):
-            # DDP: all-reduce gradients only on the last micro-batch
-            sync = k == accum_steps - 1 or not hasattr(model, "no_sync")
-            ctx = model.no_sync() if not sync else _null()
-            with ctx:
-                with torch.autocast(device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
-                    logits = model(x)  # (b, N, classes)
-                value = hne_loss(loss.kind, logits.float(), y, tree, loss.alpha, loss.temperature, **options) / accum_steps
-                (scaler.scale(value) if scaler is not None else value).backward()
-            loss_sum += value.detach()
-            correct += (ensemble_logits(logits.detach(), logits.shape[1]).argmax(-1) == y).sum()
+        loss_sum, right = train_step(model, images, labels, optimizer, tree=tree, loss=loss, accum_steps=accum_steps,
+                                     scaler=scaler, amp_dtype=amp_dtype)  # fmt: skip
+        correct += right
         seen += images.shape[0]
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
         if scheduler is not None:
             scheduler.step()
         step_losses.append(loss_sum)
@@ -296,7 +371,7 @@ def predict(model: nn.Module, loader, device: torch.device = torch.device("cpu")
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         outs.append(model(x).float().cpu())
-        labels.append(y)
+        labels.append(y.cpu())  # a device-resident loader yields CUDA labels; the logits are on the CPU
         progress.update(len(y))
     return torch.cat(outs), torch.cat(labels)
 
@@ -387,20 +462,23 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         model_source: how the model was chosen when the user did not name it (``"the cifar preset's model
             for --data npz"``): the header says so and names a cheaper model.
     """
+    started = time.perf_counter()  # a time budget counts from here
     rank, world_size, local_rank = _distributed()
     # 1. refuse before anything is written
     out = check_run_folder(config.out, resume)
     ckpt_path = out / CHECKPOINT_NAME
+    device = torch_device(config.device)
+    config = resolve_for_device(config, device.type)  # what depends on the device is fixed, and recorded so
     state = None
     if resume:
         state = load_resumable(ckpt_path)
         diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
         if diffs:
             raise InputError(f"--resume with a different config: {'; '.join(diffs)}")
-    device = torch_device(config.device)
     threads = config.threads or (min(4, os.cpu_count() or 1) if device.type == "cuda" else 0)
     if threads:  # on CUDA the CPU only feeds the GPU: a few threads, so that several runs can share one machine
         torch.set_num_threads(threads)
+    busy = None if threads else use_free_cpus()  # torch's default, or fewer threads when the CPUs are busy
     if world_size > 1:
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
@@ -417,30 +495,35 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     model = build_model_for_data(config.model, bundle)
     cost = tree_cost(model)  # on the CPU, before the move: it runs each node on one zero image
     fast_ratio = _fast_model_ratio(config, bundle, cost.total_macs)
-    model = model.to(device)
+    model = set_pointwise(model.to(device), config.pointwise)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if cuda:  # fixed shapes (drop_last): cuDNN's measured choice of kernels pays after the first steps
+        torch.backends.cudnn.benchmark = True
     tree = model.tree
     # in-memory data moves to the GPU once and is augmented there: no per-batch host work or copies
     data_device = device if cuda else None
     train_loader = bundle.train_loader(
         config.optim.batch_size, seed=config.seed, augment=config.data.augment, rank=rank, world_size=world_size,
-        num_workers=config.data.num_workers, device=data_device,
+        num_workers=config.data.num_workers, device=data_device, channels_last=channels_last,
     )
     if len(train_loader) == 0:
         raise InputError(
             f"optim.batch_size={config.optim.batch_size} is larger than the {len(bundle.train)} training images; "
             "lower --batch-size or raise --limit"
         )
-    val_loader = bundle.eval_loader(bundle.val, 256, config.data.num_workers, device=data_device) if bundle.val is not None else None
+    val_loader = (bundle.eval_loader(bundle.val, 256, config.data.num_workers, device=data_device, channels_last=channels_last)
+                  if bundle.val is not None else None)  # fmt: skip
     ddp_model: nn.Module = model
     if world_size > 1:
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = config.optim
-    optimizer = torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov,
-                                weight_decay=opt.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _Schedule(opt.schedule, opt.epochs * len(train_loader)))
-    amp_dtype = _amp_dtype(config) if cuda else None
+    optimizer = make_optimizer(model, opt, device)
+    steps_per_epoch = len(train_loader)
+    schedule = _Schedule(opt.schedule, 0, warmup_start=opt.warmup_start).fit_to(opt.epochs * steps_per_epoch,
+                                                                               steps_per_epoch, opt.warmup_epochs)  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    amp_dtype = amp_dtype_for(config, device)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None  # bfloat16 needs no loss scaling
     step_model = torch.compile(ddp_model) if config.compile else ddp_model
     history: list[dict[str, Any]] = []
@@ -460,62 +543,95 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         if "rng" in extra:
             restore_rng_state(extra["rng"])
     main_process = rank == 0
-    steps_per_epoch = len(train_loader)
     done_steps = start_epoch * steps_per_epoch + start_step
     if start_step >= steps_per_epoch:
         raise CheckpointError(f"{ckpt_path}: saved at step {start_step} of an epoch of {steps_per_epoch} steps; "
                               "expected fewer (was the data or the batch size changed?)")  # fmt: skip
-    progress = progress_for(opt.epochs * steps_per_epoch, "train", "step", quiet=config.quiet or not main_process,
-                            initial=done_steps)  # fmt: skip
+    budget = None
+    if config.time_budget is not None:
+        budget = _TimeBudget(
+            config.time_budget, started, schedule, steps_per_epoch, opt.epochs, opt.warmup_epochs, config.eval_every, device,
+            world_size,
+            measure_eval=lambda: _validation_seconds(model, val_loader, device, channels_last),
+            measure_checkpoint=lambda: _checkpoint_seconds(model, optimizer),
+            fixed=state["extra"].get("budget") if state is not None else None,
+        )  # fmt: skip
+    total = schedule.total_steps if budget is None or budget.plan is not None else None  # a budget's: once it is fixed
+    progress = progress_for(total, "train", "step", quiet=config.quiet or not main_process, initial=done_steps)
+
+    def run_epochs() -> int:  # the epochs the schedule spans (a time budget fixes them after its first steps)
+        return -(-schedule.total_steps // steps_per_epoch)
+
+    def epoch_steps(epoch: int) -> int:  # the last epoch of a time budget's run may end part-way
+        return min(steps_per_epoch, schedule.total_steps - epoch * steps_per_epoch)
+
     try:
-        where = (f"; continuing after epoch {start_epoch}/{opt.epochs}" if not start_step else
-                 f"; continuing epoch {start_epoch + 1}/{opt.epochs} after step {start_step}/{steps_per_epoch}")  # fmt: skip
+        where = (f"; continuing after epoch {start_epoch}/{run_epochs()}" if not start_step else
+                 f"; continuing epoch {start_epoch + 1}/{run_epochs()} after step {start_step}/{steps_per_epoch}")  # fmt: skip
+        length = (f"{opt.epochs} epoch{'s' if opt.epochs > 1 else ''} of" if budget is None else
+                  f"{run_epochs()} epochs (the time budget's) of" if budget.plan is not None else
+                  f"as many epochs as fit in {format_duration(budget.budget_s)} (at most {opt.epochs}) of")  # fmt: skip
         progress.write(
             f"{'resuming' if state is not None else 'training'} {config.model.name} "
             f"({f'{model_source}; ' if model_source else ''}{cost.total_macs / 1e6:,.2f}M MACs per image for all "
             f"{tree.num_leaves} leaves, tree {tree.branching}"
             f"{f'; --model {FAST_MODEL}: {fast_ratio:.0f}x fewer' if model_source and fast_ratio >= 2 else ''}) "
             f"on {config.data.name}: {len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} "
-            f"validation images, {opt.epochs} epoch{'s' if opt.epochs > 1 else ''} of {steps_per_epoch} "
-            f"step{'s' if steps_per_epoch > 1 else ''} "
-            f"(batch {opt.batch_size}); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
+            f"validation images, {length} {steps_per_epoch} step{'s' if steps_per_epoch > 1 else ''} "
+            f"(batch {opt.batch_size}{_lr_text(opt)}); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
             f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}"
+            f"{', ' + busy if busy else ''}"
             + (where if state is not None else "")
         )
         log_path = out / LOG_NAME
         interrupt = _Interrupt(enabled=world_size == 1)
-        estimate = _RunEstimate(progress, opt.epochs * steps_per_epoch - done_steps, steps_per_epoch - start_step, device,
-                                _shorter_run_advice(config.model.name, fast_ratio), on_ctrl_c=interrupt.enabled)  # fmt: skip
+        estimate = (_RunEstimate(progress, opt.epochs * steps_per_epoch - done_steps, steps_per_epoch - start_step, device,
+                                 _shorter_run_advice(config.model.name, fast_ratio), on_ctrl_c=interrupt.enabled,
+                                 threads=0 if device.type == "cuda" else torch.get_num_threads(), images=opt.batch_size)
+                    if budget is None else None)  # fmt: skip  (a time budget says how long instead)
         steps_run = 0
+        epoch = start_epoch
 
         def after_step(step: int) -> bool:  # True: end the epoch here
             nonlocal steps_run
             steps_run += 1
-            estimate.after_step(step)
-            return interrupt.requested or (stop_after_steps is not None and steps_run >= stop_after_steps)
+            if estimate is not None:
+                estimate.after_step(step)
+            if budget is not None and budget.after_step(step, epoch_steps(epoch), done_steps + steps_run):
+                progress.total = schedule.total_steps
+                progress.write(budget.describe())
+            return (interrupt.requested or (stop_after_steps is not None and steps_run >= stop_after_steps)
+                    or step >= epoch_steps(epoch))  # fmt: skip
 
-        def save(epoch_done: int, step: int) -> None:
+        def save(epoch_done: int, step: int, stopping: bool = True) -> None:
+            if budget is not None and budget.plan is None and stopping:  # stopped before the plan: fix it from what was measured
+                budget.fix(done_steps + steps_run, collective=False)
+                progress.total = schedule.total_steps
+                progress.write(budget.describe())
             extra = {"history": history, "step_losses": step_losses, "rng": capture_rng_state(),
                      "scaler": scaler.state_dict() if scaler is not None else None, "world_size": world_size,
-                     "step": step, "partial": partial if step else None}  # fmt: skip
+                     "step": step, "partial": partial if step else None,
+                     "budget": budget.record() if budget is not None else None}  # fmt: skip
             save_checkpoint(
                 ckpt_path, model=model, class_names=bundle.class_names, normalization=bundle.normalization,
                 optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), epoch=epoch_done,
                 config=config.to_dict(), extra=extra,
             )
             atomic_write_json(log_path, {"config": config.to_dict(), "world_size": world_size, "epochs": history,
-                                         "step_losses": step_losses}, allow_nan=True)  # fmt: skip
+                                         "step_losses": step_losses, "budget": extra["budget"]}, allow_nan=True)  # fmt: skip
             if not (out / CONFIG_NAME).exists():  # after the checkpoint: a run killed before leaves its folder empty
                 atomic_write_text(out / CONFIG_NAME, config.to_yaml())
 
         epochs_run = 0
         with interrupt:
-            for epoch in range(start_epoch, opt.epochs):
+            while epoch < run_epochs():  # a time budget's plan may shorten the run while epoch 1 runs
                 if stop_after is not None and epochs_run >= stop_after:
                     break
                 first = start_step if epoch == start_epoch else 0
                 train_loader.set_epoch(epoch, first)
-                progress.set(note=f"epoch {epoch + 1}/{opt.epochs}")
+                if budget is not None:
+                    budget.epoch_started(validated=bool(history) and "val_acc" in history[-1])
+                progress.set(note=f"epoch {epoch + 1}/{run_epochs()}")
                 stats = train_one_epoch(
                     step_model, train_loader, optimizer, scheduler, tree=tree, loss=config.loss, device=device,
                     accum_steps=opt.accum_steps, scaler=scaler, amp_dtype=amp_dtype, channels_last=channels_last,
@@ -526,32 +642,34 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                 partial = {k: partial.get(k, 0) + stats[k] for k in ("correct", "images", "seconds")} if first else {
                     k: stats[k] for k in ("correct", "images", "seconds")}  # fmt: skip
                 step = first + stats["steps"]
-                if step < steps_per_epoch:  # stopped part-way (Ctrl-C, stop_after_steps): save exactly here, then stop
+                if step < epoch_steps(epoch):  # stopped part-way (Ctrl-C, stop_after_steps): save exactly here, then stop
                     if main_process:
                         save(epoch, step)
                         if interrupt.requested:
-                            print(f"stopped in epoch {epoch + 1}/{opt.epochs} after step {step}/{steps_per_epoch}: saved a "
-                                  f"resumable checkpoint {ckpt_path}; continue with --resume (same --out)",
+                            print(f"stopped in epoch {epoch + 1}/{run_epochs()} after step {step}/{steps_per_epoch}: saved "
+                                  f"a resumable checkpoint {ckpt_path}; continue with --resume (same --out)",
                                   file=sys.stderr, flush=True)  # fmt: skip
                     break
                 record = {"epoch": epoch + 1, "lr": optimizer.param_groups[0]["lr"],
-                          "train_loss": float(np.mean(step_losses[-steps_per_epoch:])),
+                          "train_loss": float(np.mean(step_losses[-step:])),
                           "train_acc": partial["correct"] / max(partial["images"], 1),
                           "train_images_per_s": partial["images"] * world_size / partial["seconds"] if partial["seconds"] > 0 else float("nan"),
                           "train_seconds": partial["seconds"], "train_images": int(partial["images"])}  # fmt: skip
                 partial = {}
-                last = epoch + 1 == opt.epochs
+                last = epoch + 1 == run_epochs()
                 if val_loader is not None and ((epoch + 1) % config.eval_every == 0 or last):
-                    progress.set(note=f"epoch {epoch + 1}/{opt.epochs}: validating {len(bundle.val)} images")
+                    progress.set(note=f"epoch {epoch + 1}/{run_epochs()}: validating {len(bundle.val)} images")
                     metrics = evaluate(model, val_loader, device, channels_last)
                     record.update({f"val_{k}": v for k, v in metrics.items()})
                 history.append(record)
                 epochs_run += 1
+                epoch += 1
                 if main_process:
-                    save(epoch + 1, 0)
-                    progress.write(format_epoch(record, opt.epochs, tree.num_leaves))
+                    save(epoch, 0, stopping=interrupt.requested or (stop_after is not None and epochs_run >= stop_after)
+                         or (stop_after_steps is not None and steps_run >= stop_after_steps))  # fmt: skip
+                    progress.write(format_epoch(record, run_epochs(), tree.num_leaves))
                 if interrupt.requested:  # Ctrl-C during the epoch's last step or its validation: the epoch's checkpoint
-                    print(f"stopped after epoch {epoch + 1}/{opt.epochs}: its checkpoint {ckpt_path} is saved; continue "
+                    print(f"stopped after epoch {epoch}/{run_epochs()}: its checkpoint {ckpt_path} is saved; continue "
                           "with --resume (same --out)", file=sys.stderr, flush=True)  # fmt: skip
                     break
     except BaseException:  # nothing more from this run: no heartbeat left printing after its error
@@ -561,9 +679,12 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     if interrupt.requested:
         raise KeyboardInterrupt
     notes = [note] if main_process and (note := _final_chance_note(history, len(bundle.class_names))) else []
+    if budget is not None and main_process and epoch == run_epochs():
+        notes.append(budget.ending_note(time.perf_counter() - started))
     if world_size > 1:
         torch.distributed.barrier()
-    return FitResult(out_dir=out, checkpoint=ckpt_path, log=log_path, history=history, notes=notes)
+    return FitResult(out_dir=out, checkpoint=ckpt_path, log=log_path, history=history, notes=notes,
+                     budget=budget.record() if budget is not None else None)  # fmt: skip
 
 
 class _Interrupt:
@@ -631,40 +752,105 @@ def _shorter_run_advice(model: str, ratio: float) -> str:
 
 
 class _RunEstimate:
-    """Says once, after the first steps, how long the rest of the run takes on this device, and when that is
-    hours, what makes it shorter.
+    """Says once, when the step time is steady, how long the run takes on this device (and when that is hours,
+    what makes it shorter); warns once when the machine got too busy for torch's threads.
 
-    The first step carries one-off costs (allocation, kernel selection), so the rate is measured from the end of
-    the first step: after 20 more steps or 5 s, whichever comes first (or the end of the first epoch). A first
-    step that alone takes 30 s is its own estimate (the run is long either way).
+    The first steps carry one-off costs (allocation, kernel selection, compilation, cold caches) and, on a shared
+    CPU, bursts of contention: an estimate from the first 5 s said 32 min for a run of 238 s (issue 28). So the
+    first step is left out, and the step time is the mean over the latest half of the steps after it, said once
+    that mean is steady: the window holds :attr:`MIN_STEPS` steps or more, and the means of its :attr:`BATCHES`
+    consecutive parts give it a relative standard error of at most :attr:`STEADY` (batch means: a burst of slow
+    steps falls in one part and shows). A run that never settles says it after :attr:`SETTLE_S`, an epoch too
+    short to tell at its end. The progress lines keep the estimate current: their rate and ETA cover the latest
+    half of the elapsed time (:attr:`hne_edge.progress.Progress.rate`). A first step that alone takes 30 s is its
+    own estimate (the run is long either way). Tested on a recorded trace of this machine under load
+    (tests/train/test_engine.py): within 25 % of the run's time.
+
+    Oversubscription: when the step time later grows :attr:`COLLAPSE` times over the estimate's while the load
+    average is above the CPUs and torch runs several threads, it says so once with the fix (``--threads 1``).
 
     Args:
         steps_left: training steps left in the run; epoch_left: of them, those before the next checkpoint (the
-        end of the current epoch); advice: what makes a run shorter; on_ctrl_c: Ctrl-C saves a checkpoint too.
+        end of the current epoch); advice: what makes a run shorter; on_ctrl_c: Ctrl-C saves a checkpoint too;
+        threads: torch's CPU threads (0: a GPU run, nothing to watch); images: per step (the global batch);
+        clock, load, cpus: for tests.
     """
 
+    MIN_STEPS = 12
+    BATCHES = 4
+    STEADY = 0.07
+    SETTLE_S = 300.0
+    COLLAPSE = 3.0
+
     def __init__(self, progress: Progress, steps_left: int, epoch_left: int, device: torch.device, advice: str,
-                 clock: Callable[[], float] = time.perf_counter, on_ctrl_c: bool = True) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.perf_counter, on_ctrl_c: bool = True, threads: int = 0,
+                 load: Callable[[], float | None] = load_average, cpus: int | None = None, images: int = 0) -> None:  # fmt: skip
         self.progress, self.steps_left, self.epoch_left = progress, steps_left, epoch_left
         self.device, self.advice, self.clock, self.on_ctrl_c = device, advice, clock, on_ctrl_c
-        self.start, self.after_first, self.steps, self.said = clock(), 0.0, 0, False
+        self.threads, self.load, self.cpus = threads, load, cpu_count() if cpus is None else cpus
+        self.images = images  # per step (the global batch), for the warning's img/s
+        self.start = clock()
+        self.ends: list[float] = []  # when each step ended (the latest ones, once the estimate is said)
+        self.steps = 0
+        self.per_step: float | None = None  # what the estimate said
+        self.said = False
+        self.warned = not threads or threads < 2
 
     def after_step(self, step: int) -> None:
-        if self.said:
-            return
         now = self.clock()
+        self.ends.append(now)
         self.steps += 1
-        if self.steps == 1:
-            self.after_first = now
-            if now - self.start >= 30:
-                self.say(now - self.start, "the first step, start-up included")
-        elif now - self.after_first >= 5 or self.steps >= 21 or self.steps == self.epoch_left:
-            n = self.steps - 1
-            self.say((now - self.after_first) / n, f"{n} step{'s' if n > 1 else ''} after the first")
+        if not self.said:
+            self._estimate(now)
+        elif not self.warned:
+            self._watch(now)
 
-    def say(self, per_step: float, measured: str) -> None:
-        self.said = True
-        total = per_step * self.steps_left
+    def _estimate(self, now: float) -> None:
+        ends, k = self.ends, self.BATCHES
+        window = (self.steps - 1) // 2  # the latest half of the steps after the first (whose end is ends[0])
+        if window == 0:
+            if now - self.start >= 30 or self.steps == self.epoch_left:
+                self.say(now - self.start, now, "the first step, start-up included")
+            return
+        per_step = (now - ends[-window - 1]) / window
+        if window >= self.MIN_STEPS:
+            size = window // k
+            parts = [(ends[-1 - size * i] - ends[-1 - size * (i + 1)]) / size for i in range(k)]
+            mean = sum(parts) / k
+            error = (sum((p - mean) ** 2 for p in parts) / (k - 1)) ** 0.5 / mean / k**0.5 if mean > 0 else 0.0
+            if error <= self.STEADY:
+                return self.say(per_step, now, f"the last {window} steps")
+            if now - ends[0] >= self.SETTLE_S:
+                return self.say(per_step, now, f"the last {window} steps, which still vary: ±{error:.0%}")
+        elif self.steps == self.epoch_left:  # a short epoch: what it has, before its checkpoint
+            self.say(per_step, now, f"the last {window} step{'s' if window > 1 else ''}")
+
+    def _watch(self, now: float) -> None:
+        """Once the estimate is said: the latest :attr:`MIN_STEPS` steps and 5 s at least vs the estimate's step time."""
+        ends = self.ends
+        if len(ends) > 8192:  # a long run: the latest steps are enough
+            del ends[:4096]
+        first = min(bisect.bisect_right(ends, now - 5.0) - 1, len(ends) - 1 - self.MIN_STEPS)
+        if first < 0:
+            return
+        per_step = (now - ends[first]) / (len(ends) - 1 - first)
+        if per_step < self.COLLAPSE * self.per_step:
+            return
+        load = self.load()
+        if load is None or load <= self.cpus:
+            return
+        self.warned = True
+        ms = f"{self.per_step * 1e3:.3g} to {per_step * 1e3:.3g} ms a step"
+        rate = f"{self.images / self.per_step:,.0f} to {self.images / per_step:,.0f} img/s ({ms})" if self.images else ms
+        self.progress.write(
+            f"warning: training slowed from {rate} while the load average is {load:.1f} on {self.cpus} CPU{'s' if self.cpus > 1 else ''}: torch's "
+            f"{self.threads} threads wait for each other on busy cores; --threads 1 is usually several times faster "
+            "on a busy machine (stop with Ctrl-C and --resume with it: BENCHMARKS.md, 'Training threads under load')")
+
+    def say(self, per_step: float, now: float, measured: str) -> None:
+        self.said, self.per_step = True, per_step
+        left = per_step * max(self.steps_left - self.steps, 0)
+        total = now - self.start + left
         to_checkpoint = per_step * max(self.epoch_left - self.steps, 0)
         line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
                 f"({format_duration(per_step)}/step over {measured}; "
@@ -673,3 +859,201 @@ class _RunEstimate:
         if total >= 3600:
             line += f"\n  that is hours on this {self.device.type}: {self.advice}"
         self.progress.write(line)
+
+# -- training to a time budget (TrainConfig.time_budget) ----------------------------------------------
+def _lr_text(opt: OptimConfig) -> str:
+    """The header's learning rate, when the linear rule or a warm-up makes it other than ``optim.lr``."""
+    if opt.peak_lr == opt.lr:
+        return ""
+    warm = f", warm-up from {opt.lr:g} over {opt.warmup_epochs:g} epochs" if opt.warmup_start < 1 else ""
+    return f", lr {opt.peak_lr:g} = {opt.lr:g} x {opt.batch_size}/{opt.lr_batch}{warm}"
+
+
+def plan_steps(*, budget_s: float, elapsed_s: float, done_steps: int, step_s: float, steps_per_epoch: int,
+               max_steps: int, epoch_end_s: float, val_s: float, eval_every: int) -> int:  # fmt: skip
+    """The most training steps ``T`` (``done_steps <= T <= max_steps``) whose remaining work ends inside the budget.
+
+    The work after ``done_steps``: ``T - done_steps`` steps of ``step_s`` each, and at the end of each epoch still
+    to come (the last, a partial one, included) a checkpoint of ``epoch_end_s``, plus a validation of ``val_s``
+    after every ``eval_every``-th epoch and after the last. It must fit in ``budget_s - elapsed_s``. The cost
+    grows with ``T``, so the answer is a binary search. A budget already spent gives ``done_steps``.
+    """
+    left = budget_s - elapsed_s
+    done_epochs = done_steps // steps_per_epoch  # epochs whose end (checkpoint) has been written already
+
+    def cost(total: int) -> float:
+        epochs = -(-total // steps_per_epoch)
+        ends = range(done_epochs + 1, epochs + 1)
+        vals = sum(1 for e in ends if e % eval_every == 0 or e == epochs)
+        return (total - done_steps) * step_s + len(ends) * epoch_end_s + vals * val_s
+
+    lo, hi = done_steps, max(done_steps, max_steps)
+    if cost(lo) > left:
+        return lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost(mid) <= left:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _validation_seconds(model: nn.Module, loader, device: torch.device, channels_last: bool) -> float:
+    """How long one validation of ``loader`` takes: its first batch timed (twice when that is quick or on CUDA, the
+    second run warm: a first CUDA run autotunes every new shape, 50 s on an H200 for a validation that takes 1 s),
+    scaled to the whole set."""
+    if loader is None:
+        return 0.0
+    head = [next(iter(loader))]
+    seconds = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        predict(model, head, device, channels_last)
+        seconds = min(seconds, time.perf_counter() - t0)
+        if seconds > 1.0 and device.type != "cuda":  # a slow CPU: once is measurement enough
+            break
+    model.train()
+    return seconds * len(loader.dataset) / max(len(head[0][1]), 1)
+
+
+def _checkpoint_seconds(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    """How long an epoch's checkpoint takes: its serialisation timed, doubled for the write and the log."""
+    t0 = time.perf_counter()
+    torch_bytes({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    return 2 * (time.perf_counter() - t0) + 0.02
+
+
+class _TimeBudget:
+    """Fixes a run's number of steps so that it ends inside ``budget_s`` (``TrainConfig.time_budget``).
+
+    Until the plan is fixed the schedule spans ``max_epochs``. The first steps carry one-off costs (cuDNN's
+    kernel choice, allocation, compilation), so after :data:`SKIP` steps a window of training steps is timed,
+    epoch ends excluded (on CUDA each stretch between two synchronisations): at least :data:`MIN_STEPS` steps and
+    ``window_s`` seconds (3 % of the budget, 1 to 10 s), at most :data:`MAX_STEPS`; once :data:`RUSHED` of the
+    budget is spent (steps that are slow for it), no step is skipped and one timed step is enough. An epoch end (validation,
+    checkpoint, the next epoch's draws) that passed meanwhile is timed as it happened; otherwise one validation
+    and one checkpoint are timed on their own. Then :func:`plan_steps` fixes the steps (a :data:`MARGIN` of
+    the budget kept for the unforeseen) and the schedule is fitted to them (``_Schedule.fit_to``). The plan
+    is part of the checkpoint: a resumed run keeps it. Under DDP the window is a fixed number of steps on every
+    process and the smallest plan wins.
+    """
+
+    SKIP, MIN_STEPS, MAX_STEPS, MARGIN = 2, 5, 200, 0.015
+    RUSHED = 0.1  # past this fraction of the budget, one timed step is enough (and no step is skipped)
+
+    def __init__(self, budget_s: float, started: float, schedule: _Schedule, steps_per_epoch: int, max_epochs: int,
+                 warmup_epochs: float, eval_every: int, device: torch.device, world_size: int, *,
+                 measure_eval: Callable[[], float], measure_checkpoint: Callable[[], float],
+                 fixed: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+        self.budget_s, self.started, self.schedule = budget_s, started, schedule
+        self.steps_per_epoch, self.max_epochs, self.eval_every = steps_per_epoch, max_epochs, eval_every
+        self.warmup_epochs, self.resumed = warmup_epochs, bool(fixed)
+        self.device, self.world_size, self.clock = device, world_size, clock
+        self.measure_eval, self.measure_checkpoint = measure_eval, measure_checkpoint
+        self.window_s = min(max(0.03 * budget_s, 1.0), 10.0)
+        self.plan: dict[str, Any] | None = dict(fixed) if fixed else None
+        self.seen = self.window_n = 0
+        self.window_t = 0.0
+        self.last: float | None = None  # the end of the last timed step of the open stretch
+        self.epoch_end: float | None = None  # when the last epoch's last step ended
+        self.gaps: list[tuple[float, bool]] = []  # epoch ends as they happened: (seconds, validated)
+
+    def _now(self, sync: bool) -> float:
+        if sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.clock()
+
+    def epoch_started(self, validated: bool = False) -> None:
+        """A new epoch: the stretch of timed steps closed at the last one's end; the end itself is timed."""
+        if self.plan is None and self.epoch_end is not None:
+            self.gaps.append((self.clock() - self.epoch_end, validated))
+        self.last = self.epoch_end = None
+
+    def after_step(self, step: int, epoch_steps: int, done_steps: int) -> bool:
+        """Time the step that just ended; True when this step fixed the plan."""
+        if self.plan is not None:
+            return False
+        self.seen += 1
+        ends_epoch = step >= epoch_steps
+        rushed = self.world_size == 1 and self.clock() - self.started >= self.RUSHED * self.budget_s  # slow steps: time what there is
+        skip = self.seen <= self.SKIP and not rushed
+        if skip or self.last is None:  # one-off costs, or a stretch opens (synchronised)
+            self.last = None if skip else self._now(sync=True)
+            if ends_epoch:
+                self.epoch_end = self.last = self._now(sync=True) if self.last is None else self.last
+                self.last = None
+            return self._fallback(done_steps)
+        now = self._now(sync=ends_epoch)  # a stretch closes synchronised at the epoch's end
+        self.window_t += now - self.last
+        self.window_n += 1
+        self.last = None if ends_epoch else now
+        if ends_epoch:
+            self.epoch_end = now
+        if self.world_size > 1:  # every process must fix its plan at the same step
+            done = self.window_n >= 20
+        else:
+            done = (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s) or self.window_n >= self.MAX_STEPS \
+                or rushed
+        if not done:
+            return False
+        if not ends_epoch:
+            synced = self._now(sync=True)
+            self.window_t += synced - now
+        self.fix(done_steps)
+        return True
+
+    def _fallback(self, done_steps: int) -> bool:
+        """Epochs too short to time a step in (one step each): plan from the whole run's rate after a while."""
+        if self.window_n == 0 and self.seen >= self.SKIP + 20:
+            self.fix(done_steps)
+            return True
+        return False
+
+    def fix(self, done_steps: int, collective: bool = True) -> None:
+        """Fix the plan now, from the steps timed so far (or, with none, from the whole run's rate).
+
+        ``collective``: every DDP process calls this at the same step (False: only this one, which is stopping)."""
+        elapsed = self._now(sync=True) - self.started
+        step_s = self.window_t / self.window_n if self.window_n else elapsed / max(done_steps, 1)
+        val_s, end_s = self.measure_eval(), self.measure_checkpoint()
+        plain = [g for g, validated in self.gaps if not validated]
+        with_val = [g for g, validated in self.gaps if validated]
+        end_s = min(plain) if plain else end_s  # an epoch end that happened is better than an estimate
+        val_s = max(min(with_val) - end_s, 0.0) if with_val else val_s
+        elapsed = self.clock() - self.started
+        total = plan_steps(budget_s=self.budget_s * (1 - self.MARGIN), elapsed_s=elapsed, done_steps=done_steps,
+                           step_s=step_s, steps_per_epoch=self.steps_per_epoch,
+                           max_steps=self.max_epochs * self.steps_per_epoch, epoch_end_s=end_s, val_s=val_s,
+                           eval_every=self.eval_every)  # fmt: skip
+        if self.world_size > 1 and collective:
+            t = torch.tensor([total], dtype=torch.long, device=self.device if self.device.type == "cuda" else "cpu")
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            total = int(t.item())
+        self.schedule.fit_to(total, self.steps_per_epoch, self.warmup_epochs)
+        self.plan = {"budget_s": self.budget_s, "total_steps": total, "epochs": total / self.steps_per_epoch,
+                     "steps_per_epoch": self.steps_per_epoch, "fixed_at_step": done_steps, "fixed_at_s": round(elapsed, 3),
+                     "step_s": step_s, "timed_steps": self.window_n, "validation_s": val_s, "checkpoint_s": end_s,
+                     "timed_epoch_ends": len(self.gaps), "capped_by_epochs": total == self.max_epochs * self.steps_per_epoch}  # fmt: skip
+
+    def record(self) -> dict[str, Any] | None:
+        """The plan as the checkpoint and the log keep it (with the seconds used so far), or None before it is fixed."""
+        if self.plan is None:
+            return None
+        return {**self.plan, "used_s": round(self.clock() - self.started, 3)}
+
+    def describe(self) -> str:
+        p = self.plan
+        capped = f"; capped by optim.epochs={self.max_epochs}" if p["capped_by_epochs"] else ""
+        return (f"time budget {format_duration(p['budget_s'])}: {p['epochs']:.1f} epochs fit ({p['total_steps']} steps of "
+                f"{p['step_s'] * 1e3:.1f} ms over {p['timed_steps']} timed steps; validation ~{format_duration(p['validation_s'])}"
+                f" and checkpoint ~{format_duration(p['checkpoint_s'])} per epoch{capped}); the schedule ends at step "
+                f"{p['total_steps']}")  # fmt: skip
+
+    def ending_note(self, used_s: float) -> str:
+        p = self.plan or {}
+        if self.resumed:
+            return (f"time budget {format_duration(self.budget_s)}: the resumed run ended the schedule its first call fixed "
+                    f"({p.get('epochs', 0):.2f} epochs, {p.get('total_steps')} steps)")
+        return (f"time budget {format_duration(self.budget_s)}: the schedule ended after {p.get('epochs', 0):.2f} epochs "
+                f"({p.get('total_steps')} steps) in {format_duration(used_s)} ({100 * used_s / self.budget_s:.1f}% of it)")

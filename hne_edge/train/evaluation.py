@@ -127,6 +127,7 @@ def evaluate_checkpoint(
     device: str = "auto",
     plots: bool = True,
     progress: "Progress | None" = None,
+    predictions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a training checkpoint on its validation split (or the test set) for every n.
 
@@ -142,6 +143,8 @@ def evaluate_checkpoint(
         device: auto, cpu or cuda.
         plots: write the PNGs.
         progress: counts the images as they are evaluated (:func:`hne_edge.progress.progress_for`); None: silent.
+        predictions: a dict that receives the evaluated ``logits`` (M, N, classes) and ``labels`` (M,), for a caller
+            that computes more from them (the demo's paired standard errors) without a second pass.
 
     Returns the metrics dict that is written to ``metrics.json``.
     """
@@ -156,7 +159,7 @@ def evaluate_checkpoint(
     path = Path(path)
     model, state = model_from_checkpoint(path)
     if test_data is not None:
-        return _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress)
+        return _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress, predictions)
     stored = state.get("config")
     if not stored and not data:
         raise CheckpointError(f"{path} records no training config, so its validation split cannot be rebuilt",
@@ -184,11 +187,11 @@ def evaluate_checkpoint(
     # "npz" says how the images were stored, not what they are: the plots name the file (cifar10_train.npz)
     dataset = Path(data_cfg.data_dir).name if data_cfg.name in ("npz", "imagefolder") and data_cfg.data_dir else data_cfg.name
     return _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset, "split": split}, out_dir,
-                    device, plots, progress)  # fmt: skip
+                    device, plots, progress, predictions)  # fmt: skip
 
 
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
-                 progress: "Progress | None") -> dict[str, Any]:
+                 progress: "Progress | None", predictions: dict[str, Any] | None = None) -> dict[str, Any]:
     """Metrics of the checkpoint's model on the images of ``test_data`` (an .npz), checked against the model first."""
     from .data import BatchLoader, load_npz  # noqa: PLC0415
 
@@ -209,11 +212,12 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
     norm = state["normalization"]
     loader = BatchLoader(dataset, batch_size, mean=norm["mean"], std=norm["std"])
     return _measure(model, state, path, loader, {"data": str(test_data), "dataset": Path(test_data).name,
-                                                 "split": "test-data"}, out_dir, device, plots, progress)  # fmt: skip
+                                                 "split": "test-data"}, out_dir, device, plots, progress,
+                    predictions)  # fmt: skip
 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,
-             progress: "Progress | None") -> dict[str, Any]:
+             progress: "Progress | None", predictions: dict[str, Any] | None = None) -> dict[str, Any]:
     """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares."""
     from ..models import tree_cost  # noqa: PLC0415
     from .engine import predict, torch_device  # noqa: PLC0415
@@ -227,6 +231,8 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
         progress.restart(len(loader.dataset), "eval", "image")
         progress.set(note=f"{source['data']} {source['split']} on {dev}")
     logits, labels = predict(model, loader, dev, progress=progress)
+    if predictions is not None:
+        predictions.update(logits=logits, labels=labels)
     cost = tree_cost(model.cpu())
     metrics = anytime_metrics(logits, labels, cost.prefix_macs)
     for row, leaf_id, path_macs in zip(metrics["leaves"], model.tree.leaf_order, cost.path_macs):

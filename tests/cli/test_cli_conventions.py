@@ -122,8 +122,8 @@ def test_verify_batch_sizes_outside_the_bundles_range(work):
         (("export", "{ckpt}", "--out", "{tmp}/o", "--precision", "fp8"), ("fp8", "fp32")),
         (("export", "{tmp}/missing.pt", "--out", "{tmp}/o"), ("missing.pt",)),
         (("train", "--data", "npz", "--epochs", "1"), ("data_dir",)),
-        (("train", "--epochs", "0"), ("optim.epochs", "positive")),
-        (("train", "--model", "nope", "--epochs", "1"), ("model.name", "nope")),
+        (("train", "--epochs", "0"), ("--epochs", "positive")),
+        (("train", "--model", "nope", "--epochs", "1"), ("--model", "nope")),
     ],
 )
 def test_user_errors_are_one_line_hne_errors(work, tiny_bundle, tmp_path, args, fragments):
@@ -259,11 +259,11 @@ TRAIN_EXTRA_MODULES = ("torch", "torchvision", "yaml", "matplotlib", "sklearn", 
     ["demo", "--data", "digits"],
 ])
 def test_runtime_only_install_names_the_missing_extra_in_one_line(tmp_path, args):
-    """A device with `pip install hne-edge[runtime]` (no torch): torch commands say which extra, not a traceback."""
+    """A device with the wheel's `runtime` extra (no torch): torch commands say which extra, not a traceback."""
     proc = run_cli(*args, env=blocking_env(tmp_path, *TRAIN_EXTRA_MODULES), cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert f"hne-edge {args[0]} needs torch" in lines[0] and "pip install 'hne-edge[train]'" in lines[0], lines[0]
+    assert f"hne-edge {args[0]} needs torch" in lines[0] and "pip install 'hne_edge-0.1.0-py3-none-any.whl[train]'" in lines[0], lines[0]
     assert not list(tmp_path.glob("runs*")), "nothing may be written by a command that cannot run"
 
 
@@ -283,6 +283,54 @@ def test_cli_errors_name_flags_not_python_arguments(tiny_bundle, work, tmp_path)
     for args, fragment in cases:
         err = one_line_error(run_cli(*args), fragment)
         assert not any(word in err for word in python_words), err
+
+
+def test_errors_name_the_flags_typed_and_the_config_keys_written(work, tmp_path):
+    """Issue 28: errors named Python parameters and config keys (budget_ms, data.limit) where the user had typed
+    flags, and --min-leaves stated two ranges (0..16 at 17, >= 1 at 0)."""
+    b, frames = str(work / "b"), str(work / "frames.npz")
+    one_line_error(run_cli("run", b, frames, "--budget-ms", "-1"), "--budget-ms: received -1.0; expected a positive finite")
+    for value in ("0", "17"):
+        one_line_error(run_cli("run", b, frames, "--min-leaves", value), f"--min-leaves: received {value}; expected an int in 1..16")
+    one_line_error(run_cli("run", b, frames, "--min-leaves", "5", "--max-leaves", "3"),
+                   "--min-leaves: received 5 with --max-leaves=3; expected --min-leaves <= --max-leaves")
+    one_line_error(run_cli("train", "--limit", "0", "--out", str(tmp_path / "r")), "--limit: received 0; expected a positive")
+    one_line_error(run_cli("train", "--lr", "-1", "--out", str(tmp_path / "r")), "--lr: received -1.0")
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  limit: 0\n")  # written in a file: the error names the file's key
+    one_line_error(run_cli("train", "--config", str(config), "--out", str(tmp_path / "r")), "data.limit: received 0")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_file_for_a_bundle_and_a_missing_variant_say_which_export_makes_them(tiny_bundle, work):
+    """Issue 28: a checkpoint passed as a bundle said "Directory '...' is a file"; a missing plan or precision named
+    what the bundle has, not the `export --plan/--precision` that adds it (and keeps what it has)."""
+    ckpt, b, frames = str(tiny_bundle.checkpoint_path), str(work / "b"), str(work / "frames.npz")
+    for args in (("run", ckpt, frames), ("verify", ckpt), ("inspect", ckpt), ("bench", ckpt), ("profile", ckpt)):
+        one_line_error(run_cli(*args), f"{ckpt}: received a file (a checkpoint?); expected a bundle folder; export the "
+                       f"checkpoint to one first: hne-edge export {ckpt} --out BUNDLE")  # fmt: skip
+    one_line_error(run_cli("run", str(work / "b" / "manifest.json"), frames), "received one file of a bundle",
+                   "pass the folder that holds manifest.json")  # fmt: skip
+    one_line_error(run_cli("run", b, frames, "--precision", "fp16"),
+                   "bundle has no onnx/fp16/segments model files; it has onnx/fp32/nodes, onnx/fp32/segments",
+                   "export it again with it: hne-edge export CHECKPOINT --out BUNDLE --plan nodes,segments "
+                   "--precision fp32,fp16 --force")  # fmt: skip
+    one_line_error(run_cli("run", b, frames, "--plan", "mixed"), "bundle has no onnx/fp32/subtrees model files",
+                   "--plan nodes,segments,subtrees --precision fp32 --force")  # fmt: skip
+
+
+def test_verify_takes_tolerances_and_inputs_as_polygraphy_users_expect(tiny_bundle, work):
+    """Issue 28: users from trtexec/Polygraphy pass --atol/--rtol and their own input file or a seed."""
+    b, ckpt, frames = str(work / "b"), str(tiny_bundle.checkpoint_path), str(work / "frames.npz")
+    proc = run_cli("verify", b, "--checkpoint", ckpt, "--frames", frames, "--atol", "1", "--quiet", check=True)
+    assert "note: inputs: 4 given images (one batch)" in proc.stdout and "bounds: fp32 1 + 0 x max|ref|" in proc.stdout
+    err = one_line_error(run_cli("verify", b, "--checkpoint", ckpt, "--seed", "5", "--atol", "1e-12", "--quiet"),
+                         "bundle verification failed: ", "exceeds the bound 1e-12", after_progress=True)  # fmt: skip
+    assert "max abs difference" in err
+    proc = run_cli("verify", b, "--seed", "5", "--rtol", "0.5", "--quiet", check=True)
+    assert "standard-normal images (seed 5)" in proc.stdout and "fp32 0.0001 + 0.5 x max|ref|" in proc.stdout
+    one_line_error(run_cli("verify", b, "--frames", frames, "--batch-sizes", "1"), "pass --batch-sizes or --frames, not both")
+    one_line_error(run_cli("verify", b, "--atol", "nan"), "--atol")
 
 
 def test_a_machine_without_a_gpu_is_not_told_to_install_gpu_packages(work):

@@ -6,13 +6,35 @@ from __future__ import annotations
 import json
 import textwrap
 
-from conftest import REPO, blocking_env, run_cli
+import pytest
+
+from conftest import REPO, blocking_env, breaking_env, run_cli
 from gpu_env import HAS_CUDA
 
 from hne_edge.bundle import PRECISIONS, RUNNER_PLANS
 from hne_edge.runtime.backends import BACKENDS
 
 CPU_BACKENDS = [name for name, kind in BACKENDS if kind == "cpu"]
+
+
+# a few ISA features and the /proc/cpuinfo flags that mean them (from the kernel's names, not hne_edge's table)
+KNOWN_FLAGS = {"x86_64": {"AVX2": {"avx2"}, "FMA": {"fma"}, "AVX-512": {"avx512f"}},
+               "arm": {"NEON": {"asimd", "neon"}, "SVE": {"sve"}}}  # fmt: skip
+
+
+def cpu_features_from_proc(machine: str) -> dict[str, bool]:
+    """What the doctor must say of those features on this CPU, read here independently of it: present or
+    absent as /proc/cpuinfo's flags say (whatever this CPU has); nothing where there are no flags to read."""
+    try:
+        lines = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read().splitlines()
+    except OSError:
+        return {}
+    flags = next((set(v.split()) for k, _, v in (line.partition(":") for line in lines) if k.strip() in ("flags", "Features")),
+                 None)  # fmt: skip
+    family = "x86_64" if machine.lower() in ("x86_64", "amd64", "i686", "i386") else "arm" if machine.lower().startswith(("arm", "aarch")) else None
+    if flags is None or family is None:
+        return {}
+    return {name: bool(names & flags) for name, names in KNOWN_FLAGS[family].items()}
 
 
 def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
@@ -22,7 +44,10 @@ def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
     assert report["ok"] is True and report["failures"] == []
     env = report["environment"]
     assert env["libraries"]["onnxruntime"]["version"] and env["libraries"]["torch"]["version"]
-    assert env["cpu"]["logical_cores"] >= 1 and "AVX-512" in env["cpu"]["features"] or env["cpu"]["machine"] != "x86_64"
+    assert env["cpu"]["logical_cores"] >= 1
+    expected = cpu_features_from_proc(env["cpu"]["machine"])  # not this machine's ISA: the CPU's own flags
+    assert {name: env["cpu"]["features"].get(name) for name in expected} == expected, env["cpu"]
+    assert bool(env["cpu"]["features"]) == bool(expected)  # features reported exactly where they can be read
     assert set(report["bundles"]) == {"fresh", "shipped"}
     rows = {(c["backend"], c["device"], c["precision"], c["plan"]): c for c in report["checks"]}
     for backend in CPU_BACKENDS:  # torch and onnxruntime are both installed here
@@ -45,7 +70,7 @@ def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
 
 
 def test_doctor_on_a_runtime_only_install_runs_the_shipped_bundle(tmp_path):
-    """numpy + onnxruntime, no torch and no onnx (an edge device's `pip install 'hne-edge[runtime]'`)."""
+    """numpy + onnxruntime, no torch and no onnx (an edge device's wheel with the `runtime` extra)."""
     env = blocking_env(tmp_path, "torch", "onnx", "torchvision")
     proc = run_cli("doctor", "--repeats", "3", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -55,7 +80,7 @@ def test_doctor_on_a_runtime_only_install_runs_the_shipped_bundle(tmp_path):
     table = [line.split() for line in out.splitlines() if line.startswith("onnxruntime  cpu")]
     assert sorted((row[2], row[3]) for row in table) == sorted((p, q) for p in PRECISIONS for q in RUNNER_PLANS)
     assert all(row[4] == "shipped" and row[5] == "16/16" and row[-1] == "ok" for row in table)
-    assert "torch cpu: torch is not installed; to get it: pip install 'hne-edge[train]'" in out
+    assert "torch cpu: torch is not installed; to get it: pip install 'hne_edge-0.1.0-py3-none-any.whl[train]'" in out
     assert out.rstrip().splitlines()[-1].startswith(f"ok: {len(table)} checks passed")
 
 
@@ -110,3 +135,41 @@ def test_doctor_bad_threads_is_one_line_and_exit_2():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("Error: --threads: received 100000; expected an int in 1..")
+
+
+# -- a doctor that reports whatever breaks (issue 29, item 8) ------------------------------------------------------
+
+
+def test_doctor_reports_a_torch_that_raises_oserror_on_import_as_a_failed_row(tmp_path):
+    """Issue 29 (8): a broken libtorch raises OSError on `import torch`; the doctor stopped with "Error: ..." (exit 2)
+    because runtime/backends/cuda.py:probe_cuda caught ImportError only."""
+    env = breaking_env(tmp_path, "torch", "OSError('libtorch_cpu.so: cannot open shared object file')")
+    proc = run_cli("doctor", "--repeats", "2", env=env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not any(line.startswith("Error:") for line in proc.stderr.splitlines())
+    assert "torch        installed but does not import: OSError: libtorch_cpu.so: cannot open shared object file" in proc.stdout
+    failed = [line.split() for line in proc.stdout.splitlines() if line.endswith("FAILED") and not line.startswith("FAILED")]
+    assert {tuple(r[:2]) for r in failed} == {("torch", "cpu")}, proc.stdout[-3000:]
+    assert any(line.startswith("onnxruntime  cpu") and line.endswith(" ok") for line in proc.stdout.splitlines())
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("doctor: FAILED: torch cpu") and "libtorch_cpu.so" in last, last
+
+
+@pytest.mark.parametrize("error", ["ImportError('numpy.core.multiarray failed to import')",
+                                   "OSError('libopenblas.so.0: cannot open shared object file')"])
+def test_doctor_reports_a_broken_numpy_as_a_failed_row_not_a_traceback(tmp_path, error):
+    """Issue 29 (8): with numpy broken the doctor printed a traceback (its own modules import numpy)."""
+    env = breaking_env(tmp_path, "numpy", error)
+    for args in ((), ("--json",)):
+        proc = run_cli("doctor", "--repeats", "2", *args, env=env)
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert not any(line.startswith("Error:") for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("doctor: FAILED: numpy") and "installed but does not import" in last, last
+    report = json.loads(proc.stdout)
+    assert report["ok"] is False and report["failures"] == ["numpy"]
+    assert report["environment"]["libraries"]["numpy"]["error"].startswith(error.split("(")[0])
+    proc = run_cli("doctor", "--repeats", "2", env=env)
+    assert "numpy        installed but does not import: " in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("  numpy: installed but does not import")

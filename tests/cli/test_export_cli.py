@@ -98,7 +98,7 @@ def test_tensorrt_without_tensorrt(tiny_bundle, tmp_path):
     """Without TensorRT (or without a GPU) the command stops before any work: one line, exit 2, nothing written."""
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--format", "tensorrt", "--out", str(tmp_path / "b"))
     assert proc.returncode == 2
-    assert "Error: " in proc.stderr and ("pip install 'hne-edge[tensorrt]'" in proc.stderr or "no CUDA device" in proc.stderr)
+    assert "Error: " in proc.stderr and ("pip install 'hne_edge-0.1.0-py3-none-any.whl[tensorrt]'" in proc.stderr or "no CUDA device" in proc.stderr)
     assert not (tmp_path / "b").exists()
 
 
@@ -116,8 +116,10 @@ def test_verify_with_checkpoint_prints_per_file_table(tiny_bundle):
 
 def test_verify_tampered_bundle_fails(tiny_bundle, tmp_path):
     bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
-    with open(bundle / "onnx" / "fp32" / "segments" / "leaf02.onnx", "ab") as f:
-        f.write(b"x")
+    leaf = bundle / "onnx" / "fp32" / "segments" / "leaf02.onnx"
+    data = bytearray(leaf.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: only the sha256 can tell
+    leaf.write_bytes(bytes(data))
     proc = run_cli("verify", str(bundle))
     assert proc.returncode == 2
     assert "onnx/fp32/segments/leaf02.onnx" in proc.stderr and "sha256" in proc.stderr

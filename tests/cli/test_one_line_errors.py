@@ -228,3 +228,61 @@ def test_exports_success_line_escapes_control_characters(tiny_bundle, tmp_path):
     out = tmp_path / "b\x1b[2Jx"
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), *FAST_EXPORT, check=True)
     assert "\x1b" not in proc.stdout and "b\\x1b[2Jx" in proc.stdout
+
+
+# -- a manifest's numbers and paths, bounded and checked (issue 29, items 5-7) ----------------------------------------
+
+
+def _set_first_file(key, value):
+    return lambda d: d["files"][0].__setitem__(key, value)
+
+
+def _literal(key: str, literal: str):
+    """Set the first number of ``key`` to ``literal`` in the manifest's text (json.dumps writes neither a 100,000-digit
+    integer nor 1e400)."""
+    import re
+
+    def spoil(bundle: Path) -> None:
+        text = (bundle / "manifest.json").read_text()
+        (bundle / "manifest.json").write_text(re.sub(rf'("{key}": ?)[-0-9.e]+', lambda m: m.group(1) + literal, text, count=1))
+
+    return spoil
+
+
+@pytest.mark.parametrize("spoil, fragments", [
+    (_set_first_file("macs", 10**400), ("files[0].macs", "2**50")),  # was: OverflowError (inspect formats macs/1e6)
+    (_set_first_file("bytes", 10**18), ("files[0].bytes", "2**50")),  # was: "931322574.6 GB", verify OK
+    (lambda d: d["tree"]["nodes"][0].__setitem__("macs", -(10**30)), ("tree.nodes[0].macs",)),
+    (lambda d: d["input"]["batch"].__setitem__(2, 10**40), ("input.batch", "2**50")),
+    (_set_first_file("opset", 10**25), ("files[0].opset", "2**50")),
+    (_literal("macs", "1e400"), ("not a finite JSON number", "1e400")),  # json reads it as inf
+    (_literal("macs", "9" * 100_000), ("an integer of 100000 digits",)),  # was: ValueError from json.loads
+    (_set_first_file("path", "onnx/fp32/nodes/b0\x00.onnx"), ("files[0].path", "NUL")),  # was: "embedded null byte"
+    (_set_first_file("path", "onnx/fp32/nodes/b0\ud800.onnx"), ("files[0].path", "UTF-8")),  # a lone surrogate
+    (lambda d: d["model"].__setitem__("class_names", ["a\x00", *d["model"]["class_names"][1:]]), ("model.class_names[]", "NUL")),
+])  # fmt: skip
+@pytest.mark.parametrize("command", ["inspect", "verify", "run"])
+def test_a_manifest_number_out_of_bounds_or_a_nul_in_a_path_is_one_line(bundle_copy, tmp_path, spoil, fragments, command):
+    """Issue 29 (5, 6): each of these printed a traceback in inspect, verify and run."""
+    if spoil.__name__ == "spoil":
+        spoil(bundle_copy)
+    else:
+        edit_manifest(bundle_copy, spoil)
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
+    args = {"inspect": ["inspect", str(bundle_copy)], "verify": ["verify", str(bundle_copy), "--quiet"],
+            "run": ["run", str(bundle_copy), str(tmp_path / "x.npy")]}[command]  # fmt: skip
+    line = one_line_error(run_cli(*args), *fragments)
+    assert len(line) < 600, line
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "run"])
+def test_a_file_whose_size_is_not_the_manifests_is_refused(bundle_copy, tmp_path, command):
+    """Issue 29 (7): `bytes` was never compared with the file: `inspect` showed the manifest's size, `verify` said OK.
+    Wherever a file's sha256 is checked (reading the manifest, loading the file), its size is checked first."""
+    rel = "onnx/fp32/segments/leaf00.onnx"
+    size = (bundle_copy / rel).stat().st_size
+    edit_manifest(bundle_copy, lambda d: next(f for f in d["files"] if f["path"] == rel).__setitem__("bytes", size + 1))
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
+    args = {"run": ["run", str(bundle_copy), str(tmp_path / "x.npy")], "verify": ["verify", str(bundle_copy), "--quiet"]
+            }.get(command, command.split() + [str(bundle_copy)])  # fmt: skip
+    one_line_error(run_cli(*args), rel, f"{size} bytes", f"manifest says {size + 1}")

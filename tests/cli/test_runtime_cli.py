@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,52 @@ def test_profile_and_bench_print_progress_without_a_terminal(cli_bundle, tmp_pat
     quiet = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "1", "--out", str(tmp_path / "q"),
                     "--quiet", check=True)  # fmt: skip
     assert quiet.stderr == ""
+
+
+def test_run_batch_size_past_the_bundles_range_names_what_was_asked(tiny_bundle, tmp_path):
+    """Issue 29 (10): `run B frames.npz --batch-size 1000` (20 frames) said "received batch size 20"."""
+    np.savez(tmp_path / "frames.npz", x=np.zeros((20, 16, 16, 3), np.uint8), y=np.zeros(20, np.int64))
+    line = one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "frames.npz"), "--batch-size", "1000"),
+                          "--batch-size", "received 1000", "1..8")  # fmt: skip
+    assert "received batch size 20" not in line
+    proc = run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "frames.npz"), "--batch-size", "8", "--json")
+    assert proc.returncode == 0, proc.stderr  # 8, 8 and the last 4: within the range
+
+
+def test_run_says_once_when_the_machine_is_too_busy_for_its_budgets(cli_bundle, tmp_path):
+    """Issue 28: budgets missed frame after frame on a loaded machine, silently. A profile that is 8 times faster
+    than this machine (as if made on a quiet one) and a budget that fits its first leaf: every frame misses, and
+    one warning line says why (not a Python warning's two lines, not once per frame)."""
+    bundle = tmp_path / "b"
+    shutil.copytree(cli_bundle / "b", bundle)
+    run_cli("profile", str(bundle), "--warmup", "2", "--repeats", "10", "--quiet", check=True)
+    (path,) = (bundle / "profiles").glob("*.json")
+    profile = json.loads(path.read_text())
+    for step in profile["batch_sizes"]["1"]["leaves"]:
+        for key in ("median_ms", "p90_ms", "p95_ms", "mean_ms"):
+            step[key] /= 8
+        step["samples_ms"] = [t / 8 for t in step["samples_ms"]]
+    path.write_text(json.dumps(profile))
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "frames.npz", x=rng.integers(0, 256, (40, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 40))
+    budget = profile["batch_sizes"]["1"]["leaves"][0]["p95_ms"] * 1.01
+    proc = run_cli("run", str(bundle), str(tmp_path / "frames.npz"), "--budget-ms", f"{budget:.6f}", check=True)
+    busy = [line for line in proc.stderr.splitlines() if "too busy" in line]
+    assert len(busy) == 1 and busy[0].startswith("warning: this machine is too busy to keep its budgets"), proc.stderr
+    assert "UserWarning" not in proc.stderr and "took a median " in busy[0], proc.stderr
+
+
+def test_bench_reports_what_trtexec_users_read(cli_bundle, tmp_path):
+    """Issue 28: users coming from trtexec/Polygraphy look for the mean, p90, p99 and the throughput, not only the
+    median and p95; each is a statistic of the same repetitions, so they are ordered."""
+    proc = run_cli("bench", str(cli_bundle / "b"), "--warmup", "1", "--repeats", "12", "--batch-size", "2", "--out",
+                   str(tmp_path / "bench"), "--quiet", check=True)  # fmt: skip
+    header = proc.stdout.splitlines()[1].split()
+    assert header == ["n", "MMACs", "mean", "ms", "median", "ms", "p90", "ms", "p95", "ms", "p99", "ms", "samples/s"], header
+    levels = json.loads((tmp_path / "bench" / "bench.json").read_text())["levels"]
+    for level in levels:
+        assert level["median_ms"] <= level["p90_ms"] <= level["p95_ms"] <= level["p99_ms"], level
+        assert level["samples_per_s"] == pytest.approx(2 * 1e3 / level["mean_ms"])  # batch 2: samples per second
 
 
 def test_bench_streams_replays_cameras_through_the_scheduler_and_its_baselines(cli_bundle):

@@ -33,10 +33,10 @@ def test_train_then_eval_on_digits(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--epochs", "0"), "optim.epochs: received 0; expected a positive integer"),
+        (("--epochs", "0"), "--epochs: received 0; expected a positive integer"),
         (("--data", "npz"), "needs data.data_dir (--data-dir)"),
-        (("--alpha", "2"), "loss.alpha: received 2.0"),
-        (("--normalize", "label", "--alpha", "1"), "loss.normalize=label divides the objective by (1 - alpha); received alpha=1.0"),
+        (("--alpha", "2"), "--alpha: received 2.0"),
+        (("--normalize", "label", "--alpha", "1"), "--normalize=label divides the objective by (1 - alpha); received alpha=1.0"),
         (("--preset", "cifar", "--config", "x.yaml"), "--config and --preset contradict"),
         (("--data", "npz", "--data-dir", "/nonexistent/d.npz"), "npz data not found"),
         (("--nproc-per-node", "0"), "--nproc-per-node: received 0"),
@@ -58,6 +58,7 @@ def test_yaml_config_errors_and_existing_run(tmp_path):
     one_line_error(run_cli("eval", str(tmp_path / "run" / "checkpoint.pt")), "not a PyTorch archive")
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     """2 gloo processes x 16 images == 1 process accumulating 2 micro-batches of 16 (global batch 32).
 
@@ -314,3 +315,11 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_resume_says_from_where(tmp_path
     header = _first_lines(["--out", str(out), "--resume", "--threads", "1"], until="resuming", limit=1)
     assert header[0].startswith("resuming hne_tiny") and header[0].endswith(
         f"; continuing epoch 1/200 after step {step}/50"), header
+
+
+def test_train_config_that_is_a_folder_says_so(tmp_path):
+    """Issue 29 (11): `train --config somedir` said "config file not found" for a folder that exists."""
+    (tmp_path / "somedir").mkdir()
+    line = one_line_error(run_cli("train", "--config", str(tmp_path / "somedir"), "--out", str(tmp_path / "run")),
+                          str(tmp_path / "somedir"), "a folder", "YAML")  # fmt: skip
+    assert "not found" not in line and not (tmp_path / "run").exists()

@@ -15,7 +15,6 @@ from hne_edge.doctor.environment import Gpu, Library, collect_environment
 from hne_edge.runtime.backends import BACKENDS
 from hne_edge.runtime.backends.cuda import CudaProbe
 
-from runtime_fakes import FakeDevice, OrtTensorRT  # noqa: E402
 
 GPU = Gpu(0, "FakeGPU", 8192, "555.42", "8.7", "nvidia-smi")
 
@@ -60,40 +59,18 @@ def test_with_a_gpu_each_missing_piece_is_named_with_how_to_get_it(here):
     assert all(avail[k].present for k in BACKENDS)
     cpu_ort = by_key(gpu_env(here, providers=("CPUExecutionProvider",)))[("onnxruntime", "cuda")]
     assert not cpu_ort.present and "has no CUDAExecutionProvider" in cpu_ort.reason
-    assert "pip uninstall onnxruntime && pip install 'hne-edge[gpu]'" in cpu_ort.how
+    assert "pip uninstall onnxruntime && pip install 'hne_edge-0.1.0-py3-none-any.whl[gpu]'" in cpu_ort.how
     no_stream = by_key(gpu_env(here, torch_cuda=None, cuda_python=False))
     assert "neither torch with CUDA nor cuda-python" in no_stream[("onnxruntime", "cuda")].reason
     assert "neither torch with CUDA nor cuda-python" in no_stream[("tensorrt", "cuda")].reason
-    assert "pip install 'hne-edge[tensorrt]' (brings cuda-python)" in no_stream[("tensorrt", "cuda")].how
+    assert "pip install 'hne_edge-0.1.0-py3-none-any.whl[tensorrt]' (the wheel of a checkout: docs/guide.md#installing-on-a-device) (brings cuda-python)" in no_stream[("tensorrt", "cuda")].how
     assert no_stream[("torch", "cuda")].reason.endswith("is a CPU-only build")
     assert "pytorch.org" in no_stream[("torch", "cuda")].how
     no_trt = by_key(gpu_env(here, trt=None))[("tensorrt", "cuda")]
-    assert not no_trt.present and "pip install 'hne-edge[tensorrt]'" in no_trt.how and "JetPack" in no_trt.how
+    assert not no_trt.present and "pip install 'hne_edge-0.1.0-py3-none-any.whl[tensorrt]'" in no_trt.how and "JetPack" in no_trt.how
     broken = dataclasses.replace(gpu_env(here), libraries={**gpu_env(here).libraries,
                                  "tensorrt": Library("tensorrt", error="OSError: libnvinfer.so.10: cannot open")})  # fmt: skip
     assert by_key(broken)[("tensorrt", "cuda")].present  # installed but broken: checked, so it fails by name
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch, fake_torch_cuda):
-    """Every GPU backend runs on the CPU: torch CUDA on CPU tensors, ONNX Runtime CUDA on CPU OrtValues with the
-    CPU provider, TensorRT on :class:`OrtTensorRT` (engines built by the real exporter, run by the real backend)."""
-    import hne_edge.exporters.tensorrt as trt_exporter
-    import hne_edge.runtime.backends.onnxruntime_cuda as ort_cuda
-    import hne_edge.runtime.backends.tensorrt as trt_backend
-
-    cls = ort_cuda.OnnxRuntimeCudaBackend
-    monkeypatch.setattr(cls, "ort_device", "cpu")
-    monkeypatch.setattr(cls, "execution_provider", "CPUExecutionProvider")
-    monkeypatch.setattr(cls, "_open_cuda", lambda self, memory, extra: (FakeDevice(), ["CPUExecutionProvider"]))
-    device = FakeDevice()
-    fake = OrtTensorRT(device)
-    for module in (trt_backend, trt_exporter):
-        monkeypatch.setattr(module, "load_tensorrt", lambda: fake)
-        monkeypatch.setattr(module, "device_info", lambda device_id=0: ("FakeGPU", "8.7"))
-    monkeypatch.setattr(trt_backend, "require_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(trt_backend, "open_device", lambda device_id, memory: device)
-    return fake
 
 
 def test_gpu_rows_run_every_precision_and_plan_through_the_fakes(here, fake_gpu):

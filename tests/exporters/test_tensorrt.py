@@ -73,7 +73,7 @@ def test_device_support_follows_nvidias_support_matrix():
 
 def test_build_without_tensorrt_is_a_clear_error(tiny_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt -> ImportError, whatever is installed
-    with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne-edge\[tensorrt\]'"):
+    with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne_edge-0\.1\.0-py3-none-any\.whl\[tensorrt\]'"):
         build_engines(tiny_bundle.bundle_dir)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -86,7 +88,8 @@ def test_path_and_segment_modules(name):
 
 @torch.no_grad()
 @pytest.mark.parametrize("name, tree", [("hne_tiny", "hne"), ("hne_tiny", (1, 4, 1, 2, 1)), ("hne_tiny", (2, 1, 2, 1, 2)),
-                                        ("hne_resnet_small", "hne"), ("hne_mobilenetv2", "hne")])  # fmt: skip
+                                        ("hne_resnet_small", "hne"),
+                                        pytest.param("hne_mobilenetv2", "hne", marks=pytest.mark.slow)])  # fmt: skip
 def test_subtree_units_match_the_fused_model(name, tree):
     """Plan "subtrees" as modules: leaf 0's chain exports what later units read, each later unit is a whole
     subtree still fused, and together they give every leaf's fused logits (checked in float64: exact slicing)."""
@@ -200,3 +203,36 @@ def test_mobilenet_spatial_sizes():
     sizes = [cost.nodes[f"b{d}.0"].output_shape for d in range(4)]
     assert [s[1] for s in sizes] == [56, 28, 14, 7]
     assert cost.nodes["b4.0"].output_shape == (1000,)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_pointwise_as_batched_matmul_is_the_same_function_and_gradient(channels_last):
+    """TrainConfig.pointwise "bmm": every branch-parallel 1x1 convolution as one bmm over its groups. Against a float64
+    reference (the grouped convolutions, in double), bmm and conv in float32 give the same training-mode logits and
+    the same weight gradients (BatchNorm in eval mode there: training-mode statistics of a batch of 6 amplify float32
+    rounding in some gradients, for either formulation alike), with the same parameters and state-dict keys."""
+    from hne_edge.models.layers import PointwiseConv2d, set_pointwise
+
+    torch.manual_seed(0)
+    pristine = randomize_(hne_edge.create_model("hne_resnet_small"))  # a training-mode forward moves BatchNorm's statistics
+    x = torch.randn(6, 3, 32, 32)
+    y = torch.randint(0, 10, (6,)).repeat_interleave(16)
+    reference = copy.deepcopy(pristine).double()
+    reference.eval()(x.double()).flatten(0, 1).log_softmax(-1)[torch.arange(96), y].sum().backward()
+    grads64 = {k: p.grad.clone() for k, p in reference.named_parameters()}
+    logits64 = reference.train()(x.double())
+    keys = list(pristine.state_dict())
+    for mode in ("conv", "bmm"):
+        model = set_pointwise(copy.deepcopy(pristine), mode)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        xin = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        model.eval()(xin).flatten(0, 1).log_softmax(-1)[torch.arange(96), y].sum().backward()
+        assert (model.train()(xin).double() - logits64).abs().max().item() < 1e-4, mode
+        for k, p in model.named_parameters():
+            assert (p.grad.double() - grads64[k]).abs().max().item() < 1e-4 * grads64[k].abs().max().item(), (mode, k)
+        assert list(model.state_dict()) == keys
+    assert sum(isinstance(m, PointwiseConv2d) and m.groups > 1 for m in model.modules()) == 26  # blocks 1-4
+    assert all(m.pointwise == "bmm" for m in model.modules() if isinstance(m, PointwiseConv2d))
+    with pytest.raises(ValueError, match="pointwise: received 'gemm'; expected one of conv, bmm"):
+        set_pointwise(model, "gemm")

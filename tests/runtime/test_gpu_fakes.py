@@ -174,7 +174,7 @@ def test_torch_cuda_without_a_device_names_what_is_missing(monkeypatch, tmp_path
 
 @pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed")
 def test_tensorrt_missing_gives_the_install_hint(tiny_bundle):
-    with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne-edge\[tensorrt\]'"):
+    with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne_edge-0\.1\.0-py3-none-any\.whl\[tensorrt\]'"):
         AnytimeRunner(tiny_bundle.bundle_dir, backend="tensorrt", device="cuda")
 
 
@@ -787,6 +787,7 @@ def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):
 # -- benchmarks/bench_gpu.py runs (CPU smoke mode; its GPU figures need a GPU) ---------------------
 
 
+@pytest.mark.slow
 def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
     import json
     from pathlib import Path

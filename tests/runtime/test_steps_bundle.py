@@ -110,4 +110,4 @@ def test_cli_run_profile_and_bench_with_the_new_plans(steps_bundle, reference64,
     assert proc.returncode == 0 and "leaves=2/16" in proc.stdout
     proc = run_cli("run", str(bundle), str(tmp_path / "x.npy"), "--plan", "fused", "--max-leaves", "3")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "max_leaves=3: plan 'fused' stops only at 16 leaves" in proc.stderr
+    assert "--max-leaves=3: plan 'fused' stops only at 16 leaves" in proc.stderr  # the flag typed (issue 28)

@@ -29,6 +29,7 @@ def _script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_seeds_summary_and_normalised_runs(tmp_path):
     train, test = _npz(tmp_path / "train.npz", 160, 0), _npz(tmp_path / "test.npz", 40, 1)
     out = tmp_path / "out"

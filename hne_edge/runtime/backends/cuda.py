@@ -43,7 +43,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted
+from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted, install_hint
 from ...tensorrt_compat import import_cudart
 from .base import device_name, parse_device  # noqa: F401 - parse_device: the GPU backends' name for it
 
@@ -100,7 +100,8 @@ class CudaProbe:
 
 
 def probe_cuda() -> CudaProbe:
-    """Look for CUDA devices through torch, then cuda-python (neither is required to be installed)."""
+    """Look for CUDA devices through torch, then cuda-python (neither is required to be installed); never raises:
+    a library that is installed but fails (an OSError from a shared library) is a note."""
     p = CudaProbe()
     try:
         import torch
@@ -109,8 +110,11 @@ def probe_cuda() -> CudaProbe:
         p.torch_cuda_build = torch.version.cuda
         if p.torch_cuda_build is not None:
             p.torch_devices = p.device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        pass
+    except ImportError as exc:
+        if not (isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "torch"):
+            p.notes.append(f"torch does not import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+    except Exception as exc:  # installed but broken (OSError: a shared library), or its CUDA query failed
+        p.notes.append(f"torch failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
     try:
         cudart = import_cudart()
         p.cuda_python = True
@@ -122,6 +126,8 @@ def probe_cuda() -> CudaProbe:
                 p.notes.append(f"cudaGetDeviceCount failed: {err}")
     except ImportError:
         pass
+    except Exception as exc:  # cuda-python installed but broken, or its driver query failed
+        p.notes.append(f"cuda-python failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
     return p
 
 
@@ -170,7 +176,7 @@ def require_cuda(backend: str, device_id: int, what: str = "", *, torch: bool = 
     if p.device_count <= device_id:
         expected = (
             f"an NVIDIA GPU with a working driver (CUDA device {device_id}), seen through torch with CUDA "
-            "or cuda-python (pip install 'hne-edge[gpu]')"
+            f"or cuda-python ({install_hint('gpu')})"
         )
         raise BackendUnavailable(
             f"backend {backend!r} on device {device!r}: no CUDA device {device_id} found ({p.explain()}); "
@@ -431,7 +437,7 @@ def open_device(device_id: int, prefer: str = "auto") -> CudaDevice:
         except ImportError as exc:
             errors.append(f"cuda-python: {exc}")
     raise BackendUnavailable(
-        "device memory and streams need torch with CUDA or cuda-python (pip install 'hne-edge[gpu]'); "
+        f"device memory and streams need torch with CUDA or cuda-python ({install_hint('gpu')}); "
         + "; ".join(errors)
     )
 

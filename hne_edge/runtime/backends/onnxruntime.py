@@ -17,7 +17,7 @@ import re
 from typing import Any, Sequence
 
 from ...bundle import check_self_contained
-from ...errors import BackendUnavailable, BundleError, ResourceExhausted
+from ...errors import BackendUnavailable, BundleError, ResourceExhausted, install_hint
 from ...limits import check_threads, format_bytes
 from .base import Backend, Handle, LoadedPlan, Runner, Unit
 
@@ -51,7 +51,7 @@ def _import_ort():
         import onnxruntime
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise BackendUnavailable(
-            f"backend 'onnxruntime' needs the onnxruntime package ({exc}); pip install 'hne-edge[runtime]'"
+            f"backend 'onnxruntime' needs the onnxruntime package ({exc}); {install_hint('runtime')}"
         ) from None
     return onnxruntime
 

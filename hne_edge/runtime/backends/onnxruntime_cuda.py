@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, install_hint
 from .base import Handle, LoadedPlan, Runner, Unit
 from .cuda import (
     CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, no_gpu_here, open_device, require_cuda,
@@ -241,7 +241,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
                                          cli_hint=CPU_CLI_HINT)  # fmt: skip
             raise BackendUnavailable(
                 f"backend 'onnxruntime' on device 'cuda': onnxruntime {ort.__version__} has providers {available}; "
-                f"expected {CUDA_EP} (install onnxruntime-gpu instead of onnxruntime: pip install 'hne-edge[gpu]')"
+                f"expected {CUDA_EP} (install onnxruntime-gpu instead of onnxruntime: {install_hint('gpu')})"
             )
         require_cuda(self.name, self.device_id)
         cuda = open_device(self.device_id, memory)

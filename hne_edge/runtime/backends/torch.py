@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...bundle import ANYTIME_PLANS, Manifest, bundle_path
-from ...errors import BackendUnavailable, BundleError, InputError
+from ...errors import BackendUnavailable, BundleError, InputError, install_hint
 from ...limits import check_threads
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
 
@@ -39,7 +39,7 @@ def _import_torch():
     try:
         import torch
     except ImportError as exc:
-        raise BackendUnavailable(f"backend 'torch' needs PyTorch ({exc}); pip install 'hne-edge[train]'") from None
+        raise BackendUnavailable(f"backend 'torch' needs PyTorch ({exc}); {install_hint('train')}") from None
     return torch
 
 

@@ -1,0 +1,104 @@
+"""Training to a time budget (TrainConfig.time_budget, ``hne-edge train --time-budget``): the plan's arithmetic by
+hand, a run that ends inside its budget on the CPU, a resumed run that keeps its plan and ends bit for bit as an
+uninterrupted one, and the budget's spellings."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from hne_edge.errors import InputError
+from hne_edge.train.checkpoint import load_checkpoint
+from hne_edge.train.config import TrainConfig, parse_duration
+from hne_edge.train import engine
+from hne_edge.train.engine import fit, plan_steps
+
+
+def _budget_run(out, budget, **over) -> TrainConfig:
+    """hne_tiny on digits (6 steps of 32 images per epoch at --limit 192), one thread, to a time budget."""
+    return TrainConfig.from_preset("digits", {"out": str(out), "quiet": True, "threads": 1, "time_budget": budget,
+                                              "data": {"limit": 192}, "optim": {"epochs": 1000, "batch_size": 32}, **over})
+
+
+def test_the_plan_is_the_most_steps_whose_work_fits():
+    # 10 steps an epoch, 5 done, 1 s a step, a checkpoint 2 s and a validation 3 s per epoch end, 90 s left:
+    # T = 60 costs 55 + 6 ends x 5 = 85 s; T = 61 starts epoch 7: 56 + 7 x 5 = 91 s > 90
+    kw = dict(budget_s=100.0, elapsed_s=10.0, done_steps=5, step_s=1.0, steps_per_epoch=10, max_steps=10_000,
+              epoch_end_s=2.0, val_s=3.0)
+    assert plan_steps(**kw, eval_every=1) == 60
+    # validating after epochs 2, 4, 6 and the last: T = 69 costs 64 + 7 x 2 + 4 x 3 = 90 s; T = 70 one more step
+    assert plan_steps(**kw, eval_every=2) == 69
+    assert plan_steps(**{**kw, "max_steps": 40}, eval_every=1) == 40  # optim.epochs caps it
+    assert plan_steps(**{**kw, "elapsed_s": 99.0}, eval_every=1) == 5  # the budget is spent: stop where it is
+
+
+def test_durations_and_their_errors():
+    assert [parse_duration(v) for v in ("7m", "90s", "1h30m", "420", 12, "2.5min", " 1m 5s ")] == [
+        420, 90, 5400, 420, 12, 150, 65]
+    for bad in ("7x", "", "-3", 0, "m", "1h 30", True, float("nan")):
+        with pytest.raises(InputError, match="expected a number of seconds > 0 or a duration such as 7m"):
+            parse_duration(bad, "time_budget")
+    assert TrainConfig.from_dict({"time_budget": "2m"}).time_budget == 120.0
+
+
+def test_a_run_ends_within_5_percent_of_its_budget_and_completes_its_schedule(tmp_path):
+    budget = 20.0
+    started = time.perf_counter()
+    result = fit(_budget_run(tmp_path / "run", budget))
+    used = time.perf_counter() - started
+    assert abs(used - budget) <= 0.05 * budget, f"{used:.1f} s for a budget of {budget} s ({result.budget})"
+    plan = result.budget
+    assert plan["total_steps"] > plan["fixed_at_step"] and not plan["capped_by_epochs"]
+    assert len(result.history) == math.ceil(plan["total_steps"] / 6)  # the epochs it said fit
+    assert sum(h["train_images"] for h in result.history) == 32 * plan["total_steps"]
+    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-12)  # the cosine ran to its end
+    assert "val_acc_n" in result.history[-1]
+    assert any("time budget 20 s: the schedule ended after" in n for n in result.notes)
+    state = load_checkpoint(result.checkpoint)
+    assert state["extra"]["budget"]["total_steps"] == plan["total_steps"] and state["epoch"] == len(result.history)
+    assert json.loads((tmp_path / "run" / "train_log.json").read_text())["budget"]["total_steps"] == plan["total_steps"]
+
+
+@pytest.fixture
+def fixed_plan(monkeypatch):
+    """The plan fixed at a known step (the timed window closes after 4 steps) to ``fixed_plan.total`` steps, so that
+    two runs can be compared bit for bit whatever this machine's speed."""
+
+    class Plan:
+        total = 20
+
+    monkeypatch.setattr(engine._TimeBudget, "MIN_STEPS", 10**9)
+    monkeypatch.setattr(engine._TimeBudget, "MAX_STEPS", 4)
+    monkeypatch.setattr(engine, "plan_steps", lambda **kw: Plan.total)
+    return Plan
+
+
+def test_a_resumed_run_keeps_its_plan_and_ends_as_an_uninterrupted_one(tmp_path, fixed_plan):
+    straight = fit(_budget_run(tmp_path / "a", 3600))
+    assert straight.budget["total_steps"] == 20 and straight.budget["fixed_at_step"] == 8  # steps 4-6 and 8 timed
+    interrupted = _budget_run(tmp_path / "b", 3600)
+    fit(interrupted, stop_after_steps=9)  # in epoch 2, after the plan
+    saved = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert (saved["epoch"], saved["extra"]["step"], saved["extra"]["budget"]["total_steps"]) == (1, 3, 20)
+    fixed_plan.total = 30  # a resumed run does not plan again: it keeps the 20 steps its first call fixed
+    torch.manual_seed(999)
+    resumed = fit(interrupted, resume=True)
+    assert resumed.budget["total_steps"] == 20 and len(resumed.history) == 4  # 6 + 6 + 6 + 2 steps
+    a, b = load_checkpoint(straight.checkpoint), load_checkpoint(resumed.checkpoint)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert a["extra"]["step_losses"] == b["extra"]["step_losses"] and len(a["extra"]["step_losses"]) == 20
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 20
+    assert [h["train_images"] for h in a["extra"]["history"]] == [192, 192, 192, 64]
+
+
+def test_stopped_before_the_plan_the_checkpoint_still_holds_one(tmp_path):
+    fit(_budget_run(tmp_path / "r", 3600), stop_after_steps=1)  # the timed window had not opened
+    plan = load_checkpoint(tmp_path / "r" / "checkpoint.pt")["extra"]["budget"]
+    assert plan["fixed_at_step"] == 1 and plan["timed_steps"] == 0 and plan["total_steps"] > 1
+    resumed = fit(_budget_run(tmp_path / "r", 3600), resume=True, stop_after=1)
+    assert resumed.budget["total_steps"] == plan["total_steps"]
