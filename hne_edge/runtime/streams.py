@@ -25,7 +25,10 @@ deadline must fit) and ``base`` (the median speeds are compared by) of each step
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
    (EDF) order from when the device is next free. Otherwise it is rejected at once (its result says
    "rejected"; nothing runs for it) or, with ``late="run"``, run late and flagged (``late=True``): after the
-   first leaves that can meet their deadlines, before any refinement.
+   first leaves that can meet their deadlines, before any refinement. A frame predicted to miss while no other
+   frame is pending or running is run late, flagged, rather than rejected: it takes nothing from anyone, and a
+   rejected frame measures nothing, so a prediction grown by a stall (a loaded machine) would otherwise reject
+   every frame after it.
 2. *First leaves first, in EDF order.* The first leaves of admitted frames are mandatory: a plan holds them
    in EDF order, and nothing enters the plan that would make one of them end after its deadline.
 3. *Slack to the highest value per millisecond.* The next step of every frame with a leaf (a leaf, or for
@@ -667,9 +670,9 @@ class StreamScheduler:
             now = self._clock()
             if not admit(max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program,
                          self._model, self.max_rows, self.batching, self._overhead):  # fmt: skip
-                if self.late == "reject":
+                if self.late == "reject" and (self._frames or self._busy_until > now):
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
-                else:
+                else:  # late="run", or nothing else pending: it harms no one, and the cost model measures again
                     frame.late = True
             if rejected is None:
                 self._frames[key] = frame

@@ -395,3 +395,19 @@ def test_gain_curve_is_the_least_concave_majorant_and_records_are_read(tmp_path)
         read_accuracy(tmp_path / "bad.json")
     with pytest.raises(InputError, match="expected n = 1 among them"):
         gain_curve({2: 0.5}, 16)
+
+
+def test_a_frame_predicted_to_miss_on_an_idle_device_runs_late_so_the_cost_model_measures_again(bundle):
+    """A stall learned as a step's cost (a loaded machine) makes every first leaf look too slow; rejecting them all
+    would measure nothing and never learn otherwise. With nothing else pending, the frame runs, flagged late."""
+    streams, runner, backend = scheduler(bundle, budget_ms=1.0, batching=False)
+    model = runner.cost.for_batch(1)
+    with streams:
+        model.pred[0] = 1.0  # as if leaf 0 had been learned at 1 s
+        backend.gate = threading.Event()
+        first = streams.submit(0, frame(0))
+        second = streams.submit(1, frame(1))  # the first is pending: this one is rejected
+        assert second.done() and second.result().stopped_by == "rejected"
+        backend.gate.set()
+        r = first.result(10)
+    assert r.late and r.leaves >= 1 and r.met_deadline  # it ran (and, at its true cost, made it)
