@@ -20,10 +20,15 @@ deadlines) or, with ``cancel=True``, stops them at their next step boundary; eit
 clock can drive them from recorded step timings. Costs are the runner's cost model: ``pred`` (the quantile a
 deadline must fit) and ``base`` (the median speeds are compared by) of each step at a number of rows
 (``CostModel.for_batch``; between profiled batch sizes, :func:`~.cost_model.profile_at_batch` interpolates).
+*A sequence of calls* is predicted to end at the sum of their medians plus the largest of their margins
+(prediction minus median): one stall, not one per call. A stall strikes whatever runs; the quantile is one
+call's, and charging it to every call of a plan (plus the worker's own p99 per call) rejected 314 of 1200
+frames at 4 cameras on a loaded machine where the first leaves took a tenth of the device. The worker's own
+time per call (deciding, handing over, uploading) counts likewise: its median in every call, its quantile once.
 
 1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
-   (EDF) order from when the device is next free. Otherwise it is rejected at once (its result says
+   (EDF) order from when the device is next free (the running call's median end, its margin carried). Otherwise it is rejected at once (its result says
    "rejected"; nothing runs for it) or, with ``late="run"``, run late and flagged (``late=True``): after the
    first leaves that can meet their deadlines, before any refinement. A frame predicted to miss while no other
    frame is pending or running is run late, flagged, rather than rejected: it takes nothing from anyone, and a
@@ -36,8 +41,13 @@ deadline must fit) and ``base`` (the median speeds are compared by) of each step
    is worth its rise in expected accuracy - the bundle's accuracy after ``n`` leaves, :func:`gain_curve` - times
    the frame's rows (without an accuracy record: the leaves it adds), over its predicted cost. The steps enter
    the plan greedily by that value per millisecond, each only if the plan stays feasible (every item ends by
-   its deadline in EDF order). The step that runs is the plan's earliest-deadline item; the plan is made
-   again after every step (new frames, cancels, measured times).
+   its deadline in EDF order). A refinement worth less than ``1 - quantile`` of what the frame already has
+   must end by the deadline even if it stalls as badly as any call did lately (``CostModel.worst_ratio`` times
+   its median, or its own worst recent time): an answer after the deadline is worth nothing, and a stall past
+   the quantile, which ``1 - quantile`` of calls see, would cost the frame more than the step adds. The step
+   that runs is the plan's earliest-deadline item; the plan is made again after every step (new frames,
+   cancels, measured times). A late first leaf (below) waits only for the on-time ones: no refinement runs
+   before it.
 4. *Batching across streams.* Frames waiting at the same step are one call (their rows stacked) when the cost
    model's median for the stacked rows is below the sum of the separate calls' medians and the call's
    prediction ends by every member's deadline (and the bundle's batch range holds the rows); the batched call
@@ -204,19 +214,48 @@ class Decision(NamedTuple):
 
     step: int  # the step to run (-1: none)
     frames: tuple[int, ...]  # the frames it runs for (their rows stacked in one call when several)
-    seconds: float  # its predicted cost
+    seconds: float  # its predicted cost (the quantile a deadline must fit)
+    median: float  # its median cost: when the device is likely free again (what admission plans from)
     finish: tuple[int, ...]  # frames to deliver now (no step of theirs can end by their deadline, or adds nothing)
     doomed: tuple[int, ...]  # frames whose first leaf can no longer make its deadline: run late, flagged
 
 
 class _Item:
-    """One call of the plan: a step for one frame, or for several stacked (``alone``: their members, to try alone)."""
+    """One call of the plan: a step for one frame, or for several stacked (``alone``: their members, to try alone).
+    ``cost``: its predicted quantile; ``base``: its median; ``margin``: the difference (what one stall may add)."""
 
-    __slots__ = ("deadline", "cost", "value", "step", "frames", "alone")
+    __slots__ = ("deadline", "cost", "base", "margin", "reach", "value", "step", "frames", "alone")
 
-    def __init__(self, deadline: float, cost: float, value: float, step: int, frames: list[Pending]) -> None:
-        self.deadline, self.cost, self.value, self.step, self.frames = deadline, cost, value, step, frames
+    def __init__(self, deadline: float, cost: tuple[float, float], value: float, step: int, frames: list[Pending]) -> None:
+        self.deadline, self.value, self.step, self.frames = deadline, value, step, frames
+        self.cost, self.base = cost
+        self.margin = self.cost - self.base
+        self.reach = self.margin  # what it must fit by its own deadline beyond its median (a risky refinement: more)
         self.alone: list | None = None
+
+
+class _M(NamedTuple):
+    """A frame at a step, as stacking and the plan read it."""
+
+    deadline: float
+    cost: tuple[float, float]  # (quantile, median) of its call alone, the worker's overhead included
+    median: float  # the step's median alone (INF: nothing measured; stacking is compared by it)
+    frame: Pending
+
+
+def _overheads(overhead: float | tuple[float, float]) -> tuple[float, float]:
+    """(median, quantile) of the worker's seconds per call; a number: both."""
+    return (overhead, overhead) if isinstance(overhead, (int, float)) else (float(overhead[0]), float(overhead[1]))
+
+
+def _call(model: Any, j: int, overhead: tuple[float, float]) -> tuple[float, float]:
+    """(quantile, median) of a call of step ``j`` as ``model`` predicts it, the worker's overhead added. A cost
+    nothing measured says counts as the overhead alone (the frame runs first, unplanned)."""
+    p = model.pred[j]
+    if not p < INF:
+        return overhead[1], overhead[0]
+    b = model.base[j] if model.known[j] else p
+    return p + overhead[1], min(b, p) + overhead[0]
 
 
 def admit(
@@ -227,24 +266,26 @@ def admit(
     model_for: Callable[[int], Any],
     max_rows: float = INF,
     batching: bool = True,
-    overhead: float = 0.0,
+    overhead: float | tuple[float, float] = 0.0,
+    margin: float = 0.0,
 ) -> bool:
     """Whether ``frame`` (no leaf yet) may be admitted: EDF over first leaves from ``start`` (when the device is
-    next free: the running step's predicted end).
+    next free: the running call's median end; ``margin``: what that call's prediction adds to its median).
 
     ``waiting``: the admitted frames still waiting for their first leaf (not late). The first leaves are planned
-    as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order); the frame
-    is admitted when its first leaf ends by its deadline and so does every waiting one that would without it
-    (``overhead``: as for :func:`decide`).
+    as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order, medians in
+    sequence plus one stall); the frame is admitted when its first leaf ends by its deadline and so does every
+    waiting one that would without it (``overhead``: as for :func:`decide`).
     A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
     j = program.at[0]
     if not model_for(frame.rows).pred[j] < INF:
         return True
+    overhead = _overheads(overhead)
     members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
-    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead)
-    on_time = [m for m in members if m[3] not in lost]
+    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead, margin)
+    on_time = [m for m in members if m.frame not in lost]
     _, lost = _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows), overhead)], j,
-                            model_for, max_rows, batching, overhead)  # fmt: skip
+                            model_for, max_rows, batching, overhead, margin)  # fmt: skip
     return not lost
 
 
@@ -256,19 +297,24 @@ def decide(
     gain: Sequence[float],
     max_rows: float = INF,
     batching: bool = True,
-    overhead: float = 0.0,
+    overhead: float | tuple[float, float] = 0.0,
+    risk: tuple[float, float] | None = None,
 ) -> Decision:
     """The policy of the module docstring: which step runs now, for which frames; which frames are delivered.
 
     ``model_for(rows)``: the cost model at that many rows (``pred``, ``base``, ``known`` per step, as
     ``CostModel.for_batch``); ``gain``: :func:`gain_curve`; ``max_rows``: the most rows one call may stack;
-    ``overhead``: the worker's own seconds per call (deciding, handing frames over, uploading), added to every
-    call's predicted cost. Pure: nothing is changed, nothing is run."""
+    ``overhead``: the worker's own seconds per call (deciding, handing frames over, uploading), its median and
+    its quantile (a number: both), added to every call's median and prediction; ``risk``: the cost model's
+    ``(quantile, worst_ratio)``: a refinement whose relative gain is below ``1 - quantile`` must end by its frame's
+    deadline even at ``worst_ratio`` times its median, the worst stall lately (None: at its prediction). Pure: nothing is changed, nothing
+    is run."""
     n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
+    overhead = _overheads(overhead)
     finish: list[int] = []
     doomed: list[int] = []
     late: list[_Item] = []
-    by_step: dict[int, list[tuple[float, float, float, Pending]]] = {}
+    by_step: dict[int, list[_M]] = {}
     models: dict[int, Any] = {}
     for f in frames:
         n, rows = f.leaves, f.rows
@@ -280,8 +326,10 @@ def decide(
         if alts is not None and alts[n]:
             j = choose(program, n, now, None if deadline == INF else deadline, model.pred, model.base, model.known,
                        n_leaves, 0 if n else 1, False, True)  # fmt: skip
-        p = model.pred[j] + overhead
+        member = _member(f, deadline, j, model, overhead)
+        p = model.pred[j] + overhead[1]
         if n:
+            p = _reach(model, j, p, overhead, gain, n, steps[j].hi, risk)
             if now + p > deadline or gain[steps[j].hi] <= gain[n]:
                 finish.append(f.key)  # no step of it can end by its deadline, or the next adds nothing
                 continue
@@ -289,141 +337,195 @@ def decide(
             doomed.append(f.key)
             deadline = INF
         if deadline == INF:  # a first leaf run late: after the first leaves that can make it, before refinements
-            late.append(_Item(-INF, p if p < INF else overhead, 0.0, j, [f]))
+            late.append(_Item(-INF, member.cost, 0.0, j, [f]))
             continue
-        member = (deadline, p if p < INF else overhead, model.base[j] if model.known[j] else INF, f)
-        if j in by_step:
-            by_step[j].append(member)
-        else:
-            by_step[j] = [member]
+        by_step.setdefault(j, []).append(member)
 
-    mandatory: list[tuple[float, float, float, Pending]] = by_step.pop(at[0], [])  # every first leaf is step at[0]
+    mandatory: list[_M] = by_step.pop(at[0], [])  # every first leaf is step at[0]
     optional: list[_Item] = []
     for j, members in by_step.items():
         rise = gain[steps[j].hi]
         if batching and len(members) > 1:
             groups, members = _batches(now, j, members, model_for, max_rows, overhead)
             for cost, group in groups:
-                item = _Item(group[0][0], cost, sum((rise - gain[f.leaves]) * f.rows for *_, f in group), j, [f for *_, f in group])
+                item = _Item(group[0].deadline, cost, sum((rise - gain[m.frame.leaves]) * m.frame.rows for m in group), j,
+                             [m.frame for m in group])  # fmt: skip
+                model = model_for(sum(m.frame.rows for m in group))
+                item.reach = max(_reach(model, j, cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk)
+                                 for m in group) - item.base  # fmt: skip
                 item.alone = group  # its members alone, for when the group does not fit
                 optional.append(item)
-        optional.extend(_Item(d, p, (rise - gain[f.leaves]) * f.rows, j, [f]) for d, p, _, f in members)
+        for m in members:
+            item = _Item(m.deadline, m.cost, (rise - gain[m.frame.leaves]) * m.frame.rows, j, [m.frame])
+            item.reach = _reach(models[m.frame.rows], j, m.cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk) - item.base
+            optional.append(item)
 
     # the first leaves in EDF order (stacked where that keeps them on time); one late even alone is doomed
     first, lost = _first_leaves(now, mandatory, at[0], model_for, max_rows, batching, overhead)
     for f in lost:
         doomed.append(f.key)
-        late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows), overhead)[1], 0.0, at[0], [f]))
-    plan = [it for it, _ in first]
-    ends = [end for _, end in first]
-    deadlines = [it.deadline for it in plan]
+        late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows), overhead).cost, 0.0, at[0], [f]))
+    plan = _Plan(now, [it for it, _ in first])
 
-    def insert(it: _Item) -> bool:
-        """Put ``it`` in the plan at its EDF place if every item still ends by its deadline."""
-        pos = bisect.bisect_right(deadlines, it.deadline)
-        cost = it.cost
-        end = (ends[pos - 1] if pos else now) + cost
-        if end > it.deadline > -INF:  # (a late first leaf has no deadline of its own left: -INF puts it first)
-            return False
-        later = range(pos, len(plan))
-        for k in later:
-            if ends[k] + cost > deadlines[k]:
-                return False
-        for k in later:
-            ends[k] += cost
-        deadlines.insert(pos, it.deadline)
-        ends.insert(pos, end)
-        plan.insert(pos, it)
-        return True
-
+    waiting_late = False
     for it in late:  # first come, first served, as long as the on-time first leaves stay on time
-        insert(it)
-    heap = [(-it.value / max(it.cost, 1e-12), k, it) for k, it in enumerate(optional)]
-    heapq.heapify(heap)
-    seq = len(heap)
-    while heap:
-        _, _, it = heapq.heappop(heap)
-        if not insert(it) and it.alone:  # the group does not fit: its members may, alone
-            rise = gain[steps[it.step].hi]
-            for d, p, _, f in it.alone:
-                value = (rise - gain[f.leaves]) * f.rows
-                heapq.heappush(heap, (-value / max(p, 1e-12), seq, _Item(d, p, value, it.step, [f])))
-                seq += 1
-    if not plan:
-        return Decision(-1, (), 0.0, tuple(finish), tuple(doomed))
-    run = plan[0]
-    for k, it in enumerate(plan):  # the first leaves as soon as the plan allows: frames that go on stay in step
+        waiting_late |= not plan.insert(it)
+    if waiting_late:  # a late first leaf waits for the on-time ones, and no refinement goes before it
+        for it in late:
+            if it not in plan.items:
+                plan._put(len(plan.items), it)
+    else:
+        heap = [(-it.value / max(it.cost, 1e-12), k, it) for k, it in enumerate(optional)]
+        heapq.heapify(heap)
+        seq = len(heap)
+        while heap:
+            _, _, it = heapq.heappop(heap)
+            if not plan.insert(it) and it.alone:  # the group does not fit: its members may, alone
+                rise = gain[steps[it.step].hi]
+                for m in it.alone:
+                    value = (rise - gain[m.frame.leaves]) * m.frame.rows
+                    alone = _Item(m.deadline, m.cost, value, it.step, [m.frame])
+                    alone.reach = _reach(models[m.frame.rows], it.step, m.cost[0], overhead, gain, m.frame.leaves, steps[it.step].hi,
+                                         risk) - alone.base  # fmt: skip
+                    heapq.heappush(heap, (-value / max(m.cost[0], 1e-12), seq, alone))
+                    seq += 1
+    if not plan.items:
+        return Decision(-1, (), 0.0, 0.0, tuple(finish), tuple(doomed))
+    run = plan.items[0]
+    for k, it in enumerate(plan.items):  # the first leaves as soon as the plan allows: frames that go on stay in step
         if it.step == at[0] and not it.value:
-            if all(ends[i] + it.cost <= deadlines[i] for i in range(k)):
+            if k and plan.fits(0, it, upto=k):
                 run = it
             break
-    return Decision(run.step, tuple(f.key for f in run.frames), run.cost, tuple(finish), tuple(doomed))
+    return Decision(run.step, tuple(f.key for f in run.frames), run.cost, run.base, tuple(finish), tuple(doomed))
 
 
-def _member(f: Pending, deadline: float, j: int, model: Any, overhead: float) -> tuple[float, float, float, Pending]:
-    """(deadline, predicted cost of the call, median or INF, frame) of ``f`` at step ``j``: what stacking and the plan
-    read. A cost nothing measured says counts as the worker's overhead alone (the frame runs first, unplanned)."""
-    p = model.pred[j]
-    return deadline, (p + overhead if p < INF else overhead), (model.base[j] if model.known[j] else INF), f
+class _Plan:
+    """Calls in deadline order, each predicted to end at ``now`` + the medians of the calls up to it + the largest
+    of their margins: one stall strikes the sequence (a stall strikes whatever runs; the cost model's quantile is
+    one call's, and charging it to every call of a sequence is charging a stall per call)."""
+
+    def __init__(self, now: float, items: list[_Item], margin: float = 0.0) -> None:
+        self.now, self.margin0, self.items = now, margin, []
+        self.deadlines: list[float] = []
+        self.bases: list[float] = []  # the medians up to each item
+        self.margins: list[float] = []  # the largest margin up to each item
+        for it in items:  # (already feasible, in order)
+            self._put(len(self.items), it)
+
+    def end(self, k: int) -> float:
+        return self.now + self.bases[k] + self.margins[k]
+
+    def _put(self, pos: int, it: _Item) -> None:
+        base = self.bases[pos - 1] if pos else 0.0
+        margin = self.margins[pos - 1] if pos else self.margin0
+        for k in range(pos, len(self.items)):
+            self.bases[k] += it.base
+            self.margins[k] = max(self.margins[k], it.margin)
+        self.items.insert(pos, it)
+        self.deadlines.insert(pos, it.deadline)
+        self.bases.insert(pos, base + it.base)
+        self.margins.insert(pos, max(margin, it.margin))
+
+    def fits(self, pos: int, it: _Item, upto: int | None = None) -> bool:
+        """Whether ``it`` at ``pos`` ends by its deadline and the items after it (up to ``upto``) still do."""
+        base = self.bases[pos - 1] if pos else 0.0
+        margin = self.margins[pos - 1] if pos else self.margin0
+        if self.now + base + it.base + max(margin, it.reach) > it.deadline > -INF:  # (a late first leaf: -INF)
+            return False
+        for k in range(pos, len(self.items) if upto is None else upto):
+            if self.now + self.bases[k] + it.base + max(self.margins[k], it.margin) > self.deadlines[k]:
+                return False
+        return True
+
+    def insert(self, it: _Item) -> bool:
+        """Put ``it`` at its EDF place if every item still ends by its deadline."""
+        pos = bisect.bisect_right(self.deadlines, it.deadline)
+        if not self.fits(pos, it):
+            return False
+        self._put(pos, it)
+        return True
 
 
-def _first_leaves(now: float, members: list, j: int, model_for: Callable[[int], Any], max_rows: float, batching: bool,
-                  overhead: float) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
-    """The first leaves' plan: ``([(item, its predicted end)] in EDF order, the frames it cannot keep on time)``.
+def _reach(model: Any, j: int, p: float, overhead: tuple[float, float], gain: Sequence[float], n: int, hi: int,
+           risk: tuple[float, float] | None) -> float:
+    """What a refinement from ``n`` to ``hi`` leaves must fit by its frame's deadline: its prediction ``p``; or,
+    when it would raise the frame's worth by less than ``1 - quantile`` of it, its median times the worst ratio
+    lately (``risk``: (quantile, the cost model's ``worst_ratio``)).
+    Starting it risks the whole frame (an answer after the deadline is worth nothing) for its rise: a stall
+    beyond the quantile (which ``1 - quantile`` of calls see) would cost more than the rise brings."""
+    if risk is None or not model.known[j] or gain[hi] <= 0 or (gain[hi] - gain[n]) / gain[hi] >= 1 - risk[0]:
+        return p
+    tail = getattr(model, "tail", None)
+    worst = max(model.base[j] * risk[1], tail[j] if tail is not None and tail[j] < INF else 0.0)
+    return max(p, worst + overhead[1])
+
+
+def _member(f: Pending, deadline: float, j: int, model: Any, overhead: tuple[float, float]) -> _M:
+    """``f`` at step ``j`` with ``deadline``: what stacking and the plan read."""
+    return _M(deadline, _call(model, j, overhead), model.base[j] if model.known[j] else INF, f)
+
+
+def _first_leaves(now: float, members: list[_M], j: int, model_for: Callable[[int], Any], max_rows: float,
+                  batching: bool, overhead: tuple[float, float], margin: float = 0.0,
+                  ) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
+    """The first leaves' plan from ``now`` (``margin``: the running call's, see :class:`_Plan`): ``([(item, its
+    predicted end)] in EDF order, the frames it cannot keep on time)``.
 
     Frames are stacked as :func:`_batches` stacks them when every call then ends by its deadline; else each runs
     alone, and one that misses even so is left out (its first leaf runs late)."""
     groups, singles = _batches(now, j, members, model_for, max_rows, overhead) if batching and len(members) > 1 else ([], members)
-    alone = [_Item(d, p, 0.0, j, [f]) for d, p, _, f in members]
-    items = sorted([_Item(g[0][0], cost, 0.0, j, [f for *_, f in g]) for cost, g in groups]
-                   + [_Item(d, p, 0.0, j, [f]) for d, p, _, f in singles], key=lambda it: it.deadline)  # fmt: skip
-    if groups and not _feasible(now, items):
+    alone = [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in members]
+    items = sorted([_Item(g[0].deadline, cost, 0.0, j, [m.frame for m in g]) for cost, g in groups]
+                   + [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in singles], key=lambda it: it.deadline)  # fmt: skip
+    if groups and any(end > it.deadline for it, end in _ends(now, items, margin)):
         items = sorted(alone, key=lambda it: it.deadline)
-    plan, lost, t = [], [], now
+    plan, lost, base, worst = [], [], now, margin
     for it in items:
-        if t + it.cost > it.deadline:
+        end = base + it.base + max(worst, it.margin)
+        if end > it.deadline:
             lost.extend(it.frames)
             continue
-        t += it.cost
-        plan.append((it, t))
+        base, worst = base + it.base, max(worst, it.margin)
+        plan.append((it, end))
     return plan, lost
 
 
-def _feasible(now: float, items: Sequence[_Item]) -> bool:
-    t = now
-    for it in items:  # in deadline order
-        t += it.cost
-        if t > it.deadline:
-            return False
-    return True
+def _ends(now: float, items: Sequence[_Item], margin: float) -> list[tuple[_Item, float]]:
+    """Each item's predicted end, run in this order (medians in sequence plus the largest margin so far)."""
+    out, base, worst = [], now, margin
+    for it in items:
+        base, worst = base + it.base, max(worst, it.margin)
+        out.append((it, base + worst))
+    return out
 
 
-def _batches(now: float, j: int, members: list, model_for: Callable[[int], Any], max_rows: float,
-             overhead: float) -> tuple[list, list]:  # fmt: skip
-    """Frames waiting at step ``j`` as one call: (``[(predicted cost, members)]``, the members left alone).
+def _batches(now: float, j: int, members: list[_M], model_for: Callable[[int], Any], max_rows: float,
+             overhead: tuple[float, float]) -> tuple[list, list]:  # fmt: skip
+    """Frames waiting at step ``j`` as one call: (``[((quantile, median), members)]``, the members left alone).
 
     In deadline order, as many as ``max_rows`` holds; a call is formed when its predicted cost ends by the
     earliest deadline among them (else that frame runs alone) and its median is below the sum of the separate
     calls' medians (else they all run alone)."""
-    members = sorted(members, key=lambda m: m[0])
+    members = sorted(members, key=lambda m: m.deadline)
     groups, singles = [], []
     while len(members) >= 2:
         take, rows = [], 0
         for m in members:
-            if rows + m[3].rows > max_rows:
+            if rows + m.frame.rows > max_rows:
                 break
             take.append(m)
-            rows += m[3].rows
+            rows += m.frame.rows
         if len(take) < 2:
             singles.append(members.pop(0))
             continue
         model = model_for(rows)
-        cost = model.pred[j] + overhead
-        if now + cost > take[0][0]:  # the earliest deadline cannot wait for the stacked call
+        cost = _call(model, j, overhead)
+        if now + cost[0] > take[0].deadline:  # the earliest deadline cannot wait for the stacked call
             singles.append(members.pop(0))
             continue
         median = model.base[j] if model.known[j] else INF
-        if median < sum(m[2] for m in take):
+        if median < sum(m.median for m in take):
             groups.append((cost, take))
         else:
             singles.extend(take)
@@ -629,7 +731,8 @@ class StreamScheduler:
         self._error: BaseException | None = None
         self._gaps: deque[float] = deque()
         self._gaps_sorted: list[float] = []
-        self._overhead = 0.0  # seconds the plan charges each call for the worker's own work (see _observe_overhead)
+        self._overhead = (0.0, 0.0)  # the worker's own seconds per call, median and quantile (see _observe_overhead)
+        self._busy_margin = 0.0  # the running call's prediction beyond its median
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
         self.calls = 0  # step calls run
         self.stacked_calls = 0  # of which for several frames
@@ -668,9 +771,11 @@ class StreamScheduler:
             waiting = [Pending(f.key, f.deadline, 0, f.rows, False) for f in self._frames.values()
                        if f.leaves == 0 and not f.late and not f.running]  # fmt: skip
             now = self._clock()
+            running = self._busy_until > -INF
             if not admit(max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program,
-                         self._model, self.max_rows, self.batching, self._overhead):  # fmt: skip
-                if self.late == "reject" and (self._frames or self._busy_until > now):
+                         self._model, self.max_rows, self.batching, self._overhead,
+                         self._busy_margin if running else 0.0):  # fmt: skip
+                if self.late == "reject" and (self._frames or running):
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:  # late="run", or nothing else pending: it harms no one, and the cost model measures again
                     frame.late = True
@@ -720,6 +825,10 @@ class StreamScheduler:
         model = self.runner.cost.for_batch(rows)
         lo = self.runner.input_spec.batch[0]
         return model if rows == lo else _AtLoad(model, self.runner.cost.for_batch(lo))
+
+    def _risk(self) -> tuple[float, float]:
+        """(quantile, worst ratio lately) of the cost model at the smallest batch, whose calls are the most frequent."""
+        return self.runner.quantile, self.runner.cost.for_batch(self.runner.input_spec.batch[0]).worst_ratio
 
     def _cancel(self, key: int) -> bool:
         with self._cond:
@@ -774,7 +883,7 @@ class StreamScheduler:
                         now = self._clock()
                         decision = decide(now, [Pending(f.key, f.deadline, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
-                                          self._overhead)  # fmt: skip
+                                          self._overhead, self._risk())  # fmt: skip
                         for key in decision.doomed:
                             self._frames[key].late = True
                         for key in decision.finish:
@@ -783,7 +892,8 @@ class StreamScheduler:
                             run = (decision.step, [self._frames[k] for k in decision.frames], now)
                             for f in run[1]:
                                 f.running = True
-                            self._busy_until = now + (decision.seconds if decision.seconds < INF else 0.0)
+                            self._busy_until = now + (decision.median if decision.median < INF else 0.0)
+                            self._busy_margin = max(0.0, decision.seconds - decision.median) if decision.seconds < INF else 0.0
                 _hand_out(out)
                 if run is not None:
                     self._run(*run, out)
@@ -828,14 +938,14 @@ class StreamScheduler:
                     out.append(self._deliver(self._frames.pop(f.key), "complete", now))
 
     def _observe_overhead(self, seconds: float) -> None:
-        """The worker's time per call outside its steps: the plan charges each call the quantile of the last
-        ``OVERHEAD_WINDOW`` (as the cost model does a run()'s entry)."""
+        """The worker's time per call outside its steps: the plan charges each call the median of the last
+        ``OVERHEAD_WINDOW`` and a call's prediction their quantile (as the cost model does a run()'s entry)."""
         ring, srt = self._gaps, self._gaps_sorted
         if len(ring) == OVERHEAD_WINDOW:
             del srt[bisect.bisect_left(srt, ring.popleft())]
         ring.append(seconds)
         bisect.insort(srt, seconds)
-        self._overhead = srt[min(len(srt) - 1, math.ceil(self.runner.quantile * len(srt)) - 1)]
+        self._overhead = (srt[(len(srt) - 1) // 2], srt[min(len(srt) - 1, math.ceil(self.runner.quantile * len(srt)) - 1)])
 
     def _fail(self, exc: BaseException, out: list | None = None) -> None:
         out = out if out is not None else []
