@@ -28,9 +28,12 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
 
 1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
-   (EDF) order from when the device is next free (the running call's median end, its margin carried). Otherwise it is rejected at once (its result says
-   "rejected"; nothing runs for it) or, with ``late="run"``, run late and flagged (``late=True``): after the
-   first leaves that can meet their deadlines, before any refinement. A frame predicted to miss while no other
+   (EDF) order from when the device is next free (the running call's median end, its margin carried). A frame
+   that can still make it at the medians (every call at its median, after the on-time first leaves) is run
+   late, flagged (``late=True``): after the first leaves that can meet their deadlines, before any refinement;
+   rejecting it would give it nothing for sure, and running it delays no first leaf planned on time.
+   Otherwise it is rejected at once (its result says "rejected"; nothing runs for it) or, with
+   ``late="run"``, run late and flagged too. A frame predicted to miss while no other
    frame is pending or running is run late, flagged, rather than rejected: it takes nothing from anyone, and a
    rejected frame measures nothing, so a prediction grown by a stall (a loaded machine) would otherwise reject
    every frame after it.
@@ -268,6 +271,7 @@ def admit(
     batching: bool = True,
     overhead: float | tuple[float, float] = 0.0,
     margin: float = 0.0,
+    stalls: bool = True,
 ) -> bool:
     """Whether ``frame`` (no leaf yet) may be admitted: EDF over first leaves from ``start`` (when the device is
     next free: the running call's median end; ``margin``: what that call's prediction adds to its median).
@@ -275,7 +279,8 @@ def admit(
     ``waiting``: the admitted frames still waiting for their first leaf (not late). The first leaves are planned
     as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order, medians in
     sequence plus one stall); the frame is admitted when its first leaf ends by its deadline and so does every
-    waiting one that would without it (``overhead``: as for :func:`decide`).
+    waiting one that would without it (``overhead``: as for :func:`decide`). ``stalls=False``: every call at its
+    median, no margin (whether the frame can make its deadline at all, after the on-time first leaves).
     A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
     j = program.at[0]
     if not model_for(frame.rows).pred[j] < INF:
@@ -284,8 +289,11 @@ def admit(
     members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
     _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead, margin)
     on_time = [m for m in members if m.frame not in lost]
-    _, lost = _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows), overhead)], j,
-                            model_for, max_rows, batching, overhead, margin)  # fmt: skip
+    mine = _member(frame, frame.deadline, j, model_for(frame.rows), overhead)
+    if not stalls:
+        on_time = [m._replace(cost=(m.cost[1], m.cost[1])) for m in on_time]
+        mine, margin, batching = mine._replace(cost=(mine.cost[1], mine.cost[1])), 0.0, False
+    _, lost = _first_leaves(start, on_time + [mine], j, model_for, max_rows, batching, overhead, margin)
     return not lost
 
 
@@ -772,12 +780,12 @@ class StreamScheduler:
                        if f.leaves == 0 and not f.late and not f.running]  # fmt: skip
             now = self._clock()
             running = self._busy_until > -INF
-            if not admit(max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program,
-                         self._model, self.max_rows, self.batching, self._overhead,
-                         self._busy_margin if running else 0.0):  # fmt: skip
-                if self.late == "reject" and (self._frames or running):
+            args = (max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program, self._model,
+                    self.max_rows, self.batching, self._overhead, self._busy_margin if running else 0.0)  # fmt: skip
+            if not admit(*args):
+                if self.late == "reject" and (self._frames or running) and not admit(*args, stalls=False):
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
-                else:  # late="run", or nothing else pending: it harms no one, and the cost model measures again
+                else:  # late="run", it can make it at its median, or nothing else is pending: it harms no one
                     frame.late = True
             if rejected is None:
                 self._frames[key] = frame

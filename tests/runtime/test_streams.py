@@ -403,7 +403,7 @@ def test_a_frame_predicted_to_miss_on_an_idle_device_runs_late_so_the_cost_model
     streams, runner, backend = scheduler(bundle, budget_ms=1.0, batching=False)
     model = runner.cost.for_batch(1)
     with streams:
-        model.pred[0] = 1.0  # as if leaf 0 had been learned at 1 s
+        model.pred[0] = model.base[0] = 1.0  # as if leaf 0 had been learned at 1 s (its median too)
         backend.gate = threading.Event()
         first = streams.submit(0, frame(0))
         second = streams.submit(1, frame(1))  # the first is pending: this one is rejected
@@ -411,3 +411,20 @@ def test_a_frame_predicted_to_miss_on_an_idle_device_runs_late_so_the_cost_model
         backend.gate.set()
         r = first.result(10)
     assert r.late and r.leaves >= 1 and r.met_deadline  # it ran (and, at its true cost, made it)
+
+
+def test_a_frame_that_can_make_it_at_the_medians_runs_late_instead_of_being_rejected(bundle):
+    """Its first leaf's quantile (a stall-polluted prediction) misses the deadline, its median does not: rejected it
+    would be worth nothing for sure; run (after the on-time first leaves, flagged late) it gets its answer."""
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0, batching=False)
+    model = runner.cost.for_batch(1)
+    with streams:
+        backend.gate = threading.Event()
+        first = streams.submit(0, frame(0))
+        model.pred[0] = 1.0  # its quantile 1 s; its median as measured
+        second = streams.submit(1, frame(1))
+        assert not second.done()
+        backend.gate.set()
+        r = second.result(10)
+        first.result(10)
+    assert r.stopped_by != "rejected" and r.late and r.leaves >= 1

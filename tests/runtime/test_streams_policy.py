@@ -281,9 +281,10 @@ def serve_scheduler(program, arrivals, seconds, cost):
         while i < len(arrivals) and arrivals[i].time <= upto:
             a = arrivals[i]
             waiting = [Pending(k, f["d"], 0, 1, False) for k, f in frames.items() if not f["n"] and not f["late"]]
-            if admit(max(a.time, busy), waiting, Pending(i, a.deadline, 0, 1, False), program, model, 1, False, 0.0, margin):  # fmt: skip
+            args = (max(a.time, busy), waiting, Pending(i, a.deadline, 0, 1, False), program, model, 1, False, 0.0, margin)
+            if admit(*args):
                 frames[i] = {"d": a.deadline, "n": 0, "late": False, "last": INF}
-            elif not frames and busy == -INF:  # nothing else pending or running: run late, flagged (the worker's rule)
+            elif admit(*args, stalls=False) or (not frames and busy == -INF):  # run late, flagged (the worker's rules)
                 frames[i] = {"d": a.deadline, "n": 0, "late": True, "last": INF}
             else:
                 done[i] = (0, "rejected")
@@ -414,3 +415,26 @@ def test_on_recorded_times_the_scheduler_beats_both_baselines_and_rejects_only_w
     # the scheduler withholds a frame's last refinements where a stall as bad as the worst lately would make it
     # late: worth 0.0006 each, against the frame's 0.63; this recording's stalls happen to spare the baselines)
     assert mine["accuracy"] >= max(got["fifo"]["accuracy"], got["runners"]["accuracy"]) - 1e-4, got
+
+
+class Quantiles:
+    """The cost model at one number of rows: every step's median ``base`` and quantile ``pred``."""
+
+    def __init__(self, n, base, pred):
+        self.base, self.pred, self.known = [base] * n, [pred] * n, [True] * n
+
+
+def test_admission_charges_one_stall_per_plan_and_rejects_only_what_cannot_fit_even_at_the_medians(programs):
+    """Medians 1 ms, quantile 4 ms (a loaded machine's 4x). Two first leaves wait (deadline 5 ms): a third with
+    6.5 ms is admitted (three medians plus one stall: 6 ms; the quantiles summed, 12 ms, rejected it). With
+    the device busy 2 ms more: a frame due at 3.5 ms misses at the quantile but makes it at the medians (run
+    late, flagged), one due at 2.5 ms cannot make it at all (rejected)."""
+    program = programs["segments"]
+    model = lambda rows: Quantiles(len(program.steps), 1e-3, 4e-3)  # noqa: E731
+    waiting = [Pending(k, 5e-3, 0, 1, False) for k in range(2)]
+    assert admit(0.0, waiting, Pending(9, 6.5e-3, 0, 1, False), program, model, 1, False)
+    assert not admit(0.0, waiting, Pending(9, 5.5e-3, 0, 1, False), program, model, 1, False)
+    assert admit(0.0, waiting, Pending(9, 5.5e-3, 0, 1, False), program, model, 1, False, stalls=False)
+    late, never = Pending(9, 3.5e-3, 0, 1, False), Pending(9, 2.5e-3, 0, 1, False)
+    assert not admit(2e-3, [], late, program, model, 1, False) and admit(2e-3, [], late, program, model, 1, False, stalls=False)
+    assert not admit(2e-3, [], never, program, model, 1, False, stalls=False)
