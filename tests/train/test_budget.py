@@ -14,8 +14,9 @@ import torch
 from hne_edge.errors import InputError
 from hne_edge.train.checkpoint import load_checkpoint
 from hne_edge.train.config import TrainConfig, parse_duration
-from hne_edge.train import engine
-from hne_edge.train.engine import fit, plan_steps
+from hne_edge.train import budget as budget_module
+from hne_edge.train.budget import plan_steps
+from hne_edge.train.engine import fit
 
 
 def _budget_run(out, budget, **over) -> TrainConfig:
@@ -71,9 +72,9 @@ def fixed_plan(monkeypatch):
     class Plan:
         total = 20
 
-    monkeypatch.setattr(engine._TimeBudget, "MIN_STEPS", 10**9)
-    monkeypatch.setattr(engine._TimeBudget, "MAX_STEPS", 4)
-    monkeypatch.setattr(engine, "plan_steps", lambda **kw: Plan.total)
+    monkeypatch.setattr(budget_module._TimeBudget, "MIN_STEPS", 10**9)
+    monkeypatch.setattr(budget_module._TimeBudget, "MAX_STEPS", 4)
+    monkeypatch.setattr(budget_module, "plan_steps", lambda **kw: Plan.total)
     return Plan
 
 
