@@ -43,8 +43,9 @@ from ..limits import check_memory, cpu_count, load_average
 from ..progress import Progress
 from . import profiler
 from .backends import Backend, create_backend
-from .cost_model import CostModel, Profile, find_profile, host_info, save_profile
+from .cost_model import CostModel
 from .inputs import check_input, preprocess
+from .profile_file import Profile, find_profile, host_info, save_profile
 from .program import Program, compile_program
 from .result import AnytimeResult
 from .session import (
