@@ -283,7 +283,7 @@ def predict(model: nn.Module, loader, device: torch.device = torch.device("cpu")
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         outs.append(model(x).float().cpu())
-        labels.append(y)
+        labels.append(y.cpu())  # a device-resident loader yields CUDA labels; the logits are on the CPU
         progress.update(len(y))
     return torch.cat(outs), torch.cat(labels)
 
