@@ -264,17 +264,17 @@ def test_pretrained_choices_name_what_is_shipped(tmp_path):
 def test_the_demo_evaluates_the_validation_images_once(tmp_path, monkeypatch):
     """Reproduces issue 28: the demo's step 5 ("profiling") spent 55 of its 57 s evaluating the whole validation
     set a second time, for the ensemble table that step 2's evaluation had measured already."""
-    import hne_edge.train.engine as engine
+    import hne_edge.train.evaluation as evaluation
     from hne_edge.demo import run_demo
 
     passes = []
-    predict = engine.predict
+    predict = evaluation.predict
 
     def counting(model, loader, *args, **kwargs):
         passes.append(len(loader.dataset))
         return predict(model, loader, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "predict", counting)
+    monkeypatch.setattr(evaluation, "predict", counting)
     lines: list[str] = []
     result = run_demo(tmp_path / "demo", data="digits", epochs=1, limit=64, frames=10, quiet=True, echo=lines.append)
     # the 180 held-out digits: fit's validation of its last epoch, then step 2's evaluation; step 5 reads step 2's

@@ -15,8 +15,10 @@ import torch
 from hne_edge.errors import InputError
 from hne_edge.train.checkpoint import load_checkpoint
 from hne_edge.train.config import TrainConfig, parse_duration
-from hne_edge.train import engine
-from hne_edge.train.engine import fit, plan_steps
+from hne_edge.train import budget as budget_module
+from hne_edge.train import engine, evaluation
+from hne_edge.train.budget import plan_steps
+from hne_edge.train.engine import fit
 
 
 def _budget_run(out, budget, **over) -> TrainConfig:
@@ -47,7 +49,7 @@ def test_durations_and_their_errors():
 
 
 class _FakeTime:
-    """engine's ``time`` module with a clock that moves only when the run works: each training step, each image
+    """The training modules' ``time`` with a clock that moves only when the run works: each training step, each image
     predicted and each checkpoint costs a fixed number of seconds, whatever this machine's speed or load."""
 
     STEP_S, IMAGE_S, CHECKPOINT_S = 0.25, 0.002, 0.05
@@ -70,8 +72,9 @@ def fake_time(monkeypatch):
     after the plan was fixed; how long a run takes on a given machine is a benchmark's, not a test's)."""
     clock = _FakeTime()
     monkeypatch.setattr(engine, "time", clock)
+    monkeypatch.setattr(budget_module, "time", clock)
 
-    class Budget(engine._TimeBudget):
+    class Budget(budget_module._TimeBudget):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **{**kwargs, "clock": clock.perf_counter})
 
@@ -84,7 +87,9 @@ def fake_time(monkeypatch):
 
     monkeypatch.setattr(engine, "_TimeBudget", Budget)
     monkeypatch.setattr(engine, "train_step", costs(engine.train_step, lambda a, out: clock.STEP_S))
-    monkeypatch.setattr(engine, "predict", costs(engine.predict, lambda a, out: clock.IMAGE_S * len(out[1])))
+    predict = costs(evaluation.predict, lambda a, out: clock.IMAGE_S * len(out[1]))
+    monkeypatch.setattr(evaluation, "predict", predict)  # what fit's validations call
+    monkeypatch.setattr(budget_module, "predict", predict)  # what the plan times a validation with
     monkeypatch.setattr(engine, "save_checkpoint", costs(engine.save_checkpoint, lambda a, out: clock.CHECKPOINT_S))
     return clock
 
@@ -116,9 +121,9 @@ def fixed_plan(monkeypatch):
     class Plan:
         total = 20
 
-    monkeypatch.setattr(engine._TimeBudget, "MIN_STEPS", 10**9)
-    monkeypatch.setattr(engine._TimeBudget, "MAX_STEPS", 4)
-    monkeypatch.setattr(engine, "plan_steps", lambda **kw: Plan.total)
+    monkeypatch.setattr(budget_module._TimeBudget, "MIN_STEPS", 10**9)
+    monkeypatch.setattr(budget_module._TimeBudget, "MAX_STEPS", 4)
+    monkeypatch.setattr(budget_module, "plan_steps", lambda **kw: Plan.total)
     return Plan
 
 
