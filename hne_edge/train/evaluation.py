@@ -229,11 +229,13 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
 
     stored = upgrade_config(state["config"]) if state.get("config") else None  # a 0.1 run: its weighting
     dev = torch_device(device)
-    model = model.to(dev)
+    # channels-last: 1.4x the CPU throughput of NCHW for hne_resnet_small's depthwise-separable blocks (CPU time
+    # per 128 images, 1 thread: 5.3-5.8 s against 7.3-8.6 s; the logits within 4e-6), and what training uses on CUDA
+    model = model.to(dev, memory_format=torch.channels_last)
     if progress is not None:  # the rate counts from here; a first line at once (loading took a while already)
         progress.restart(len(loader.dataset), "eval", "image")
         progress.set(note=f"{source['data']} {source['split']} on {dev}")
-    logits, labels = predict(model, loader, dev, progress=progress)
+    logits, labels = predict(model, loader, dev, channels_last=True, progress=progress)
     if predictions is not None:
         predictions.update(logits=logits, labels=labels)
     cost = tree_cost(model.cpu())
