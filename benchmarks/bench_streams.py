@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from hne_edge.bundle import MIXED, MIXED_PLANS, SEGMENTS  # noqa: E402
 TARGET_MISS_RATE = 0.01
 
 
@@ -56,7 +58,7 @@ def export(workdir: Path, name: str, plan: str, torch_weights: bool) -> Path:
     from hne_edge.exporters import export_onnx
     from hne_edge.models import create_model
 
-    plans = "segments,subtrees,fused" if plan == "mixed" else plan
+    plans = ",".join(MIXED_PLANS) if plan == MIXED else plan
     bundle = workdir / f"{name}_{plans.replace(',', '+')}_streams"
     if not (bundle / "manifest.json").exists():
         torch.manual_seed(0)
@@ -114,7 +116,7 @@ def verdicts(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="hne_resnet_small")
-    ap.add_argument("--plan", default="segments", choices=["segments", "mixed"])
+    ap.add_argument("--plan", default=SEGMENTS, choices=[SEGMENTS, MIXED])
     ap.add_argument("--device", default="cpu", help="cpu: ONNX Runtime CPU; cuda: the torch CUDA backend")
     ap.add_argument("--streams", default="1,2,4,8")
     ap.add_argument("--threads", default="1,2", help="intra-op threads (CPU backends)")

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from hne_edge.bundle import read_manifest
 from hne_edge.runtime import AnytimeRunner
-from hne_edge.runtime.streams import Pending, accuracy_by_n, admit, decide, gain_curve, read_accuracy
+from hne_edge.runtime.stream_policy import Pending, accuracy_by_n, admit, decide, gain_curve, read_accuracy
 from conftest import REPO
 from runtime_fakes import FakeBackend, make_fake_bundle
 

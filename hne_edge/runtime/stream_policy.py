@@ -1,0 +1,499 @@
+"""The stream scheduler's policy (:class:`~.streams.StreamScheduler`), pure: the frames' state in, a decision out.
+
+**The policy.** :func:`admit` and :func:`decide` are pure (the frames' state in, a decision out), so a virtual
+clock can drive them from recorded step timings. Costs are the runner's cost model: ``pred`` (the quantile a
+deadline must fit) and ``base`` (the median speeds are compared by) of each step at a number of rows
+(``CostModel.for_batch``; between profiled batch sizes, :func:`~.cost_model.profile_at_batch` interpolates).
+*A sequence of calls* is predicted to end at the sum of their medians plus the largest of their margins
+(prediction minus median): one stall, not one per call. A stall strikes whatever runs; the quantile is one
+call's, and charging it to every call of a plan (plus the worker's own p99 per call) rejected 314 of 1200
+frames at 4 cameras on a loaded machine where the first leaves took a tenth of the device. The worker's own
+time per call (deciding, handing over, uploading) counts likewise: its median in every call, its quantile once.
+
+1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
+   waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
+   (EDF) order from when the device is next free (the running call's median end, its margin carried). A frame
+   that can still make it at the medians (every call at its median, after the on-time first leaves) is run
+   late, flagged (``late=True``): after the first leaves that can meet their deadlines, before any refinement;
+   rejecting it would give it nothing for sure, and running it delays no first leaf planned on time.
+   Otherwise it is rejected at once (its result says "rejected"; nothing runs for it) or, with
+   ``late="run"``, run late and flagged too. A frame predicted to miss while no other
+   frame is pending or running is run late, flagged, rather than rejected: it takes nothing from anyone, and a
+   rejected frame measures nothing, so a prediction grown by a stall (a loaded machine) would otherwise reject
+   every frame after it.
+2. *First leaves first, in EDF order.* The first leaves of admitted frames are mandatory: a plan holds them
+   in EDF order, and nothing enters the plan that would make one of them end after its deadline.
+3. *Slack to the highest value per millisecond.* The next step of every frame with a leaf (a leaf, or for
+   plan "mixed" the step :func:`~.program.choose` picks: a whole subtree where it measures faster and fits)
+   is worth its rise in expected accuracy - the bundle's accuracy after ``n`` leaves, :func:`gain_curve` - times
+   the frame's rows (without an accuracy record: the leaves it adds), over its predicted cost. The steps enter
+   the plan greedily by that value per millisecond, each only if the plan stays feasible (every item ends by
+   its deadline in EDF order). A refinement worth less than ``1 - quantile`` of what the frame already has
+   must end by the deadline even if it stalls as badly as any call did lately (``CostModel.worst_ratio`` times
+   its median, or its own worst recent time): an answer after the deadline is worth nothing, and a stall past
+   the quantile, which ``1 - quantile`` of calls see, would cost the frame more than the step adds. The step
+   that runs is the plan's earliest-deadline item; the plan is made again after every step (new frames,
+   cancels, measured times). A late first leaf (below) waits only for the on-time ones: no refinement runs
+   before it.
+4. *Batching across streams.* Frames waiting at the same step are one call (their rows stacked) when the cost
+   model's median for the stacked rows is below the sum of the separate calls' medians and the call's
+   prediction ends by every member's deadline (and the bundle's batch range holds the rows); the batched call
+   is one item of the plan, so it must fit the plan too.
+5. *Never start a step predicted to make an admitted frame miss:* the step that runs ends by its frames'
+   deadlines and leaves every first leaf in the plan on time (as predicted). A first leaf that can no longer
+   make its deadline (its prediction grew since admission) is run late, flagged, rather than dropped.
+6. *Delivery.* A frame's result is delivered as soon as it has every leaf, no step of it can end before its
+   deadline, its next step adds nothing (value <= 0), or it is cancelled. A result is never silently dropped:
+   a backend error during a step is that step's frames' exception.
+
+Time: deadlines are absolute values of the backend's clock, as for :meth:`AnytimeRunner.run`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from .program import Program, choose
+from .session import check_count
+
+__all__ = ["Pending", "Decision", "admit", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
+
+INF = math.inf
+
+
+# -- what a leaf is worth ------------------------------------------------------------------------------
+
+
+def accuracy_by_n(accuracy: Sequence[float] | Mapping[int, float], num_leaves: int) -> list[float]:
+    """The accuracy of the first ``n`` leaves' ensemble for ``n = 0..N`` (0 for none: no answer).
+
+    ``accuracy``: a sequence for ``n = 1..N``, or ``{n: accuracy}`` at some ``n`` (1 among them): linear between
+    them, flat after the last (a checkpoint's record holds ``n = 1, 2, 4, ..., N``)."""
+    if isinstance(accuracy, Mapping):
+        points = {}
+        for n, a in accuracy.items():
+            points[check_count(n, "accuracy's n", 1, num_leaves)] = _accuracy_value(a, n)
+        if 1 not in points:
+            raise InputError(f"accuracy: received n = {sorted(points)}; expected n = 1 among them (the first leaf)")
+        ns = sorted(points)
+        values = [float(np.interp(n, ns, [points[k] for k in ns])) for n in range(1, num_leaves + 1)]
+    else:
+        values = [_accuracy_value(a, i + 1) for i, a in enumerate(accuracy)]
+        if len(values) != num_leaves:
+            raise InputError(f"accuracy: received {len(values)} values; expected one per n = 1..{num_leaves}")
+    return [0.0, *values]
+
+
+def _accuracy_value(value: Any, n: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.floating, np.integer)) or not 0 <= value <= 1:
+        raise InputError(f"accuracy at n = {n}: received {value!r}; expected a fraction in [0, 1]")
+    return float(value)
+
+
+def gain_curve(accuracy: Sequence[float] | Mapping[int, float] | None, num_leaves: int) -> list[float]:
+    """What the policy counts the first ``n`` leaves of a frame worth, ``n = 0..N``: a step's value is the rise it
+    adds, times the frame's rows.
+
+    ``accuracy`` (as :func:`accuracy_by_n` reads it; e.g. :func:`read_accuracy` of a file): the curve over ``n >= 1``
+    replaced by its least concave majorant, so a dip or a plateau before a rise is worth the rise spread over
+    the leaves that reach it (a greedy choice would never cross it otherwise), and a fall after the best ``n`` is
+    worth nothing. None: every leaf is worth one (the leaves added)."""
+    if accuracy is None:
+        return [float(n) for n in range(num_leaves + 1)]
+    values = accuracy_by_n(accuracy, num_leaves)
+    hull: list[int] = []  # the upper hull of (n, accuracy) for n = 1..N
+    for n in range(1, num_leaves + 1):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (values[b] - values[a]) * (n - a) <= (values[n] - values[a]) * (b - a):
+                hull.pop()  # b lies on or under the chord from a to n
+            else:
+                break
+        hull.append(n)
+    curve = [0.0] * (num_leaves + 1)
+    for a, b in zip(hull, hull[1:]):
+        for n in range(a, b + 1):
+            curve[n] = values[a] + (values[b] - values[a]) * (n - a) / (b - a)
+    curve[hull[-1]] = values[hull[-1]]
+    return curve
+
+
+def read_accuracy(path: str | os.PathLike) -> dict[int, float]:
+    """``{n: accuracy}`` from a JSON record: ``hne-edge eval``'s metrics.json (``anytime``: every n) or a checkpoint's
+    record (``held_out``: n = 1, 2, 4, ..., N; the shipped ``hne_edge/assets/cifar10_demo.json``)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read as JSON ({type(exc).__name__}); expected an eval metrics.json or a "
+                         "checkpoint record") from None  # fmt: skip
+    rows = data.get("anytime", data.get("held_out")) if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"{path}: received no 'anytime' or 'held_out' list; expected the accuracy per n of an eval "
+                         "metrics.json or a checkpoint record")  # fmt: skip
+    out = {}
+    for row in rows:
+        if not isinstance(row, dict) or type(row.get("n")) is not int or "accuracy" not in row:
+            raise InputError(f"{path}: received a row {str(row)[:80]}; expected {{'n': int, 'accuracy': fraction}}")
+        out[row["n"]] = _accuracy_value(row["accuracy"], row["n"])
+    return out
+
+
+def expected_accuracy(leaves_on_time: Sequence[int], accuracy: Sequence[float]) -> float:
+    """The mean over frames of the accuracy their answer had when their deadline came: ``accuracy[n]`` (the curve
+    of :func:`accuracy_by_n`, 0 for n = 0) of the leaves each frame delivered by its deadline - 0 for a frame
+    rejected, cancelled before a leaf or late (an answer after the deadline is no answer in time)."""
+    if not len(leaves_on_time):
+        return 0.0
+    return float(np.mean([accuracy[n] for n in leaves_on_time]))
+
+
+# -- the policy (pure) ---------------------------------------------------------------------------------
+
+
+class Pending(NamedTuple):
+    """What the policy sees of a frame not yet delivered."""
+
+    key: int
+    deadline: float  # absolute, clock seconds
+    leaves: int  # done so far
+    rows: int  # its batch rows
+    late: bool  # its first leaf runs late (admitted late, or no longer able to make its deadline)
+
+
+class Decision(NamedTuple):
+    """What :func:`decide` says to do now."""
+
+    step: int  # the step to run (-1: none)
+    frames: tuple[int, ...]  # the frames it runs for (their rows stacked in one call when several)
+    seconds: float  # its predicted cost (the quantile a deadline must fit)
+    median: float  # its median cost: when the device is likely free again (what admission plans from)
+    finish: tuple[int, ...]  # frames to deliver now (no step of theirs can end by their deadline, or adds nothing)
+    doomed: tuple[int, ...]  # frames whose first leaf can no longer make its deadline: run late, flagged
+
+
+class _Item:
+    """One call of the plan: a step for one frame, or for several stacked (``alone``: their members, to try alone).
+    ``cost``: its predicted quantile; ``base``: its median; ``margin``: the difference (what one stall may add)."""
+
+    __slots__ = ("deadline", "cost", "base", "margin", "reach", "value", "step", "frames", "alone")
+
+    def __init__(self, deadline: float, cost: tuple[float, float], value: float, step: int, frames: list[Pending]) -> None:
+        self.deadline, self.value, self.step, self.frames = deadline, value, step, frames
+        self.cost, self.base = cost
+        self.margin = self.cost - self.base
+        self.reach = self.margin  # what it must fit by its own deadline beyond its median (a risky refinement: more)
+        self.alone: list | None = None
+
+
+class _M(NamedTuple):
+    """A frame at a step, as stacking and the plan read it."""
+
+    deadline: float
+    cost: tuple[float, float]  # (quantile, median) of its call alone, the worker's overhead included
+    median: float  # the step's median alone (INF: nothing measured; stacking is compared by it)
+    frame: Pending
+
+
+def _overheads(overhead: float | tuple[float, float]) -> tuple[float, float]:
+    """(median, quantile) of the worker's seconds per call; a number: both."""
+    return (overhead, overhead) if isinstance(overhead, (int, float)) else (float(overhead[0]), float(overhead[1]))
+
+
+def _call(model: Any, j: int, overhead: tuple[float, float]) -> tuple[float, float]:
+    """(quantile, median) of a call of step ``j`` as ``model`` predicts it, the worker's overhead added. A cost
+    nothing measured says counts as the overhead alone (the frame runs first, unplanned)."""
+    p = model.pred[j]
+    if not p < INF:
+        return overhead[1], overhead[0]
+    b = model.base[j] if model.known[j] else p
+    return p + overhead[1], min(b, p) + overhead[0]
+
+
+def admit(
+    start: float,
+    waiting: Sequence[Pending],
+    frame: Pending,
+    program: Program,
+    model_for: Callable[[int], Any],
+    max_rows: float = INF,
+    batching: bool = True,
+    overhead: float | tuple[float, float] = 0.0,
+    margin: float = 0.0,
+    stalls: bool = True,
+) -> bool:
+    """Whether ``frame`` (no leaf yet) may be admitted: EDF over first leaves from ``start`` (when the device is
+    next free: the running call's median end; ``margin``: what that call's prediction adds to its median).
+
+    ``waiting``: the admitted frames still waiting for their first leaf (not late). The first leaves are planned
+    as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order, medians in
+    sequence plus one stall); the frame is admitted when its first leaf ends by its deadline and so does every
+    waiting one that would without it (``overhead``: as for :func:`decide`). ``stalls=False``: every call at its
+    median, no margin (whether the frame can make its deadline at all, after the on-time first leaves).
+    A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
+    j = program.at[0]
+    if not model_for(frame.rows).pred[j] < INF:
+        return True
+    overhead = _overheads(overhead)
+    members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
+    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead, margin)
+    on_time = [m for m in members if m.frame not in lost]
+    mine = _member(frame, frame.deadline, j, model_for(frame.rows), overhead)
+    if not stalls:
+        on_time = [m._replace(cost=(m.cost[1], m.cost[1])) for m in on_time]
+        mine, margin, batching = mine._replace(cost=(mine.cost[1], mine.cost[1])), 0.0, False
+    _, lost = _first_leaves(start, on_time + [mine], j, model_for, max_rows, batching, overhead, margin)
+    return not lost
+
+
+def decide(
+    now: float,
+    frames: Sequence[Pending],
+    program: Program,
+    model_for: Callable[[int], Any],
+    gain: Sequence[float],
+    max_rows: float = INF,
+    batching: bool = True,
+    overhead: float | tuple[float, float] = 0.0,
+    risk: tuple[float, float] | None = None,
+) -> Decision:
+    """The policy of the module docstring: which step runs now, for which frames; which frames are delivered.
+
+    ``model_for(rows)``: the cost model at that many rows (``pred``, ``base``, ``known`` per step, as
+    ``CostModel.for_batch``); ``gain``: :func:`gain_curve`; ``max_rows``: the most rows one call may stack;
+    ``overhead``: the worker's own seconds per call (deciding, handing frames over, uploading), its median and
+    its quantile (a number: both), added to every call's median and prediction; ``risk``: the cost model's
+    ``(quantile, worst_ratio)``: a refinement whose relative gain is below ``1 - quantile`` must end by its frame's
+    deadline even at ``worst_ratio`` times its median, the worst stall lately (None: at its prediction). Pure: nothing is changed, nothing
+    is run."""
+    n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
+    overhead = _overheads(overhead)
+    finish: list[int] = []
+    doomed: list[int] = []
+    late: list[_Item] = []
+    by_step: dict[int, list[_M]] = {}
+    models: dict[int, Any] = {}
+    for f in frames:
+        n, rows = f.leaves, f.rows
+        model = models.get(rows)
+        if model is None:
+            model = models[rows] = model_for(rows)
+        deadline = INF if (f.late and n == 0) else f.deadline
+        j = at[n]
+        if alts is not None and alts[n]:
+            j = choose(program, n, now, None if deadline == INF else deadline, model.pred, model.base, model.known,
+                       n_leaves, 0 if n else 1, False, True)  # fmt: skip
+        member = _member(f, deadline, j, model, overhead)
+        p = model.pred[j] + overhead[1]
+        if n:
+            p = _reach(model, j, p, overhead, gain, n, steps[j].hi, risk)
+            if now + p > deadline or gain[steps[j].hi] <= gain[n]:
+                finish.append(f.key)  # no step of it can end by its deadline, or the next adds nothing
+                continue
+        elif deadline < INF and now + p > deadline:
+            doomed.append(f.key)
+            deadline = INF
+        if deadline == INF:  # a first leaf run late: after the first leaves that can make it, before refinements
+            late.append(_Item(-INF, member.cost, 0.0, j, [f]))
+            continue
+        by_step.setdefault(j, []).append(member)
+
+    mandatory: list[_M] = by_step.pop(at[0], [])  # every first leaf is step at[0]
+    optional: list[_Item] = []
+    for j, members in by_step.items():
+        rise = gain[steps[j].hi]
+        if batching and len(members) > 1:
+            groups, members = _batches(now, j, members, model_for, max_rows, overhead)
+            for cost, group in groups:
+                item = _Item(group[0].deadline, cost, sum((rise - gain[m.frame.leaves]) * m.frame.rows for m in group), j,
+                             [m.frame for m in group])  # fmt: skip
+                model = model_for(sum(m.frame.rows for m in group))
+                item.reach = max(_reach(model, j, cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk)
+                                 for m in group) - item.base  # fmt: skip
+                item.alone = group  # its members alone, for when the group does not fit
+                optional.append(item)
+        for m in members:
+            item = _Item(m.deadline, m.cost, (rise - gain[m.frame.leaves]) * m.frame.rows, j, [m.frame])
+            item.reach = _reach(models[m.frame.rows], j, m.cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk) - item.base
+            optional.append(item)
+
+    # the first leaves in EDF order (stacked where that keeps them on time); one late even alone is doomed
+    first, lost = _first_leaves(now, mandatory, at[0], model_for, max_rows, batching, overhead)
+    for f in lost:
+        doomed.append(f.key)
+        late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows), overhead).cost, 0.0, at[0], [f]))
+    plan = _Plan(now, [it for it, _ in first])
+
+    waiting_late = False
+    for it in late:  # first come, first served, as long as the on-time first leaves stay on time
+        waiting_late |= not plan.insert(it)
+    if waiting_late:  # a late first leaf waits for the on-time ones, and no refinement goes before it
+        for it in late:
+            if it not in plan.items:
+                plan._put(len(plan.items), it)
+    else:
+        heap = [(-it.value / max(it.cost, 1e-12), k, it) for k, it in enumerate(optional)]
+        heapq.heapify(heap)
+        seq = len(heap)
+        while heap:
+            _, _, it = heapq.heappop(heap)
+            if not plan.insert(it) and it.alone:  # the group does not fit: its members may, alone
+                rise = gain[steps[it.step].hi]
+                for m in it.alone:
+                    value = (rise - gain[m.frame.leaves]) * m.frame.rows
+                    alone = _Item(m.deadline, m.cost, value, it.step, [m.frame])
+                    alone.reach = _reach(models[m.frame.rows], it.step, m.cost[0], overhead, gain, m.frame.leaves, steps[it.step].hi,
+                                         risk) - alone.base  # fmt: skip
+                    heapq.heappush(heap, (-value / max(m.cost[0], 1e-12), seq, alone))
+                    seq += 1
+    if not plan.items:
+        return Decision(-1, (), 0.0, 0.0, tuple(finish), tuple(doomed))
+    run = plan.items[0]
+    for k, it in enumerate(plan.items):  # the first leaves as soon as the plan allows: frames that go on stay in step
+        if it.step == at[0] and not it.value:
+            if k and plan.fits(0, it, upto=k):
+                run = it
+            break
+    return Decision(run.step, tuple(f.key for f in run.frames), run.cost, run.base, tuple(finish), tuple(doomed))
+
+
+class _Plan:
+    """Calls in deadline order, each predicted to end at ``now`` + the medians of the calls up to it + the largest
+    of their margins: one stall strikes the sequence (a stall strikes whatever runs; the cost model's quantile is
+    one call's, and charging it to every call of a sequence is charging a stall per call)."""
+
+    def __init__(self, now: float, items: list[_Item], margin: float = 0.0) -> None:
+        self.now, self.margin0, self.items = now, margin, []
+        self.deadlines: list[float] = []
+        self.bases: list[float] = []  # the medians up to each item
+        self.margins: list[float] = []  # the largest margin up to each item
+        for it in items:  # (already feasible, in order)
+            self._put(len(self.items), it)
+
+    def end(self, k: int) -> float:
+        return self.now + self.bases[k] + self.margins[k]
+
+    def _put(self, pos: int, it: _Item) -> None:
+        base = self.bases[pos - 1] if pos else 0.0
+        margin = self.margins[pos - 1] if pos else self.margin0
+        for k in range(pos, len(self.items)):
+            self.bases[k] += it.base
+            self.margins[k] = max(self.margins[k], it.margin)
+        self.items.insert(pos, it)
+        self.deadlines.insert(pos, it.deadline)
+        self.bases.insert(pos, base + it.base)
+        self.margins.insert(pos, max(margin, it.margin))
+
+    def fits(self, pos: int, it: _Item, upto: int | None = None) -> bool:
+        """Whether ``it`` at ``pos`` ends by its deadline and the items after it (up to ``upto``) still do."""
+        base = self.bases[pos - 1] if pos else 0.0
+        margin = self.margins[pos - 1] if pos else self.margin0
+        if self.now + base + it.base + max(margin, it.reach) > it.deadline > -INF:  # (a late first leaf: -INF)
+            return False
+        for k in range(pos, len(self.items) if upto is None else upto):
+            if self.now + self.bases[k] + it.base + max(self.margins[k], it.margin) > self.deadlines[k]:
+                return False
+        return True
+
+    def insert(self, it: _Item) -> bool:
+        """Put ``it`` at its EDF place if every item still ends by its deadline."""
+        pos = bisect.bisect_right(self.deadlines, it.deadline)
+        if not self.fits(pos, it):
+            return False
+        self._put(pos, it)
+        return True
+
+
+def _reach(model: Any, j: int, p: float, overhead: tuple[float, float], gain: Sequence[float], n: int, hi: int,
+           risk: tuple[float, float] | None) -> float:
+    """What a refinement from ``n`` to ``hi`` leaves must fit by its frame's deadline: its prediction ``p``; or,
+    when it would raise the frame's worth by less than ``1 - quantile`` of it, its median times the worst ratio
+    lately (``risk``: (quantile, the cost model's ``worst_ratio``)).
+    Starting it risks the whole frame (an answer after the deadline is worth nothing) for its rise: a stall
+    beyond the quantile (which ``1 - quantile`` of calls see) would cost more than the rise brings."""
+    if risk is None or not model.known[j] or gain[hi] <= 0 or (gain[hi] - gain[n]) / gain[hi] >= 1 - risk[0]:
+        return p
+    tail = getattr(model, "tail", None)
+    worst = max(model.base[j] * risk[1], tail[j] if tail is not None and tail[j] < INF else 0.0)
+    return max(p, worst + overhead[1])
+
+
+def _member(f: Pending, deadline: float, j: int, model: Any, overhead: tuple[float, float]) -> _M:
+    """``f`` at step ``j`` with ``deadline``: what stacking and the plan read."""
+    return _M(deadline, _call(model, j, overhead), model.base[j] if model.known[j] else INF, f)
+
+
+def _first_leaves(now: float, members: list[_M], j: int, model_for: Callable[[int], Any], max_rows: float,
+                  batching: bool, overhead: tuple[float, float], margin: float = 0.0,
+                  ) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
+    """The first leaves' plan from ``now`` (``margin``: the running call's, see :class:`_Plan`): ``([(item, its
+    predicted end)] in EDF order, the frames it cannot keep on time)``.
+
+    Frames are stacked as :func:`_batches` stacks them when every call then ends by its deadline; else each runs
+    alone, and one that misses even so is left out (its first leaf runs late)."""
+    groups, singles = _batches(now, j, members, model_for, max_rows, overhead) if batching and len(members) > 1 else ([], members)
+    alone = [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in members]
+    items = sorted([_Item(g[0].deadline, cost, 0.0, j, [m.frame for m in g]) for cost, g in groups]
+                   + [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in singles], key=lambda it: it.deadline)  # fmt: skip
+    if groups and any(end > it.deadline for it, end in _ends(now, items, margin)):
+        items = sorted(alone, key=lambda it: it.deadline)
+    plan, lost, base, worst = [], [], now, margin
+    for it in items:
+        end = base + it.base + max(worst, it.margin)
+        if end > it.deadline:
+            lost.extend(it.frames)
+            continue
+        base, worst = base + it.base, max(worst, it.margin)
+        plan.append((it, end))
+    return plan, lost
+
+
+def _ends(now: float, items: Sequence[_Item], margin: float) -> list[tuple[_Item, float]]:
+    """Each item's predicted end, run in this order (medians in sequence plus the largest margin so far)."""
+    out, base, worst = [], now, margin
+    for it in items:
+        base, worst = base + it.base, max(worst, it.margin)
+        out.append((it, base + worst))
+    return out
+
+
+def _batches(now: float, j: int, members: list[_M], model_for: Callable[[int], Any], max_rows: float,
+             overhead: tuple[float, float]) -> tuple[list, list]:  # fmt: skip
+    """Frames waiting at step ``j`` as one call: (``[((quantile, median), members)]``, the members left alone).
+
+    In deadline order, as many as ``max_rows`` holds; a call is formed when its predicted cost ends by the
+    earliest deadline among them (else that frame runs alone) and its median is below the sum of the separate
+    calls' medians (else they all run alone)."""
+    members = sorted(members, key=lambda m: m.deadline)
+    groups, singles = [], []
+    while len(members) >= 2:
+        take, rows = [], 0
+        for m in members:
+            if rows + m.frame.rows > max_rows:
+                break
+            take.append(m)
+            rows += m.frame.rows
+        if len(take) < 2:
+            singles.append(members.pop(0))
+            continue
+        model = model_for(rows)
+        cost = _call(model, j, overhead)
+        if now + cost[0] > take[0].deadline:  # the earliest deadline cannot wait for the stacked call
+            singles.append(members.pop(0))
+            continue
+        median = model.base[j] if model.known[j] else INF
+        if median < sum(m.median for m in take):
+            groups.append((cost, take))
+        else:
+            singles.extend(take)
+        del members[: len(take)]
+    singles.extend(members)
+    return groups, singles
