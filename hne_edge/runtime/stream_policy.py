@@ -13,7 +13,8 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
 1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
    (EDF) order from when the device is next free (the running call's median end, its margin carried). A frame
-   that can still make it at the medians (every call at its median, after the on-time first leaves) is run
+   that can still make it at the medians (each call at its median, after every first leaf waiting, on time or
+   late: :func:`late_fits`; a queue of late frames is no free room) is run
    late, flagged (``late=True``): after the first leaves that can meet their deadlines, before any refinement;
    rejecting it would give it nothing for sure, and running it delays no first leaf planned on time.
    Otherwise it is rejected at once (its result says "rejected"; nothing runs for it) or, with
@@ -65,7 +66,7 @@ from ..errors import InputError
 from .program import Program, choose
 from .session import check_count
 
-__all__ = ["Pending", "Decision", "admit", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
+__all__ = ["Pending", "Decision", "admit", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
 
 INF = math.inf
 
@@ -228,7 +229,6 @@ def admit(
     batching: bool = True,
     overhead: float | tuple[float, float] = 0.0,
     margin: float = 0.0,
-    stalls: bool = True,
 ) -> bool:
     """Whether ``frame`` (no leaf yet) may be admitted: EDF over first leaves from ``start`` (when the device is
     next free: the running call's median end; ``margin``: what that call's prediction adds to its median).
@@ -236,8 +236,7 @@ def admit(
     ``waiting``: the admitted frames still waiting for their first leaf (not late). The first leaves are planned
     as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order, medians in
     sequence plus one stall); the frame is admitted when its first leaf ends by its deadline and so does every
-    waiting one that would without it (``overhead``: as for :func:`decide`). ``stalls=False``: every call at its
-    median, no margin (whether the frame can make its deadline at all, after the on-time first leaves).
+    waiting one that would without it (``overhead``: as for :func:`decide`).
     A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
     j = program.at[0]
     if not model_for(frame.rows).pred[j] < INF:
@@ -246,12 +245,19 @@ def admit(
     members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
     _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead, margin)
     on_time = [m for m in members if m.frame not in lost]
-    mine = _member(frame, frame.deadline, j, model_for(frame.rows), overhead)
-    if not stalls:
-        on_time = [m._replace(cost=(m.cost[1], m.cost[1])) for m in on_time]
-        mine, margin, batching = mine._replace(cost=(mine.cost[1], mine.cost[1])), 0.0, False
-    _, lost = _first_leaves(start, on_time + [mine], j, model_for, max_rows, batching, overhead, margin)
+    _, lost = _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows), overhead)], j,
+                            model_for, max_rows, batching, overhead, margin)  # fmt: skip
     return not lost
+
+
+def late_fits(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
+              model_for: Callable[[int], Any], overhead: float | tuple[float, float] = 0.0) -> bool:  # fmt: skip
+    """Whether ``frame``, which :func:`admit` refuses, can still make its deadline at the medians when run late:
+    after every first leaf ``waiting`` (on time or late: a late one runs after those before it), each alone at its
+    median (and the worker's median overhead), from ``start``."""
+    j, overhead = program.at[0], _overheads(overhead)
+    end = start + sum(_member(f, f.deadline, j, model_for(f.rows), overhead).cost[1] for f in (*waiting, frame))
+    return end <= frame.deadline
 
 
 def decide(

@@ -44,7 +44,7 @@ from .result import AnytimeResult
 from .runner import AnytimeRunner
 from .session import RunnerClosedError, check_count, check_stop_at, step_together
 from .stream_policy import (Decision, Pending, accuracy_by_n, admit, decide, expected_accuracy, gain_curve,
-                            read_accuracy)  # fmt: skip
+                            late_fits, read_accuracy)  # fmt: skip
 
 __all__ = [
     "StreamScheduler",
@@ -310,7 +310,10 @@ class StreamScheduler:
             args = (max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program, self._model,
                     self.max_rows, self.batching, self._overhead, self._busy_margin if running else 0.0)  # fmt: skip
             if not admit(*args):
-                if self.late == "reject" and (self._frames or running) and not admit(*args, stalls=False):
+                queued = [Pending(f.key, f.deadline, 0, f.rows, True) for f in self._frames.values()
+                          if f.leaves == 0 and not f.running]  # fmt: skip
+                if self.late == "reject" and (self._frames or running) and not late_fits(
+                        args[0], queued, args[2], self._program, self._model, self._overhead):  # fmt: skip
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:  # late="run", it can make it at its median, or nothing else is pending: it harms no one
                     frame.late = True

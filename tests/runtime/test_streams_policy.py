@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from hne_edge.bundle import read_manifest
 from hne_edge.runtime import AnytimeRunner
-from hne_edge.runtime.stream_policy import Pending, accuracy_by_n, admit, decide, gain_curve, read_accuracy
+from hne_edge.runtime.stream_policy import Pending, accuracy_by_n, admit, decide, gain_curve, late_fits, read_accuracy
 from conftest import REPO
 from runtime_fakes import FakeBackend, make_fake_bundle
 
@@ -282,9 +282,10 @@ def serve_scheduler(program, arrivals, seconds, cost):
             a = arrivals[i]
             waiting = [Pending(k, f["d"], 0, 1, False) for k, f in frames.items() if not f["n"] and not f["late"]]
             args = (max(a.time, busy), waiting, Pending(i, a.deadline, 0, 1, False), program, model, 1, False, 0.0, margin)
+            queued = [Pending(k, f["d"], 0, 1, True) for k, f in frames.items() if not f["n"]]
             if admit(*args):
                 frames[i] = {"d": a.deadline, "n": 0, "late": False, "last": INF}
-            elif admit(*args, stalls=False) or (not frames and busy == -INF):  # run late, flagged (the worker's rules)
+            elif late_fits(args[0], queued, args[2], program, model) or (not frames and busy == -INF):  # run late, flagged
                 frames[i] = {"d": a.deadline, "n": 0, "late": True, "last": INF}
             else:
                 done[i] = (0, "rejected")
@@ -428,13 +429,19 @@ def test_admission_charges_one_stall_per_plan_and_rejects_only_what_cannot_fit_e
     """Medians 1 ms, quantile 4 ms (a loaded machine's 4x). Two first leaves wait (deadline 5 ms): a third with
     6.5 ms is admitted (three medians plus one stall: 6 ms; the quantiles summed, 12 ms, rejected it). With
     the device busy 2 ms more: a frame due at 3.5 ms misses at the quantile but makes it at the medians (run
-    late, flagged), one due at 2.5 ms cannot make it at all (rejected)."""
+    late, flagged), one due at 2.5 ms cannot make it at all (rejected). Late frames already queued count: a
+    queue of them is no room (bench_streams at 300 fps admitted late frames behind seconds of others)."""
     program = programs["segments"]
     model = lambda rows: Quantiles(len(program.steps), 1e-3, 4e-3)  # noqa: E731
     waiting = [Pending(k, 5e-3, 0, 1, False) for k in range(2)]
     assert admit(0.0, waiting, Pending(9, 6.5e-3, 0, 1, False), program, model, 1, False)
     assert not admit(0.0, waiting, Pending(9, 5.5e-3, 0, 1, False), program, model, 1, False)
-    assert admit(0.0, waiting, Pending(9, 5.5e-3, 0, 1, False), program, model, 1, False, stalls=False)
+    assert late_fits(0.0, waiting, Pending(9, 5.5e-3, 0, 1, False), program, model)
     late, never = Pending(9, 3.5e-3, 0, 1, False), Pending(9, 2.5e-3, 0, 1, False)
-    assert not admit(2e-3, [], late, program, model, 1, False) and admit(2e-3, [], late, program, model, 1, False, stalls=False)
-    assert not admit(2e-3, [], never, program, model, 1, False, stalls=False)
+    assert not admit(2e-3, [], late, program, model, 1, False) and late_fits(2e-3, [], late, program, model)
+    assert not late_fits(2e-3, [], never, program, model)
+    # late frames queued count: behind the two waiting, 4.5 ms is in reach (3 ms at the medians); behind two late
+    # ones more (their deadlines passed or not), it is not (5 ms)
+    queued = waiting + [Pending(7, 0.0, 0, 1, True), Pending(8, 1.0, 0, 1, True)]
+    assert late_fits(0.0, waiting, Pending(9, 4.5e-3, 0, 1, False), program, model)
+    assert not late_fits(0.0, queued, Pending(9, 4.5e-3, 0, 1, False), program, model)
