@@ -13,10 +13,11 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
 1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
    (EDF) order from when the device is next free (the running call's median end, its margin carried). A frame
-   that can still make it at the medians (each call at its median, after every first leaf waiting, on time or
-   late: :func:`late_fits`; a queue of late frames is no free room) is run
-   late, flagged (``late=True``): after the first leaves that can meet their deadlines, before any refinement;
-   rejecting it would give it nothing for sure, and running it delays no first leaf planned on time.
+   refused so, when no first leaf is waiting (they do not saturate the device) and it can still make it at
+   the medians (:func:`late_fits`), is run late, flagged (``late=True``), before any refinement: rejected it
+   is worth nothing for sure (a loaded machine's quantile can be 8x the median: bench_streams at 2 threads).
+   With first leaves waiting it is rejected (an overload is rejected, not run late: at 300 fps, letting every
+   frame in that made it at the medians ran 756 late frames of which 484 missed).
    Otherwise it is rejected at once (its result says "rejected"; nothing runs for it) or, with
    ``late="run"``, run late and flagged too. A frame predicted to miss while no other
    frame is pending or running is run late, flagged, rather than rejected: it takes nothing from anyone, and a

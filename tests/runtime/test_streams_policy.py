@@ -285,7 +285,7 @@ def serve_scheduler(program, arrivals, seconds, cost):
             queued = [Pending(k, f["d"], 0, 1, True) for k, f in frames.items() if not f["n"]]
             if admit(*args):
                 frames[i] = {"d": a.deadline, "n": 0, "late": False, "last": INF}
-            elif late_fits(args[0], queued, args[2], program, model) or (not frames and busy == -INF):  # run late, flagged
+            elif (not queued and late_fits(args[0], queued, args[2], program, model)) or (not frames and busy == -INF):
                 frames[i] = {"d": a.deadline, "n": 0, "late": True, "last": INF}
             else:
                 done[i] = (0, "rejected")
