@@ -22,7 +22,8 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    ``late="run"``, run late and flagged too. A frame predicted to miss while no other
    frame is pending or running is run late, flagged, rather than rejected: it takes nothing from anyone, and a
    rejected frame measures nothing, so a prediction grown by a stall (a loaded machine) would otherwise reject
-   every frame after it.
+   every frame after it - unless its deadline has passed when it is submitted (a submitting thread that fell
+   behind): nothing can make it then.
 2. *First leaves first, in EDF order.* The first leaves of admitted frames are mandatory: a plan holds them
    in EDF order, and nothing enters the plan that would make one of them end after its deadline.
 3. *Slack to the highest value per millisecond.* The next step of every frame with a leaf (a leaf, or for

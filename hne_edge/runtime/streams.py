@@ -312,8 +312,8 @@ class StreamScheduler:
             if not admit(*args):
                 queued = [Pending(f.key, f.deadline, 0, f.rows, True) for f in self._frames.values()
                           if f.leaves == 0 and not f.running]  # fmt: skip
-                if self.late == "reject" and (self._frames or running) and (queued or not late_fits(
-                        args[0], queued, args[2], self._program, self._model, self._overhead)):  # fmt: skip
+                if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or not late_fits(
+                        args[0], queued, args[2], self._program, self._model, self._overhead))):  # fmt: skip
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:  # late="run", no first leaf waits and it makes it at its median, or nothing else is pending
                     frame.late = True
