@@ -45,7 +45,7 @@ test: setup
 	$(PY) -m pytest $(WORKERS) $(PYTEST_ARGS)
 
 # The suite without the tests marked slow (end-to-end runs: demo, quickstart, device install, crash safety, ...);
-# every module is still tested. CI runs `make test`: everything.
+# CI runs `make test`: everything.
 test-fast: setup
 	$(PY) -m pytest $(WORKERS) -m "not slow" $(PYTEST_ARGS)
 

@@ -133,7 +133,8 @@ class StepAlone:
         from hne_edge.models import tree_cost
         from hne_edge.models.layers import set_pointwise
         from hne_edge.train.data import load_data
-        from hne_edge.train.engine import amp_dtype_for, build_model_for_data, make_optimizer, torch_device
+        from hne_edge.train.device import amp_dtype_for, torch_device
+        from hne_edge.train.engine import build_model_for_data, make_optimizer
 
         self.torch = torch
         self.device = torch_device(config.device)
@@ -163,7 +164,8 @@ class StepAlone:
 
     def loop_epoch(self, epoch: int) -> float:
         """Images/s of one epoch of the loop fit runs (``train_one_epoch`` over the device-resident loader)."""
-        from hne_edge.train.engine import _Schedule, train_one_epoch
+        from hne_edge.train.engine import train_one_epoch
+        from hne_edge.train.schedule import _Schedule
 
         torch = self.torch
         if self.loader is None:

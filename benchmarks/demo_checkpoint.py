@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from hne_edge.train.checkpoint import save_release
     from hne_edge.train.config import TrainConfig, upgrade_config
     from hne_edge.train.data import BatchLoader, load_data, npz_fingerprint
-    from hne_edge.train.engine import predict
+    from hne_edge.train.evaluation import predict
 
     state = load_checkpoint(args.run / "checkpoint.pt")
     config = TrainConfig.from_dict(upgrade_config(state["config"]))

@@ -41,7 +41,7 @@ def _rows(model, data, norm, dtype=None):
 
     from hne_edge.demo import ensemble_rows
     from hne_edge.train.data import BatchLoader
-    from hne_edge.train.engine import predict
+    from hne_edge.train.evaluation import predict
 
     if dtype is not None:  # the weights as the shipped file stores them, loaded back into float32
         state = {k: v.to(dtype).float() if v.is_floating_point() else v for k, v in model.state_dict().items()}

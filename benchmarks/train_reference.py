@@ -180,7 +180,8 @@ def finish(args: argparse.Namespace, record: dict[str, Any], run_checkpoint: Pat
     from hne_edge.train.checkpoint import load_checkpoint, model_from_checkpoint, save_release
     from hne_edge.train.config import TrainConfig
     from hne_edge.train.data import BatchLoader, load_data
-    from hne_edge.train.engine import predict, torch_device
+    from hne_edge.train.device import torch_device
+    from hne_edge.train.evaluation import predict
 
     state = load_checkpoint(run_checkpoint)
     history, plan = state["extra"].get("history", []), state["extra"].get("budget")

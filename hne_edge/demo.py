@@ -274,6 +274,7 @@ def run_demo(
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the whole pipeline into ``out_dir`` (see the module docstring)."""
+    from .bundle import BOTH
     from .exporters import export_onnx, verify_bundle
     from .models import tree_cost
     from .plots import plot_budget_sweep, plot_tree
@@ -335,7 +336,7 @@ def run_demo(
             out / "bundle",
             class_names=state["class_names"],
             normalization=state["normalization"],
-            plan="both",
+            plan=BOTH,
             batch=(1, 1, 16),
             verify=False,  # step 4 runs the verification and prints its table
             progress=progress,

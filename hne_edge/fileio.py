@@ -20,7 +20,7 @@ Folders: a command that writes several files into an output folder stages them
 (:func:`staged_output`), so a failure leaves the folder as it was and no new
 empty folder behind; a bundle is swapped in whole (:func:`swap_dir_into_place`).
 What a command may replace is decided by its owner's layout (a bundle's in
-``bundle.py``, a training run's in ``train/engine.py``, a demo's in ``demo.py``)
+``bundle/folder.py``, a training run's in ``train/engine.py``, a demo's in ``demo.py``)
 through :func:`foreign_entry`, never by the presence of one file name.
 """
 

@@ -624,3 +624,18 @@ class FakeTensorRT:
                 return b"plan:" + network.inputs[0].name.encode()
 
         self.Builder, self.OnnxParser = Builder, OnnxParser
+
+
+def every_stop_twice_and_an_interleaved_session(runner, x, ref) -> None:
+    """Each stop twice (the second frame reuses the runners' slot-0 buffers / "graphs"), then a session
+    stepped around another frame: its cached activations must survive it (``ref``: the float64 leaf logits)."""
+    fp32 = dict(rtol=1e-4, atol=1e-4)
+    for n in runner.stops:
+        for _ in range(2):
+            np.testing.assert_allclose(runner.run(x, max_leaves=n).logits, ref[:, :n].mean(1), **fp32)
+    s = runner.start(x)
+    s.step()
+    np.testing.assert_allclose(runner.run(x[::-1].copy()).logits, ref[::-1].mean(1), **fp32)
+    while s.step():
+        pass
+    np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **fp32)

@@ -32,11 +32,19 @@ def fake_venv(root: Path) -> Path:
     return venv
 
 
+# What an outer make passes down: CI runs this suite as `make test PYTEST_ARGS="-q -ra"`, and a sub-make takes
+# command-line variables from MAKEFLAGS (over its own defaults), the Makefile's variables from the environment.
+_OUTER_MAKE = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "PYTEST_ARGS", "JOBS", "VENV", "EXTRAS", "INSTALL",
+               "DEMO_ARGS", "PYTHON"}
+
+
 def make(folder: Path, *args: str, cpus: set[int] | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``make -C folder args``; ``cpus``: the CPUs it may run on (as under ``taskset``)."""
+    """``make -C folder args`` as a user types it (nothing inherited from a make running this suite); ``cpus``: the
+    CPUs it may run on (as under ``taskset``)."""
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None
+    clean = {k: v for k, v in os.environ.items() if k not in _OUTER_MAKE}
     proc = subprocess.run(["make", "-C", str(folder), *args], capture_output=True, text=True, timeout=120, preexec_fn=pin,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+                          env={**clean, **(env or {})})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

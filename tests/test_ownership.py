@@ -396,20 +396,24 @@ _user_tree = st.recursive(
 _user_trees = st.dictionaries(_user_name, _user_tree, min_size=2, max_size=4)
 
 
-def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> None:
+def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> int:
     """Make ``tree`` in ``folder`` ({name: ("file", bytes) | ("link", target) | ("dir", {...})}), leaving alone what
-    is there already and the names in ``skip`` (what the command itself writes there)."""
+    is there already and the names in ``skip`` (what the command itself writes there); returns how many entries
+    it made."""
+    made = 0
     for name, (kind, value) in tree.items():
         path = folder / name
         if name in skip or os.path.lexists(path):
             continue
+        made += 1
         if kind == "file":
             path.write_bytes(value)
         elif kind == "link":
             path.symlink_to(value)
         else:
             path.mkdir()
-            _place(path, value)
+            made += _place(path, value)
+    return made
 
 
 def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[str], Path, bool, set[str]]:
@@ -461,8 +465,8 @@ def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examp
             if not os.path.lexists(work / name):
                 (work / name).mkdir()
                 (work / name / "keep.txt").write_text("mine\n")
-        if into:
-            _place(out, inside, skip={w.split("/")[0] for w in writes})
+        if into and not _place(out, inside, skip={w.split("/")[0] for w in writes}):
+            writes = {"*"}  # every name was already there (the bundle's own): nothing of the user's inside to keep
         before = tree_digest(top)
         proc = run_cli(*args)
         after = tree_digest(top)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import PRECISIONS
+from ..bundle import ALL, BOTH, MIXED, MIXED_PLANS, NODES, PLAN_GROUPS, PLAN_TABLE, PRECISIONS, WEIGHTS
 from ..exporters.base import PLAN_CHOICES
 from ..exporters.checkpoint import EXPORT_FORMATS
 from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
@@ -30,10 +30,10 @@ from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
               help="Batch sizes the bundle is built and verified for (engines: the optimization profile).")
 @click.option("--batch", "batch_alias", default=None, hidden=True)  # deprecated spelling of --batch-range
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 17, parsed by TensorRT 8.6+ and 10).")
-@click.option("--plan", default="both", show_default=True, metavar="|".join(PLAN_CHOICES),
-              help="nodes: one file per tree node; segments: one per leaf; subtrees: leaf 0, then one per whole "
-                   "subtree (B+1 calls); fused: the whole tree in one file; comma-separate several "
-                   "(segments,subtrees,fused for run --plan mixed); both: nodes,segments; all: every plan.")
+@click.option("--plan", default=BOTH, show_default=True, metavar="|".join(PLAN_CHOICES),
+              help="; ".join(f"{p}: {PLAN_TABLE[p].files}" for p in PLAN_GROUPS[ALL])
+                   + f"; comma-separate several ({','.join(MIXED_PLANS)} for run --plan {MIXED}); "
+                   + f"{BOTH}: {','.join(PLAN_GROUPS[BOTH])}; {ALL}: every plan.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-verify", is_flag=True, help="Skip the comparison with PyTorch (not recommended).")
 @click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
@@ -72,7 +72,7 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
         device_info()
         with progress_for(None, "tensorrt", "engine", quiet=quiet) as progress:
             entries = build_engines(source, precisions=precisions,
-                                    plans=None if plan in ("both", "all") else parse_plan(plan),
+                                    plans=None if plan in PLAN_GROUPS else parse_plan(plan),
                                     batch=batch_range, progress=progress, **trt_options)  # fmt: skip  (None: every plan the bundle has)
         click.echo(f"built {len(entries)} TensorRT engine(s) into {printable(source)}")
         return
@@ -201,10 +201,10 @@ def format_manifest(manifest, bundle: Path) -> str:
                 f"  built with TensorRT {b.get('tensorrt_version')} on {b.get('gpu')} (sm {b.get('compute_capability')}), "
                 f"flags {b.get('flags')}, batch profile {b.get('batch_profile')}"
             )
-        if plan == "weights":
+        if plan == WEIGHTS:
             f = files[0]
             lines.append(f"  {f.path}  {_size(f.bytes)}  all {len(f.nodes)} nodes")
-        elif plan == "nodes":
+        elif plan == NODES:
             by_node = {f.nodes[0]: f for f in files}
 
             def label(node) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import PRECISIONS, RUNNER_PLANS, path_component
+from ..bundle import DEFAULT_PLAN, MIXED, PLAN_TABLE, PRECISIONS, RUNNER_PLANS, path_component
 from ..fileio import atomic_write_json, staged_output
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
@@ -32,10 +32,8 @@ def _runner_options(f):
                      help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others off).")(f)
     f = threads_option("Intra-op")(f)
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS))(f)
-    f = click.option("--plan", default="segments", show_default=True, type=click.Choice(RUNNER_PLANS),
-                     help="segments: leaf by leaf; subtrees: a whole subtree per call (stops at 1, 2, 4, ... leaves); "
-                          "fused: the whole tree in one call; mixed: per frame, a whole subtree where the budget fits "
-                          "it, else leaf by leaf; nodes: one call per tree node.")(f)  # fmt: skip
+    f = click.option("--plan", default=DEFAULT_PLAN, show_default=True, type=click.Choice(RUNNER_PLANS),
+                     help="; ".join(f"{p}: {PLAN_TABLE[p].runs}" for p in RUNNER_PLANS) + ".")(f)
     f = device_option(f)
     f = click.option("--backend", default="onnxruntime", show_default=True, type=_BackendChoice(BACKEND_NAMES),
                      help="onnxruntime (CPU or CUDA) | torch (needs torch/model.pt) | tensorrt (engines in the bundle).")(f)
@@ -76,7 +74,7 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
             click.echo(f"{'step':>4}  {'leaves':>7}  {'median ms':>9}  {'p95 ms':>8}  {'n leaves: median ms':>20}  {'p95 ms':>8}")
             for step, info in zip(data["leaves"], runner.steps):
                 lo, hi = info["leaves"]
-                level = levels.get(hi) if info["kind"] == "leaf" or plan != "mixed" else None  # the base walk's levels
+                level = levels.get(hi) if info["kind"] == "leaf" or plan != MIXED else None  # the base walk's levels
                 click.echo(
                     f"{step['leaf']:>4}  {f'{lo}-{hi - 1}' if hi - lo > 1 else str(lo):>7}  {step['median_ms']:9.3f}  "
                     f"{step['p95_ms']:8.3f}  " + (f"{level['median_ms']:20.3f}  {level['p95_ms']:8.3f}" if level else "")

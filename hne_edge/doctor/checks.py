@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, read_manifest
+from ..bundle import ANYTIME_PLANS, MIXED, MIXED_NEEDS, WEIGHTS, read_manifest
 from ..errors import EXTRA_OF_MODULE, install_hint
 from ..exporters.base import TOLERANCES
 from ..runtime import AnytimeRunner, SessionCancelled
@@ -175,11 +175,11 @@ def plans_for(bundle_dir: Path, backend: type[Backend], precision: str) -> list[
     from the one weights file; TensorRT runs engines built from the ONNX files (:func:`build_engines_for`)."""
     variants = read_manifest(bundle_dir, verify_files=False).variants()
     if backend.format == "torch":
-        plans = list(ANYTIME_PLANS) if ("torch", "weights", "fp32") in variants else []
+        plans = list(ANYTIME_PLANS) if ("torch", WEIGHTS, "fp32") in variants else []
     else:
         source = "onnx" if backend.format == "tensorrt" else backend.format
         plans = [plan for plan in ANYTIME_PLANS if (source, plan, precision) in variants]
-    return plans + (["mixed"] if {"segments", "subtrees"} <= set(plans) else [])  # mixed runs their files
+    return plans + ([MIXED] if set(MIXED_NEEDS) <= set(plans) else [])  # mixed runs their files
 
 
 def build_engines_for(bundle_dir: Path, env: Environment, precisions: list[str], plans: list[str]) -> None:
@@ -193,7 +193,7 @@ def build_engines_for(bundle_dir: Path, env: Environment, precisions: list[str],
     reason = env.tensorrt_support.get(0)
     if reason:
         raise CheckFailed(reason)
-    files = sorted({p for plan in plans for p in (("segments", "subtrees") if plan == "mixed" else (plan,))})  # mixed: their engines
+    files = sorted({p for plan in plans for p in (MIXED_NEEDS if plan == MIXED else (plan,))})  # mixed: their engines
     build_engines(bundle_dir, precisions=precisions, plans=files, optimization_level=0)
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle import PRECISIONS, read_manifest
+from ..bundle import ALL, PRECISIONS, read_manifest
 from ..errors import BundleError
 from ..fileio import atomic_write_bytes, atomic_write_json
 
@@ -143,7 +143,7 @@ def export_tiny(out_dir: str | os.PathLike, *, precisions: tuple[str, ...] = PRE
     out = Path(out_dir)
     model = tiny_model()
     x = tiny_input(model.config.in_chans, model.config.input_size)
-    bundle = export_onnx(model, out / "bundle", precisions=precisions, plan="all", batch=BATCH_RANGE,
+    bundle = export_onnx(model, out / "bundle", precisions=precisions, plan=ALL, batch=BATCH_RANGE,
                          verify=False, torch_weights=True,
                          extra_provenance=None if timestamp else {"created": "not recorded (rebuilt bit for bit)"})  # fmt: skip
     return TinyBundle(Path(bundle), x, reference_logits(model, x), "fresh")

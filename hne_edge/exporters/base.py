@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..bundle import ANYTIME_PLANS, PLANS, PRECISIONS, batch_range_ok, why_not_replaceable
+from ..bundle import EXPORT_PLANS, PLAN_GROUPS, PLANS, PRECISIONS, batch_range_ok, why_not_replaceable
 from ..errors import ExportError, InputError, short_repr
 from ..fileio import remove_stale, scratch_path, swap_dir_into_place
 from ..limits import MAX_BATCH
@@ -45,9 +45,9 @@ __all__ = [
 DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 13, 20
 # what `export --plan` accepts: each plan that runs the whole tree (in the manifest's order), a comma-separated
-# list of them, "both" (nodes and segments: what it meant before there were more) or "all"
-PLAN_CHOICES = tuple(p for p in PLANS if p in ANYTIME_PLANS) + ("both", "all")
-_PLAN_GROUPS = {"both": ("nodes", "segments"), "all": tuple(p for p in PLANS if p in ANYTIME_PLANS)}
+# list of them, or a group of hne_edge.bundle.PLAN_GROUPS ("both": nodes and segments, what it meant before there
+# were more; "all")
+PLAN_CHOICES = EXPORT_PLANS + tuple(PLAN_GROUPS)
 
 
 class ShapeError(ExportError):
@@ -120,7 +120,7 @@ def parse_plan(value: str | Sequence[str]) -> tuple[str, ...]:
             f"plan must be one or more of {list(PLAN_CHOICES)} (comma-separated, e.g. segments,subtrees,fused); "
             f"received {value!r}"
         )
-    chosen = {q for p in items for q in _PLAN_GROUPS.get(p, (p,))}
+    chosen = {q for p in items for q in PLAN_GROUPS.get(p, (p,))}
     return tuple(p for p in PLANS if p in chosen)
 
 

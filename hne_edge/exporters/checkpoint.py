@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ..bundle import BOTH, PLAN_GROUPS, sha256_file
 from .base import DEFAULT_OPSET, package_version, parse_batch, parse_plan, parse_precisions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +32,7 @@ def export_checkpoint(
     *,
     format: str = "onnx",
     precisions: str | Sequence[str] = ("fp32",),
-    plan: str = "both",
+    plan: str = BOTH,
     batch: str | tuple[int, int, int] = (1, 1, 16),
     opset: int | None = None,
     force: bool = False,
@@ -64,18 +65,17 @@ def export_checkpoint(
 
         load_tensorrt()  # fail before any work: a clear message and the install hint
         device_info()
-        plans = None if plan in ("both", "all") else parse_plan(plan)  # the default: every plan exported
+        plans = None if plan in PLAN_GROUPS else parse_plan(plan)  # the default: every plan exported
 
         def build_engines_into(tmp: Path) -> None:
             build_engines(tmp, precisions=precisions, plans=plans, batch=batch, progress=progress, **(tensorrt_options or {}))
 
         build_after_verify = build_engines_into
 
-    from ..bundle import sha256_file
     from ..train.checkpoint import model_from_checkpoint
     from .onnx import export_onnx
 
-    model, state = model_from_checkpoint(checkpoint)
+    model, state = model_from_checkpoint(checkpoint)  # the one read of the checkpoint (its weights checked)
     return export_onnx(
         model,
         out_dir,

@@ -35,10 +35,30 @@ import copy
 import io
 import os
 import warnings
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..bundle import DTYPE_OF, InputSpec, Manifest, ModelFile, TensorSpec, activation_name, file_path, read_manifest, sha256_file, write_manifest
+from ..bundle import (
+    BOTH,
+    DTYPE_OF,
+    FIRST,
+    FUSED,
+    NODES,
+    SEGMENTS,
+    SUBTREES,
+    WEIGHTS,
+    InputSpec,
+    Manifest,
+    ModelFile,
+    TensorSpec,
+    activation_name,
+    file_path,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
 from ..errors import ExportError, InputError
 from ..fileio import atomic_write_bytes, scratch_path
 from ..limits import MAX_BATCH
@@ -60,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
     from ..models import HNE
+    from ..tree import TreeSpec
 
 __all__ = [
     "export_onnx",
@@ -243,7 +264,228 @@ def _activation_inputs(model: "HNE", folded: dict[str, "nn.Module"]) -> dict[str
     return acts
 
 
-# -- bundle -----------------------------------------------------------------------------------------
+# -- bundle: the export as named steps --------------------------------------------------------------
+#
+# export_onnx: check the request, take a float32 copy of the model, list the files each plan writes (_units),
+# then inside the atomic output folder: slice the model once (_Parts), write every file through the one writer
+# (_write_unit; the weights through _write_weights), write the manifest, verify, and swap into place.
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the caller asked for, checked before any work (one line naming the option on any error)."""
+
+    class_names: tuple[str, ...]
+    normalization: dict
+    precisions: tuple[str, ...]
+    plans: tuple[str, ...]
+    batch: tuple[int, int, int]
+    opset: int
+    exporter: str
+    first_leaf: bool
+    torch_weights: bool
+
+
+def _check_request(model: "HNE", class_names, normalization, precisions, plan, batch, opset, exporter, first_leaf,
+                   torch_weights) -> _Request:  # fmt: skip
+    config = model.config
+    precisions, plans, batch = parse_precisions(precisions), parse_plan(plan), parse_batch(batch)
+    check_opset(opset)
+    if class_names is None:
+        class_names = [str(i) for i in range(config.num_classes)]
+    if len(class_names) != config.num_classes:
+        raise InputError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
+    normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
+    check_normalization(normalization, config.in_chans)
+    return _Request(tuple(class_names), normalization, precisions, plans, batch, opset, exporter, bool(first_leaf),
+                    bool(torch_weights))  # fmt: skip
+
+
+def _exportable(model: "HNE") -> "HNE":
+    """A float32 eval-mode copy of ``model`` on the CPU (the caller's model is never touched), refused when no
+    export of its weights could verify (the checkpoint rule, :func:`hne_edge.train.checkpoint.unusable_reason`)."""
+    from ..train.checkpoint import unusable_reason
+
+    why = unusable_reason(model.state_dict())
+    if why is not None:
+        raise ExportError(f"cannot export {model.config.name}: {why}")
+    return copy.deepcopy(model).eval().float().cpu()
+
+
+class _Tensors:
+    """The :class:`TensorSpec` of every tensor a file reads or writes, from the model's per-node output shapes."""
+
+    def __init__(self, model: "HNE", cost) -> None:
+        self.config, self.cost = model.config, cost
+
+    def of(self, node: str | None, dtype: str, logits: bool = False) -> TensorSpec:
+        """The image (``node=None``), a node's activation, or a leaf's logits (``logits=True``)."""
+        shape = self.config.input_shape if node is None else self.cost.nodes[node].output_shape
+        return TensorSpec(name="logits" if logits else activation_name(node), node=node, dtype=dtype,
+                          shape=(BATCH_DIM, *shape))  # fmt: skip
+
+    def leaves(self, root: str | None, count: int, dtype: str) -> TensorSpec:
+        """The logits of several leaves (a subtree's, or the whole tree's: ``root=None``), in one tensor."""
+        return TensorSpec(name="logits", node=root, dtype=dtype, shape=(BATCH_DIM, count, self.config.num_classes))
+
+
+class _Parts:
+    """The model's pieces, each built once: every node sliced (slicing copies the fused block, the dominant cost
+    on big trees; the unfolded slices are also the verification's per-node reference) and folded, the whole
+    subtrees and the tree folded when first asked for, and an example input for every node."""
+
+    def __init__(self, model: "HNE") -> None:
+        self.model = model
+        self.sliced = model.node_modules()
+        self.folded = {nid: fold_batchnorm(module) for nid, module in self.sliced.items()}
+        self.examples = _activation_inputs(model, self.folded)
+        self._fused: dict[str | None, "nn.Module"] = {}
+
+    def node(self, node: str) -> "nn.Module":
+        return self.folded[node]
+
+    def chain(self, segment) -> "nn.Module":
+        """A leaf's chain (a :class:`~hne_edge.tree.Segment`) as one call, exporting ``segment.exports``."""
+        from ..models import SegmentModule
+
+        return SegmentModule(segment, [self.folded[n] for n in segment.nodes]).eval()
+
+    def bare_chain(self, segment) -> "nn.Module":
+        """A leaf's chain without exports: image -> logits."""
+        import torch
+
+        return torch.nn.Sequential(*(self.folded[n] for n in segment.nodes)).eval()
+
+    def fused(self, root: str | None) -> "nn.Module":
+        """The whole subtree under ``root`` in one call (``None``: the whole tree)."""
+        if root not in self._fused:
+            self._fused[root] = fold_batchnorm(self.model if root is None else self.model.subtree_module(root))
+        return self._fused[root]
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One ONNX file a plan writes: where, what it computes (built from :class:`_Parts` when written), its tensors."""
+
+    path: str
+    plan: str
+    precision: str
+    module: Callable[[_Parts], "nn.Module"]
+    nodes: tuple[str, ...]
+    leaf: int | None  # the (first) leaf whose logits it outputs
+    input: str | None  # the node whose activation it reads (None: the image)
+    outputs: tuple[TensorSpec, ...]
+    name_nodes: bool = True  # record its nodes in the file's metadata (not for the whole tree)
+
+
+def _node_units(tree: "TreeSpec", t: _Tensors, precision: str) -> list[_Unit]:
+    dtype, leaf_index = DTYPE_OF[precision], {nid: i for i, nid in enumerate(tree.leaf_order)}
+    return [_Unit(file_path("onnx", precision, NODES, node=n.id), NODES, precision, partial(_Parts.node, node=n.id), (n.id,),
+                  leaf_index.get(n.id), n.parent, (t.of(n.id, dtype, logits=n.is_leaf),))
+            for n in tree.nodes]  # fmt: skip
+
+
+def _segment_units(tree: "TreeSpec", t: _Tensors, precision: str) -> list[_Unit]:
+    dtype = DTYPE_OF[precision]
+    return [_Unit(file_path("onnx", precision, SEGMENTS, leaf=s.leaf, num_leaves=tree.num_leaves), SEGMENTS, precision,
+                  partial(_Parts.chain, segment=s), s.nodes, s.leaf, s.input,
+                  tuple(t.of(n, dtype) for n in s.exports) + (t.of(s.nodes[-1], dtype, logits=True),))
+            for s in tree.segments]  # fmt: skip
+
+
+def _subtree_units(tree: "TreeSpec", t: _Tensors, precision: str) -> list[_Unit]:
+    from ..tree import Segment
+
+    dtype, units = DTYPE_OF[precision], []
+    for u in tree.subtree_units:
+        if u.index == 0:  # leaf 0's chain, exporting what later units read
+            chain = Segment(leaf=0, nodes=u.nodes, input=None, exports=u.exports)
+            module = partial(_Parts.chain, segment=chain)
+            outputs = tuple(t.of(n, dtype) for n in u.exports) + (t.of(u.nodes[-1], dtype, logits=True),)
+        else:  # the whole subtree, fused
+            module = partial(_Parts.fused, root=u.root)
+            outputs = (t.leaves(u.root, u.num_leaves, dtype),)
+        units.append(_Unit(file_path("onnx", precision, SUBTREES, unit=u.index, num_leaves=tree.num_leaves), SUBTREES,
+                           precision, module, u.nodes, u.first_leaf, u.input, outputs))  # fmt: skip
+    return units
+
+
+def _fused_units(tree: "TreeSpec", t: _Tensors, precision: str) -> list[_Unit]:
+    return [_Unit(file_path("onnx", precision, FUSED), FUSED, precision, partial(_Parts.fused, root=None),
+                  tuple(n.id for n in tree.nodes), 0, None, (t.leaves(None, tree.num_leaves, DTYPE_OF[precision]),),
+                  name_nodes=False)]  # fmt: skip
+
+
+def _first_units(tree: "TreeSpec", t: _Tensors, precision: str) -> list[_Unit]:
+    s = tree.segments[0]
+    return [_Unit(file_path("onnx", precision, FIRST, leaf=0, num_leaves=tree.num_leaves), FIRST, precision,
+                  partial(_Parts.bare_chain, segment=s), s.nodes, 0, None, (t.of(s.nodes[-1], DTYPE_OF[precision], logits=True),))]
+
+
+_UNITS_OF = {NODES: _node_units, SEGMENTS: _segment_units, SUBTREES: _subtree_units, FUSED: _fused_units,
+             FIRST: _first_units}  # fmt: skip
+
+
+def _units(tree: "TreeSpec", t: _Tensors, request: _Request) -> list[_Unit]:
+    """Every ONNX file the request writes, per precision, in the manifest's order of plans."""
+    plans = request.plans + ((FIRST,) if request.first_leaf else ())
+    return [unit for precision in request.precisions for plan in plans for unit in _UNITS_OF[plan](tree, t, precision)]
+
+
+def _write_unit(tmp: Path, unit: _Unit, parts: _Parts, t: _Tensors, request: _Request) -> ModelFile:
+    """The one writer of a bundle's ONNX files: export the unit's module, check it, and record it."""
+    in_spec = t.of(unit.input, DTYPE_OF[unit.precision])
+    meta = {"hne_edge.model": parts.model.config.name, "hne_edge.precision": unit.precision}
+    export_module(
+        unit.module(parts), tmp / unit.path, parts.examples[unit.input], [in_spec.name], [o.name for o in unit.outputs],
+        opset=request.opset, exporter=request.exporter, precision=unit.precision,
+        metadata={**meta, "hne_edge.nodes": ",".join(unit.nodes)} if unit.name_nodes else meta,
+    )  # fmt: skip
+    return _model_file(tmp, unit.path, "onnx", unit.plan, unit.precision, unit.nodes, unit.leaf,
+                       sum(t.cost.nodes[n].macs for n in unit.nodes), (in_spec,), unit.outputs, request.opset)  # fmt: skip
+
+
+def _write_weights(tmp: Path, model: "HNE", t: _Tensors) -> ModelFile:
+    """``torch/model.pt``: a plain dict of tensors (loads with ``torch.load(weights_only=True)``; the architecture is
+    in the manifest)."""
+    from ..train.checkpoint import torch_bytes
+
+    rel, tree = file_path("torch", "fp32", WEIGHTS), model.tree
+    atomic_write_bytes(tmp / rel, torch_bytes({k: v.detach().cpu() for k, v in model.state_dict().items()}))
+    return _model_file(tmp, rel, "torch", WEIGHTS, "fp32", [n.id for n in tree.nodes], None, t.cost.total_macs,
+                       (t.of(None, "float32"),), (t.leaves(None, tree.num_leaves, "float32"),))  # fmt: skip
+
+
+def _model_file(tmp: Path, rel: str, fmt: str, plan: str, precision: str, nodes, leaf, macs, inputs, outputs,
+                opset: int | None = None) -> ModelFile:  # fmt: skip
+    """The manifest entry of a file just written (its sha256 and size read back from disk)."""
+    target = tmp / rel
+    return ModelFile(path=rel, format=fmt, plan=plan, precision=precision, sha256=sha256_file(target),
+                     bytes=target.stat().st_size, nodes=tuple(nodes), leaf=leaf, macs=int(macs), inputs=tuple(inputs),
+                     outputs=tuple(outputs), opset=opset)  # fmt: skip
+
+
+def _manifest(model: "HNE", cost, files: list[ModelFile], request: _Request, extra_provenance: dict | None) -> Manifest:
+    config = model.config
+    return Manifest(
+        model_name=config.name,
+        model_config=config.to_dict(),
+        class_names=request.class_names,
+        input=InputSpec(
+            name="image",
+            shape=(BATCH_DIM, *config.input_shape),
+            dtype=DTYPE_OF[request.precisions[0]],  # fp32 whenever it is exported; each file states its own dtype
+            layout="NCHW",
+            mean=tuple(float(v) for v in request.normalization["mean"]),
+            std=tuple(float(v) for v in request.normalization["std"]),
+            batch=request.batch,
+        ),
+        tree=model.tree,
+        node_macs={nid: c.macs for nid, c in cost.nodes.items()},
+        files=tuple(files),
+        provenance=provenance(exporter=f"torch.onnx ({request.exporter})", opset=request.opset, bn_folded=True,
+                              **(extra_provenance or {})),  # fmt: skip
+    )
 
 
 def export_onnx(
@@ -253,7 +495,7 @@ def export_onnx(
     class_names: Sequence[str] | None = None,
     normalization: dict | None = None,
     precisions: str | Sequence[str] = ("fp32",),
-    plan: str = "both",
+    plan: str = BOTH,
     batch: str | tuple[int, int, int] = (1, 1, 16),
     opset: int = DEFAULT_OPSET,
     force: bool = False,
@@ -279,7 +521,8 @@ def export_onnx(
         precisions: ``"fp32"``, ``"fp16"`` or both (``("fp32", "fp16")`` or ``"fp32,fp16"``).
         plan: ``"nodes"`` (one file per tree node), ``"segments"`` (one per leaf), ``"subtrees"`` (leaf 0's
             chain, then one fused file per later whole subtree: B + 1 files), ``"fused"`` (the whole tree in
-            one file), a comma-separated list of those, ``"both"`` (nodes and segments) or ``"all"``.
+            one file), a comma-separated list of those, ``"both"`` (nodes and segments) or ``"all"``
+            (:data:`hne_edge.bundle.PLAN_TABLE`).
         batch: ``(min, opt, max)`` batch sizes the bundle is meant for (the files have a symbolic batch).
         opset: ONNX opset of every file.
         verify: compare every file and every anytime prefix with the PyTorch model before publishing.
@@ -301,172 +544,35 @@ def export_onnx(
             (:class:`ShapeError`) or its numerics (:class:`ToleranceError`). Nothing
             is left at ``out_dir`` in that case.
     """
-    import torch
-
     from ..models import tree_cost
-    from ..train.checkpoint import torch_bytes, unusable_reason
 
-    precisions = parse_precisions(precisions)
-    plans = parse_plan(plan)
-    batch = parse_batch(batch)
-    check_opset(opset)
-    config = model.config
-    tree = model.tree
-    if class_names is None:
-        class_names = [str(i) for i in range(config.num_classes)]
-    if len(class_names) != config.num_classes:
-        raise InputError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
-    normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
-    check_normalization(normalization, config.in_chans)
-
-    why = unusable_reason(model.state_dict())  # the checkpoint rule: what no export of it could verify
-    if why is not None:
-        raise ExportError(f"cannot export {config.name}: {why}")
-    progress = progress or NULL_PROGRESS
-    model = copy.deepcopy(model).eval()  # never touch the caller's model (train mode, device)
-    model.float().cpu()
+    request = _check_request(model, class_names, normalization, precisions, plan, batch, opset, exporter, first_leaf,
+                             torch_weights)  # fmt: skip
+    model = _exportable(model)
     cost = tree_cost(model)
-
-    def spec(node: str | None, dtype: str, is_logits: bool = False) -> TensorSpec:
-        if node is None:
-            shape = config.input_shape
-        else:
-            shape = cost.nodes[node].output_shape
-        name = "logits" if is_logits else activation_name(node)
-        return TensorSpec(name=name, node=node, dtype=dtype, shape=(BATCH_DIM, *shape))
-
-    def leaves_spec(root: str | None, count: int, dtype: str) -> TensorSpec:
-        """The logits of several leaves (a subtree's, or the whole tree's: ``root=None``), in one tensor."""
-        return TensorSpec(name="logits", node=root, dtype=dtype, shape=(BATCH_DIM, count, config.num_classes))
-
-    with atomic_output_dir(out_dir, force=force, keep=keep) as tmp:
-        files: list[ModelFile] = []
-
-        def add(rel: str, fmt: str, plan_: str, precision: str, nodes, leaf, macs, inputs, outputs, opset_=None) -> None:
-            target = tmp / rel
-            files.append(
-                ModelFile(
-                    path=rel,
-                    format=fmt,
-                    plan=plan_,
-                    precision=precision,
-                    sha256=sha256_file(target),
-                    bytes=target.stat().st_size,
-                    nodes=tuple(nodes),
-                    leaf=leaf,
-                    macs=int(macs),
-                    inputs=tuple(inputs),
-                    outputs=tuple(outputs),
-                    opset=opset_,
-                )
-            )
-
-        def write(rel: str, plan_: str, precision: str, module, nodes, leaf, input_node, outputs, meta,
-                  name_nodes: bool = True) -> None:
-            """Export ``module`` (reading ``input_node``'s activation) to ``rel``, record it, count it."""
-            in_spec = spec(input_node, DTYPE_OF[precision])
-            export_module(
-                module, tmp / rel, examples[input_node], [in_spec.name], [o.name for o in outputs],
-                opset=opset, exporter=exporter, precision=precision,
-                metadata={**meta, "hne_edge.nodes": ",".join(nodes)} if name_nodes else meta,
-            )  # fmt: skip
-            add(rel, "onnx", plan_, precision, nodes, leaf, sum(cost.nodes[n].macs for n in nodes), [in_spec], outputs,
-                opset)  # fmt: skip
-            progress.update(note=rel)
-
-        per_precision = ((len(tree.nodes) if "nodes" in plans else 0) + (len(tree.segments) if "segments" in plans else 0)
-                         + (len(tree.subtree_units) if "subtrees" in plans else 0) + ("fused" in plans))  # fmt: skip
-        progress.restart(len(precisions) * (per_precision + first_leaf) + torch_weights, "export", "file")
+    tensors = _Tensors(model, cost)
+    units = _units(model.tree, tensors, request)  # what each plan writes, nothing built yet
+    progress = progress or NULL_PROGRESS
+    with atomic_output_dir(out_dir, force=force, keep=keep) as tmp:  # swapped into place when the block ends well
+        progress.restart(len(units) + request.torch_weights, "export", "file")
         progress.set(note="slicing the tree into its nodes")
-        leaf_index = {nid: i for i, nid in enumerate(tree.leaf_order)}
-        # slice every node once (slicing copies the fused block, the dominant cost on big trees); the unfolded
-        # slices are also the verification's per-node reference
-        sliced = model.node_modules()
-        folded = {nid: fold_batchnorm(module) for nid, module in sliced.items()}
-        examples = _activation_inputs(model, folded)
-        subtrees: dict[str | None, "nn.Module"] = {}  # folded subtree modules by root (None: the whole tree), once
-        for precision in precisions:
-            dtype = DTYPE_OF[precision]
-            meta = {"hne_edge.model": config.name, "hne_edge.precision": precision}
-            if "nodes" in plans:
-                for node in tree.nodes:
-                    write(file_path("onnx", precision, "nodes", node=node.id), "nodes", precision, folded[node.id],
-                          [node.id], leaf_index.get(node.id), node.parent, [spec(node.id, dtype, is_logits=node.is_leaf)],
-                          meta)  # fmt: skip
-            if "segments" in plans:
-                from ..models import SegmentModule
-
-                for seg in tree.segments:
-                    outputs = [spec(n, dtype) for n in seg.exports] + [spec(seg.nodes[-1], dtype, is_logits=True)]
-                    write(file_path("onnx", precision, "segments", leaf=seg.leaf, num_leaves=tree.num_leaves), "segments",
-                          precision, SegmentModule(seg, [folded[n] for n in seg.nodes]).eval(), seg.nodes, seg.leaf,
-                          seg.input, outputs, meta)  # fmt: skip
-            if "subtrees" in plans or "fused" in plans:
-                from ..models import SegmentModule
-                from ..tree import Segment
-
-                units = tree.subtree_units if "subtrees" in plans else ()
-                for unit in units:
-                    rel = file_path("onnx", precision, "subtrees", unit=unit.index, num_leaves=tree.num_leaves)
-                    if unit.index == 0:  # leaf 0's chain, exporting what later units read
-                        chain = Segment(leaf=0, nodes=unit.nodes, input=None, exports=unit.exports)
-                        module = SegmentModule(chain, [folded[n] for n in unit.nodes]).eval()
-                        outputs = [spec(n, dtype) for n in unit.exports] + [spec(unit.nodes[-1], dtype, is_logits=True)]
-                    else:  # the whole subtree, fused
-                        if unit.root not in subtrees:
-                            subtrees[unit.root] = fold_batchnorm(model.subtree_module(unit.root))
-                        module = subtrees[unit.root]
-                        outputs = [leaves_spec(unit.root, unit.num_leaves, dtype)]
-                    write(rel, "subtrees", precision, module, unit.nodes, unit.first_leaf, unit.input, outputs, meta)
-                if "fused" in plans:
-                    rel = file_path("onnx", precision, "fused")
-                    if None not in subtrees:
-                        subtrees[None] = fold_batchnorm(model)
-                    write(rel, "fused", precision, subtrees[None], [n.id for n in tree.nodes], 0, None,
-                          [leaves_spec(None, tree.num_leaves, dtype)], meta, name_nodes=False)  # fmt: skip
-            if first_leaf:
-                seg = tree.segments[0]
-                write(file_path("onnx", precision, "first", leaf=0, num_leaves=tree.num_leaves), "first", precision,
-                      torch.nn.Sequential(*(folded[n] for n in seg.nodes)).eval(), seg.nodes, 0, None,
-                      [spec(seg.nodes[-1], dtype, is_logits=True)], meta)  # fmt: skip
-        if torch_weights:
-            rel = file_path("torch", "fp32", "weights")
-            # plain dict of tensors: loads with torch.load(weights_only=True); architecture is in the manifest
-            atomic_write_bytes(tmp / rel, torch_bytes({k: v.detach().cpu() for k, v in model.state_dict().items()}))
-            add(rel, "torch", "weights", "fp32", [n.id for n in tree.nodes], None, cost.total_macs,
-                [spec(None, "float32")],
-                [TensorSpec("logits", None, "float32", (BATCH_DIM, tree.num_leaves, config.num_classes))])  # fmt: skip
-            progress.update(note=rel)
-
-        manifest = Manifest(
-            model_name=config.name,
-            model_config=config.to_dict(),
-            class_names=tuple(class_names),
-            input=InputSpec(
-                name="image",
-                shape=(BATCH_DIM, *config.input_shape),
-                dtype=DTYPE_OF[precisions[0]],  # fp32 whenever it is exported; each file states its own dtype
-                layout="NCHW",
-                mean=tuple(float(v) for v in normalization["mean"]),
-                std=tuple(float(v) for v in normalization["std"]),
-                batch=batch,
-            ),
-            tree=tree,
-            node_macs={nid: c.macs for nid, c in cost.nodes.items()},
-            files=tuple(files),
-            provenance=provenance(
-                exporter=f"torch.onnx ({exporter})", opset=opset, bn_folded=True, **(extra_provenance or {})
-            ),
-        )
-        write_manifest(tmp, manifest)
+        parts = _Parts(model)
+        files = []
+        for unit in units:
+            files.append(_write_unit(tmp, unit, parts, tensors, request))
+            progress.update(note=unit.path)
+        if request.torch_weights:
+            files.append(_write_weights(tmp, model, tensors))
+            progress.update(note=files[-1].path)
+        write_manifest(tmp, _manifest(model, cost, files, request, extra_provenance))
         # the runtime's reader must accept what we publish; the sha256s were just computed from these files
         # and the verification below (or the user's `hne-edge verify`) checks them once more
         read_manifest(tmp, verify_files=False)
         if verify:
             from .verify import verify_bundle
 
-            report = verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes, node_modules=sliced, progress=progress)
-            report.raise_for_failures()
+            verify_bundle(tmp, model=model, batch_sizes=verify_batch_sizes, node_modules=parts.sliced,
+                          progress=progress).raise_for_failures()  # fmt: skip
         if post_export is not None:
             post_export(tmp)
     return Path(out_dir)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..bundle import (
+    FIRST,
     ModelFile,
     bundle_path,
     engine_dir,
@@ -132,7 +133,7 @@ def build_engines(
             "(export those precisions/plans first)"
         )
     # the export-free first leaf (plan "first") goes with whichever full plan is built
-    wanted += [(p, q) for p, q in onnx_variants if p == "first" and (p, q) not in wanted and any(w[1] == q for w in wanted)]
+    wanted += [(p, q) for p, q in onnx_variants if p == FIRST and (p, q) not in wanted and any(w[1] == q for w in wanted)]
 
     version = trt.__version__
     major = version_tuple(version)[0]

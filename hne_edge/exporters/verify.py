@@ -32,7 +32,18 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..bundle import ANYTIME_PLANS, DTYPE_OF, PLANS, ModelFile, bundle_path, check_self_contained, read_manifest
+from ..bundle import (
+    ANYTIME_PLANS,
+    DTYPE_OF,
+    FIRST,
+    FUSED,
+    PLANS,
+    SUBTREES,
+    ModelFile,
+    bundle_path,
+    check_self_contained,
+    read_manifest,
+)
 from ..errors import BundleError, InputError
 from ..limits import check_threads
 from ..progress import NULL_PROGRESS, Progress
@@ -103,7 +114,7 @@ def check_session_io(session, model_file: ModelFile) -> None:
 
 
 # plans whose calls add several leaves: verified at each stop too (a run that ends there skips the exports)
-_STOP_CHECKED = ("subtrees", "fused")
+_STOP_CHECKED = (SUBTREES, FUSED)
 
 
 def run_anytime(
@@ -358,7 +369,7 @@ def verify_bundle(
             report.checks.append(worst)
     # the export-free first leaf (what run(max_leaves=1) runs) must compute what the full plan's leaf 0 computes
     for f in manifest.files:
-        if f.format == "onnx" and f.plan == "first":
+        if f.format == "onnx" and f.plan == FIRST:
             if f.precision not in firsts:
                 raise ShapeError(f"{f.path}: a first-leaf file without a nodes or segments plan of {f.precision} to run it with")
             full, first = firsts[f.precision]

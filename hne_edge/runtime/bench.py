@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..progress import NULL_PROGRESS, Progress
-from .cost_model import summarize
+from .profile_file import summarize
 from .inputs import check_labels
 from .runner import AnytimeRunner
 
@@ -43,7 +43,7 @@ def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repe
 
 
 def _stats(seconds: list[float], batch: int) -> dict[str, float]:
-    """:func:`~.cost_model.summarize`'s median / p90 / p95 / mean (ms), with p99 and the throughput (samples/s)."""
+    """:func:`~.profile_file.summarize`'s median / p90 / p95 / mean (ms), with p99 and the throughput (samples/s)."""
     stats = summarize(seconds)
     stats["p99_ms"] = float(np.quantile(np.asarray(seconds, dtype=np.float64) * 1e3, 0.99))
     stats["samples_per_s"] = batch * 1e3 / stats["mean_ms"] if stats["mean_ms"] > 0 else float("inf")

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..bundle import InputSpec
 from ..progress import NULL_PROGRESS, Progress
-from .cost_model import summarize
+from .profile_file import summarize
 from .program import Call, Program
 from .session import AnytimeSession, UnitHook
 

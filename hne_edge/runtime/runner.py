@@ -26,14 +26,26 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..bundle import MIXED_PLANS, PRECISIONS, RUNNER_PLANS, read_manifest_and_digest
+from ..bundle import (
+    DEFAULT_PLAN,
+    FIRST,
+    FUSED,
+    MIXED,
+    MIXED_BASE,
+    MIXED_NEEDS,
+    MIXED_PLANS,
+    PRECISIONS,
+    RUNNER_PLANS,
+    read_manifest_and_digest,
+)
 from ..errors import BundleError, HNEError, InputError
 from ..limits import check_memory, cpu_count, load_average
 from ..progress import Progress
 from . import profiler
 from .backends import Backend, create_backend
-from .cost_model import CostModel, Profile, find_profile, host_info, save_profile
+from .cost_model import CostModel
 from .inputs import check_input, preprocess
+from .profile_file import Profile, find_profile, host_info, save_profile
 from .program import Program, compile_program
 from .result import AnytimeResult
 from .session import (
@@ -153,7 +165,7 @@ class AnytimeRunner:
         bundle_dir: str | Path,
         backend: str | Backend = "onnxruntime",
         device: str = "cpu",
-        plan: str = "segments",
+        plan: str = DEFAULT_PLAN,
         precision: str = "fp32",
         *,
         threads: int | None = None,
@@ -197,19 +209,19 @@ class AnytimeRunner:
         self.num_classes = self.manifest.num_classes
         self.input_spec = self.manifest.input
         try:
-            loaded = self.backend.load(self.manifest, self.bundle_dir, "segments" if plan == "mixed" else plan, precision)
+            loaded = self.backend.load(self.manifest, self.bundle_dir, MIXED_BASE if plan == MIXED else plan, precision)
             self._runners = [self.backend.create_runner(u, loaded) for u in loaded.units]
             alternatives = []
-            if plan == "mixed":  # the whole subtrees (one leaf: the same call as the segment) and the whole tree
-                for part in MIXED_PLANS[1:]:
-                    if part == "subtrees" or self.backend.has_plan(self.manifest, part, precision):
+            if plan == MIXED:  # the whole subtrees (one leaf: the same call as the segment) and the whole tree
+                for part in MIXED_PLANS[1:]:  # after its base
+                    if part in MIXED_NEEDS or self.backend.has_plan(self.manifest, part, precision):
                         units = self.backend.load(self.manifest, self.bundle_dir, part, precision)
                         alternatives += [self.backend.create_runner(u, units) for u in units.units if u.num_leaves > 1]
                 self._runners += alternatives
             for r in self._runners:
                 r.activate()
-            if first_leaf and plan != "fused" and (self.backend.format, "first", precision) in self.manifest.variants():
-                first = self.backend.load(self.manifest, self.bundle_dir, "first", precision)
+            if first_leaf and plan != FUSED and (self.backend.format, FIRST, precision) in self.manifest.variants():
+                first = self.backend.load(self.manifest, self.bundle_dir, FIRST, precision)
                 self._first_runner = self.backend.create_runner(first.units[0], first).activate()
             try:
                 base = self._runners[: len(self._runners) - len(alternatives)]

@@ -41,7 +41,7 @@ _LAZY = {
     "FitResult": ".engine",
     "fit": ".engine",
     "train_one_epoch": ".engine",
-    "evaluate": ".engine",
+    "evaluate": ".evaluation",
     "evaluate_checkpoint": ".evaluation",
     "hne_loss": ".losses",
 }

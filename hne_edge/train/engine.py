@@ -1,4 +1,8 @@
-"""The training loop: plain functions ``train_one_epoch``, ``evaluate`` and ``fit``.
+"""The training loop: plain functions ``train_step``, ``train_one_epoch`` and ``fit``.
+
+Its pieces live beside it, one home each: the learning-rate schedule (:mod:`.schedule`), the device, threads
+and autocast (:mod:`.device`), the run's estimate (:mod:`.estimate`), a time budget's plan (:mod:`.budget`)
+and the validation (``evaluate`` and ``predict``, :mod:`.evaluation`).
 
 ``fit(config)`` trains the fused model (one grouped network for the whole
 tree: the fastest path, see ``benchmarks/results/train_step.md``) and
@@ -29,7 +33,6 @@ BatchNorm statistics stay per process (as in the paper's recipes).
 
 from __future__ import annotations
 
-import bisect
 import math
 import os
 import random
@@ -47,19 +50,21 @@ from torch import nn
 
 from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch
-from ..limits import cpu_count, free_cpus_threads, load_average
 from ..models import HNE, create_model, tree_cost
 from ..models.layers import set_pointwise
 from ..progress import NULL_PROGRESS, Progress, format_duration, progress_for
-from .checkpoint import load_resumable, save_checkpoint, torch_bytes, unusable_reason
+from .budget import _checkpoint_seconds, _TimeBudget, _validation_seconds
+from .checkpoint import load_resumable, save_checkpoint, unusable_reason
 from .config import LossConfig, ModelSpec, OptimConfig, TrainConfig, resolve_for_device, upgrade_config
 from .data import DataBundle, load_data
-from .evaluation import chance_note
+from .device import amp_dtype_for, torch_device, use_free_cpus
+from .estimate import _RunEstimate
+from .evaluation import chance_note, evaluate
 from .losses import ensemble_logits, hne_loss
+from .schedule import _Schedule
 
-__all__ = ["FitResult", "TrainingDiverged", "train_step", "train_one_epoch", "evaluate", "fit", "build_model_for_data",
-           "make_optimizer", "amp_dtype_for", "plan_steps", "capture_rng_state", "restore_rng_state", "check_run_folder",
-           "RUN_LAYOUT"]
+__all__ = ["FitResult", "TrainingDiverged", "train_step", "train_one_epoch", "fit", "build_model_for_data",
+           "make_optimizer", "capture_rng_state", "restore_rng_state", "check_run_folder", "RUN_LAYOUT"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "train_log.json"
@@ -132,67 +137,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class _Schedule:
-    """LR multiplier per iteration: an optional linear warm-up, then 1. cosine from 1 to 0; 2. step x0.1 at
-    50%/75%; 3. constant.
-
-    The warm-up rises from ``warmup_start`` (the unscaled learning rate over the scaled peak: see
-    :attr:`~.config.OptimConfig.warmup_start`) to 1 over ``warmup_steps``; the schedule then runs over the steps
-    after it. Without a warm-up it is the paper's schedule over all ``total_steps``. A class (not a lambda) so
-    the scheduler's state_dict records it as plain data, a time budget's fixed step count included.
-    """
-
-    def __init__(self, kind: str, total_steps: int, warmup_steps: int = 0, warmup_start: float = 1.0) -> None:
-        self.kind, self.total_steps = kind, max(1, total_steps)
-        self.warmup_steps, self.warmup_start = warmup_steps, warmup_start
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:  # 1. from the unscaled rate up to the peak
-            return self.warmup_start + (1.0 - self.warmup_start) * step / self.warmup_steps
-        span = max(1, self.total_steps - self.warmup_steps)
-        t = min(step - self.warmup_steps, span) / span  # 2. progress through the schedule proper, 0..1
-        if self.kind == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * t))
-        if self.kind == "step":
-            return 0.1 ** ((t >= 0.5) + (t >= 0.75))
-        return 1.0
-
-    def fit_to(self, total_steps: int, steps_per_epoch: int, warmup_epochs: float) -> "_Schedule":
-        """Set the run's length (and with it the warm-up: ``warmup_epochs``, at most a tenth of the steps)."""
-        self.total_steps = max(1, total_steps)
-        scaled = self.warmup_start < 1.0
-        self.warmup_steps = min(round(warmup_epochs * steps_per_epoch), self.total_steps // 10) if scaled else 0
-        return self
-
-
-def torch_device(name: str) -> torch.device:
-    """``auto`` (CUDA when available, else the CPU), ``cpu`` or ``cuda[:i]`` as a torch device."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device: received {name!r}; no CUDA device is available (use cpu or auto)")
-    return torch.device(name)
-
-
-_TORCH_THREADS = torch.get_num_threads()  # torch's own default (one per physical core), before anyone changes it
-
-
-def use_free_cpus() -> str | None:
-    """Give torch its default threads, or fewer when other processes keep the CPUs busy
-    (:func:`hne_edge.limits.free_cpus_threads`); when fewer, say so (``"1 torch thread (load average 16.8 on 2
-    CPUs; --threads N to choose)"``), else None."""
-    threads, why = free_cpus_threads(_TORCH_THREADS)
-    torch.set_num_threads(threads)
-    return f"{threads} torch thread{'s' if threads > 1 else ''} ({why}; --threads N to choose)" if why else None
-
-
-def _amp_dtype(config: TrainConfig) -> torch.dtype | None:
-    """The CUDA autocast dtype: ``auto`` is bfloat16 where the GPU supports it (no loss scaling), else float16."""
-    if not config.amp:
-        return None
-    if config.amp_dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return getattr(torch, config.amp_dtype)
 
 
 def make_optimizer(model: nn.Module, opt: OptimConfig, device: torch.device) -> torch.optim.SGD:
@@ -206,10 +150,6 @@ def make_optimizer(model: nn.Module, opt: OptimConfig, device: torch.device) -> 
             pass
     return torch.optim.SGD(model.parameters(), **settings)
 
-
-def amp_dtype_for(config: TrainConfig, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype the run trains in on ``device`` (None: float32; autocast is for CUDA only)."""
-    return _amp_dtype(config) if device.type == "cuda" else None
 
 
 def _distributed() -> tuple[int, int, int]:
@@ -353,42 +293,6 @@ class _null:
     def __exit__(self, *exc):
         return False
 
-
-@torch.no_grad()
-def predict(model: nn.Module, loader, device: torch.device = torch.device("cpu"), channels_last: bool = False,
-            progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """All leaf logits ``(M, N, classes)`` (float32, CPU) and labels ``(M,)`` of ``loader``.
-
-    ``progress`` counts images (its total is set here when it has none).
-    """
-    progress = progress or NULL_PROGRESS
-    if progress.total is None:
-        progress.total = _num_images(loader)
-    model.eval()
-    outs, labels = [], []
-    for x, y in loader:
-        x = x.to(device)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        outs.append(model(x).float().cpu())
-        labels.append(y.cpu())  # a device-resident loader yields CUDA labels; the logits are on the CPU
-        progress.update(len(y))
-    return torch.cat(outs), torch.cat(labels)
-
-
-def _num_images(loader) -> int | None:
-    dataset = getattr(loader, "dataset", None)
-    return len(dataset) if dataset is not None else None
-
-
-def evaluate(model: nn.Module, loader, device: torch.device = torch.device("cpu"), channels_last: bool = False,
-             progress: Progress | None = None) -> dict[str, Any]:
-    """Accuracy of every anytime ensemble n = 1..N, and the full ensemble's NLL."""
-    logits, labels = predict(model, loader, device, channels_last, progress)
-    n_leaves = logits.shape[1]
-    acc_n = [(ensemble_logits(logits, n).argmax(-1) == labels).float().mean().item() for n in range(1, n_leaves + 1)]
-    nll = torch.nn.functional.cross_entropy(ensemble_logits(logits, n_leaves), labels).item()
-    return {"acc": acc_n[-1], "acc_first": acc_n[0], "acc_n": acc_n, "nll": nll, "images": int(labels.shape[0])}
 
 
 def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -751,309 +655,9 @@ def _shorter_run_advice(model: str, ratio: float) -> str:
     return shorter
 
 
-class _RunEstimate:
-    """Says once, when the step time is steady, how long the run takes on this device (and when that is hours,
-    what makes it shorter); warns once when the machine got too busy for torch's threads.
-
-    The first steps carry one-off costs (allocation, kernel selection, compilation, cold caches) and, on a shared
-    CPU, bursts of contention: an estimate from the first 5 s said 32 min for a run of 238 s (issue 28). So the
-    first step is left out, and the step time is the mean over the latest half of the steps after it, said once
-    that mean is steady: the window holds :attr:`MIN_STEPS` steps or more, and the means of its :attr:`BATCHES`
-    consecutive parts give it a relative standard error of at most :attr:`STEADY` (batch means: a burst of slow
-    steps falls in one part and shows). A run that never settles says it after :attr:`SETTLE_S`, an epoch too
-    short to tell at its end. The progress lines keep the estimate current: their rate and ETA cover the latest
-    half of the elapsed time (:attr:`hne_edge.progress.Progress.rate`). A first step that alone takes 30 s is its
-    own estimate (the run is long either way). Tested on a recorded trace of this machine under load
-    (tests/train/test_engine.py): within 25 % of the run's time.
-
-    Oversubscription: when the step time later grows :attr:`COLLAPSE` times over the estimate's while the load
-    average is above the CPUs and torch runs several threads, it says so once with the fix (``--threads 1``).
-
-    Args:
-        steps_left: training steps left in the run; epoch_left: of them, those before the next checkpoint (the
-        end of the current epoch); advice: what makes a run shorter; on_ctrl_c: Ctrl-C saves a checkpoint too;
-        threads: torch's CPU threads (0: a GPU run, nothing to watch); images: per step (the global batch);
-        clock, load, cpus: for tests.
-    """
-
-    MIN_STEPS = 12
-    BATCHES = 4
-    STEADY = 0.07
-    SETTLE_S = 300.0
-    COLLAPSE = 3.0
-
-    def __init__(self, progress: Progress, steps_left: int, epoch_left: int, device: torch.device, advice: str,
-                 clock: Callable[[], float] = time.perf_counter, on_ctrl_c: bool = True, threads: int = 0,
-                 load: Callable[[], float | None] = load_average, cpus: int | None = None, images: int = 0) -> None:  # fmt: skip
-        self.progress, self.steps_left, self.epoch_left = progress, steps_left, epoch_left
-        self.device, self.advice, self.clock, self.on_ctrl_c = device, advice, clock, on_ctrl_c
-        self.threads, self.load, self.cpus = threads, load, cpu_count() if cpus is None else cpus
-        self.images = images  # per step (the global batch), for the warning's img/s
-        self.start = clock()
-        self.ends: list[float] = []  # when each step ended (the latest ones, once the estimate is said)
-        self.steps = 0
-        self.per_step: float | None = None  # what the estimate said
-        self.said = False
-        self.warned = not threads or threads < 2
-
-    def after_step(self, step: int) -> None:
-        now = self.clock()
-        self.ends.append(now)
-        self.steps += 1
-        if not self.said:
-            self._estimate(now)
-        elif not self.warned:
-            self._watch(now)
-
-    def _estimate(self, now: float) -> None:
-        ends, k = self.ends, self.BATCHES
-        window = (self.steps - 1) // 2  # the latest half of the steps after the first (whose end is ends[0])
-        if window == 0:
-            if now - self.start >= 30 or self.steps == self.epoch_left:
-                self.say(now - self.start, now, "the first step, start-up included")
-            return
-        per_step = (now - ends[-window - 1]) / window
-        if window >= self.MIN_STEPS:
-            size = window // k
-            parts = [(ends[-1 - size * i] - ends[-1 - size * (i + 1)]) / size for i in range(k)]
-            mean = sum(parts) / k
-            error = (sum((p - mean) ** 2 for p in parts) / (k - 1)) ** 0.5 / mean / k**0.5 if mean > 0 else 0.0
-            if error <= self.STEADY:
-                return self.say(per_step, now, f"the last {window} steps")
-            if now - ends[0] >= self.SETTLE_S:
-                return self.say(per_step, now, f"the last {window} steps, which still vary: ±{error:.0%}")
-        elif self.steps == self.epoch_left:  # a short epoch: what it has, before its checkpoint
-            self.say(per_step, now, f"the last {window} step{'s' if window > 1 else ''}")
-
-    def _watch(self, now: float) -> None:
-        """Once the estimate is said: the latest :attr:`MIN_STEPS` steps and 5 s at least vs the estimate's step time."""
-        ends = self.ends
-        if len(ends) > 8192:  # a long run: the latest steps are enough
-            del ends[:4096]
-        first = min(bisect.bisect_right(ends, now - 5.0) - 1, len(ends) - 1 - self.MIN_STEPS)
-        if first < 0:
-            return
-        per_step = (now - ends[first]) / (len(ends) - 1 - first)
-        if per_step < self.COLLAPSE * self.per_step:
-            return
-        load = self.load()
-        if load is None or load <= self.cpus:
-            return
-        self.warned = True
-        ms = f"{self.per_step * 1e3:.3g} to {per_step * 1e3:.3g} ms a step"
-        rate = f"{self.images / self.per_step:,.0f} to {self.images / per_step:,.0f} img/s ({ms})" if self.images else ms
-        self.progress.write(
-            f"warning: training slowed from {rate} while the load average is {load:.1f} on {self.cpus} CPU{'s' if self.cpus > 1 else ''}: torch's "
-            f"{self.threads} threads wait for each other on busy cores; --threads 1 is usually several times faster "
-            "on a busy machine (stop with Ctrl-C and --resume with it: BENCHMARKS.md, 'Training threads under load')")
-
-    def say(self, per_step: float, now: float, measured: str) -> None:
-        self.said, self.per_step = True, per_step
-        left = per_step * max(self.steps_left - self.steps, 0)
-        total = now - self.start + left
-        to_checkpoint = per_step * max(self.epoch_left - self.steps, 0)
-        line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
-                f"({format_duration(per_step)}/step over {measured}; "
-                f"validation adds to it); a checkpoint is written at the end of every epoch (the next in about "
-                f"{format_duration(to_checkpoint)}){' and on Ctrl-C' if self.on_ctrl_c else ''}")
-        if total >= 3600:
-            line += f"\n  that is hours on this {self.device.type}: {self.advice}"
-        self.progress.write(line)
-
-# -- training to a time budget (TrainConfig.time_budget) ----------------------------------------------
 def _lr_text(opt: OptimConfig) -> str:
     """The header's learning rate, when the linear rule or a warm-up makes it other than ``optim.lr``."""
     if opt.peak_lr == opt.lr:
         return ""
     warm = f", warm-up from {opt.lr:g} over {opt.warmup_epochs:g} epochs" if opt.warmup_start < 1 else ""
     return f", lr {opt.peak_lr:g} = {opt.lr:g} x {opt.batch_size}/{opt.lr_batch}{warm}"
-
-
-def plan_steps(*, budget_s: float, elapsed_s: float, done_steps: int, step_s: float, steps_per_epoch: int,
-               max_steps: int, epoch_end_s: float, val_s: float, eval_every: int) -> int:  # fmt: skip
-    """The most training steps ``T`` (``done_steps <= T <= max_steps``) whose remaining work ends inside the budget.
-
-    The work after ``done_steps``: ``T - done_steps`` steps of ``step_s`` each, and at the end of each epoch still
-    to come (the last, a partial one, included) a checkpoint of ``epoch_end_s``, plus a validation of ``val_s``
-    after every ``eval_every``-th epoch and after the last. It must fit in ``budget_s - elapsed_s``. The cost
-    grows with ``T``, so the answer is a binary search. A budget already spent gives ``done_steps``.
-    """
-    left = budget_s - elapsed_s
-    done_epochs = done_steps // steps_per_epoch  # epochs whose end (checkpoint) has been written already
-
-    def cost(total: int) -> float:
-        epochs = -(-total // steps_per_epoch)
-        ends = range(done_epochs + 1, epochs + 1)
-        vals = sum(1 for e in ends if e % eval_every == 0 or e == epochs)
-        return (total - done_steps) * step_s + len(ends) * epoch_end_s + vals * val_s
-
-    lo, hi = done_steps, max(done_steps, max_steps)
-    if cost(lo) > left:
-        return lo
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if cost(mid) <= left:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _validation_seconds(model: nn.Module, loader, device: torch.device, channels_last: bool) -> float:
-    """How long one validation of ``loader`` takes: its first batch timed (twice when that is quick or on CUDA, the
-    second run warm: a first CUDA run autotunes every new shape, 50 s on an H200 for a validation that takes 1 s),
-    scaled to the whole set."""
-    if loader is None:
-        return 0.0
-    head = [next(iter(loader))]
-    seconds = float("inf")
-    for _ in range(2):
-        t0 = time.perf_counter()
-        predict(model, head, device, channels_last)
-        seconds = min(seconds, time.perf_counter() - t0)
-        if seconds > 1.0 and device.type != "cuda":  # a slow CPU: once is measurement enough
-            break
-    model.train()
-    return seconds * len(loader.dataset) / max(len(head[0][1]), 1)
-
-
-def _checkpoint_seconds(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
-    """How long an epoch's checkpoint takes: its serialisation timed, doubled for the write and the log."""
-    t0 = time.perf_counter()
-    torch_bytes({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-    return 2 * (time.perf_counter() - t0) + 0.02
-
-
-class _TimeBudget:
-    """Fixes a run's number of steps so that it ends inside ``budget_s`` (``TrainConfig.time_budget``).
-
-    Until the plan is fixed the schedule spans ``max_epochs``. The first steps carry one-off costs (cuDNN's
-    kernel choice, allocation, compilation), so after :data:`SKIP` steps a window of training steps is timed,
-    epoch ends excluded (on CUDA each stretch between two synchronisations): at least :data:`MIN_STEPS` steps and
-    ``window_s`` seconds (3 % of the budget, 1 to 10 s), at most :data:`MAX_STEPS`; once :data:`RUSHED` of the
-    budget is spent (steps that are slow for it), no step is skipped and one timed step is enough. An epoch end (validation,
-    checkpoint, the next epoch's draws) that passed meanwhile is timed as it happened; otherwise one validation
-    and one checkpoint are timed on their own. Then :func:`plan_steps` fixes the steps (a :data:`MARGIN` of
-    the budget kept for the unforeseen) and the schedule is fitted to them (``_Schedule.fit_to``). The plan
-    is part of the checkpoint: a resumed run keeps it. Under DDP the window is a fixed number of steps on every
-    process and the smallest plan wins.
-    """
-
-    SKIP, MIN_STEPS, MAX_STEPS, MARGIN = 2, 5, 200, 0.015
-    RUSHED = 0.1  # past this fraction of the budget, one timed step is enough (and no step is skipped)
-
-    def __init__(self, budget_s: float, started: float, schedule: _Schedule, steps_per_epoch: int, max_epochs: int,
-                 warmup_epochs: float, eval_every: int, device: torch.device, world_size: int, *,
-                 measure_eval: Callable[[], float], measure_checkpoint: Callable[[], float],
-                 fixed: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
-        self.budget_s, self.started, self.schedule = budget_s, started, schedule
-        self.steps_per_epoch, self.max_epochs, self.eval_every = steps_per_epoch, max_epochs, eval_every
-        self.warmup_epochs, self.resumed = warmup_epochs, bool(fixed)
-        self.device, self.world_size, self.clock = device, world_size, clock
-        self.measure_eval, self.measure_checkpoint = measure_eval, measure_checkpoint
-        self.window_s = min(max(0.03 * budget_s, 1.0), 10.0)
-        self.plan: dict[str, Any] | None = dict(fixed) if fixed else None
-        self.seen = self.window_n = 0
-        self.window_t = 0.0
-        self.last: float | None = None  # the end of the last timed step of the open stretch
-        self.epoch_end: float | None = None  # when the last epoch's last step ended
-        self.gaps: list[tuple[float, bool]] = []  # epoch ends as they happened: (seconds, validated)
-
-    def _now(self, sync: bool) -> float:
-        if sync and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return self.clock()
-
-    def epoch_started(self, validated: bool = False) -> None:
-        """A new epoch: the stretch of timed steps closed at the last one's end; the end itself is timed."""
-        if self.plan is None and self.epoch_end is not None:
-            self.gaps.append((self.clock() - self.epoch_end, validated))
-        self.last = self.epoch_end = None
-
-    def after_step(self, step: int, epoch_steps: int, done_steps: int) -> bool:
-        """Time the step that just ended; True when this step fixed the plan."""
-        if self.plan is not None:
-            return False
-        self.seen += 1
-        ends_epoch = step >= epoch_steps
-        rushed = self.world_size == 1 and self.clock() - self.started >= self.RUSHED * self.budget_s  # slow steps: time what there is
-        skip = self.seen <= self.SKIP and not rushed
-        if skip or self.last is None:  # one-off costs, or a stretch opens (synchronised)
-            self.last = None if skip else self._now(sync=True)
-            if ends_epoch:
-                self.epoch_end = self.last = self._now(sync=True) if self.last is None else self.last
-                self.last = None
-            return self._fallback(done_steps)
-        now = self._now(sync=ends_epoch)  # a stretch closes synchronised at the epoch's end
-        self.window_t += now - self.last
-        self.window_n += 1
-        self.last = None if ends_epoch else now
-        if ends_epoch:
-            self.epoch_end = now
-        if self.world_size > 1:  # every process must fix its plan at the same step
-            done = self.window_n >= 20
-        else:
-            done = (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s) or self.window_n >= self.MAX_STEPS \
-                or rushed
-        if not done:
-            return False
-        if not ends_epoch:
-            synced = self._now(sync=True)
-            self.window_t += synced - now
-        self.fix(done_steps)
-        return True
-
-    def _fallback(self, done_steps: int) -> bool:
-        """Epochs too short to time a step in (one step each): plan from the whole run's rate after a while."""
-        if self.window_n == 0 and self.seen >= self.SKIP + 20:
-            self.fix(done_steps)
-            return True
-        return False
-
-    def fix(self, done_steps: int, collective: bool = True) -> None:
-        """Fix the plan now, from the steps timed so far (or, with none, from the whole run's rate).
-
-        ``collective``: every DDP process calls this at the same step (False: only this one, which is stopping)."""
-        elapsed = self._now(sync=True) - self.started
-        step_s = self.window_t / self.window_n if self.window_n else elapsed / max(done_steps, 1)
-        val_s, end_s = self.measure_eval(), self.measure_checkpoint()
-        plain = [g for g, validated in self.gaps if not validated]
-        with_val = [g for g, validated in self.gaps if validated]
-        end_s = min(plain) if plain else end_s  # an epoch end that happened is better than an estimate
-        val_s = max(min(with_val) - end_s, 0.0) if with_val else val_s
-        elapsed = self.clock() - self.started
-        total = plan_steps(budget_s=self.budget_s * (1 - self.MARGIN), elapsed_s=elapsed, done_steps=done_steps,
-                           step_s=step_s, steps_per_epoch=self.steps_per_epoch,
-                           max_steps=self.max_epochs * self.steps_per_epoch, epoch_end_s=end_s, val_s=val_s,
-                           eval_every=self.eval_every)  # fmt: skip
-        if self.world_size > 1 and collective:
-            t = torch.tensor([total], dtype=torch.long, device=self.device if self.device.type == "cuda" else "cpu")
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-            total = int(t.item())
-        self.schedule.fit_to(total, self.steps_per_epoch, self.warmup_epochs)
-        self.plan = {"budget_s": self.budget_s, "total_steps": total, "epochs": total / self.steps_per_epoch,
-                     "steps_per_epoch": self.steps_per_epoch, "fixed_at_step": done_steps, "fixed_at_s": round(elapsed, 3),
-                     "step_s": step_s, "timed_steps": self.window_n, "validation_s": val_s, "checkpoint_s": end_s,
-                     "timed_epoch_ends": len(self.gaps), "capped_by_epochs": total == self.max_epochs * self.steps_per_epoch}  # fmt: skip
-
-    def record(self) -> dict[str, Any] | None:
-        """The plan as the checkpoint and the log keep it (with the seconds used so far), or None before it is fixed."""
-        if self.plan is None:
-            return None
-        return {**self.plan, "used_s": round(self.clock() - self.started, 3)}
-
-    def describe(self) -> str:
-        p = self.plan
-        capped = f"; capped by optim.epochs={self.max_epochs}" if p["capped_by_epochs"] else ""
-        return (f"time budget {format_duration(p['budget_s'])}: {p['epochs']:.1f} epochs fit ({p['total_steps']} steps of "
-                f"{p['step_s'] * 1e3:.1f} ms over {p['timed_steps']} timed steps; validation ~{format_duration(p['validation_s'])}"
-                f" and checkpoint ~{format_duration(p['checkpoint_s'])} per epoch{capped}); the schedule ends at step "
-                f"{p['total_steps']}")  # fmt: skip
-
-    def ending_note(self, used_s: float) -> str:
-        p = self.plan or {}
-        if self.resumed:
-            return (f"time budget {format_duration(self.budget_s)}: the resumed run ended the schedule its first call fixed "
-                    f"({p.get('epochs', 0):.2f} epochs, {p.get('total_steps')} steps)")
-        return (f"time budget {format_duration(self.budget_s)}: the schedule ended after {p.get('epochs', 0):.2f} epochs "
-                f"({p.get('total_steps')} steps) in {format_duration(used_s)} ({100 * used_s / self.budget_s:.1f}% of it)")

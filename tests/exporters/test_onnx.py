@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from hne_edge.bundle import read_manifest
+from hne_edge.bundle import PROFILE_FORMAT, profile_filename, read_manifest
 
 
 def test_tiny_bundle_is_a_valid_bundle(tiny_bundle):
@@ -171,8 +173,9 @@ def test_export_refuses_existing_dir_and_force_replaces(tmp_path, tiny_bundle):
     assert (out / "keep.txt").read_text() == "x"
     (out / "keep.txt").unlink()
     export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)  # empty
-    (out / "profiles").mkdir()  # what a runner adds to a bundle is the bundle's
-    (out / "profiles" / "cpu.json").write_text("{}")
+    (out / "profiles").mkdir()  # what a runner adds to a bundle (a profile, by its name and format) is the bundle's
+    (out / "profiles" / profile_filename("cpu", "onnxruntime", "segments", "fp32")).write_text(
+        json.dumps({"format": PROFILE_FORMAT}))
     export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, force=True)
     assert not (out / "profiles").exists() and read_manifest(out)
     (out / "stale.txt").write_text("x")  # a bundle with a file of someone else's is no longer ours (issue 19)

@@ -163,7 +163,7 @@ def test_export_with_engines_hashes_each_file_once_per_step_that_needs_it(tiny_b
     """
     import hashlib
 
-    import hne_edge.bundle as bundle_mod
+    import hne_edge.bundle.reading as bundle_mod
     from hne_edge.exporters import export_onnx
     from hne_edge.exporters import tensorrt as trt_mod
 
@@ -178,7 +178,7 @@ def test_export_with_engines_hashes_each_file_once_per_step_that_needs_it(tiny_b
             counted.append(1)
             return hashlib.sha256(data)
 
-    monkeypatch.setattr(bundle_mod, "hashlib", CountingHashlib)  # every bundle file is hashed through hne_edge.bundle
+    monkeypatch.setattr(bundle_mod, "hashlib", CountingHashlib)  # every bundle file is hashed through hne_edge.bundle.reading
     out = export_onnx(tiny_bundle.model, tmp_path / "out", class_names=[f"c{i}" for i in range(10)],
                       normalization={"mean": [0.5] * 3, "std": [0.25] * 3}, plan="segments", batch=(1, 1, 4),
                       torch_weights=False, post_export=lambda tmp: trt_mod.build_engines(tmp))  # fmt: skip

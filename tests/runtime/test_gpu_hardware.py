@@ -1,7 +1,7 @@
 """GPU backends on a real GPU (``@pytest.mark.gpu`` / ``@pytest.mark.tensorrt``): every prefix of leaves
 equals the fused PyTorch model's mean, per backend, plan, CUDA graphs on/off, fp32 (1e-4) and fp16
 (atol 3e-2, rtol 1e-2). Skipped with the reason where there is no GPU; a machine with one runs them as
-they are. The CPU-side logic of the same backends: tests/runtime/test_gpu_fakes.py.
+they are. The CPU-side logic of the same backends: tests/runtime/test_gpu_fakes*.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from hne_edge.runtime import (
     RunnerClosedError,
     create_backend,
 )
-from hne_edge.runtime import cost_model as cm
+from hne_edge.runtime import profile_file
 from hne_edge.tree import TreeSpec
 from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle, reference_leaf_logits
 
@@ -573,14 +573,14 @@ def test_profile_saved_next_to_bundle_and_reloaded(tmp_path):
 def test_profile_falls_back_to_user_cache_when_bundle_is_read_only(tmp_path, monkeypatch):
     b = make_fake_bundle(tmp_path / "b", classes=CLASSES)
     monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))
-    real = cm.atomic_write_json
+    real = profile_file.atomic_write_json
 
     def refuse_bundle(path, data):
         if str(path).startswith(str(b)):
             raise PermissionError(13, "Permission denied")
         real(path, data)
 
-    monkeypatch.setattr(cm, "atomic_write_json", refuse_bundle)
+    monkeypatch.setattr(profile_file, "atomic_write_json", refuse_bundle)
     runner, _ = fake_runner(b)
     with pytest.warns(UserWarning, match="is not writable.*saved the profile to"):
         runner.profile(warmup=0, repeats=3)

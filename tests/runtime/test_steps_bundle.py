@@ -1,6 +1,6 @@
 """Plans "subtrees", "fused" and "mixed" on a real exported bundle (hne_tiny), on every backend available here:
 ONNX Runtime and torch on the CPU, fp32 and fp16, every stop and every mixed schedule against the float64
-fused model (conftest.reference64). The GPU backends run them in tests/runtime/test_gpu_fakes.py."""
+fused model (conftest.reference64). The GPU backends run them in tests/runtime/test_gpu_fakes_*.py."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ import torch
 from hne_edge.errors import CheckpointError
 from hne_edge.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from hne_edge.train.config import PRESETS, TrainConfig
-from hne_edge.train.engine import _Schedule, capture_rng_state, fit, restore_rng_state
+from hne_edge.train.engine import capture_rng_state, fit, restore_rng_state
+from hne_edge.train.schedule import _Schedule
 
 
 def _small(out, **optim) -> TrainConfig:
@@ -313,7 +314,8 @@ def test_the_run_estimate_names_a_faster_model_when_it_is_hours():
     import io
 
     from hne_edge.progress import Progress
-    from hne_edge.train.engine import _RunEstimate, _shorter_run_advice
+    from hne_edge.train.engine import _shorter_run_advice
+    from hne_edge.train.estimate import _RunEstimate
 
     t = [0.0]
     out = io.StringIO()
@@ -415,7 +417,7 @@ def _simulated_run(step_s: list[float], steps_per_epoch: int = 50):
     import io
 
     from hne_edge.progress import Progress
-    from hne_edge.train.engine import _RunEstimate
+    from hne_edge.train.estimate import _RunEstimate
 
     t = [0.0]
     out = io.StringIO()
@@ -477,7 +479,7 @@ def test_a_training_whose_threads_collapse_under_load_says_so_once_with_the_fix(
     import io
 
     from hne_edge.progress import Progress
-    from hne_edge.train.engine import _RunEstimate
+    from hne_edge.train.estimate import _RunEstimate
 
     def run(threads: int, load: float) -> list[str]:
         t = [0.0]

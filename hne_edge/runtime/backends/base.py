@@ -44,7 +44,21 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ...bundle import ANYTIME_PLANS, DTYPE_OF, Manifest, ModelFile, TensorSpec, activation_name, bundle_path, read_verified
+from ...bundle import (
+    ANYTIME_PLANS,
+    DTYPE_OF,
+    FUSED,
+    NODES,
+    PLAN_TABLE,
+    SEGMENTS,
+    SUBTREES,
+    Manifest,
+    ModelFile,
+    TensorSpec,
+    activation_name,
+    bundle_path,
+    read_verified,
+)
 from ...errors import BackendUnavailable, BundleError, HNEError, InputError
 from ...tree import TreeSpec
 
@@ -81,7 +95,7 @@ class Unit:
     outputs: tuple[TensorSpec, ...]
     macs: int  # per sample
     # "segment" (a leaf's chain, plans "segments" / "first"), "node" (plan "nodes"), "subtree" (a unit of
-    # plan "subtrees") or "tree" (plan "fused")
+    # plan "subtrees") or "tree" (plan "fused"): the plan's Plan.unit (hne_edge.bundle.PLAN_TABLE)
     kind: str
     # what the torch model's views take: the segment's leaf (model.segment_module), the node's id
     # (node_module), the subtree unit's index (unit_module); None for the whole tree
@@ -128,16 +142,16 @@ def image_dtype(units: Sequence[Unit], manifest: Manifest) -> str:
 
 
 def _unit_of_file(f: ModelFile, bundle_dir: Path, tree: TreeSpec) -> Unit:
-    count = 1
-    if f.plan == "nodes":
-        kind, key = "node", f.nodes[0]
-    elif f.plan == "subtrees":
+    count, kind = 1, PLAN_TABLE[f.plan].unit
+    if kind == "node":
+        key = f.nodes[0]
+    elif kind == "subtree":
         unit = next(u for u in tree.subtree_units if u.first_leaf == f.leaf)
-        kind, key, count = "subtree", unit.index, unit.num_leaves
-    elif f.plan == "fused":
-        kind, key, count = "tree", None, tree.num_leaves
+        key, count = unit.index, unit.num_leaves
+    elif kind == "tree":
+        key, count = None, tree.num_leaves
     else:
-        kind, key = "segment", f.leaf
+        key = f.leaf
     return Unit(name=f.path, nodes=f.nodes, leaf=f.leaf, inputs=f.inputs, outputs=f.outputs, macs=f.macs,
                 kind=kind, key=key, path=bundle_path(bundle_dir, f), file=f, num_leaves=count)  # fmt: skip
 
@@ -166,18 +180,18 @@ def units_from_tree(manifest: Manifest, plan: str, precision: str, name: str, pa
         return TensorSpec("logits", node, dtype, ("batch", classes) if count is None else ("batch", count, classes))
 
     # (label, nodes, input, exports, logits or None, leaf, kind, key, leaves)
-    if plan == "segments":
+    if plan == SEGMENTS:
         chains = [(f"segment{seg.leaf}", seg.nodes, seg.input, seg.exports, logits(seg.nodes[-1]), seg.leaf, "segment",
                    seg.leaf, 1) for seg in tree.segments]  # fmt: skip
-    elif plan == "nodes":
+    elif plan == NODES:
         chains = [(node.id, (node.id,), node.parent, () if node.is_leaf else (node.id,),
                    logits(node.id) if node.is_leaf else None, node.leaves[0] if node.is_leaf else None, "node", node.id, 1)
                   for node in tree.nodes]  # fmt: skip
-    elif plan == "subtrees":
+    elif plan == SUBTREES:
         chains = [(f"unit{u.index}", u.nodes, u.input, u.exports,
                    logits(u.nodes[-1]) if u.index == 0 else logits(u.root, u.num_leaves), u.first_leaf, "subtree",
                    u.index, u.num_leaves) for u in tree.subtree_units]  # fmt: skip
-    elif plan == "fused":
+    elif plan == FUSED:
         chains = [("tree", tuple(n.id for n in tree.nodes), None, (), logits(None, tree.num_leaves), 0, "tree", None,
                    tree.num_leaves)]  # fmt: skip
     else:

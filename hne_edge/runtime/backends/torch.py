@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...bundle import ANYTIME_PLANS, Manifest, bundle_path
+from ...bundle import ANYTIME_PLANS, WEIGHTS, Manifest, bundle_path
 from ...errors import BackendUnavailable, BundleError, InputError, install_hint
 from ...limits import check_threads
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
@@ -108,16 +108,16 @@ class TorchBackend(Backend):
 
     def has_plan(self, manifest: Manifest, plan: str, precision: str) -> bool:
         """Every plan is a view of the weights file: the bundle needs only that (fp32 serves fp16 too)."""
-        return plan in ANYTIME_PLANS and any(v[:2] == ("torch", "weights") for v in manifest.variants())
+        return plan in ANYTIME_PLANS and any(v[:2] == ("torch", WEIGHTS) for v in manifest.variants())
 
     def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
         """Units from the tree over the bundle's (fp32) weights, read once and built into the model here."""
         try:
-            (weights,) = manifest.files_for("weights", precision, "torch")
+            (weights,) = manifest.files_for(WEIGHTS, precision, "torch")
         except BundleError:
             if precision != "fp16":
                 raise
-            (weights,) = manifest.files_for("weights", "fp32", "torch")  # converted by prepare()
+            (weights,) = manifest.files_for(WEIGHTS, "fp32", "torch")  # converted by prepare()
         path = bundle_path(bundle_dir, weights)
         units = tuple(units_from_tree(manifest, plan, precision, weights.path, path))
         model = self._build(manifest, path, self.read_file(path, weights))  # the checked bytes, not the path again

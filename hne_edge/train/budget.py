@@ -1,0 +1,207 @@
+"""Training to a time budget (``TrainConfig.time_budget``): the most steps that end inside it (:func:`plan_steps`),
+fixed from timed steps, a timed validation and a timed checkpoint (:class:`_TimeBudget`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..progress import format_duration
+from .checkpoint import torch_bytes
+from .evaluation import predict
+from .schedule import _Schedule
+
+__all__ = ["plan_steps", "_TimeBudget"]
+
+
+def plan_steps(*, budget_s: float, elapsed_s: float, done_steps: int, step_s: float, steps_per_epoch: int,
+               max_steps: int, epoch_end_s: float, val_s: float, eval_every: int) -> int:  # fmt: skip
+    """The most training steps ``T`` (``done_steps <= T <= max_steps``) whose remaining work ends inside the budget.
+
+    The work after ``done_steps``: ``T - done_steps`` steps of ``step_s`` each, and at the end of each epoch still
+    to come (the last, a partial one, included) a checkpoint of ``epoch_end_s``, plus a validation of ``val_s``
+    after every ``eval_every``-th epoch and after the last. It must fit in ``budget_s - elapsed_s``. The cost
+    grows with ``T``, so the answer is a binary search. A budget already spent gives ``done_steps``.
+    """
+    left = budget_s - elapsed_s
+    done_epochs = done_steps // steps_per_epoch  # epochs whose end (checkpoint) has been written already
+
+    def cost(total: int) -> float:
+        epochs = -(-total // steps_per_epoch)
+        ends = range(done_epochs + 1, epochs + 1)
+        vals = sum(1 for e in ends if e % eval_every == 0 or e == epochs)
+        return (total - done_steps) * step_s + len(ends) * epoch_end_s + vals * val_s
+
+    lo, hi = done_steps, max(done_steps, max_steps)
+    if cost(lo) > left:
+        return lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost(mid) <= left:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _validation_seconds(model: nn.Module, loader, device: torch.device, channels_last: bool) -> float:
+    """How long one validation of ``loader`` takes: its first batch timed (twice when that is quick or on CUDA, the
+    second run warm: a first CUDA run autotunes every new shape, 50 s on an H200 for a validation that takes 1 s),
+    scaled to the whole set."""
+    if loader is None:
+        return 0.0
+    head = [next(iter(loader))]
+    seconds = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        predict(model, head, device, channels_last)
+        seconds = min(seconds, time.perf_counter() - t0)
+        if seconds > 1.0 and device.type != "cuda":  # a slow CPU: once is measurement enough
+            break
+    model.train()
+    return seconds * len(loader.dataset) / max(len(head[0][1]), 1)
+
+
+def _checkpoint_seconds(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    """How long an epoch's checkpoint takes: its serialisation timed, doubled for the write and the log."""
+    t0 = time.perf_counter()
+    torch_bytes({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    return 2 * (time.perf_counter() - t0) + 0.02
+
+
+class _TimeBudget:
+    """Fixes a run's number of steps so that it ends inside ``budget_s`` (``TrainConfig.time_budget``).
+
+    Until the plan is fixed the schedule spans ``max_epochs``. The first steps carry one-off costs (cuDNN's
+    kernel choice, allocation, compilation), so after :data:`SKIP` steps a window of training steps is timed,
+    epoch ends excluded (on CUDA each stretch between two synchronisations): at least :data:`MIN_STEPS` steps and
+    ``window_s`` seconds (3 % of the budget, 1 to 10 s), at most :data:`MAX_STEPS`; once :data:`RUSHED` of the
+    budget is spent (steps that are slow for it), no step is skipped and one timed step is enough. An epoch end (validation,
+    checkpoint, the next epoch's draws) that passed meanwhile is timed as it happened; otherwise one validation
+    and one checkpoint are timed on their own. Then :func:`plan_steps` fixes the steps (a :data:`MARGIN` of
+    the budget kept for the unforeseen) and the schedule is fitted to them (``_Schedule.fit_to``). The plan
+    is part of the checkpoint: a resumed run keeps it. Under DDP the window is a fixed number of steps on every
+    process and the smallest plan wins.
+    """
+
+    SKIP, MIN_STEPS, MAX_STEPS, MARGIN = 2, 5, 200, 0.015
+    RUSHED = 0.1  # past this fraction of the budget, one timed step is enough (and no step is skipped)
+
+    def __init__(self, budget_s: float, started: float, schedule: _Schedule, steps_per_epoch: int, max_epochs: int,
+                 warmup_epochs: float, eval_every: int, device: torch.device, world_size: int, *,
+                 measure_eval: Callable[[], float], measure_checkpoint: Callable[[], float],
+                 fixed: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+        self.budget_s, self.started, self.schedule = budget_s, started, schedule
+        self.steps_per_epoch, self.max_epochs, self.eval_every = steps_per_epoch, max_epochs, eval_every
+        self.warmup_epochs, self.resumed = warmup_epochs, bool(fixed)
+        self.device, self.world_size, self.clock = device, world_size, clock
+        self.measure_eval, self.measure_checkpoint = measure_eval, measure_checkpoint
+        self.window_s = min(max(0.03 * budget_s, 1.0), 10.0)
+        self.plan: dict[str, Any] | None = dict(fixed) if fixed else None
+        self.seen = self.window_n = 0
+        self.window_t = 0.0
+        self.last: float | None = None  # the end of the last timed step of the open stretch
+        self.epoch_end: float | None = None  # when the last epoch's last step ended
+        self.gaps: list[tuple[float, bool]] = []  # epoch ends as they happened: (seconds, validated)
+
+    def _now(self, sync: bool) -> float:
+        if sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.clock()
+
+    def epoch_started(self, validated: bool = False) -> None:
+        """A new epoch: the stretch of timed steps closed at the last one's end; the end itself is timed."""
+        if self.plan is None and self.epoch_end is not None:
+            self.gaps.append((self.clock() - self.epoch_end, validated))
+        self.last = self.epoch_end = None
+
+    def after_step(self, step: int, epoch_steps: int, done_steps: int) -> bool:
+        """Time the step that just ended; True when this step fixed the plan."""
+        if self.plan is not None:
+            return False
+        self.seen += 1
+        ends_epoch = step >= epoch_steps
+        rushed = self.world_size == 1 and self.clock() - self.started >= self.RUSHED * self.budget_s  # slow steps: time what there is
+        skip = self.seen <= self.SKIP and not rushed
+        if skip or self.last is None:  # one-off costs, or a stretch opens (synchronised)
+            self.last = None if skip else self._now(sync=True)
+            if ends_epoch:
+                self.epoch_end = self.last = self._now(sync=True) if self.last is None else self.last
+                self.last = None
+            return self._fallback(done_steps)
+        now = self._now(sync=ends_epoch)  # a stretch closes synchronised at the epoch's end
+        self.window_t += now - self.last
+        self.window_n += 1
+        self.last = None if ends_epoch else now
+        if ends_epoch:
+            self.epoch_end = now
+        if self.world_size > 1:  # every process must fix its plan at the same step
+            done = self.window_n >= 20
+        else:
+            done = (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s) or self.window_n >= self.MAX_STEPS \
+                or rushed
+        if not done:
+            return False
+        if not ends_epoch:
+            synced = self._now(sync=True)
+            self.window_t += synced - now
+        self.fix(done_steps)
+        return True
+
+    def _fallback(self, done_steps: int) -> bool:
+        """Epochs too short to time a step in (one step each): plan from the whole run's rate after a while."""
+        if self.window_n == 0 and self.seen >= self.SKIP + 20:
+            self.fix(done_steps)
+            return True
+        return False
+
+    def fix(self, done_steps: int, collective: bool = True) -> None:
+        """Fix the plan now, from the steps timed so far (or, with none, from the whole run's rate).
+
+        ``collective``: every DDP process calls this at the same step (False: only this one, which is stopping)."""
+        elapsed = self._now(sync=True) - self.started
+        step_s = self.window_t / self.window_n if self.window_n else elapsed / max(done_steps, 1)
+        val_s, end_s = self.measure_eval(), self.measure_checkpoint()
+        plain = [g for g, validated in self.gaps if not validated]
+        with_val = [g for g, validated in self.gaps if validated]
+        end_s = min(plain) if plain else end_s  # an epoch end that happened is better than an estimate
+        val_s = max(min(with_val) - end_s, 0.0) if with_val else val_s
+        elapsed = self.clock() - self.started
+        total = plan_steps(budget_s=self.budget_s * (1 - self.MARGIN), elapsed_s=elapsed, done_steps=done_steps,
+                           step_s=step_s, steps_per_epoch=self.steps_per_epoch,
+                           max_steps=self.max_epochs * self.steps_per_epoch, epoch_end_s=end_s, val_s=val_s,
+                           eval_every=self.eval_every)  # fmt: skip
+        if self.world_size > 1 and collective:
+            t = torch.tensor([total], dtype=torch.long, device=self.device if self.device.type == "cuda" else "cpu")
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            total = int(t.item())
+        self.schedule.fit_to(total, self.steps_per_epoch, self.warmup_epochs)
+        self.plan = {"budget_s": self.budget_s, "total_steps": total, "epochs": total / self.steps_per_epoch,
+                     "steps_per_epoch": self.steps_per_epoch, "fixed_at_step": done_steps, "fixed_at_s": round(elapsed, 3),
+                     "step_s": step_s, "timed_steps": self.window_n, "validation_s": val_s, "checkpoint_s": end_s,
+                     "timed_epoch_ends": len(self.gaps), "capped_by_epochs": total == self.max_epochs * self.steps_per_epoch}  # fmt: skip
+
+    def record(self) -> dict[str, Any] | None:
+        """The plan as the checkpoint and the log keep it (with the seconds used so far), or None before it is fixed."""
+        if self.plan is None:
+            return None
+        return {**self.plan, "used_s": round(self.clock() - self.started, 3)}
+
+    def describe(self) -> str:
+        p = self.plan
+        capped = f"; capped by optim.epochs={self.max_epochs}" if p["capped_by_epochs"] else ""
+        return (f"time budget {format_duration(p['budget_s'])}: {p['epochs']:.1f} epochs fit ({p['total_steps']} steps of "
+                f"{p['step_s'] * 1e3:.1f} ms over {p['timed_steps']} timed steps; validation ~{format_duration(p['validation_s'])}"
+                f" and checkpoint ~{format_duration(p['checkpoint_s'])} per epoch{capped}); the schedule ends at step "
+                f"{p['total_steps']}")  # fmt: skip
+
+    def ending_note(self, used_s: float) -> str:
+        p = self.plan or {}
+        if self.resumed:
+            return (f"time budget {format_duration(self.budget_s)}: the resumed run ended the schedule its first call fixed "
+                    f"({p.get('epochs', 0):.2f} epochs, {p.get('total_steps')} steps)")
+        return (f"time budget {format_duration(self.budget_s)}: the schedule ended after {p.get('epochs', 0):.2f} epochs "
+                f"({p.get('total_steps')} steps) in {format_duration(used_s)} ({100 * used_s / self.budget_s:.1f}% of it)")

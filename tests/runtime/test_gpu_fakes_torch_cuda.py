@@ -1,0 +1,177 @@
+"""The torch CUDA backend on the CPU (the rest of the GPU backends' fakes: tests/runtime/test_gpu_fakes.py): its runner
+on a fake device (CPU tensors), CUDA graphs per unit and batch size, the TF32 / fp32 precision policy.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from hne_edge.runtime import AnytimeRunner
+from hne_edge.runtime.backends import create_backend
+
+from runtime_fakes import every_stop_twice_and_an_interleaved_session  # noqa: E402
+
+FP32 = dict(rtol=1e-4, atol=1e-4)
+FP16 = dict(rtol=1e-2, atol=3e-2)  # fp16 end to end vs the fp32 (or float64) fused model, O(1) logits
+
+
+# -- the torch CUDA backend's logic on a fake device (CPU tensors) ---------------------------------
+
+
+def _count_calls(runner, dev):
+    """{phase: module calls} for every unit module of ``runner`` (eager, capture, replay)."""
+    counts = {"eager": 0, "capture": 0, "replay": 0}
+    for r in runner._runners:
+        r.module.register_forward_pre_hook(lambda m, a: counts.__setitem__(dev.phase, counts[dev.phase] + 1))
+    return counts
+
+
+@pytest.mark.parametrize("plan", ["segments", "nodes"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_torch_cuda_runner_logic_on_a_fake_device(tiny_bundle, reference64, fake_torch_cuda, plan, cuda_graph, precision):
+    """The real TorchCudaBackend / Runner on CPU tensors: fp16 from fp32 weights, channels-last, graphs by
+    default (captured at construction, replayed from the first frame), every prefix vs the float64 model."""
+    import torch
+
+    x, ref = reference64
+    tol = FP16 if precision == "fp16" else FP32
+    options = {} if cuda_graph else {"cuda_graph": False}  # graphs are the default
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan=plan, precision=precision,
+                       load_profile=False, **options) as runner:  # fmt: skip
+        (dev,) = fake_torch_cuda
+        n_units = len(runner._runners)
+        info = runner.backend.describe()
+        assert info["cuda_graph"] is cuda_graph and info["allow_tf32"] is False and info["gpu"].startswith("FakeGPU")
+        want = torch.float16 if precision == "fp16" else torch.float32
+        for r in runner._runners:
+            assert {p.dtype for p in r.module.parameters()} == {want}
+            assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in r.module.modules())
+            convs = [m for m in r.module.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)]
+            assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+        # the construction warm-up (batch 1, the bundle's optimal size) ran each unit once, eagerly, captured it and
+        # launched the new graph once (a graph's first launch uploads it: not in a frame)
+        assert dev.captures == dev.replays == (n_units if cuda_graph else 0)
+        counts = _count_calls(runner, dev)
+        r1 = runner.run(x[:1])  # the first real frame: replays only
+        np.testing.assert_allclose(r1.logits, ref[:1].mean(1), **tol)
+        assert counts == ({"eager": 0, "capture": 0, "replay": n_units} if cuda_graph else {"eager": n_units, "capture": 0, "replay": 0})
+        # a new batch size: its first frame computes each unit once (eagerly), capturing after; then replays
+        for n in range(1, runner.num_leaves + 1):
+            for k in range(2):
+                before = dict(counts)
+                r = runner.run(x, max_leaves=n)
+                np.testing.assert_allclose(r.logits, ref[:, :n].mean(1), **tol)
+                assert r.logits.dtype == np.float32
+                if n == runner.num_leaves and k == 1 and cuda_graph:
+                    assert counts["eager"] == before["eager"] and counts["replay"] > before["replay"]
+        assert counts["eager"] == (n_units if cuda_graph else counts["eager"])  # each unit's new shape: once eagerly
+        # a paused session holds graph outputs while frames of the same batch size run (they go eager), then resumes
+        s = runner.start(x)
+        s.step()
+        other = runner.run(x[::-1].copy())
+        np.testing.assert_allclose(other.logits, ref[::-1].mean(1), **tol)
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref.transpose(1, 0, 2), **tol)
+        if cuda_graph:
+            assert dev.captures == 2 * n_units  # batch 1 (construction) and batch 3
+        prof = runner.profile(batch_sizes=(3,), warmup=0, repeats=1, save=False)
+        assert all(u["median_ms"] == 1.0 for u in prof.batches[3]["units"].values())  # the fake's CUDA events
+
+
+@pytest.mark.parametrize("plan", ["subtrees", "fused", "mixed"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_torch_cuda_graph_per_unit_and_batch_size_for_steps_of_several_leaves(steps_bundle, reference64, fake_torch_cuda,
+                                                                             plan, cuda_graph):  # fmt: skip
+    """Plans subtrees / fused / mixed on the torch CUDA backend (fake device): the construction warm-up runs every
+    route, so every unit (the mixed runner's subtrees and tree too) is captured once per batch size and real
+    frames replay; every stop against the float64 model."""
+    x, ref = reference64
+    options = {} if cuda_graph else {"cuda_graph": False}
+    with AnytimeRunner(steps_bundle, backend="torch", device="cuda", plan=plan, load_profile=False, **options) as runner:
+        (dev,) = fake_torch_cuda
+        n_units = len(runner._runners)
+        assert dev.captures == (n_units if cuda_graph else 0)  # batch 1 at construction, every route
+        counts = _count_calls(runner, dev)
+        for n in runner.stops:
+            np.testing.assert_allclose(runner.run(x[:1], max_leaves=n).logits, ref[:1, :n].mean(1), **FP32)
+        if cuda_graph:
+            assert counts["eager"] == 0 and counts["replay"] > 0  # batch 1: replays only
+        every_stop_twice_and_an_interleaved_session(runner, x, ref)
+        if cuda_graph:
+            used = {r.name for r in runner._runners}  # every unit ran at batch 3 too (the mixed one: by its choice)
+            assert n_units < dev.captures <= 2 * len(used)
+
+
+def _tf32_flags():
+    import torch
+
+    b = torch.backends
+    return (b.cudnn.conv.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.benchmark)  # matmul: never touched
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_torch_cuda_tf32_policy_is_scoped_to_the_backends_calls(tiny_bundle, fake_torch_cuda, allow_tf32):
+    """Inside every unit call (eager and capture): TF32 off for convolutions unless allow_tf32, cudnn.benchmark
+    on, matmul as the user set it; outside: exactly the user's process-wide settings, whatever they were."""
+    import torch
+
+    saved = _tf32_flags()
+    try:
+        torch.backends.cudnn.conv.fp32_precision = "tf32"  # the user's choices, to be left alone
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.benchmark = False
+        user = _tf32_flags()
+        seen = set()
+        with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", allow_tf32=allow_tf32,
+                           load_profile=False, warmup=0) as runner:  # fmt: skip
+            (dev,) = fake_torch_cuda
+
+            def record(module, args):  # a replay runs captured kernels: torch's flags play no part in it
+                if dev.phase != "replay":
+                    seen.add((dev.phase, *_tf32_flags()))
+
+            for r in runner._runners:
+                r.module.register_forward_pre_hook(record)
+            x = np.zeros((2, 3, 16, 16), np.float32)
+            runner.run(x)  # eager + capture
+            assert _tf32_flags() == user
+            runner.run(x)  # replays (no flags needed: the kernels were chosen at capture)
+            assert _tf32_flags() == user
+        mode = "tf32" if allow_tf32 else "ieee"
+        assert seen == {("eager", mode, "tf32", True), ("capture", mode, "tf32", True)}
+        torch.backends.cudnn.conv.fp32_precision = "ieee"  # the user changes their mind: still theirs afterwards
+        with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", cudnn_benchmark=None,
+                           cuda_graph=False, load_profile=False, warmup=0) as runner:  # fmt: skip
+            runner.run(x)
+            assert _tf32_flags() == ("ieee", "tf32", False)
+    finally:
+        torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.benchmark = saved
+
+
+def test_fp32_policy_on_a_torch_without_the_fp32_precision_api():
+    """torch < 2.9 has only the allow_tf32 flags: the policy sets and restores those (nested entries too)."""
+    from hne_edge.runtime.backends.torch_cuda import Fp32Policy
+
+    cudnn = types.SimpleNamespace(allow_tf32=True, benchmark=False)
+    fake = types.SimpleNamespace(backends=types.SimpleNamespace(cudnn=cudnn))
+    policy = Fp32Policy(fake, allow_tf32=False, cudnn_benchmark=True)
+    with policy:
+        assert (cudnn.allow_tf32, cudnn.benchmark) == (False, True)
+        with policy:
+            pass
+        assert (cudnn.allow_tf32, cudnn.benchmark) == (False, True)
+    assert (cudnn.allow_tf32, cudnn.benchmark) == (True, False)
+    cudnn.allow_tf32 = False
+    with Fp32Policy(fake, allow_tf32=True, cudnn_benchmark=None):
+        assert (cudnn.allow_tf32, cudnn.benchmark) == (True, False)
+    assert (cudnn.allow_tf32, cudnn.benchmark) == (False, False)
+
+
+def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):
+    with pytest.raises(ValueError, match="graph_warmup: received 0; expected >= 1"):
+        create_backend("torch", device="cuda", graph_warmup=0)
