@@ -555,8 +555,9 @@ class StageRuns:
                 return f"{objective}: {r['status']}" + (f" ({r.get('error', '')[:200]})" if r.get("error") else "")
             acc = r.get("accuracy_pct") or {}
             shown = " / ".join(f"n={n} {acc[str(n)]:.1f}%" for n in (1, 2, 4, 8, 16) if str(n) in acc)
+            why = f" (stopped by {r.get('error', '')[:300]})" if r["status"] == "partial" and r.get("error") else ""
             return (f"{objective}: {r['status']}, {r.get('epochs') or 0:.1f} epochs, {r.get('images_seen') or 0:,} images at "
-                    f"{r.get('images_per_s') or 0:,.0f} img/s; held out {shown}")  # fmt: skip
+                    f"{r.get('images_per_s') or 0:,.0f} img/s; held out {shown}{why}")  # fmt: skip
 
         result.summary = "; ".join(line(o, r) for o, r in runs.items()) + (" (--smoke: CPU, hne_tiny)" if self.args.smoke else "")
 

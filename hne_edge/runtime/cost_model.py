@@ -82,6 +82,15 @@ on an H200) is in a ``run()``'s budget but in no step. :attr:`_BatchModel.entry`
 ``window`` of them, and the forced first step is judged with it (whether an overrun was forced). The next steps
 need no such term: each is decided at the time it would start.
 
+**A run's own work after its last step** (that step's cost-model update, :meth:`_BatchModel.observe`, and the
+session's wrap-up) is in the budget too, and in no step: the last decision is taken before it. Left out, a frame
+whose last step ended inside its budget missed it anyway: a virtual-clock replay of the second H200 run's recorded
+steps (mixed, batch 1) charging each update 60 us misses 3.6-4.9% of budgets, as that run's 6.0% (whose host, at
+load 57 on 16 CPUs, also ran its frames 1.2x slower than their profile). :attr:`_BatchModel.exit` is the
+``quantile`` of the last ``window`` of them; a step starts only when it and that work after it fit
+(:mod:`.session`), and a forced overrun is judged with it too. (The update after any other step is in the next
+step's measured time, so in its prediction.)
+
 Queries: :meth:`CostModel.predict_step` (what a step is predicted to cost at a batch size: what a budget must
 fit) and :meth:`CostModel.median_step` (its median estimate: what speeds are compared by).
 
@@ -181,6 +190,27 @@ def _warn_doubtful(doubtful: dict[int, float], base: Sequence[float], name: str,
     )  # fmt: skip
 
 
+class _RecentQuantile:
+    """The ``q`` quantile (nearest rank) of the last ``window`` values pushed: a ring and a sorted copy, so a push is
+    a bisect, not a sort (a run's entry and exit times, :class:`_BatchModel`)."""
+
+    __slots__ = ("q", "window", "ring", "sorted")
+
+    def __init__(self, q: float, window: int) -> None:
+        self.q, self.window = q, window
+        self.ring: deque[float] = deque()
+        self.sorted: list[float] = []
+
+    def push(self, value: float) -> float:
+        """Add ``value`` (the oldest leaves a full window); return the quantile."""
+        ring, srt = self.ring, self.sorted
+        if len(ring) == self.window:
+            del srt[bisect.bisect_left(srt, ring.popleft())]
+        ring.append(value)
+        bisect.insort(srt, value)
+        return srt[min(len(srt) - 1, math.ceil(self.q * len(srt)) - 1)]
+
+
 class _BatchModel:
     """Predictions and online updates for one batch size. Hot path: ``observe`` (a few us) and ``pred``.
 
@@ -237,10 +267,10 @@ class _BatchModel:
         self.peers = [[j for j in range(n) if j != i and self.macs[j] == self.macs[i]] for i in range(n)]
         self.b0_ref = self.base[0]  # leaf 0's base at the last full refresh
         self.full = _INF  # the whole tree's median cost (sum of the bases), once every leaf is known
-        # a run()'s own work before its first step (input check, the image's upload): in the budget, in no step
-        self.entry = 0.0  # its predicted quantile (seconds; 0 until observed)
-        self.entries: deque[float] = deque()
-        self.entries_sorted: list[float] = []
+        # a run()'s own work before its first step (input check, the image's upload) and after its last one (that
+        # step's update here, the wrap-up): in the budget, in no step; their predicted quantiles (seconds; 0 until observed)
+        self.entry = self.exit = 0.0
+        self.entries, self.exits = _RecentQuantile(self.q, self.window), _RecentQuantile(self.q, self.window)
         # the max of n samples estimates about the 1 - 1/n quantile: it bounds a q-quantile prediction
         # only from 1 / (1 - q) samples on (100 for 0.99); fewer would under-predict rarely run leaves
         self.tail_min = max(self.min_samples, math.ceil(1 / (1 - self.q)) if self.q < 1 else 10**9)
@@ -281,12 +311,13 @@ class _BatchModel:
         ``quantile`` of the last ``window`` of them (nearest rank). The forced first step is judged with it:
         on a GPU the upload is a synchronous copy of ~0.05 ms, as much as a budget near the first leaf has
         to spare (measured in virtual-clock replays: 2% misses at 0.05 ms when ignored)."""
-        ring, srt = self.entries, self.entries_sorted
-        if len(ring) == self.window:
-            del srt[bisect.bisect_left(srt, ring.popleft())]
-        ring.append(seconds)
-        bisect.insort(srt, seconds)
-        self.entry = srt[min(len(srt) - 1, math.ceil(self.q * len(srt)) - 1)]
+        self.entry = self.entries.push(seconds)
+
+    def observe_exit(self, seconds: float) -> None:
+        """A run()'s time from the end of its last step to its end (that step's :meth:`observe`, the session's
+        wrap-up): :attr:`exit` becomes the ``quantile`` of the last ``window`` of them. Every start decision leaves
+        room for it (the step started may be the frame's last)."""
+        self.exit = self.exits.push(seconds)
 
     def observe(self, leaf: int, seconds: float) -> None:
         base = self.base[leaf]

@@ -204,7 +204,7 @@ class _Unobserved:
     """The cost model of warm-up and profiling passes: predicts nothing, learns nothing."""
 
     pred = None
-    entry = 0.0
+    entry = exit = 0.0
 
     @staticmethod
     def observe(step: int, seconds: float) -> None:
@@ -212,6 +212,10 @@ class _Unobserved:
 
     @staticmethod
     def observe_entry(seconds: float) -> None:
+        pass
+
+    @staticmethod
+    def observe_exit(seconds: float) -> None:
         pass
 
 
@@ -439,28 +443,34 @@ class AnytimeSession:
         and (mixed programs) nothing can cancel or refine it: the whole-tree step may be taken.
         ``on_unit``: called in place of each unit call, e.g. to time it.
         """
-        # a run()'s own work before its first step (input check, upload) is in the budget: learned frame by frame, and
-        # part of what the forced leaves take when the forced-miss label is judged (as predicted when the call began)
+        # a run()'s own work before its first step (input check, upload) and after its last (that step's cost-model
+        # update, the wrap-up) is in the budget: learned frame by frame, and part of what the forced leaves take when
+        # the forced-miss label is judged (as predicted when the call began)
         model = self._model
         entry = final and self._next == 0 and hasattr(model, "observe_entry")  # (stand-in models may lack it)
-        entry_s = model.entry if entry else 0.0
+        entry_s, exit_s = (model.entry if entry else 0.0), getattr(model, "exit", 0.0)
         if entry:
             model.observe_entry(self._clock() - t0)
         start = self._next
         if self.done:
             reason = "cancelled" if self._cancelled else ("complete" if self._next >= self._num_leaves else "closed")
-            t_forced = t0
+            t_forced = t_end = t0
         else:
-            reason, t_forced = self._loop(stop_at, n_stop, n_min, stop_when, final, on_unit)
+            reason, t_forced, t_end = self._loop(stop_at, n_stop, n_min, stop_when, final, on_unit)
         if final:
             self._cache = None
         t1 = self._clock()
         self._elapsed += t1 - t0
-        # a forced miss: the forced leaves overran a budget shorter than what they take 9 times in 10 (their own
-        # measured p90); over a budget that holds them, the miss is the run's (a pre-emption, a busy machine).
-        # Computed only for a frame whose forced leaves overran (the p90 sorts a leaf's recent times)
-        overran = stop_at is not None and t_forced > stop_at and t0 + entry_s + self._forced_cost(start, n_min) > stop_at
-        self._status = (stop_at is None or t1 <= stop_at, overran, budget_ms, reason)
+        if entry and self._next > start and hasattr(model, "observe_exit"):
+            model.observe_exit(t1 - t_end)
+        # a forced miss: the forced leaves (the frame's last steps, or overrunning it) and the run's own work before and
+        # after them overran a budget shorter than what they take 9 times in 10 (the leaves' own measured p90; the
+        # entry's and exit's predicted quantile); over a budget that holds them, the miss is the run's (a pre-emption,
+        # a busy machine). Computed only for a frame that missed (the p90 sorts a leaf's recent times)
+        missed = stop_at is not None and t1 > stop_at
+        overran = (missed and (t_forced > stop_at or t_forced == t_end)
+                   and t0 + entry_s + self._forced_cost(start, n_min) + exit_s > stop_at)  # fmt: skip
+        self._status = (not missed, overran, budget_ms, reason)
 
     def _forced_cost(self, start: int, n_min: int) -> float:
         """Seconds the forced steps of a call from leaf ``start`` to ``n_min`` leaves take 9 times in 10: the p90 of each step's
@@ -493,12 +503,14 @@ class AnytimeSession:
         stop_when: Callable[[np.ndarray], bool] | None,
         final: bool = False,
         on_unit: UnitHook | None = None,
-    ) -> tuple[str, float]:
-        """Evaluate steps from leaf ``self._next`` up to ``n_stop``; return (why it stopped, time the forced leaves ended).
+    ) -> tuple[str, float, float]:
+        """Evaluate steps from leaf ``self._next`` up to ``n_stop``; return (why it stopped, time the forced leaves ended,
+        time the last step ended).
 
         The step at position ``n`` is the program's (mixed programs: :func:`~.program.choose`'s); it is
         started only if ``n < n_min`` (forced) or all of: not cancelled, ``stop_when`` does not fire, and
-        ``now + predicted[step] <= stop_at``.
+        ``now + predicted[step] + exit <= stop_at``, ``exit`` being the cost model's prediction of the frame's own
+        work after its last step (that step's update: the last decision comes before it).
         """
         cache = self._cache
         if cache is None:
@@ -516,6 +528,7 @@ class AnytimeSession:
         out = self._leaf_logits
         pred, observe = self._model.pred, self._model.observe
         median, known = getattr(self._model, "base", None), getattr(self._model, "known", None)  # mixed programs
+        decide_at = None if stop_at is None else stop_at - getattr(self._model, "exit", 0.0)  # room for the exit
         n = self._next
         now = clock()
         t_forced = now
@@ -523,7 +536,7 @@ class AnytimeSession:
         while n < n_stop:
             j = at[n]
             if alts is not None and alts[n]:
-                j = choose(program, n, now, stop_at, pred, median, known, n_stop, n_min, whole and n == 0, stop_when is None)
+                j = choose(program, n, now, decide_at, pred, median, known, n_stop, n_min, whole and n == 0, stop_when is None)
             if n >= n_min:
                 if self._cancelled:
                     reason = "cancelled"
@@ -531,7 +544,7 @@ class AnytimeSession:
                 if stop_when is not None and n and stop_when(out[:n]):
                     reason = "stop_when"
                     break
-                if stop_at is not None and now + pred[j] > stop_at:
+                if decide_at is not None and now + pred[j] > decide_at:
                     reason = "budget"
                     break
             step = steps[j]
@@ -549,4 +562,4 @@ class AnytimeSession:
             reason = "cancelled"
         if n >= num_leaves:
             self._cache = None  # nothing left to compute: free the image too
-        return reason, t_forced
+        return reason, t_forced, now

@@ -110,7 +110,8 @@ def test_profile_and_bench_print_progress_without_a_terminal(cli_bundle, tmp_pat
     assert any(line.startswith("accuracy: 6/6 frames (100%)") for line in proc.stderr.splitlines()), proc.stderr
     quiet = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "1", "--out", str(tmp_path / "q"),
                     "--quiet", check=True)  # fmt: skip
-    assert quiet.stderr == ""
+    # --quiet silences progress, not warnings: on a loaded machine the runner may say its profile is slower here
+    assert not [line for line in quiet.stderr.splitlines() if line.startswith(("bench: ", "accuracy: ", "profile: "))], quiet.stderr
 
 
 def test_run_batch_size_past_the_bundles_range_names_what_was_asked(tiny_bundle, tmp_path):

@@ -2,16 +2,20 @@
 
 Traces (``tests/data/steps_*.json``, the format of ``benchmarks/record_steps.py``): frame ``r`` holds every step's
 time of the mixed program of hne_resnet_small, and optionally ``entry_ms[r]``, a run()'s own time before its first
-step (input check, upload). ``steps_hne_resnet_small_ort_cpu_b1.json`` was recorded on ONNX Runtime CPU;
-``steps_hne_resnet_small_gpu_like_b1.json`` is built by ``benchmarks/gpu_like_steps.py`` from the H200's figures
-(first leaf 0.62 ms, whole tree in one graph 1.24 ms, launch-bound, heavy tails, phases, modes, a 0.06 ms upload);
-a real GPU's recording (the acceptance run's ``record-steps`` stage) is replayed the same way once it is here.
-The fake backend computes the tree; each call costs its recorded time in frame ``k`` of the virtual clock.
+step (input check, upload), ``update_ms[r]``, one update of the cost model (what a run() does after each step it
+times) and ``first_ms[r]``, the export-free first-leaf file. ``steps_hne_resnet_small_ort_cpu_b1.json`` was
+recorded on ONNX Runtime CPU; ``steps_hne_resnet_small_gpu_like_b1.json`` is built by
+``benchmarks/gpu_like_steps.py`` from the first H200 run's figures; ``steps_hne_resnet_small_torch_cuda_b{1,16}.json``
+were recorded on an NVIDIA H200 by the acceptance run's ``record-steps`` stage (2026-11-26 23:38 UTC, commit 13a352c,
+load average 35-57 on its 16 CPUs; 224 and 20 frames). The fake backend computes the tree; each call costs its
+recorded time in frame ``k`` of the virtual clock, the upload the frame's entry and each cost-model update its
+``update_ms`` (``UPDATE_S`` for traces recorded without it).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -25,32 +29,68 @@ from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle
 DATA = Path(__file__).resolve().parents[1] / "data"
 CPU_TRACE = DATA / "steps_hne_resnet_small_ort_cpu_b1.json"
 GPU_LIKE = DATA / "steps_hne_resnet_small_gpu_like_b1.json"
-PROFILE_FRAMES = 100  # frames 0-99 feed the profile; budgeted frames are drawn from the rest
+H200_B1 = DATA / "steps_hne_resnet_small_torch_cuda_b1.json"
+PROFILE_FRAMES = 100  # frames 0-99 feed the profile; budgeted frames are drawn from the rest (a short trace: half each)
+# One cost-model update's host time where a trace did not record it: 3x its median on this project's 2-core machine
+# (_BatchModel.observe: 9 us median, 43 us p99 at load 2-6), for a GPU host busier than that (the H200's: load 35-57)
+UPDATE_S = 30e-6
+# the first-leaf file / leaf 0's chain where a trace did not record the file: the H200 run's standalone network
+# (0.543 ms, bench_gpu) over leaf 0's chain (0.615 ms, record_steps), same image, same GPU
+FIRST_LEAF_SHARE = 0.88
 
 
 @pytest.fixture(scope="module")
 def bundle16(tmp_path_factory):
     return make_fake_bundle(tmp_path_factory.mktemp("deadlines") / "b", branching=(1, 2, 2, 2, 2), classes=4,
-                            plans=("segments", "subtrees", "fused"))  # fmt: skip
+                            plans=("segments", "subtrees", "fused", "first"))  # fmt: skip
 
 
 class Trace:
-    """A steps_*.json trace: ``times[k, j]`` seconds of recorded step ``j`` in frame ``k``, ``entry[k]`` seconds."""
+    """A steps_*.json trace: ``times[k, j]`` seconds of recorded step ``j`` in frame ``k``; ``entry[k]``,
+    ``update[k]`` and ``first[k]`` seconds (recorded, or their stand-ins: 0, ``UPDATE_S``, ``FIRST_LEAF_SHARE``).
+
+    Frames ``0 .. profile_frames - 1`` feed the profile and the rest the budgeted frames: ``PROFILE_FRAMES`` of them,
+    or half a trace shorter than twice that (:attr:`short`; a one-frame trace serves both). Budgeted frames are drawn
+    with replacement from the rest (resampled, not cycled: a recording is one run's frames, in no order that a replay
+    should repeat), so a 20-frame trace (the H200's batch 16) replays its last 10 frames about 100 times each in 1000
+    frames: its miss rate says less than a long trace's, and the tests that replay it say so."""
 
     def __init__(self, path: Path) -> None:
         data = json.loads(path.read_text())
         self.path = path
         self.names = [s["name"] for s in data["steps"]]
         self.times = np.asarray(data["frames_ms"]) / 1e3
-        self.entry = np.asarray(data.get("entry_ms", [0.0] * len(self.times))) / 1e3
+        frames = len(self.times)
+        self.entry = np.asarray(data.get("entry_ms", [0.0] * frames)) / 1e3
+        self.update = np.asarray(data.get("update_ms", [UPDATE_S * 1e3] * frames)) / 1e3
+        self.first = np.asarray(data["first_ms"]) / 1e3 if "first_ms" in data else self.times[:, 0] * FIRST_LEAF_SHARE
+        if frames == 0:
+            raise ValueError(f"{path.name}: no frames in frames_ms; expected at least one recorded frame")
+        self.profile_frames = max(1, min(PROFILE_FRAMES, frames // 2))
+        self.budgeted = range(self.profile_frames if frames > 1 else 0, frames)  # the frames budgets are drawn from
+        self.short = frames < 2 * PROFILE_FRAMES  # fewer frames than a replay wants: some replayed many times
+
+    def draw(self, rng) -> int:
+        """A budgeted frame, drawn with replacement."""
+        return self.budgeted[int(rng.integers(len(self.budgeted)))]
+
+    def describe(self) -> str:
+        """The trace as an assertion message names it (a short one says how short)."""
+        note = f"; short: {len(self.times)} frames, budgets drawn from {len(self.budgeted)}" if self.short else ""
+        return f"{self.path.name}{note}"
 
     def column(self, unit_name: str) -> int:
-        """The recorded step a fake file's call costs: its own, or (plan subtrees) leaf 0's / leaf 1's chain."""
+        """The recorded step a fake file's call costs: its own, or (plan subtrees) leaf 0's / leaf 1's chain
+        (-2: the first-leaf file, :attr:`first`)."""
         name = unit_name.split("fp32/")[-1]
-        return {"subtrees/unit00.onnx": 0, "subtrees/unit01.onnx": 1}.get(name, self.names.index(name) if name in self.names else -1)
+        special = {"subtrees/unit00.onnx": 0, "subtrees/unit01.onnx": 1, "first/leaf00.onnx": -2}
+        return special.get(name, self.names.index(name) if name in self.names else -1)
+
+    def cost(self, k: int, column: int) -> float:
+        return self.first[k] if column == -2 else self.times[k, column]
 
     def full_ms(self, plan: str) -> float:
-        """The median of the plan's unbudgeted full run, entry included (the top of the benchmarks' budgets)."""
+        """The median of the plan's unbudgeted full run, entry included."""
         cols = {"segments": range(16), "subtrees": [0, 1, *(self.names.index(f"subtrees/unit0{i}.onnx") for i in (2, 3, 4))],
                 "mixed": [self.names.index("fused/tree.onnx")], "fused": [self.names.index("fused/tree.onnx")]}[plan]  # fmt: skip
         return float(np.median(self.times[:, list(cols)].sum(1) + self.entry))
@@ -59,26 +99,45 @@ class Trace:
         return float(np.median(self.times[:, 0] + self.entry))
 
 
-def replay(bundle, plan, trace: Trace, frames: int, budgets=None, seed: int = 0, profile_repeats: int = 30, **runner_kw):
-    """``plan`` on the fake backend, every call costing its recorded time in frame ``k`` (virtual clock), the image's
-    upload costing frame ``k``'s entry: profiled on frames 0-99 (each call draws one), then ``frames`` budgeted frames
-    drawn from 100 on, budgets uniform in ``budgets`` (seconds; default: as bench_gpu.py, from the first leaf to the
-    plan's own full tree, both as run() pays them). Returns [(k, budget, result)], the runner."""
+def replay(bundle, plan, trace: Trace, frames: int, budgets=None, seed: int = 0, profile_repeats: int = 10,
+           paired: int = 30, **runner_kw):  # fmt: skip
+    """``plan`` on the fake backend as ``benchmarks/bench_gpu.py`` runs it, every call costing its recorded time in
+    frame ``k`` (virtual clock), the image's upload frame ``k``'s entry and each cost-model update its ``update``:
+    profiled on the trace's profile frames (each call draws one), then ``paired`` unbudgeted full runs and first-leaf
+    runs (bench_gpu's paired timings: the medians are its budget range), then ``frames`` budgeted frames resampled
+    from the rest, budgets uniform in ``budgets`` (seconds; default bench_gpu's: from the first-leaf run to the full
+    run, as measured here). ``profile_repeats``: the acceptance run's bench-gpu stage's. Returns [(k, budget, result)],
+    the runner."""
     m = read_manifest(bundle)
     backend = FakeBackend(m.tree, m.num_classes, cost=lambda node, batch: 0.0)
     runner = AnytimeRunner(bundle, backend=backend, plan=plan, load_profile=False, warmup=0, **runner_kw)
     frame, draw, rng = {"k": 0}, np.random.default_rng(seed), np.random.default_rng(seed + 1)
-    columns = {r.name: trace.column(r.name) for r in runner._runners}
-    real = lambda unit, batch: trace.times[frame["k"], columns[unit.name]]  # noqa: E731
-    backend.call_cost = lambda unit, batch: (frame.__setitem__("k", int(draw.integers(PROFILE_FRAMES))), real(unit, batch))[1]
+    columns = {r.name: trace.column(r.name) for r in [*runner._runners, runner._first_runner] if r is not None}
+    real = lambda unit, batch: trace.cost(frame["k"], columns[unit.name])  # noqa: E731
+    backend.call_cost = lambda unit, batch: (frame.__setitem__("k", int(draw.integers(trace.profile_frames))), real(unit, batch))[1]
     runner.profile(warmup=0, repeats=profile_repeats, save=False)
     backend.call_cost = real
     backend.upload_cost = lambda batch: trace.entry[frame["k"]]
-    lo, hi = budgets or (trace.first_ms(), trace.full_ms(plan))
-    out = []
+    model = runner.cost.for_batch(1)
+    update = model.observe  # the host's time per update, on the virtual clock
+
+    def timed_update(step: int, seconds: float) -> None:
+        update(step, seconds)
+        backend.clock.t += trace.update[frame["k"]]
+
+    model.observe = timed_update
     x = np.zeros((1, C, H, W), np.float32)
+
+    def elapsed(**kw) -> float:
+        frame["k"] = trace.draw(rng)
+        return runner.run(x, **kw).elapsed_ms / 1e3
+
+    full_first = [(elapsed(), elapsed(max_leaves=1)) for _ in range(paired)]
+    lo, hi = budgets or (statistics.median(f for _, f in full_first), statistics.median(f for f, _ in full_first))
+    lo, hi = min(lo, hi), max(hi, 1.5 * min(lo, hi))  # as bench_gpu.deadlines
+    out = []
     for _ in range(frames):
-        frame["k"] = k = int(rng.integers(PROFILE_FRAMES, len(trace.times)))
+        frame["k"] = k = trace.draw(rng)
         budget = rng.uniform(lo, hi)
         out.append((k, budget, runner.run(x, budget_ms=budget * 1e3)))
     return out, runner
@@ -105,12 +164,13 @@ GPU_TRACES = sorted({*DATA.glob("steps_*gpu*.json"), *DATA.glob("steps_*cuda*.js
 @pytest.mark.parametrize("plan", ["subtrees", "mixed"])
 def test_gpu_deadlines_miss_at_most_1_percent(bundle16, plan, path):
     """Issue 26: on the H200, subtrees missed 2-4% and mixed 4-8% of budgets uniform in [first leaf, the plan's full
-    tree]. Replaying GPU timings the same way: <= 1%. And what met its budget, an oracle paying the same upload
-    fits too."""
+    tree]; on its second run mixed at batch 1 still missed 6.0%. Replaying GPU timings the same way (the recorded
+    ones, every cost-model update paid on the virtual clock): <= 1%. And what met its budget, an oracle paying the
+    same upload fits too."""
     trace = Trace(path)
     frames = 1000
     results, runner = replay(bundle16, plan, trace, frames)
-    assert misses(results) <= 0.01 * frames, misses(results)
+    assert misses(results) <= 0.01 * frames, (misses(results), trace.describe())
     program = runner._program
     for k, budget, r in results[:300]:  # what met its budget, an oracle paying the same upload fits too
         if r.met_budget:
@@ -132,6 +192,75 @@ def test_the_cause_a_run_pays_its_upload_before_the_forced_first_step(bundle16, 
     missed = [r for _, _, r in results if not r.met_budget and not r.overran_min_leaves]
     assert with_entry <= 0.01 * frames and len(missed) > max(0.005 * frames, 3 * with_entry), (len(missed), with_entry)
     assert sum(r.leaves == 1 for r in missed) >= 0.8 * len(missed)
+
+
+def test_the_work_after_the_last_step_leaves_room_in_every_decision_on_the_h200_trace(bundle16, monkeypatch):
+    """The second H200 run (2026-11-26, bench_gpu, mixed, batch 1) missed 6.0% of its budgets (12 of 200 frames, 9 of
+    them one-leaf), where the replay of its recorded steps, charging nothing after a run's last step, missed under 1%.
+    A run's own work after its last step (that step's cost-model update, ``_BatchModel.observe``: 9 us median, 43 us
+    p99 on this project's 2-core machine, more on a host at the H200's load of 57 on 16 CPUs) is in the budget, and
+    the last decision comes before it. Replaying the recorded trace with each update charged 60 us and that work left
+    out of every decision (``observe_exit`` off: the exit stays predicted at 0) misses about as often as the H200 did
+    (3.6-4.9%, seeds 0-1), though not with its signature: a third of these misses are one-leaf frames, three quarters
+    on the H200, where the run's own warning (frames at 1.2x their profile) says the host's load took part. With the
+    exit learned and left room for: <= 1%, and fewer frames over budget in all (not the misses relabelled forced)."""
+    from hne_edge.runtime.cost_model import _BatchModel
+
+    trace, frames = Trace(H200_B1), 1000
+    trace.update[:] = 60e-6
+
+    def over(results):  # (misses, frames over budget whether forced or not)
+        return misses(results), sum(not r.met_budget for _, _, r in results)
+
+    fixed = over(replay(bundle16, "mixed", trace, frames)[0])
+    monkeypatch.setattr(_BatchModel, "observe_exit", lambda self, seconds: None)  # exit stays predicted at 0
+    before = over(replay(bundle16, "mixed", trace, frames)[0])
+    assert before[0] >= 0.025 * frames and fixed[0] <= 0.01 * frames, (before, fixed)
+    assert fixed[1] < before[1], (before, fixed)
+
+
+@pytest.mark.parametrize("kept", [1, 3, 20])
+def test_a_trace_shorter_than_a_replay_wants_is_replayed_with_what_it_has(bundle16, tmp_path, kept):
+    """The H200's batch-16 recording holds 20 frames (its record-steps stage ran out of time), fewer than the 100
+    profile frames and the budgeted frames a replay wants: half of them feed the profile and budgets are drawn from
+    the other half (a one-frame trace: the same frame), and the trace says it is short, not an IndexError."""
+    data = json.loads(H200_B1.read_text())
+    data["frames_ms"], data["entry_ms"] = data["frames_ms"][:kept], data["entry_ms"][:kept]
+    path = tmp_path / f"steps_short_{kept}.json"
+    path.write_text(json.dumps(data))
+    trace = Trace(path)
+    results, _ = replay(bundle16, "mixed", trace, 30, profile_repeats=3, paired=3)
+    assert trace.short and f"short: {kept} frames" in trace.describe()
+    assert {k for k, _, _ in results} <= set(range(kept // 2 if kept > 1 else 0, kept)) and len(results) == 30
+    assert all(r.leaves >= 1 for _, _, r in results)
+
+
+def test_the_exit_prediction_is_learned_from_runs_and_leaves_room_in_every_decision(bundle16):
+    """The cost model learns a run()'s time after its last step (its quantile); a step starts only when it and that
+    time fit, and a budget that holds the forced leaf but not the exit after it labels the overrun as forced."""
+    m = read_manifest(bundle16)
+    backend = FakeBackend(m.tree, m.num_classes, cost=lambda node, batch: 0.001)
+    runner = AnytimeRunner(bundle16, plan="segments", backend=backend, load_profile=False, warmup=0)
+    x = np.zeros((1, C, H, W), np.float32)
+    runner.run(x)  # every leaf measured, and the exit (0 here: nothing after the last step costs virtual time)
+    model = runner.cost.for_batch(1)
+    update = model.observe
+
+    def slow_update(step: int, seconds: float) -> None:  # 0.4 ms of host work after each step
+        update(step, seconds)
+        backend.clock.t += 0.0004
+
+    model.observe = slow_update
+    for _ in range(3):
+        runner.run(x, max_leaves=2)
+    assert model.exit == pytest.approx(0.0004)
+    # leaf 0 (5 nodes) 5 ms, leaf 1 (1 node) 1 ms, each followed by 0.4 ms: 6.4 ms with leaf 1 would end at 6.8 ms
+    r = runner.run(x, budget_ms=6.6)
+    assert (r.leaves, r.met_budget) == (1, True)
+    r = runner.run(x, budget_ms=7.2)
+    assert (r.leaves, r.met_budget) == (2, True)
+    r = runner.run(x, budget_ms=5.2)  # leaf 0 fits, its update after it does not: forced, not a miss
+    assert (r.leaves, r.met_budget, r.overran_min_leaves) == (1, False, True)
 
 
 def test_the_entry_prediction_is_learned_from_runs_and_judges_the_forced_step(bundle16):
