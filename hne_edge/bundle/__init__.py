@@ -48,117 +48,14 @@ depends on parsing names.
 
 from __future__ import annotations
 
-from .folder import why_not_replaceable
-from .layout import (
-    BUNDLE_LAYOUT,
-    MANIFEST_NAME,
-    MAX_PROFILE_BYTES,
-    PROFILE_FORMAT,
-    PROFILES_DIR,
-    bundle_path,
-    engine_dir,
-    file_key,
-    file_path,
-    not_a_bundle,
-    path_component,
-    profile_filename,
-    resolve_in_bundle,
-)
-from .onnx_proto import check_self_contained, onnx_external_data
-from .reading import (
-    read_manifest,
-    read_manifest_and_digest,
-    read_verified,
-    sha256_bytes,
-    sha256_file,
-    update_manifest,
-    write_manifest,
-)
-from .schema import SCHEMA_VERSION, InputSpec, Manifest, ModelFile, TensorSpec, batch_range_ok, parse_json
-from .vocabulary import (
-    ALL,
-    ANYTIME_PLANS,
-    BOTH,
-    DEFAULT_PLAN,
-    DTYPE_OF,
-    DTYPES,
-    EXPORT_PLANS,
-    FIRST,
-    FORMATS,
-    FUSED,
-    MIXED,
-    MIXED_BASE,
-    MIXED_NEEDS,
-    MIXED_PLANS,
-    NODES,
-    PLAN_GROUPS,
-    PLAN_TABLE,
-    PLANS,
-    PRECISIONS,
-    RUNNER_PLANS,
-    SEGMENTS,
-    SUBTREES,
-    WEIGHTS,
-    Plan,
-    activation_name,
-    variant_label,
-)
+# Each home module's public names (its __all__), re-exported: the list is theirs, not spelled twice.
+from . import folder, layout, onnx_proto, reading, schema, vocabulary
+from .folder import *  # noqa: F403
+from .layout import *  # noqa: F403
+from .onnx_proto import *  # noqa: F403
+from .reading import *  # noqa: F403
+from .schema import *  # noqa: F403
+from .vocabulary import *  # noqa: F403
 
-__all__ = [
-    "Plan",
-    "PLAN_TABLE",
-    "NODES",
-    "SEGMENTS",
-    "SUBTREES",
-    "FUSED",
-    "FIRST",
-    "WEIGHTS",
-    "MIXED",
-    "DEFAULT_PLAN",
-    "PLANS",
-    "ANYTIME_PLANS",
-    "RUNNER_PLANS",
-    "MIXED_PLANS",
-    "MIXED_NEEDS",
-    "MIXED_BASE",
-    "EXPORT_PLANS",
-    "BOTH",
-    "ALL",
-    "PLAN_GROUPS",
-    "FORMATS",
-    "PRECISIONS",
-    "DTYPES",
-    "DTYPE_OF",
-    "file_path",
-    "file_key",
-    "engine_dir",
-    "update_manifest",
-    "sha256_bytes",
-    "variant_label",
-    "SCHEMA_VERSION",
-    "MANIFEST_NAME",
-    "PROFILES_DIR",
-    "PROFILE_FORMAT",
-    "MAX_PROFILE_BYTES",
-    "profile_filename",
-    "BUNDLE_LAYOUT",
-    "why_not_replaceable",
-    "TensorSpec",
-    "InputSpec",
-    "ModelFile",
-    "Manifest",
-    "read_manifest",
-    "read_manifest_and_digest",
-    "not_a_bundle",
-    "write_manifest",
-    "parse_json",
-    "path_component",
-    "sha256_file",
-    "read_verified",
-    "onnx_external_data",
-    "check_self_contained",
-    "activation_name",
-    "batch_range_ok",
-    "bundle_path",
-    "resolve_in_bundle",
-]
+__all__ = [*vocabulary.__all__, *layout.__all__, *schema.__all__, *reading.__all__, *onnx_proto.__all__,
+           *folder.__all__]  # fmt: skip

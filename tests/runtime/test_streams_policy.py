@@ -74,6 +74,23 @@ def costs(program, beta):
     return model
 
 
+def _deliver(frames, done, keys):
+    """Frames the policy delivers: an answer with the leaves they have, if it came by the deadline."""
+    for k in keys:
+        f = frames.pop(k)
+        done[k] = (f["n"], "met") if f["last"] <= f["d"] else (0, "missed")
+
+
+def _step_ended(frames, done, keys, leaves, end, n_leaves):
+    """A step ended at ``end`` for frames ``keys``, which now have ``leaves`` leaves; those with every leaf are done."""
+    for k in keys:
+        f = frames[k]
+        f["n"], f["last"] = leaves, end
+        if leaves >= n_leaves:
+            frames.pop(k)
+            done[k] = (n_leaves, "met") if end <= f["d"] else (0, "missed")
+
+
 def replay(program, arrivals, model, gain=GAIN, max_rows=8):
     """The worker's loop on a virtual clock: ``arrivals`` (time, deadline) of one-row frames, each admitted (or
     rejected) when it arrives, with the device busy until the running call's predicted end. Returns each
@@ -101,9 +118,7 @@ def replay(program, arrivals, model, gain=GAIN, max_rows=8):
         d = decide(t, [Pending(k, f["d"], f["n"], 1, f["late"]) for k, f in frames.items()], program, model, gain, max_rows)
         for k in d.doomed:
             frames[k]["late"] = True
-        for k in d.finish:
-            f = frames.pop(k)
-            done[k] = (f["n"], "met") if f["last"] <= f["d"] else (0, "missed")
+        _deliver(frames, done, d.finish)
         if d.step < 0:
             assert not frames
             continue
@@ -111,12 +126,7 @@ def replay(program, arrivals, model, gain=GAIN, max_rows=8):
         running.update(d.frames)
         arrive(end, t + d.seconds)
         running.clear()
-        for k in d.frames:
-            f = frames[k]
-            f["n"], f["last"] = program.steps[d.step].hi, end
-            if f["n"] >= n_leaves:
-                frames.pop(k)
-                done[k] = (n_leaves, "met") if end <= f["d"] else (0, "missed")
+        _step_ended(frames, done, d.frames, program.steps[d.step].hi, end, n_leaves)
         t = end
     return [done[k] for k in range(len(arrivals))]
 
@@ -300,9 +310,7 @@ def serve_scheduler(program, arrivals, seconds, cost):
                    False, 0.0, (cost.quantile, cost.for_batch(1).worst_ratio))  # fmt: skip
         for k in d.doomed:
             frames[k]["late"] = True
-        for k in d.finish:
-            f = frames.pop(k)
-            done[k] = (f["n"], "met") if f["last"] <= f["d"] else (0, "missed")
+        _deliver(frames, done, d.finish)
         if d.step < 0:
             continue
         (k,) = d.frames
@@ -312,11 +320,7 @@ def serve_scheduler(program, arrivals, seconds, cost):
         arrive(end, t + d.median, d.seconds - d.median)
         frames[k] = waiting_frame
         cost.for_batch(1).observe(d.step, took)
-        f = frames[k]
-        f["n"], f["last"] = program.steps[d.step].hi, end
-        if f["n"] >= n_leaves:
-            frames.pop(k)
-            done[k] = (n_leaves, "met") if end <= f["d"] else (0, "missed")
+        _step_ended(frames, done, (k,), program.steps[d.step].hi, end, n_leaves)
         t = end
     return [done[k] for k in range(len(arrivals))]
 
