@@ -24,6 +24,13 @@ the wall time), and the scheduler's stacked calls. Overload rows (``--overload-f
 ``--overload-seconds``, the same deadline): the first leaves alone exceed the device; the scheduler must
 reject, not miss.
 
+The device is ``T`` of the CPU's cores for ``T`` threads (Linux; ``--no-pin``: not pinned): every thread that runs
+the model - the K runners' threads, the FIFO worker, the scheduler's worker - is pinned to them, and the thread
+that submits the cameras' frames to the cores left (none left: it shares them), as streams share one
+accelerator beside a host CPU. Unpinned, K runners of 1 thread each ran on both cores of a 2-core machine
+against the scheduler's one (16 leaves a frame at K = 4, 1 thread: two devices against one); pinning the whole
+process to one core put the submitting thread's 2,400 submits a second (300 fps rows) on the device's core.
+
 Before each thread count the runner is profiled at 1, 2, 4 and 8 rows (saved in the bundle: every runner of
 every method predicts from the same profile). Targets (issue 27): misses <= 1% wherever the scheduler admits
 the load (rejects nothing); its expected accuracy >= both baselines' at every K; overload: rejections, misses
@@ -77,13 +84,13 @@ def load() -> str:
 def row_markdown(r: dict) -> str:
     s = r["summary"]
     stacked = f"{r['stacked_calls']}/{r['calls']}" if "calls" in r else "-"
-    return (f"| {r['threads']} | {r['streams']} | {r['fps']:g} | {r['method']} | {s['frames']} | {s['rejected']} | "
+    return (f"| {r['threads']} | {r.get('cores', '-')} | {r['streams']} | {r['fps']:g} | {r['method']} | {s['frames']} | {s['rejected']} | "
             f"{s['misses']} ({s['miss_rate']:.1%}) | {s['mean_leaves']:.2f} | {s['expected_accuracy']:.4f} | "
             f"{s['latency_ms']['p50']:.2f} | {s['latency_ms']['p99']:.2f} | {s['busy']:.0%} | {stacked} | {r['load']} |")  # fmt: skip
 
 
-HEADER = ("| threads | K | fps | method | frames | rejected | misses (rate) | mean leaves | expected accuracy | p50 ms | "
-          "p99 ms | busy | stacked calls | load before/after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+HEADER = ("| threads | cores | K | fps | method | frames | rejected | misses (rate) | mean leaves | expected accuracy | "
+          "p50 ms | p99 ms | busy | stacked calls | load before/after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
 
 
 def verdicts(rows: list[dict]) -> list[str]:
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default="runners,fifo,scheduler")
     ap.add_argument("--workdir", default=None, help="keep the exported bundle here between runs")
     ap.add_argument("--out", default=None, help="markdown file (and .json beside it)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin the model to --threads cores")
     ap.add_argument("--smoke", action="store_true", help="hne_tiny, K = 1, 2, 1 s per row, no overload")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -169,7 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
 
     print(HEADER, flush=True)
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     for threads in thread_counts:
+        cores, device, host = "-", None, None
+        if args.pin and threads and len(allowed) >= threads:
+            device, host = allowed[:threads], allowed[threads:] or allowed[:threads]
+            os.sched_setaffinity(0, device)  # runners open here: a backend's own threads start on the device's cores
+            cores = ",".join(map(str, device))
+
         def open_runner(threads=threads):
             return AnytimeRunner(bundle, backend=backend, device=args.device, plan=args.plan, threads=threads, warmup=2)
 
@@ -185,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             arrivals = camera_arrivals(k, fps, seconds, deadline_ms, args.jitter_ms, seed=k)
             for method in methods:
                 before = load()
-                run = replay_streams(method, open_runner, frames, arrivals)
-                row = {"threads": threads or "-", "streams": k, "fps": fps, "method": method, "load": f"{before} / {load()}",
+                run = replay_streams(method, open_runner, frames, arrivals, device_cores=device, host_cores=host)
+                row = {"threads": threads or "-", "cores": cores, "streams": k, "fps": fps, "method": method, "load": f"{before} / {load()}",
                        "summary": summarize_streams(run, accuracy)}  # fmt: skip
                 row.update({key: run[key] for key in ("calls", "stacked_calls") if key in run})
                 rows.append(row)

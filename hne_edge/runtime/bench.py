@@ -5,6 +5,7 @@ examples/multi_camera.py). numpy only."""
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 import time
@@ -161,11 +162,24 @@ def _sleep_until(t: float) -> None:
         time.sleep(left)
 
 
+def _pin(cores: Sequence[int] | None, thread_id: int = 0) -> None:
+    """Pin a thread (0: the calling one) to ``cores`` where the platform can (Linux); None: leave it."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(thread_id, cores)
+
+
 def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.ndarray, arrivals: Sequence[Arrival],
-                   on_result: Callable[[dict], None] | None = None, **scheduler_options: Any) -> dict:  # fmt: skip
+                   on_result: Callable[[dict], None] | None = None, device_cores: Sequence[int] | None = None,
+                   host_cores: Sequence[int] | None = None, **scheduler_options: Any) -> dict:  # fmt: skip
     """Serve ``arrivals`` in real time by ``method`` (:data:`STREAM_METHODS`); frame ``a`` is
     ``frames[a.index % len(frames)]`` (normalised, one batch-first image). ``open_runner()`` opens a runner (with
     its cost profile; the method closes it); ``scheduler_options`` go to the :class:`~.streams.StreamScheduler`.
+
+    ``device_cores`` / ``host_cores`` (Linux; a CPU standing in for one accelerator): every thread that runs the
+    model - K runners' threads, the FIFO worker, the scheduler's worker - is pinned to ``device_cores``, and the
+    submitting (calling) thread to ``host_cores`` while it submits, so every method has the same compute, and the
+    camera threads' own work is not taken from it. Runners are opened before the calling thread moves: a
+    backend's threads started then keep its cores.
 
     Returns ``{"records": [...], "wall_s", "busy_s"}``; a record per frame: ``stream``, ``arrival`` and
     ``deadline`` (clock seconds), ``finished`` (its answer), ``leaves``, ``met`` (answered by its deadline),
@@ -175,6 +189,17 @@ def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames
         from ..errors import InputError
 
         raise InputError(f"method: received {method!r}; expected one of {list(STREAM_METHODS)}")
+    before = os.sched_getaffinity(0) if host_cores and hasattr(os, "sched_getaffinity") else None
+    try:
+        return _replay(method, open_runner, frames, arrivals, on_result, device_cores, host_cores, **scheduler_options)
+    finally:
+        if before is not None:  # the calling thread's cores back
+            os.sched_setaffinity(0, before)
+
+
+def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.ndarray, arrivals: Sequence[Arrival],
+            on_result: Callable[[dict], None] | None, device_cores: Sequence[int] | None, host_cores: Sequence[int] | None,
+            **scheduler_options: Any) -> dict:  # fmt: skip
     records: list[dict] = []
     lock = threading.Lock()
 
@@ -193,9 +218,11 @@ def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames
             per_stream.setdefault(a.stream, []).append(a)
         runners = [open_runner() for _ in per_stream]
         intervals: list[tuple[float, float]] = []
+        _pin(host_cores)
         t0 = time.perf_counter() + 0.05
 
         def serve(runner: AnytimeRunner, mine: list[Arrival]) -> None:
+            _pin(device_cores)
             for a in mine:
                 _sleep_until(t0 + a.time)
                 start = time.perf_counter()
@@ -226,6 +253,7 @@ def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames
         busy_s = [0.0]
 
         def work() -> None:
+            _pin(device_cores)
             while (item := todo.get()) is not None:
                 a, t0 = item
                 start = time.perf_counter()
@@ -237,6 +265,7 @@ def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames
 
         worker = threading.Thread(target=work)
         worker.start()
+        _pin(host_cores)
         t0 = time.perf_counter() + 0.05
         for a in arrivals:
             _sleep_until(t0 + a.time)
@@ -249,6 +278,9 @@ def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames
     from .streams import StreamScheduler
 
     with runner, StreamScheduler(runner, **scheduler_options) as streams:
+        if streams._worker is not None and streams._worker.native_id is not None:
+            _pin(device_cores, streams._worker.native_id)
+        _pin(host_cores)
         handles = []
         t0 = time.perf_counter() + 0.05
         for a in arrivals:

@@ -12,7 +12,10 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
 
 1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
-   (EDF) order from when the device is next free (the running call's median end, its margin carried). A frame
+   (EDF) order from when the device is next free (the running call's median end, its margin carried) and the
+   late first leaves queued have run (they go first, see 3). The margin is at least what the scheduler learned
+   its first leaves run over the end it planned for them at the medians (its quantile over the last 256; the
+   worker measures it): one call's stall is not all a queue meets. A frame
    refused so, when no first leaf is waiting (they do not saturate the device) and it can still make it at
    the medians (:func:`late_fits`), is run late, flagged (``late=True``), before any refinement: rejected it
    is worth nothing for sure (a loaded machine's quantile can be 8x the median: bench_streams at 2 threads).
@@ -44,7 +47,9 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    is one item of the plan, so it must fit the plan too.
 5. *Never start a step predicted to make an admitted frame miss:* the step that runs ends by its frames'
    deadlines and leaves every first leaf in the plan on time (as predicted). A first leaf that can no longer
-   make its deadline (its prediction grew since admission) is run late, flagged, rather than dropped.
+   make its deadline even at the medians (in EDF order behind the others, stacked where that keeps more on
+   time) is run late, flagged, rather than dropped; one that can still make it at the medians keeps its place
+   (the quantile is admission's promise, not a reason to send an admitted frame to the back of the queue).
 6. *Delivery.* A frame's result is delivered as soon as it has every leaf, no step of it can end before its
    deadline, its next step adds nothing (value <= 0), or it is cancelled. A result is never silently dropped:
    a backend error during a step is that step's frames' exception.
@@ -68,7 +73,7 @@ from ..errors import InputError
 from .program import Program, choose
 from .session import check_count
 
-__all__ = ["Pending", "Decision", "admit", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
+__all__ = ["Pending", "Decision", "admit", "first_leaf_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
 
 INF = math.inf
 
@@ -231,25 +236,48 @@ def admit(
     batching: bool = True,
     overhead: float | tuple[float, float] = 0.0,
     margin: float = 0.0,
+    ahead: Sequence[Pending] = (),
 ) -> bool:
     """Whether ``frame`` (no leaf yet) may be admitted: EDF over first leaves from ``start`` (when the device is
-    next free: the running call's median end; ``margin``: what that call's prediction adds to its median).
+    next free: the running call's median end; ``margin``: what may delay the sequence beyond its medians, at least
+    the running call's prediction beyond its median).
 
     ``waiting``: the admitted frames still waiting for their first leaf (not late). The first leaves are planned
     as :func:`decide` plans them (stacked where it would stack them, else alone, in deadline order, medians in
     sequence plus one stall); the frame is admitted when its first leaf ends by its deadline and so does every
-    waiting one that would without it (``overhead``: as for :func:`decide`).
+    waiting one that would without it (``overhead``: as for :func:`decide`). ``ahead``: first leaves running late
+    and not yet started; :func:`decide` runs them first wherever the on-time ones stay on time, so they come off
+    ``start`` (their medians, their largest margin): ignored, they pushed every frame admitted after them to the
+    edge of its deadline, a small stall made those late too, and at 300 fps such late frames were answered
+    0.5 s after their deadlines.
     A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
-    j = program.at[0]
-    if not model_for(frame.rows).pred[j] < INF:
+    if not model_for(frame.rows).pred[program.at[0]] < INF:
         return True
-    overhead = _overheads(overhead)
-    members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
-    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead, margin)
-    on_time = [m for m in members if m.frame not in lost]
-    _, lost = _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows), overhead)], j,
-                            model_for, max_rows, batching, overhead, margin)  # fmt: skip
+    _, lost = _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching, overhead, margin, ahead, True)
     return not lost
+
+
+def first_leaf_end(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
+                   model_for: Callable[[int], Any], max_rows: float = INF, batching: bool = True,
+                   overhead: float | tuple[float, float] = 0.0, ahead: Sequence[Pending] = ()) -> float:  # fmt: skip
+    """When ``frame``'s first leaf ends as :func:`admit` plans it, at the medians (no stall): what the scheduler
+    compares its real end with, to learn how far its plans run over (INF: nothing measured, or it does not fit)."""
+    plan, _ = _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching, overhead, 0.0, ahead, False)
+    return next((end for it, end in plan if frame in it.frames), INF)
+
+
+def _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching, overhead, margin, ahead, stall):
+    """:func:`admit`'s plan: the first leaves ``waiting`` that keep their deadlines, with ``frame``'s after ``ahead``."""
+    j = program.at[0]
+    overhead = _overheads(overhead)
+    for f in ahead:
+        quantile, median = _member(f, INF, j, model_for(f.rows), overhead).cost
+        start, margin = start + median, max(margin, quantile - median)
+    members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
+    _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead, margin, stall)
+    on_time = [m for m in members if m.frame not in lost]
+    return _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows), overhead)], j,
+                         model_for, max_rows, batching, overhead, margin, stall)  # fmt: skip
 
 
 def late_fits(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
@@ -306,7 +334,7 @@ def decide(
             if now + p > deadline or gain[steps[j].hi] <= gain[n]:
                 finish.append(f.key)  # no step of it can end by its deadline, or the next adds nothing
                 continue
-        elif deadline < INF and now + p > deadline:
+        elif deadline < INF and now + member.cost[1] > deadline:  # past saving even at its median
             doomed.append(f.key)
             deadline = INF
         if deadline == INF:  # a first leaf run late: after the first leaves that can make it, before refinements
@@ -333,8 +361,8 @@ def decide(
             item.reach = _reach(models[m.frame.rows], j, m.cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk) - item.base
             optional.append(item)
 
-    # the first leaves in EDF order (stacked where that keeps them on time); one late even alone is doomed
-    first, lost = _first_leaves(now, mandatory, at[0], model_for, max_rows, batching, overhead)
+    # the first leaves in EDF order (stacked where that keeps them on time); one late even at the medians is doomed
+    first, lost = _first_leaves(now, mandatory, at[0], model_for, max_rows, batching, overhead, stall=False)
     for f in lost:
         doomed.append(f.key)
         late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows), overhead).cost, 0.0, at[0], [f]))
@@ -440,37 +468,41 @@ def _member(f: Pending, deadline: float, j: int, model: Any, overhead: tuple[flo
 
 
 def _first_leaves(now: float, members: list[_M], j: int, model_for: Callable[[int], Any], max_rows: float,
-                  batching: bool, overhead: tuple[float, float], margin: float = 0.0,
+                  batching: bool, overhead: tuple[float, float], margin: float = 0.0, stall: bool = True,
                   ) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
     """The first leaves' plan from ``now`` (``margin``: the running call's, see :class:`_Plan`): ``([(item, its
     predicted end)] in EDF order, the frames it cannot keep on time)``.
 
-    Frames are stacked as :func:`_batches` stacks them when every call then ends by its deadline; else each runs
-    alone, and one that misses even so is left out (its first leaf runs late)."""
+    Frames are stacked as :func:`_batches` stacks them, or each runs alone: whichever keeps more of them on time
+    (stacked on a tie); a frame that misses even so is left out (its first leaf runs late). Falling back to every
+    frame alone whenever one stacked call missed was a cliff: a queue that fitted stacked at admission lost most
+    of its frames at the next decision (bench_streams at 300 fps: half the admitted frames)."""
     groups, singles = _batches(now, j, members, model_for, max_rows, overhead) if batching and len(members) > 1 else ([], members)
-    alone = [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in members]
-    items = sorted([_Item(g[0].deadline, cost, 0.0, j, [m.frame for m in g]) for cost, g in groups]
-                   + [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in singles], key=lambda it: it.deadline)  # fmt: skip
-    if groups and any(end > it.deadline for it, end in _ends(now, items, margin)):
-        items = sorted(alone, key=lambda it: it.deadline)
+    alone = sorted((_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in members), key=lambda it: it.deadline)
+    if not groups:
+        return _keep(now, alone, margin, stall)
+    stacked = _keep(now, sorted([_Item(g[0].deadline, cost, 0.0, j, [m.frame for m in g]) for cost, g in groups]
+                                + [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in singles],
+                                key=lambda it: it.deadline), margin, stall)  # fmt: skip
+    if not stacked[1]:
+        return stacked
+    separate = _keep(now, alone, margin, stall)
+    return separate if len(separate[1]) < len(stacked[1]) else stacked
+
+
+def _keep(now: float, items: list[_Item], margin: float, stall: bool = True) -> tuple[list[tuple[_Item, float]], list[Pending]]:
+    """``items`` run in this order from ``now`` (medians in sequence plus the largest margin so far; ``stall``
+    False: the medians alone), each left out when it would end after its deadline: ``([(item, its predicted end)],
+    the frames left out)``."""
     plan, lost, base, worst = [], [], now, margin
     for it in items:
-        end = base + it.base + max(worst, it.margin)
+        end = base + it.base + (max(worst, it.margin) if stall else 0.0)
         if end > it.deadline:
             lost.extend(it.frames)
             continue
         base, worst = base + it.base, max(worst, it.margin)
         plan.append((it, end))
     return plan, lost
-
-
-def _ends(now: float, items: Sequence[_Item], margin: float) -> list[tuple[_Item, float]]:
-    """Each item's predicted end, run in this order (medians in sequence plus the largest margin so far)."""
-    out, base, worst = [], now, margin
-    for it in items:
-        base, worst = base + it.base, max(worst, it.margin)
-        out.append((it, base + worst))
-    return out
 
 
 def _batches(now: float, j: int, members: list[_M], model_for: Callable[[int], Any], max_rows: float,

@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 from hne_edge.bundle import read_manifest
 from hne_edge.runtime import AnytimeRunner
-from hne_edge.runtime.stream_policy import Pending, accuracy_by_n, admit, decide, gain_curve, late_fits, read_accuracy
+from hne_edge.runtime.stream_policy import (Pending, accuracy_by_n, admit, decide, first_leaf_end, gain_curve, late_fits,
+                                           read_accuracy)  # fmt: skip
 from conftest import REPO
 from runtime_fakes import FakeBackend, make_fake_bundle
 
@@ -449,3 +450,46 @@ def test_admission_charges_one_stall_per_plan_and_rejects_only_what_cannot_fit_e
     queued = waiting + [Pending(7, 0.0, 0, 1, True), Pending(8, 1.0, 0, 1, True)]
     assert late_fits(0.0, waiting, Pending(9, 4.5e-3, 0, 1, False), program, model)
     assert not late_fits(0.0, queued, Pending(9, 4.5e-3, 0, 1, False), program, model)
+
+
+def test_admission_counts_the_late_first_leaves_queued_ahead(programs):
+    """Late first leaves not yet started run before the on-time ones wherever those stay on time, so a new frame
+    waits for them: ignoring them, admission pushed every frame after them to the edge of its deadline and at
+    300 fps half the admitted frames missed (bench_streams). Medians 1 ms, quantile 4 ms: alone, a frame due at
+    6.5 ms ends by 4 ms (a median and one stall); behind two late ones by 6 ms; behind three, 7 ms: refused."""
+    program = programs["segments"]
+    model = lambda rows: Quantiles(len(program.steps), 1e-3, 4e-3)  # noqa: E731
+    frame = Pending(9, 6.5e-3, 0, 1, False)
+    late = [Pending(k, 1e-3, 0, 1, True) for k in range(3)]
+    assert admit(0.0, [], frame, program, model, 1, False)
+    assert admit(0.0, [], frame, program, model, 1, False, ahead=late[:2])
+    assert not admit(0.0, [], frame, program, model, 1, False, ahead=late)
+    # where its first leaf is planned at the medians, behind them: what its real end is compared with
+    assert first_leaf_end(0.0, [], frame, program, model, 1, False, ahead=late[:2]) == pytest.approx(3e-3)
+    assert first_leaf_end(0.0, [Pending(5, 2e-3, 0, 1, False)], frame, program, model, 1, False) == pytest.approx(2e-3)
+
+
+def test_a_first_leaf_is_given_up_only_when_it_misses_even_at_the_medians(programs):
+    """Its quantile (4x the median on a loaded machine) is what admission promises against; once admitted, a first
+    leaf that still makes its deadline at the medians stays in line. Doomed at the quantile, three frames due at
+    2, 3 and 4 ms (medians 1 ms) went to the back of the queue behind every new frame (bench_streams, 300 fps)."""
+    program = programs["segments"]
+    model = lambda rows: Quantiles(len(program.steps), 1e-3, 4e-3)  # noqa: E731
+    frames = [Pending(k, (2 + k) * 1e-3, 0, 1, False) for k in range(3)]
+    d = decide(0.0, frames, program, model, gain_curve(None, 16), 1, False)
+    assert d.doomed == () and d.frames == (0,)
+    d = decide(0.0, frames + [Pending(3, 0.5e-3, 0, 1, False)], program, model, gain_curve(None, 16), 1, False)
+    assert d.doomed == (3,)  # 0.5 ms left, 1 ms at its median: past saving
+
+
+def test_first_leaves_stacked_keep_their_plan_when_one_call_runs_out_of_time(programs):
+    """Nine first leaves due at 3.5 ms, four rows a call at most, a call of r rows 1 + 0.1 (r - 1) ms at its median:
+    stacked 4 + 4 + 1 they end at 1.3, 2.6 and 3.6 ms, so only the ninth misses; alone, at 1, 2, ... 9 ms, six
+    would. The plan once fell back to every frame alone whenever one stacked call missed (a cliff: a queue that
+    fitted stacked lost most of its frames at the next decision)."""
+    program = programs["segments"]
+    n = len(program.steps)
+    model = lambda rows: Quantiles(n, 1e-3 * (1 + 0.1 * (rows - 1)), 1e-3 * (1 + 0.1 * (rows - 1)) + 0.5e-3)  # noqa: E731
+    frames = [Pending(k, 3.5e-3, 0, 1, False) for k in range(9)]
+    d = decide(0.0, frames, program, model, gain_curve(None, 16), 4, True)
+    assert len(d.doomed) == 1 and len(d.frames) == 4
