@@ -318,8 +318,7 @@ class StreamScheduler:
             if admit(*args, max(self._busy_margin if running else 0.0, self._overrun()), ahead):
                 frame.promised = first_leaf_end(*args, ahead)
             else:
-                queued = [Pending(f.key, f.deadline, 0, f.rows, True) for f in self._frames.values()
-                          if f.leaves == 0 and not f.running]  # fmt: skip
+                queued = [f._replace(late=True) for f in (*waiting, *ahead)]  # every first leaf not yet started
                 if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or not late_fits(
                         args[0], queued, args[2], self._program, self._model, self._overhead))):  # fmt: skip
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
