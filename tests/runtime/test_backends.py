@@ -103,3 +103,30 @@ def test_cuda_io_keeps_one_fixed_staging_buffer_per_shape_and_a_second_only_whil
     assert address(io.stage(np.zeros((2, 3, 8, 8), np.float32))) not in (first, address(other))  # per batch size
     io.clear()
     assert not io.is_fixed(held)
+
+
+def _spinning_of_each_session(runner) -> set:
+    """What every ONNX Runtime session the runner opened was told about spinning ('' : nothing, its default)."""
+    sessions = [r.session for r in runner._runners] + ([runner._first_runner.session] if runner._first_runner else [])
+    told = set()
+    for s in sessions:
+        try:
+            told.add(s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning"))
+        except RuntimeError:  # onnxruntime: no such entry
+            told.add("")
+    return told
+
+
+@pytest.mark.parametrize("plan, spinning, expected", [
+    ("segments", None, {"0"}),  # a chain of sessions, each its own pool: off unless asked
+    ("mixed", None, {"0"}),  # the whole tree among the chain's sessions: off too
+    ("fused", None, {""}),  # one pool: onnxruntime's default
+    ("segments", True, {"1"}),  # what the caller asks for, either way
+    ("fused", False, {"0"}),
+])  # fmt: skip
+def test_onnxruntime_sessions_of_a_chain_do_not_spin_unless_asked(steps_bundle, plan, spinning, expected):
+    from hne_edge.runtime import AnytimeRunner
+
+    with AnytimeRunner(steps_bundle, backend="onnxruntime", plan=plan, threads=2, warmup=0, spinning=spinning) as runner:
+        assert _spinning_of_each_session(runner) == expected
+        assert runner.backend.describe()["spinning"] == {"0": False, "1": True, "": None}[expected.pop()]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from ...bundle import check_self_contained
+from ...bundle import FUSED, check_self_contained
 from ...errors import BackendUnavailable, BundleError, ResourceExhausted, install_hint
 from ...limits import check_threads, format_bytes
 from .base import Backend, Handle, LoadedPlan, Runner, Unit
@@ -136,7 +136,13 @@ class OnnxRuntimeBackend(Backend):
     device: "cpu".
     threads: intra-op threads per session (None: onnxruntime's default, the physical cores); at most
         :func:`hne_edge.limits.max_threads`.
-    spinning: let idle intra-op threads spin (lower latency, burns CPU); None: onnxruntime's default.
+    spinning: let idle intra-op threads spin (lower latency, burns CPU). None: off when the runner chains
+        several sessions (every plan but fused), onnxruntime's default (on) for the fused tree alone.
+
+    Why off for a chain: each session owns its intra-op pool, and after its call that pool's idle threads spin
+    while the next session's threads need the same cores. hne_resnet_small, plan segments, 2 threads on a
+    2-core machine (benchmarks/bench_ort_spinning.py): a full pass took 8x longer with spinning than without it,
+    whose median is within noise of one thread's; the fused tree alone, one pool, ran faster with it.
     """
 
     name = "onnxruntime"
@@ -149,6 +155,18 @@ class OnnxRuntimeBackend(Backend):
         self.threads = check_threads(threads)
         self.spinning = spinning
         self.providers = ["CPUExecutionProvider"]
+        self._chained = False  # a plan of several sessions was loaded (see spinning)
+
+    def load(self, manifest: Any, bundle_dir: Any, plan: str, precision: str) -> LoadedPlan:
+        loaded = super().load(manifest, bundle_dir, plan, precision)
+        self._chained = self._chained or plan != FUSED  # before any session opens: a runner loads, then activates
+        return loaded
+
+    def spins(self) -> bool | None:
+        """Whether the sessions let idle intra-op threads spin (None: onnxruntime's default, on); see ``spinning``."""
+        if self.spinning is not None:
+            return self.spinning
+        return False if self._chained else None
 
     def session_options(self):
         ort = self.ort
@@ -158,8 +176,9 @@ class OnnxRuntimeBackend(Backend):
         options.inter_op_num_threads = 1
         if self.threads is not None:
             options.intra_op_num_threads = self.threads
-        if self.spinning is not None:
-            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        spins = self.spins()
+        if spins is not None:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spins else "0")
         options.log_severity_level = 4  # fatal only: every error reaches the caller as an exception, said once
         return options
 
@@ -173,7 +192,7 @@ class OnnxRuntimeBackend(Backend):
             "onnxruntime": self.ort.__version__,
             "providers": self.providers,
             "threads": self.threads,
-            "spinning": self.spinning,
+            "spinning": self.spins(),
         }
         if self.fallback_reason is not None:
             info["fallback_reason"] = self.fallback_reason
