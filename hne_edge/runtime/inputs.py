@@ -6,6 +6,7 @@ never validates again.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -42,7 +43,10 @@ def check_input(x: Any, spec: InputSpec) -> np.ndarray:
         kind = f"{type(x).__module__}.{type(x).__qualname__}"
         hint = "use .cpu().numpy()" if kind.startswith("torch.") else None
         raise InputError(f"input {spec.name}: received {kind}; expected a numpy.ndarray", hint=hint)
-    if isinstance(x, np.ma.MaskedArray):  # its isfinite().all() skips what the mask hides, and the model runs it
+    # a masked array's isfinite().all() skips what the mask hides, and the model runs it. One exists only once
+    # numpy.ma was imported: reading np.ma imports it, 50 ms on an application's first frame (bench_streams)
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(x, ma.MaskedArray):
         raise InputError(f"input {spec.name}: received a numpy masked array; expected a plain numpy.ndarray (the model "
                          "would run the values behind the mask)", hint="use x.filled(value) to choose them")  # fmt: skip
     if x.dtype != _dtype(spec.dtype):

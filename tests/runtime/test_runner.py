@@ -636,3 +636,24 @@ def test_closed_session_keeps_its_result_and_says_why(bundle):
     fresh.close()
     with pytest.raises(RunnerClosedError, match="session is closed and has no leaf"):
         fresh.refine()
+
+
+def test_the_first_frame_imports_nothing(tiny_bundle):
+    """A module imported on the first frame is a stall on it: the input check read ``np.ma`` (to refuse masked
+    arrays), which imports numpy.ma, 50 ms of a 1.4 ms first leaf (bench_streams: the first step of every
+    replay). In a fresh interpreter, as an application starts."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from hne_edge.runtime import AnytimeRunner\n"
+        f"r = AnytimeRunner({str(tiny_bundle.bundle_dir)!r}, backend='onnxruntime', plan='segments', warmup=1)\n"
+        "before = set(sys.modules)\n"
+        "s = r.input_spec\n"
+        "r.run(np.zeros((1, s.channels, *s.spatial), np.float32), max_leaves=1)\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
