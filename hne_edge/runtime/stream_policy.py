@@ -73,7 +73,7 @@ from ..errors import InputError
 from .program import Program, choose
 from .session import check_count
 
-__all__ = ["Pending", "Decision", "admit", "first_leaf_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
+__all__ = ["Pending", "Decision", "admit", "first_leaf_end", "late_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
 
 INF = math.inf
 
@@ -280,14 +280,20 @@ def _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batc
                          model_for, max_rows, batching, overhead, margin, stall)  # fmt: skip
 
 
+def late_end(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
+             model_for: Callable[[int], Any], overhead: float | tuple[float, float] = 0.0) -> float:  # fmt: skip
+    """When ``frame``'s first leaf ends, at the medians, run late: after every first leaf ``waiting`` (on time or
+    late: a late one runs after those before it), each alone at its median (and the worker's median overhead),
+    from ``start``."""
+    j, overhead = program.at[0], _overheads(overhead)
+    return start + sum(_member(f, f.deadline, j, model_for(f.rows), overhead).cost[1] for f in (*waiting, frame))
+
+
 def late_fits(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
               model_for: Callable[[int], Any], overhead: float | tuple[float, float] = 0.0) -> bool:  # fmt: skip
-    """Whether ``frame``, which :func:`admit` refuses, can still make its deadline at the medians when run late:
-    after every first leaf ``waiting`` (on time or late: a late one runs after those before it), each alone at its
-    median (and the worker's median overhead), from ``start``."""
-    j, overhead = program.at[0], _overheads(overhead)
-    end = start + sum(_member(f, f.deadline, j, model_for(f.rows), overhead).cost[1] for f in (*waiting, frame))
-    return end <= frame.deadline
+    """Whether ``frame``, which :func:`admit` refuses, can still make its deadline at the medians when run late
+    (:func:`late_end`)."""
+    return late_end(start, waiting, frame, program, model_for, overhead) <= frame.deadline
 
 
 def decide(

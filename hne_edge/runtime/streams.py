@@ -44,7 +44,7 @@ from .result import AnytimeResult
 from .runner import AnytimeRunner
 from .session import RunnerClosedError, check_count, check_stop_at, step_together
 from .stream_policy import (Decision, Pending, accuracy_by_n, admit, decide, expected_accuracy, first_leaf_end,
-                            gain_curve, late_fits, read_accuracy)  # fmt: skip
+                            gain_curve, late_end, read_accuracy)  # fmt: skip
 
 __all__ = [
     "StreamScheduler",
@@ -319,8 +319,8 @@ class StreamScheduler:
                 frame.promised = first_leaf_end(*args, ahead)
             else:
                 queued = [f._replace(late=True) for f in (*waiting, *ahead)]  # every first leaf not yet started
-                if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or not late_fits(
-                        args[0], queued, args[2], self._program, self._model, self._overhead))):  # fmt: skip
+                end = late_end(args[0], queued, args[2], self._program, self._model, self._overhead)
+                if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or end > stop_at)):
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:  # late="run", no first leaf waits and it makes it at its median, or nothing else is pending
                     frame.late = True
@@ -439,9 +439,12 @@ class StreamScheduler:
                             for f in run[1]:
                                 f.running = True
                             self._busy_until = now + (decision.median if decision.median < INF else 0.0)
-                            if decision.median < INF and all(f.leaves for f in run[1]):  # a refinement first: planned
-                                for f in self._frames.values():  # so it is no overrun of the first leaves it delays
-                                    if not f.running and not f.leaves:
+                            if decision.median < INF:  # a step no waiting first leaf's plan held: planned now, so
+                                # it is no overrun of the first leaves it delays: a refinement delays them all, first
+                                # leaves admitted later (an earlier deadline, or on time before late ones) the earlier
+                                ahead_of = INF if all(f.leaves for f in run[1]) else min(f.key for f in run[1])
+                                for f in self._frames.values():
+                                    if not f.running and not f.leaves and f.key < ahead_of:
                                         f.promised += decision.median
                             self._busy_margin = max(0.0, decision.seconds - decision.median) if decision.seconds < INF else 0.0
                 _hand_out(out)

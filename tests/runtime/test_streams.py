@@ -508,3 +508,25 @@ def test_admission_keeps_room_for_how_far_its_first_leaves_ran_over(bundle):
         finally:
             backend.gate.set()  # (a failure above must not leave the worker held)
         assert fits.result(10).met_deadline
+
+
+def test_a_first_leaf_run_ahead_of_an_earlier_frame_is_no_overrun_of_that_frame(bundle):
+    """Admission plans a frame's first leaf after those queued then; a frame admitted later with an earlier
+    deadline runs first (EDF) and delays it by one call it never planned. That call is charged to its plan, not
+    learned as the queue running over: else every deadline shorter than the last teaches the room a stall."""
+    streams, runner, backend = scheduler(bundle, budget_ms=1e3, batching=False)
+    with streams:
+        assert streams.submit(0, frame(0)).result(10).stopped_by == "complete"  # the cost model measured
+        backend.gate = threading.Event()
+        try:
+            streams.submit(1, frame(1))  # holds the device: the next two queue behind it
+            wait_until(lambda: any(f.running for f in streams._frames.values()))
+            early = streams.submit(2, frame(2), budget_ms=1e3)  # admitted first, its deadline later
+            urgent = streams.submit(3, frame(3), budget_ms=50.0)  # admitted second, its first leaf runs first
+        finally:
+            backend.gate.set()
+        assert early.result(10).met_deadline and urgent.result(10).met_deadline
+        assert urgent.result().batched and early.result().finished > urgent.result().finished
+        first_leaf = runner.cost.median_step(0, 1)
+        overruns = [v for _, v in streams._overruns._ring]
+        assert len(overruns) == 4 and max(overruns[-2:]) < first_leaf / 2, overruns  # none ran over its plan
