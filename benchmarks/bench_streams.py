@@ -31,6 +31,12 @@ accelerator beside a host CPU. Unpinned, K runners of 1 thread each ran on both 
 against the scheduler's one (16 leaves a frame at K = 4, 1 thread: two devices against one); pinning the whole
 process to one core put the submitting thread's 2,400 submits a second (300 fps rows) on the device's core.
 
+Before each row the process collects its garbage and freezes what is left (``gc.freeze()``: a real-time
+process does it once set up): the export's torch import leaves 200,000 objects, and a full collection of them
+took 150-190 ms here, mid-row, in every thread (the interpreter's lock). Unfrozen, one such pause held the
+submitting thread 142 ms at 4 cameras: 16 frames reached the scheduler after their deadlines (rejected), the
+runners' row met no such pause, and the scheduler's expected accuracy fell below theirs (0.6103 vs 0.6235).
+
 Before each thread count the runner is profiled at 1, 2, 4 and 8 rows (saved in the bundle: every runner of
 every method predicts from the same profile). Targets (issue 27): misses <= 1% wherever the scheduler admits
 the load (rejects nothing); its expected accuracy >= both baselines' at every K; overload: rejections, misses
@@ -40,6 +46,7 @@ the load (rejects nothing); its expected accuracy >= both baselines' at every K;
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -200,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             arrivals = camera_arrivals(k, fps, seconds, deadline_ms, args.jitter_ms, seed=k)
             for method in methods:
                 before = load()
+                gc.collect()
+                gc.freeze()  # what setup left (torch's import: 200,000 objects) is never scanned again mid-row
                 run = replay_streams(method, open_runner, frames, arrivals, device_cores=device, host_cores=host)
                 row = {"threads": threads or "-", "cores": cores, "streams": k, "fps": fps, "method": method, "load": f"{before} / {load()}",
                        "summary": summarize_streams(run, accuracy)}  # fmt: skip
