@@ -15,7 +15,9 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    (EDF) order from when the device is next free (the running call's median end, its margin carried) and the
    late first leaves queued have run (they go first, see 3). The margin is at least what the scheduler learned
    its first leaves run over the end it planned for them at the medians (its quantile over the last 256; the
-   worker measures it): one call's stall is not all a queue meets. A frame
+   worker measures it): one call's stall is not all a queue meets. That room falls gradually, never at once
+   (``OVERRUN_RELEASE_S``), and until 1 / (1 - quantile) first leaves have measured it, admission plans each
+   call at its prediction instead of its median (:mod:`.streams`). A frame
    refused so, when no first leaf is waiting (they do not saturate the device) and it can still make it at
    the medians (:func:`late_fits`), is run late, flagged (``late=True``), before any refinement: rejected it
    is worth nothing for sure (a loaded machine's quantile can be 8x the median: bench_streams at 2 threads).

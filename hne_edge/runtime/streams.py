@@ -68,6 +68,7 @@ LATE = ("reject", "run")
 OVERHEAD_WINDOW = 128  # the worker's recent per-call times the plan's overhead is the quantile of
 OVERRUN_WINDOW = 256  # the recent first leaves whose overruns admission keeps room for ...
 OVERRUN_HORIZON_S = 1.0  # ... those that ended in the last second
+OVERRUN_RELEASE_S = 0.5  # where they say less, the room falls by a factor e every this many seconds
 _RESULT_REASON = {"deadline": "budget"}  # the runner's word in AnytimeResult.stopped_by
 
 
@@ -158,6 +159,21 @@ class _AtLoad:
     def __init__(self, model: Any, reference: Any) -> None:
         self.base, self.known = model.base, model.known
         self.pred = _Floor(model.pred, model.base, reference)
+
+
+class _AtPrediction:
+    """A cost model whose medians are its predictions: how admission plans a queue of first leaves before the
+    scheduler has measured how far such a queue runs over its medians (see ``StreamScheduler._overrun``). Planned
+    at the medians with no room learned, an overload's first 10 ms admitted 57 first leaves; the first calls ran
+    at 4x their medians (a new process, new stacked shapes), each submit planning that queue held the
+    interpreter from the worker 0.5-1 ms, its one-row calls took 10-30 ms, and every queued frame missed
+    (bench_streams at 300 fps: 20-57 misses in the first 100 ms)."""
+
+    __slots__ = ("base", "known", "pred")
+
+    def __init__(self, model: Any) -> None:
+        self.base = self.pred = model.pred
+        self.known = model.known
 
 
 class _Floor:
@@ -270,6 +286,10 @@ class StreamScheduler:
         self._gaps = _Window(OVERHEAD_WINDOW)  # the worker's own seconds per call (see _run)
         self._overhead = (0.0, 0.0)  # their median and quantile
         self._overruns = _Window(OVERRUN_WINDOW)  # first leaves' real end minus the end admission planned at the medians
+        self._room = (0.0, -INF)  # what admission last kept free beyond the medians, and when (see _overrun)
+        # until this many first leaves have measured the room, admission plans every call at its prediction
+        self._overruns_needed = math.ceil(1 / (1 - runner.quantile)) if runner.quantile < 1 else OVERRUN_WINDOW
+        self._overruns_seen = 0
         self._busy_margin = 0.0  # the running call's prediction beyond its median
         self._ready_at = self._clock()  # when the worker last became free to work (a step ended, or it woke)
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
@@ -315,7 +335,10 @@ class StreamScheduler:
             running = self._busy_until > -INF
             args = (max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program, self._model,
                     self.max_rows, self.batching, self._overhead)  # fmt: skip
-            if admit(*args, max(self._busy_margin if running else 0.0, self._overrun()), ahead):
+            planned = args
+            if self._overruns_seen < self._overruns_needed:  # no room learned yet: every call at its prediction
+                planned = args[:4] + (self._model_at_prediction,) + args[5:7] + ((self._overhead[1],) * 2,)
+            if admit(*planned, max(self._busy_margin if running else 0.0, self._overrun()), ahead):
                 frame.promised = first_leaf_end(*args, ahead)
             else:
                 queued = [f._replace(late=True) for f in (*waiting, *ahead)]  # every first leaf not yet started
@@ -370,6 +393,9 @@ class StreamScheduler:
         model = self.runner.cost.for_batch(rows)
         lo = self.runner.input_spec.batch[0]
         return model if rows == lo else _AtLoad(model, self.runner.cost.for_batch(lo))
+
+    def _model_at_prediction(self, rows: int) -> "_AtPrediction":
+        return _AtPrediction(self._model(rows))
 
     def _risk(self) -> tuple[float, float]:
         """(quantile, worst ratio lately) of the cost model at the smallest batch, whose calls are the most frequent."""
@@ -491,6 +517,7 @@ class StreamScheduler:
                     continue
                 if not f.batched and f.promised < INF:
                     self._overruns.add(now - f.promised, now)
+                    self._overruns_seen += 1
                 f.batched.append(len(frames))
                 f.last_leaf = now
                 if f.leaves >= self._program.num_leaves:
@@ -506,9 +533,22 @@ class StreamScheduler:
         The cost model's margin is one call's stall; a queue of first leaves meets what no single call shows (a
         garbage collection, the submitting threads' share of the interpreter, several stalls in a row): at 300 fps
         the frames admitted at the edge of that margin missed by the hundred. Learned from the queue's own
-        outcomes, the room grows when the plans run over and shrinks when they do not."""
-        self._overruns.expire(self._clock() - OVERRUN_HORIZON_S)
-        return max(0.0, self._overruns.quantile(self.runner.quantile))
+        outcomes, the room grows when the plans run over and shrinks when they do not.
+
+        It shrinks gradually (by e every ``OVERRUN_RELEASE_S``), never at once: the overruns it learned from
+        were measured under the queue that room allowed, and a shorter queue runs over less. When the overruns
+        of an overload's first stalls left the horizon together, the room fell from 116 ms to 3 ms in one
+        submit, admission let the queue of first leaves grow from 12 to 48 in 40 ms, each submit planning
+        the longer queue held the interpreter from the worker, its one-row first leaves took 13-33 ms instead
+        of 1.2, and every frame queued missed (bench_streams at 300 fps: a burst of 20-60 misses a second
+        after each stall). Falling gradually, the room meets the longer queue's own overruns on the way."""
+        now = self._clock()
+        self._overruns.expire(now - OVERRUN_HORIZON_S)
+        learned = max(0.0, self._overruns.quantile(self.runner.quantile))
+        room, since = self._room
+        room = max(learned, room * math.exp(-(now - since) / OVERRUN_RELEASE_S)) if since > -INF else learned
+        self._room = (room, now)
+        return room
 
     def _fail(self, exc: BaseException, out: list | None = None) -> None:
         out = out if out is not None else []

@@ -530,3 +530,59 @@ def test_a_first_leaf_run_ahead_of_an_earlier_frame_is_no_overrun_of_that_frame(
         first_leaf = runner.cost.median_step(0, 1)
         overruns = [v for _, v in streams._overruns._ring]
         assert len(overruns) == 4 and max(overruns[-2:]) < first_leaf / 2, overruns  # none ran over its plan
+
+
+def test_the_overrun_room_falls_gradually_when_its_samples_expire(bundle):
+    """The overruns learned in a burst expire together; the room they held must not vanish at once (a queue
+    of first leaves then grows faster than its own overruns can be learned: bench_streams at 300 fps missed
+    20-60 frames a second after each stall). It falls by e every OVERRUN_RELEASE_S."""
+    from hne_edge.runtime.streams import OVERRUN_HORIZON_S, OVERRUN_RELEASE_S
+
+    streams, runner, backend = scheduler(bundle, batching=False)
+    with streams:
+        assert streams.submit(0, frame(0), budget_ms=1e3).result(10).stopped_by == "complete"
+        for _ in range(256):
+            streams._overruns.add(0.05, backend.clock())  # a burst: first leaves ran 50 ms over their plans
+        refused = streams.submit(1, frame(1), budget_ms=3.0).result(10)
+        assert refused.late  # 3 ms leave no 50 ms room: run late (nothing else pending), flagged
+        backend.clock.t += OVERRUN_HORIZON_S + 0.01  # the burst's samples expire
+        held = streams.submit(2, frame(2), budget_ms=3.0).result(10)
+        assert held.late, "the room fell to 0 the moment its samples expired"
+        assert streams._overrun() == pytest.approx(0.05 * math.exp(-(OVERRUN_HORIZON_S + 0.01) / OVERRUN_RELEASE_S), rel=0.05)
+        backend.clock.t += 10 * OVERRUN_RELEASE_S
+        assert not streams.submit(3, frame(3), budget_ms=3.0).result(10).late  # the room gone: on time again
+
+
+def test_before_its_first_leaves_have_taught_the_room_admission_plans_every_call_at_its_prediction(bundle):
+    """With no room learned, planning a queue at the medians admitted 57 first leaves in an overload's first
+    10 ms; the first calls ran at 2-4x their medians and every one queued missed (bench_streams at 300 fps).
+    Until 1 / (1 - quantile) first leaves have measured how far the queue runs over, each call counts at its
+    prediction; then at its median, with the room learned."""
+    calls = [0]
+
+    def every_fourth_call_slow(node, batch):  # the cost model's prediction (its tail) is 4x its median
+        calls[0] += 1
+        return 1e-4 * (4 if calls[0] % 4 == 0 else 1)
+
+    def admitted(learned: bool) -> int:
+        streams, runner, backend = scheduler(bundle, cost=every_fourth_call_slow, batching=False)
+        with streams:
+            for k in range(3):
+                assert streams.submit(0, frame(k), budget_ms=1e3).result(10).stopped_by == "complete"
+            if learned:
+                for _ in range(streams._overruns_needed):
+                    streams._overruns.add(0.0, backend.clock())  # the queue ran as planned
+                streams._overruns_seen = streams._overruns_needed
+            first = runner.cost.median_step(0, 1)
+            assert runner.cost.predict_step(0, 1) > 2 * first
+            backend.gate = threading.Event()
+            try:
+                streams.submit(1, frame(1), budget_ms=1e3)  # holds the device
+                wait_until(lambda: any(f.running for f in streams._frames.values()))
+                handles = [streams.submit(2, frame(k), budget_ms=12 * first * 1e3) for k in range(20)]
+            finally:
+                backend.gate.set()
+            return sum(h.result(10).stopped_by != "rejected" for h in handles)
+
+    cold, warm = admitted(learned=False), admitted(learned=True)
+    assert 1 <= cold < warm, (cold, warm)
