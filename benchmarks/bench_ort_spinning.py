@@ -30,6 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from hne_edge.bundle import FUSED, SEGMENTS  # noqa: E402
 
 SPINNING = {"default": None, "on": True, "off": False}
 
@@ -43,10 +44,10 @@ def export(workdir: Path, name: str) -> Path:
     from hne_edge.exporters import export_onnx
     from hne_edge.models import create_model
 
-    bundle = workdir / f"{name}_segments+fused"
+    bundle = workdir / f"{name}_{SEGMENTS}+{FUSED}"
     if not (bundle / "manifest.json").exists():
         torch.manual_seed(0)
-        export_onnx(randomize_(create_model(name)), bundle, plan="segments,fused", batch=(1, 1, 1), verify=False, force=True)
+        export_onnx(randomize_(create_model(name)), bundle, plan=f"{SEGMENTS},{FUSED}", batch=(1, 1, 1), verify=False, force=True)
     return bundle
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="hne_resnet_small")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--plans", default="segments,fused")
+    ap.add_argument("--plans", default=f"{SEGMENTS},{FUSED}")
     ap.add_argument("--spinning", default="default,on,off")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)

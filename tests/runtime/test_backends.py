@@ -130,3 +130,25 @@ def test_onnxruntime_sessions_of_a_chain_do_not_spin_unless_asked(steps_bundle, 
     with AnytimeRunner(steps_bundle, backend="onnxruntime", plan=plan, threads=2, warmup=0, spinning=spinning) as runner:
         assert _spinning_of_each_session(runner) == expected
         assert runner.backend.describe()["spinning"] == {"0": False, "1": True, "": None}[expected.pop()]
+
+
+def test_bench_ort_spinning_runs_in_smoke_mode(tmp_path):
+    """benchmarks/bench_ort_spinning.py end to end on hne_tiny: a row per plan, thread count and spinning, each
+    saying what the backend chose (the chain of sessions: off unless asked; the fused tree: onnxruntime's)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "spinning.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # this checkout's
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_ort_spinning.py"), "--smoke", "--threads", "1",
+                           "--workdir", str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| segments") or line.startswith("| fused")]
+    chose = {(plan.strip(), spin.strip()): backend.strip() for plan, _, spin, backend, *_ in rows}
+    assert chose == {("segments", "default"): "False", ("segments", "on"): "True", ("segments", "off"): "False",
+                     ("fused", "default"): "None", ("fused", "on"): "True", ("fused", "off"): "False"}, chose  # fmt: skip
+    assert all(float(r[4].split("**")[1]) > 0 for r in rows)  # every pass timed
