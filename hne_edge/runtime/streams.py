@@ -164,10 +164,10 @@ class _AtLoad:
 class _AtPrediction:
     """A cost model whose medians are its predictions: how admission plans a queue of first leaves before the
     scheduler has measured how far such a queue runs over its medians (see ``StreamScheduler._overrun``). Planned
-    at the medians with no room learned, an overload's first 10 ms admitted 57 first leaves; the first calls ran
-    at 4x their medians (a new process, new stacked shapes), each submit planning that queue held the
-    interpreter from the worker 0.5-1 ms, its one-row calls took 10-30 ms, and every queued frame missed
-    (bench_streams at 300 fps: 20-57 misses in the first 100 ms)."""
+    at the medians with no room learned, an overload's first 10 ms admitted 57 first leaves; the first stacked
+    calls ran at 2-4x their predictions, each submit planning that queue held the interpreter from the worker
+    0.5-1 ms, its one-row calls took 10-30 ms, and every queued frame missed (bench_streams at 300 fps: 20-57
+    misses in the first 100 ms; planned at the predictions, 10-23 in three runs)."""
 
     __slots__ = ("base", "known", "pred")
 
