@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="markdown file")
     ap.add_argument("--smoke", action="store_true", help="hne_tiny, 3 passes, 1 round")
     args = ap.parse_args(argv)
+    import onnxruntime
+
     if args.smoke:
         args.model, args.repeats, args.rounds = "hne_tiny", 3, 1
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_ort_spinning_"))
@@ -103,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python benchmarks/bench_ort_spinning.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"# ONNX Runtime spinning: {args.model}, batch 1, a full pass of the tree", "",
              f"`{cmd.strip()}` - {started}, {platform.machine()}, {os.cpu_count()} CPUs, onnxruntime "
-             f"{__import__('onnxruntime').__version__}; {args.rounds} rounds of {args.repeats} passes; load average "
+             f"{onnxruntime.__version__}; {args.rounds} rounds of {args.repeats} passes; load average "
              f"{' -> '.join(f'{v:.1f}' for v in load) or 'n/a'}.", "",
              "| plan | threads | spinning | backend chose | pass ms, median of rounds (each round's) | p90 ms | vs 1 thread, default |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in configs:
         plan, threads, spin = c
-        one = next((medians[(plan, 1, s)] for s in ("default", *SPINNING) if (plan, 1, s) in medians), None)
+        one = next((medians[(plan, 1, s)] for s in SPINNING if (plan, 1, s) in medians), None)
         ratio = f"{np.median(medians[c]) / np.median(one):.2f}x" if one else "-"
         lines.append(f"| {plan} | {threads} | {spin} | {chose[c]} | **{np.median(medians[c]):.2f}** "
                      f"({', '.join(f'{m:.2f}' for m in medians[c])}) | {np.median(p90s[c]):.2f} | {ratio} |")  # fmt: skip

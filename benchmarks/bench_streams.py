@@ -52,6 +52,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -84,8 +85,9 @@ def export(workdir: Path, name: str, plan: str, torch_weights: bool) -> Path:
 
 
 def load() -> str:
+    """The 1-minute load average."""
     try:
-        return "/".join(f"{v:.1f}" for v in os.getloadavg())
+        return f"{os.getloadavg()[0]:.1f}"
     except OSError:
         return "n/a"
 
@@ -109,17 +111,13 @@ HEADER = ("| threads | cores | K | fps | method | frames | rejected | misses (ra
 def median_run(runs: list[dict]) -> dict:
     """One row from repeated runs of a configuration: each number the median over the runs (counts rounded down
     to whole frames), the runs' expected accuracies and load averages listed."""
-    import statistics
-
-    def med(values):
-        return statistics.median(values)
-
+    med = statistics.median
     first = runs[0]["summary"]
     summary = {key: med([r["summary"][key] for r in runs]) for key in first if key != "latency_ms"}
     for key in ("frames", "rejected", "misses"):
         summary[key] = int(summary[key])
     summary["latency_ms"] = {q: med([r["summary"]["latency_ms"][q] for r in runs]) for q in first["latency_ms"]}
-    row = {"summary": summary, "load": ", ".join(r["load"].split("/")[0] for r in runs),
+    row = {"summary": summary, "load": ", ".join(r["load"] for r in runs),
            "each_expected_accuracy": [r["summary"]["expected_accuracy"] for r in runs],
            "each_miss_rate": [r["summary"]["miss_rate"] for r in runs]}  # fmt: skip
     for key in ("calls", "stacked_calls"):
@@ -237,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict]] = {m: [] for m in methods}
             for rep in range(args.repeats):  # the methods in turn, each repeat: side by side under the same load
                 for method in methods:
-                    before = load()
+                    before = load()  # before the collection: the load the run meets
                     gc.collect()
                     gc.freeze()  # what setup left (torch's import: 200,000 objects) is never scanned again mid-row
                     run = replay_streams(method, open_runner, frames, arrivals, device_cores=device, host_cores=host)
-                    run = {"summary": summarize_streams(run, accuracy), "load": f"{before} / {load()}",
+                    run = {"summary": summarize_streams(run, accuracy), "load": before,
                            **{key: run[key] for key in ("calls", "stacked_calls") if key in run}}  # fmt: skip
                     runs[method].append(run)
                     print(f"  repeat {rep + 1}/{args.repeats}: " + row_markdown(

@@ -333,16 +333,15 @@ class StreamScheduler:
                     (ahead if f.late else waiting).append(Pending(f.key, f.deadline, 0, f.rows, f.late))
             now = self._clock()
             running = self._busy_until > -INF
-            args = (max(now, self._busy_until), waiting, Pending(key, stop_at, 0, rows, False), self._program, self._model,
-                    self.max_rows, self.batching, self._overhead)  # fmt: skip
-            planned = args
-            if self._overruns_seen < self._overruns_needed:  # no room learned yet: every call at its prediction
-                planned = args[:4] + (self._model_at_prediction,) + args[5:7] + ((self._overhead[1],) * 2,)
-            if admit(*planned, max(self._busy_margin if running else 0.0, self._overrun()), ahead):
-                frame.promised = first_leaf_end(*args, ahead)
+            start, me = max(now, self._busy_until), Pending(key, stop_at, 0, rows, False)
+            at_medians = (self._model, self.max_rows, self.batching, self._overhead)
+            learned = self._overruns_seen >= self._overruns_needed  # else no room yet: every call at its prediction
+            planned = at_medians if learned else (self._model_at_prediction, self.max_rows, self.batching, (self._overhead[1],) * 2)
+            if admit(start, waiting, me, self._program, *planned, max(self._busy_margin if running else 0.0, self._overrun()), ahead):
+                frame.promised = first_leaf_end(start, waiting, me, self._program, *at_medians, ahead)
             else:
                 queued = [f._replace(late=True) for f in (*waiting, *ahead)]  # every first leaf not yet started
-                end = late_end(args[0], queued, args[2], self._program, self._model, self._overhead)
+                end = late_end(start, queued, me, self._program, self._model, self._overhead)
                 if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or end > stop_at)):
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:  # late="run", no first leaf waits and it makes it at its median, or nothing else is pending
@@ -546,7 +545,7 @@ class StreamScheduler:
         self._overruns.expire(now - OVERRUN_HORIZON_S)
         learned = max(0.0, self._overruns.quantile(self.runner.quantile))
         room, since = self._room
-        room = max(learned, room * math.exp(-(now - since) / OVERRUN_RELEASE_S)) if since > -INF else learned
+        room = max(learned, room * math.exp((since - now) / OVERRUN_RELEASE_S))
         self._room = (room, now)
         return room
 
