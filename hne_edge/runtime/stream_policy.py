@@ -12,8 +12,8 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
 
 1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
-   (EDF) order from when the device is next free (the running call's median end, its margin carried) and the
-   late first leaves queued have run (they go first, see 3). The margin is at least what the scheduler learned
+   (EDF) order from when the device is next free (the running call's median end - or, past it, as far past it
+   again - its margin carried) and the late first leaves queued have run (they go first, see 3). The margin is at least what the scheduler learned
    its first leaves run over the end it planned for them at the medians (its quantile over the last 256; the
    worker measures it): one call's stall is not all a queue meets. That room falls gradually, never at once
    (``OVERRUN_RELEASE_S``), and until 1 / (1 - quantile) first leaves have measured it, admission plans each
@@ -75,7 +75,7 @@ from ..errors import InputError
 from .program import Program, choose
 from .session import check_count
 
-__all__ = ["Pending", "Decision", "admit", "first_leaf_end", "late_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
+__all__ = ["Pending", "Decision", "admit", "admission", "first_leaf_end", "late_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
 
 INF = math.inf
 
@@ -253,10 +253,26 @@ def admit(
     edge of its deadline, a small stall made those late too, and at 300 fps such late frames were answered
     0.5 s after their deadlines.
     A cost nothing measured says (infinite: a cold cost model) admits, as the runner runs a forced first leaf."""
+    return admission(start, waiting, frame, program, model_for, max_rows, batching, overhead, margin, ahead) is not None
+
+
+def admission(start: float, waiting: Sequence[Pending], frame: Pending, program: Program, model_for: Callable[[int], Any],
+              max_rows: float = INF, batching: bool = True, overhead: float | tuple[float, float] = 0.0,
+              margin: float = 0.0, ahead: Sequence[Pending] = ()) -> float | None:  # fmt: skip
+    """:func:`admit` (same arguments) and, when it admits, when the frame's first leaf ends at the medians as
+    :func:`first_leaf_end` plans it (INF: nothing measured); None: refused. One plan serves both unless the
+    plan with room for a stall left a queued frame out or ran each alone where stacked calls left one out (then
+    the plan at the medians is another): planning twice cost ``submit`` 40% of its time with 30 frames queued."""
     if not model_for(frame.rows).pred[program.at[0]] < INF:
-        return True
-    _, lost = _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching, overhead, margin, ahead, True)
-    return not lost
+        return INF
+    plan, lost, dropped, how = _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching,
+                                                  overhead, margin, ahead, True)  # fmt: skip
+    if lost:
+        return None
+    item, _, begin = next(entry for entry in plan if frame in entry[0].frames)
+    if not dropped and how != "separate":  # what keeps every frame with room for a stall keeps it at the medians
+        return begin + item.base
+    return first_leaf_end(start, waiting, frame, program, model_for, max_rows, batching, overhead, ahead)
 
 
 def first_leaf_end(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
@@ -264,22 +280,36 @@ def first_leaf_end(start: float, waiting: Sequence[Pending], frame: Pending, pro
                    overhead: float | tuple[float, float] = 0.0, ahead: Sequence[Pending] = ()) -> float:  # fmt: skip
     """When ``frame``'s first leaf ends as :func:`admit` plans it, at the medians (no stall): what the scheduler
     compares its real end with, to learn how far its plans run over (INF: nothing measured, or it does not fit)."""
-    plan, _ = _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching, overhead, 0.0, ahead, False)
-    return next((end for it, end in plan if frame in it.frames), INF)
+    plan, *_ = _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching, overhead, 0.0, ahead, False)
+    return next((end for it, end, _ in plan if frame in it.frames), INF)
 
 
 def _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching, overhead, margin, ahead, stall):
-    """:func:`admit`'s plan: the first leaves ``waiting`` that keep their deadlines, with ``frame``'s after ``ahead``."""
+    """:func:`admit`'s plan: the first leaves ``waiting`` that keep their deadlines, with ``frame``'s after ``ahead``:
+    (the plan, the frames it leaves out, the frames ``waiting`` left out before ``frame`` came, which plan it is:
+    :func:`_first_leaves_how`)."""
     j = program.at[0]
     overhead = _overheads(overhead)
+    model_for = _cached(model_for)
+    calls: dict[int, tuple] = {}  # rows -> (its call's (quantile, median), the step's median): a queue's frames share few
+
+    def member(f: Pending, deadline: float) -> _M:
+        call = calls.get(f.rows)
+        if call is None:
+            m = _member(f, deadline, j, model_for(f.rows), overhead)
+            calls[f.rows] = (m.cost, m.median)
+            return m
+        return _M(deadline, call[0], call[1], f)
+
     for f in ahead:
-        quantile, median = _member(f, INF, j, model_for(f.rows), overhead).cost
+        quantile, median = member(f, INF).cost
         start, margin = start + median, max(margin, quantile - median)
-    members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in waiting]
+    members = [member(f, f.deadline) for f in waiting]
     _, lost = _first_leaves(start, members, j, model_for, max_rows, batching, overhead, margin, stall)
-    on_time = [m for m in members if m.frame not in lost]
-    return _first_leaves(start, on_time + [_member(frame, frame.deadline, j, model_for(frame.rows), overhead)], j,
-                         model_for, max_rows, batching, overhead, margin, stall)  # fmt: skip
+    on_time = [m for m in members if m.frame not in lost] if lost else members
+    plan, left_out, how = _first_leaves_how(start, on_time + [member(frame, frame.deadline)], j, model_for, max_rows,
+                                            batching, overhead, margin, stall)  # fmt: skip
+    return plan, left_out, lost, how
 
 
 def late_end(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
@@ -316,8 +346,8 @@ def decide(
     ``overhead``: the worker's own seconds per call (deciding, handing frames over, uploading), its median and
     its quantile (a number: both), added to every call's median and prediction; ``risk``: the cost model's
     ``(quantile, worst_ratio)``: a refinement whose relative gain is below ``1 - quantile`` must end by its frame's
-    deadline even at ``worst_ratio`` times its median, the worst stall lately (None: at its prediction). Pure: nothing is changed, nothing
-    is run."""
+    deadline even at ``worst_ratio`` times its median, the worst stall lately (None: at its prediction). Pure:
+    nothing is changed, nothing is run."""
     n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
     overhead = _overheads(overhead)
     finish: list[int] = []
@@ -374,7 +404,7 @@ def decide(
     for f in lost:
         doomed.append(f.key)
         late.append(_Item(-INF, _member(f, INF, at[0], model_for(f.rows), overhead).cost, 0.0, at[0], [f]))
-    plan = _Plan(now, [it for it, _ in first])
+    plan = _Plan(now, [it for it, *_ in first])
 
     waiting_late = False
     for it in late:  # first come, first served, as long as the on-time first leaves stay on time
@@ -470,6 +500,19 @@ def _reach(model: Any, j: int, p: float, overhead: tuple[float, float], gain: Se
     return max(p, worst + overhead[1])
 
 
+def _cached(model_for: Callable[[int], Any]) -> Callable[[int], Any]:
+    """``model_for`` asked once per row count (a plan asks it for every frame and every stacked call)."""
+    models: dict[int, Any] = {}
+
+    def model(rows: int) -> Any:
+        m = models.get(rows)
+        if m is None:
+            m = models[rows] = model_for(rows)
+        return m
+
+    return model
+
+
 def _member(f: Pending, deadline: float, j: int, model: Any, overhead: tuple[float, float]) -> _M:
     """``f`` at step ``j`` with ``deadline``: what stacking and the plan read."""
     return _M(deadline, _call(model, j, overhead), model.base[j] if model.known[j] else INF, f)
@@ -477,39 +520,51 @@ def _member(f: Pending, deadline: float, j: int, model: Any, overhead: tuple[flo
 
 def _first_leaves(now: float, members: list[_M], j: int, model_for: Callable[[int], Any], max_rows: float,
                   batching: bool, overhead: tuple[float, float], margin: float = 0.0, stall: bool = True,
-                  ) -> tuple[list[tuple[_Item, float]], list[Pending]]:  # fmt: skip
+                  ) -> tuple[list[tuple[_Item, float, float]], list[Pending]]:  # fmt: skip
     """The first leaves' plan from ``now`` (``margin``: the running call's, see :class:`_Plan`): ``([(item, its
-    predicted end)] in EDF order, the frames it cannot keep on time)``.
+    predicted end, its start at the medians)] in EDF order, the frames it cannot keep on time)``.
 
     Frames are stacked as :func:`_batches` stacks them, or each runs alone: whichever keeps more of them on time
     (stacked on a tie); a frame that misses even so is left out (its first leaf runs late). Falling back to every
     frame alone whenever one stacked call missed was a cliff: a queue that fitted stacked at admission lost most
     of its frames at the next decision (bench_streams at 300 fps: half the admitted frames)."""
+    plan, lost, _ = _first_leaves_how(now, members, j, model_for, max_rows, batching, overhead, margin, stall)
+    return plan, lost
+
+
+def _first_leaves_how(now, members, j, model_for, max_rows, batching, overhead, margin, stall):
+    """:func:`_first_leaves` and which plan it is: "alone" (nothing stacks), "stacked", or "separate" (each alone
+    because stacked left more out)."""
     groups, singles = _batches(now, j, members, model_for, max_rows, overhead) if batching and len(members) > 1 else ([], members)
-    alone = sorted((_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in members), key=lambda it: it.deadline)
     if not groups:
-        return _keep(now, alone, margin, stall)
+        return (*_keep(now, _alone(members, j), margin, stall), "alone")
     stacked = _keep(now, sorted([_Item(g[0].deadline, cost, 0.0, j, [m.frame for m in g]) for cost, g in groups]
                                 + [_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in singles],
                                 key=lambda it: it.deadline), margin, stall)  # fmt: skip
     if not stacked[1]:
-        return stacked
-    separate = _keep(now, alone, margin, stall)
-    return separate if len(separate[1]) < len(stacked[1]) else stacked
+        return (*stacked, "stacked")
+    separate = _keep(now, _alone(members, j), margin, stall)
+    return (*separate, "separate") if len(separate[1]) < len(stacked[1]) else (*stacked, "stacked")
 
 
-def _keep(now: float, items: list[_Item], margin: float, stall: bool = True) -> tuple[list[tuple[_Item, float]], list[Pending]]:
+def _alone(members: list[_M], j: int) -> list[_Item]:
+    """Each member's call alone, in deadline order."""
+    return sorted((_Item(m.deadline, m.cost, 0.0, j, [m.frame]) for m in members), key=lambda it: it.deadline)
+
+
+def _keep(now: float, items: list[_Item], margin: float, stall: bool = True,
+          ) -> tuple[list[tuple[_Item, float, float]], list[Pending]]:  # fmt: skip
     """``items`` run in this order from ``now`` (medians in sequence plus the largest margin so far; ``stall``
-    False: the medians alone), each left out when it would end after its deadline: ``([(item, its predicted end)],
-    the frames left out)``."""
+    False: the medians alone), each left out when it would end after its deadline: ``([(item, its predicted end,
+    its start at the medians)], the frames left out)``."""
     plan, lost, base, worst = [], [], now, margin
     for it in items:
         end = base + it.base + (max(worst, it.margin) if stall else 0.0)
         if end > it.deadline:
             lost.extend(it.frames)
             continue
+        plan.append((it, end, base))
         base, worst = base + it.base, max(worst, it.margin)
-        plan.append((it, end))
     return plan, lost
 
 
