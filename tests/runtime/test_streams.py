@@ -586,3 +586,62 @@ def test_before_its_first_leaves_have_taught_the_room_admission_plans_every_call
 
     cold, warm = admitted(learned=False), admitted(learned=True)
     assert 1 <= cold < warm, (cold, warm)
+
+
+def test_a_call_running_past_its_median_end_is_expected_to_run_as_far_past_it_again(bundle):
+    """Admission plans from when the device is next free. A call already past its median end has stalled, for
+    a time no one knows; planned as if it ended now, every frame submitted during a 56 ms stall was admitted
+    and missed (bench_streams at 300 fps). It is expected to run as far past that end again."""
+    streams, runner, backend = scheduler(bundle, budget_ms=1e3, batching=False)
+    with streams:
+        assert streams.submit(0, frame(0)).result(10).stopped_by == "complete"  # the cost model measured
+        first_leaf = runner.cost.predict_step(0, 1)
+        backend.gate = threading.Event()
+        try:
+            streams.submit(1, frame(1))  # holds the device
+            wait_until(lambda: any(f.running for f in streams._frames.values()))
+            fits = streams.submit(2, frame(2), budget_ms=4 * first_leaf * 1e3)
+            assert not fits.done()  # admitted: the running call is due
+            backend.clock.t = streams._busy_until + 4 * first_leaf  # now 4 first leaves past its median end
+            refused = streams.submit(3, frame(3), budget_ms=4.5 * first_leaf * 1e3)  # 4 + its own 1 do not fit
+            assert refused.done() and refused.result().stopped_by == "rejected"
+            assert not streams.submit(4, frame(4), budget_ms=12 * first_leaf * 1e3).done()  # 4 + 1 fit in 12
+        finally:
+            backend.gate.set()
+
+
+def test_submit_builds_no_cost_model_and_admission_promises_what_a_plan_at_the_medians_says(bundle):
+    """An overload's first frames plan stacked calls of every size: each cost model built inside ``submit`` cost
+    0.8 ms there (13 ms in all), and a submitting thread that falls behind holds the interpreter from the
+    worker. The scheduler builds them first. And one plan serves admission and its promise: the promise is the
+    end ``first_leaf_end`` plans at the medians, on any queue."""
+    from hne_edge.runtime.cost_model import CostModel
+    from hne_edge.runtime.stream_policy import admission, first_leaf_end
+
+    streams, runner, backend = scheduler(bundle)
+    built = []
+    new_model = CostModel._new_model
+    CostModel._new_model = lambda self, batch: built.append(batch) or new_model(self, batch)
+    try:
+        with streams:
+            for k in range(20):
+                streams.submit(k % 4, frame(k), budget_ms=5.0)
+    finally:
+        CostModel._new_model = new_model
+    assert built == [], f"submit built cost models for {sorted(set(built))} rows"
+
+    rng = random.Random(0)
+    model = streams._model
+    program = streams._program
+    first_leaf = runner.cost.median_step(0, 1)
+    admitted = 0
+    for trial in range(300):
+        waiting = [Pending(k, rng.uniform(0, 30) * first_leaf, 0, rng.choice((1, 1, 2, 3)), False) for k in range(rng.randrange(12))]
+        me = Pending(99, rng.uniform(0, 30) * first_leaf, 0, rng.choice((1, 2)), False)
+        margin = rng.choice((0.0, first_leaf, 4 * first_leaf))
+        promise = admission(0.0, waiting, me, program, model, 8, True, 0.0, margin)
+        assert (promise is not None) == admit(0.0, waiting, me, program, model, 8, True, 0.0, margin)
+        if promise is not None:
+            admitted += 1
+            assert promise == pytest.approx(first_leaf_end(0.0, waiting, me, program, model, 8, True, 0.0))
+    assert 30 < admitted < 270  # both outcomes met
