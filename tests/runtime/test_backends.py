@@ -152,3 +152,24 @@ def test_bench_ort_spinning_runs_in_smoke_mode(tmp_path):
     assert chose == {("segments", "default"): "False", ("segments", "on"): "True", ("segments", "off"): "False",
                      ("fused", "default"): "None", ("fused", "on"): "True", ("fused", "off"): "False"}, chose  # fmt: skip
     assert all(float(r[4].split("**")[1]) > 0 for r in rows)  # every pass timed
+
+
+def test_bench_busy_thread_runs_in_smoke_mode(tmp_path):
+    """benchmarks/bench_busy_thread.py end to end on hne_tiny: a row per switch interval, main thread idle and
+    busy, each timed, and the interpreter's switch interval left as it was."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "busy.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # this checkout's
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_busy_thread.py"), "--smoke",
+                           "--workdir", str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ") and " ms |" in line]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("5 ms", "idle"), ("5 ms", "busy (Python loop)"),
+                                                            ("0.2 ms", "idle"), ("0.2 ms", "busy (Python loop)")], rows  # fmt: skip
+    assert all(float(r[2].split("**")[1]) > 0 for r in rows)  # every configuration timed
