@@ -270,8 +270,10 @@ class StreamScheduler:
             sizes = sorted({lo, self.max_rows if self.batching else lo})
             if profile and any(profile_at_batch(runner.profile_data, b) is None for b in sizes):
                 runner.profile(batch_sizes=sizes, warmup=3, repeats=20, save=False)
-            for rows in range(lo, self.max_rows + 1):  # admission plans stacked calls of every size from the start: a
-                runner.cost.for_batch(rows)  # cost model built in submit cost it 0.8 ms each, 13 ms in an overload's first frames
+            # admission plans stacked calls of every size from an overload's first frames: a cost model built inside
+            # submit cost it 0.8 ms (13 ms for all sizes), and a submitting thread that falls behind holds the worker
+            for rows in range(lo, self.max_rows + 1):
+                runner.cost.for_batch(rows)
         except BaseException:
             if self._owns:
                 runner.close()
@@ -401,9 +403,9 @@ class StreamScheduler:
 
     def _free_at(self, now: float) -> float:
         """When the device is next free, as admission plans it: the running call's median end; for a call already past
-        it, as far past it again. How long a stall lasts no one knows, and the time it has lasted is the best guess
-        of what is left; planned as if it ended now, the frames submitted during a 56 ms stall were admitted, one
-        after another, and every one missed (bench_streams at 300 fps)."""
+        it, as far past it again. How long a stall lasts no one knows; how far past its end it has run is the best
+        guess of how far it will. Planned as if it ended now, the frames submitted during a 56 ms stall were
+        admitted one after another, and every one missed (bench_streams at 300 fps)."""
         due = self._busy_until
         return now if due == -INF else due if now <= due else now + (now - due)
 
