@@ -23,7 +23,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,16 +32,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_ort_spinning import export  # noqa: E402
+from bench_ort_spinning import common_arguments, exported_bundle  # noqa: E402
 
 from hne_edge.bundle import SEGMENTS  # noqa: E402
+from hne_edge.runtime.bench import _pin  # noqa: E402
 
 SWITCH_S = (0.005, 0.0002)
-
-
-def _pin(cores: list[int]) -> None:
-    if cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)
 
 
 def first_leaf_ms(runner, calls: int, busy: bool, switch_s: float, device: list[int], host: list[int]) -> float:
@@ -81,20 +76,14 @@ def first_leaf_ms(runner, calls: int, busy: bool, switch_s: float, device: list[
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="hne_resnet_small")
+    common_arguments(ap, "hne_tiny, 5 calls, 1 round")
     ap.add_argument("--calls", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workdir", default=None, help="keep the exported bundle here between runs")
-    ap.add_argument("--out", default=None, help="markdown file")
-    ap.add_argument("--smoke", action="store_true", help="hne_tiny, 5 calls, 1 round")
     args = ap.parse_args(argv)
     if args.smoke:
         args.model, args.calls, args.rounds = "hne_tiny", 5, 1
     from hne_edge.runtime import AnytimeRunner
 
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_busy_thread_"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    bundle = export(workdir, args.model)
+    bundle = exported_bundle(args, "bench_busy_thread_")
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     device, host = allowed[:1], (allowed[1:2] or allowed[:1])
     configs = [(s, busy) for s in SWITCH_S for busy in (False, True)]

@@ -51,6 +51,22 @@ def export(workdir: Path, name: str) -> Path:
     return bundle
 
 
+def common_arguments(ap: argparse.ArgumentParser, smoke_help: str) -> None:
+    """The arguments this benchmark shares with bench_busy_thread."""
+    ap.add_argument("--model", default="hne_resnet_small")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workdir", default=None, help="keep the exported bundle here between runs")
+    ap.add_argument("--out", default=None, help="markdown file")
+    ap.add_argument("--smoke", action="store_true", help=smoke_help)
+
+
+def exported_bundle(args: argparse.Namespace, prefix: str) -> Path:
+    """``args.model``'s bundle in ``args.workdir`` (a new temporary folder when None), exported once."""
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=prefix))
+    workdir.mkdir(parents=True, exist_ok=True)
+    return export(workdir, args.model)
+
+
 def full_passes(bundle: Path, plan: str, threads: int, spinning: bool | None, repeats: int) -> tuple[np.ndarray, object]:
     """Seconds of each of ``repeats`` full passes (the sum of the profile's steps), and what the backend chose."""
     from hne_edge.runtime import AnytimeRunner
@@ -71,23 +87,17 @@ def full_passes(bundle: Path, plan: str, threads: int, spinning: bool | None, re
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="hne_resnet_small")
+    common_arguments(ap, "hne_tiny, 3 passes, 1 round")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--plans", default=f"{SEGMENTS},{FUSED}")
     ap.add_argument("--spinning", default="default,on,off")
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workdir", default=None, help="keep the exported bundle here between runs")
-    ap.add_argument("--out", default=None, help="markdown file")
-    ap.add_argument("--smoke", action="store_true", help="hne_tiny, 3 passes, 1 round")
     args = ap.parse_args(argv)
     import onnxruntime
 
     if args.smoke:
         args.model, args.repeats, args.rounds = "hne_tiny", 3, 1
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_ort_spinning_"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    bundle = export(workdir, args.model)
+    bundle = exported_bundle(args, "bench_ort_spinning_")
     configs = [(plan, int(t), s) for plan in args.plans.split(",") for t in args.threads.split(",") for s in args.spinning.split(",")]
     medians: dict[tuple, list[float]] = {c: [] for c in configs}
     p90s: dict[tuple, list[float]] = {c: [] for c in configs}

@@ -354,12 +354,10 @@ def decide(
     doomed: list[int] = []
     late: list[_Item] = []
     by_step: dict[int, list[_M]] = {}
-    models: dict[int, Any] = {}
+    model_for = _cached(model_for)
     for f in frames:
         n, rows = f.leaves, f.rows
-        model = models.get(rows)
-        if model is None:
-            model = models[rows] = model_for(rows)
+        model = model_for(rows)
         deadline = INF if (f.late and n == 0) else f.deadline
         j = at[n]
         if alts is not None and alts[n]:
@@ -396,7 +394,7 @@ def decide(
                 optional.append(item)
         for m in members:
             item = _Item(m.deadline, m.cost, (rise - gain[m.frame.leaves]) * m.frame.rows, j, [m.frame])
-            item.reach = _reach(models[m.frame.rows], j, m.cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk) - item.base
+            item.reach = _reach(model_for(m.frame.rows), j, m.cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk) - item.base
             optional.append(item)
 
     # the first leaves in EDF order (stacked where that keeps them on time); one late even at the medians is doomed
@@ -424,7 +422,7 @@ def decide(
                 for m in it.alone:
                     value = (rise - gain[m.frame.leaves]) * m.frame.rows
                     alone = _Item(m.deadline, m.cost, value, it.step, [m.frame])
-                    alone.reach = _reach(models[m.frame.rows], it.step, m.cost[0], overhead, gain, m.frame.leaves, steps[it.step].hi,
+                    alone.reach = _reach(model_for(m.frame.rows), it.step, m.cost[0], overhead, gain, m.frame.leaves, steps[it.step].hi,
                                          risk) - alone.base  # fmt: skip
                     heapq.heappush(heap, (-value / max(m.cost[0], 1e-12), seq, alone))
                     seq += 1
