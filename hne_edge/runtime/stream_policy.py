@@ -28,7 +28,11 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    frame is pending or running is run late, flagged, rather than rejected: it takes nothing from anyone, and a
    rejected frame measures nothing, so a prediction grown by a stall (a loaded machine) would otherwise reject
    every frame after it - unless its deadline has passed when it is submitted (a submitting thread that fell
-   behind): nothing can make it then.
+   behind): nothing can make it then. *One call's worth waits:* a frame whose stream already has a frame
+   waiting for its first leaf is refused, unplanned, when the first leaves waiting (its own rows counted)
+   exceed ``max_rows``: a full stacked call waiting keeps the device busy, a longer queue adds only waiting, and
+   a stall strikes every frame in it (:class:`~.streams.StreamScheduler` counts; a stream with no frame waiting
+   is planned as above, so a camera at its nominal rate never meets the rule).
 2. *First leaves first, in EDF order.* The first leaves of admitted frames are mandatory: a plan holds them
    in EDF order, and nothing enters the plan that would make one of them end after its deadline.
 3. *Slack to the highest value per millisecond.* The next step of every frame with a leaf (a leaf, or for

@@ -332,17 +332,23 @@ class StreamScheduler:
             handle = FrameHandle(self, stream, key)
             frame = _Frame(key, stream, handle, image, rows, t0, stop_at, budget, False)
             waiting, ahead = [], []
+            queued_rows, own_queued = rows, False
             for f in self._frames.values():
                 if f.leaves == 0 and not f.running:
                     (ahead if f.late else waiting).append(Pending(f.key, f.deadline, 0, f.rows, f.late))
+                    queued_rows += f.rows
+                    own_queued |= f.stream == stream
             now = self._clock()
             running = self._busy_until > -INF
             start, me = self._free_at(now), Pending(key, stop_at, 0, rows, False)
             at_medians = (self._model, self.max_rows, self.batching, self._overhead)
             learned = self._overruns_seen >= self._overruns_needed  # else no room yet: every call at its prediction
             planned = at_medians if learned else (self._model_at_prediction, self.max_rows, self.batching, (self._overhead[1],) * 2)
-            promise = admission(start, waiting, me, self._program, *planned, max(self._busy_margin if running else 0.0, self._overrun()),
-                                ahead)  # fmt: skip
+            if own_queued and queued_rows > self.max_rows:  # one call's worth waits (stream_policy, 1): refused unplanned
+                promise = None
+            else:
+                promise = admission(start, waiting, me, self._program, *planned,
+                                    max(self._busy_margin if running else 0.0, self._overrun()), ahead)  # fmt: skip
             if promise is not None and not learned:  # planned at the predictions; its promise is at the medians
                 promise = first_leaf_end(start, waiting, me, self._program, *at_medians, ahead)
             if promise is not None:

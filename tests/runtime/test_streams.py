@@ -610,6 +610,32 @@ def test_a_call_running_past_its_median_end_is_expected_to_run_as_far_past_it_ag
             backend.gate.set()
 
 
+def test_a_stream_with_a_frame_waiting_is_refused_while_a_full_call_of_first_leaves_waits(bundle):
+    """An overload (8 cameras at 300 fps) queued 30-60 first leaves: more than one stacked call of rows adds no
+    throughput, only waiting, and a stall then struck every frame queued. A frame is refused when its stream
+    already has a frame waiting for its first leaf and the first leaves waiting, its own counted, exceed one
+    call's rows (``max_rows``); a stream with none waiting is planned as always, and the queue drains."""
+    streams, runner, backend = scheduler(bundle, budget_ms=1e3)
+    assert streams.max_rows == 8
+    with streams:
+        assert streams.submit("warm", frame(0)).result(10).stopped_by == "complete"  # the cost model measured
+        backend.gate = threading.Event()
+        try:
+            streams.submit("hold", frame(1))  # holds the device
+            wait_until(lambda: any(f.running for f in streams._frames.values()))
+            queued = [streams.submit(k // 2, frame(k)) for k in range(8)]  # streams 0-3, two frames each: 8 rows
+            assert not any(h.done() for h in queued)  # one full call waits: admitted
+            crowded = streams.submit(0, frame(8))  # stream 0 has frames waiting and 9 rows > 8
+            assert crowded.done() and crowded.result().stopped_by == "rejected"
+            fresh = streams.submit(7, frame(9))  # stream 7 has none waiting: planned, admitted (1 s budget)
+            assert not fresh.done()
+        finally:
+            backend.gate.set()
+        results = [h.result(10) for h in (*queued, fresh)]
+        assert all(r.stopped_by == "complete" and r.met_deadline for r in results)
+        assert streams.submit(0, frame(10)).result(10).stopped_by == "complete"  # drained: stream 0 admitted again
+
+
 def test_submit_builds_no_cost_model_and_admission_promises_what_a_plan_at_the_medians_says(bundle):
     """An overload's first frames plan stacked calls of every size: each cost model built inside ``submit`` cost
     0.8 ms there (13 ms in all), and a submitting thread that falls behind holds the interpreter from the
