@@ -280,16 +280,18 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
     with runner, StreamScheduler(runner, **scheduler_options) as streams:
         if streams._worker is not None and streams._worker.native_id is not None:
             _pin(device_cores, streams._worker.native_id)
+        if streams._watcher is not None and streams._watcher.native_id is not None:  # it runs no model: a host thread, as the cameras'
+            _pin(host_cores, streams._watcher.native_id)
         _pin(host_cores)
         handles = []
         t0 = time.perf_counter() + 0.05
         for a in arrivals:
             _sleep_until(t0 + a.time)
             h = streams.submit(a.stream, image(a), deadline=t0 + a.deadline)
-            h.add_done_callback(lambda h, a=a: record(
-                {"stream": a.stream, "arrival": t0 + a.time, "deadline": t0 + a.deadline, "finished": h.result().finished,
-                 "leaves": h.result().leaves, "met": h.result().met_deadline, "rejected": h.result().stopped_by == "rejected",
-                 "late": h.result().late}))  # fmt: skip
+            h.add_done_callback(lambda h, a=a: record(  # finished: in the caller's hands, as a runner's return
+                {"stream": a.stream, "arrival": t0 + a.time, "deadline": t0 + a.deadline, "finished": (end := time.perf_counter()),
+                 "leaves": h.result().leaves, "met": h.result().met_deadline and end <= t0 + a.deadline,
+                 "rejected": h.result().stopped_by == "rejected", "late": h.result().late}))  # fmt: skip
             handles.append(h)
         for h in handles:
             h.result()

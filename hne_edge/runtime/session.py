@@ -309,8 +309,11 @@ class AnytimeSession:
     @property
     def steps_taken(self) -> list[tuple[int, int, int, float]]:
         """``(step index, first leaf, end, seconds)`` of each step so far: wall time up to its logits on the host."""
+        return self._steps_upto(self._next)
+
+    def _steps_upto(self, leaves: int) -> list[tuple[int, int, int, float]]:
         out, n, steps = [], 0, self._program.steps
-        while n < self._next:
+        while n < leaves:
             j = self._taken[n]
             out.append((j, n, steps[j].hi, self._step_s[n]))
             n = steps[j].hi
@@ -395,6 +398,27 @@ class AnytimeSession:
             class_names=self._class_names,
             leaf_ms=[t * 1e3 for t in self.leaf_seconds],
             step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in self.steps_taken],
+        ))  # fmt: skip
+
+    def answer_now(self, met_budget: bool, budget_ms: float | None, stopped_by: str, elapsed_s: float) -> AnytimeResult:
+        """The result of the leaves done so far, as :meth:`settle` then :meth:`result` would give it, while a step of
+        this session may be running in another thread (the stream scheduler answers a frame at its deadline): the
+        cache is left alone, the leaf logits are copied (a running step writes only the leaves after them), and
+        every field counts the same leaves."""
+        n = self._next
+        if n == 0:
+            raise NoResultError("session.answer_now(): no leaf evaluated yet")
+        steps = self._steps_upto(n)
+        return check_finite_result(AnytimeResult(
+            leaf_logits=self._leaf_logits[:n].copy(),
+            elapsed_ms=elapsed_s * 1e3,
+            met_budget=met_budget,
+            overran_min_leaves=False,
+            budget_ms=budget_ms,
+            stopped_by=stopped_by,
+            class_names=self._class_names,
+            leaf_ms=[t * 1e3 / (hi - lo) for _, lo, hi, t in steps for _ in range(hi - lo)],
+            step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in steps],
         ))  # fmt: skip
 
     def settle(self, met_budget: bool, budget_ms: float | None, stopped_by: str, elapsed_s: float) -> None:

@@ -40,11 +40,9 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    is worth its rise in expected accuracy - the bundle's accuracy after ``n`` leaves, :func:`gain_curve` - times
    the frame's rows (without an accuracy record: the leaves it adds), over its predicted cost. The steps enter
    the plan greedily by that value per millisecond, each only if the plan stays feasible (every item ends by
-   its deadline in EDF order). A refinement worth less than ``1 - quantile`` of what the frame already has
-   must end by the deadline even if it stalls as badly as any call did lately (``CostModel.worst_ratio`` times
-   its median, or its own worst recent time): an answer after the deadline is worth nothing, and a stall past
-   the quantile, which ``1 - quantile`` of calls see, would cost the frame more than the step adds. The step
-   that runs is the plan's earliest-deadline item; the plan is made again after every step (new frames,
+   its deadline in EDF order). A refinement that runs past its frame's deadline costs the frame nothing (it is
+   answered at its deadline with the leaves it has, see 6) but the device time; the plan keeps every first leaf
+   on time through it as through any call. The step that runs is the plan's earliest-deadline item; the plan is made again after every step (new frames,
    cancels, measured times). A late first leaf (below) waits only for the on-time ones: no refinement runs
    before it.
 4. *Batching across streams.* Frames waiting at the same step are one call (their rows stacked) when the cost
@@ -57,10 +55,14 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    time) is run late, flagged, rather than dropped; one that can still make it at the medians keeps its place
    (the quantile is admission's promise, not a reason to send an admitted frame to the back of the queue).
 6. *Delivery.* A frame's result is delivered as soon as it has every leaf, no step of it can end before its
-   deadline, its next step adds nothing (value <= 0), or it is cancelled. A result is never silently dropped:
-   a backend error during a step is that step's frames' exception.
+   deadline, its next step adds nothing (value <= 0), or it is cancelled - and, with a leaf, at its deadline
+   whatever runs then (:class:`~.streams.StreamScheduler`'s watcher: the answer the caller has by the deadline
+   is what counts, as for ``AnytimeRunner.run``). A result is never silently dropped: a backend error during a
+   step is that step's frames' exception.
 
-Time: deadlines are absolute values of the backend's clock, as for :meth:`AnytimeRunner.run`.
+Time: deadlines are absolute values of the backend's clock, as for :meth:`AnytimeRunner.run`. The scheduler
+passes each deadline less the time its answers lately took from its decision to the caller's hands (its
+quantile; callbacks and the interpreter's lock included): an answer counts when it is handed out.
 """
 
 from __future__ import annotations
@@ -198,13 +200,12 @@ class _Item:
     """One call of the plan: a step for one frame, or for several stacked (``alone``: their members, to try alone).
     ``cost``: its predicted quantile; ``base``: its median; ``margin``: the difference (what one stall may add)."""
 
-    __slots__ = ("deadline", "cost", "base", "margin", "reach", "value", "step", "frames", "alone")
+    __slots__ = ("deadline", "cost", "base", "margin", "value", "step", "frames", "alone")
 
     def __init__(self, deadline: float, cost: tuple[float, float], value: float, step: int, frames: list[Pending]) -> None:
         self.deadline, self.value, self.step, self.frames = deadline, value, step, frames
         self.cost, self.base = cost
         self.margin = self.cost - self.base
-        self.reach = self.margin  # what it must fit by its own deadline beyond its median (a risky refinement: more)
         self.alone: list | None = None
 
 
@@ -341,17 +342,14 @@ def decide(
     max_rows: float = INF,
     batching: bool = True,
     overhead: float | tuple[float, float] = 0.0,
-    risk: tuple[float, float] | None = None,
 ) -> Decision:
     """The policy of the module docstring: which step runs now, for which frames; which frames are delivered.
 
     ``model_for(rows)``: the cost model at that many rows (``pred``, ``base``, ``known`` per step, as
     ``CostModel.for_batch``); ``gain``: :func:`gain_curve`; ``max_rows``: the most rows one call may stack;
     ``overhead``: the worker's own seconds per call (deciding, handing frames over, uploading), its median and
-    its quantile (a number: both), added to every call's median and prediction; ``risk``: the cost model's
-    ``(quantile, worst_ratio)``: a refinement whose relative gain is below ``1 - quantile`` must end by its frame's
-    deadline even at ``worst_ratio`` times its median, the worst stall lately (None: at its prediction). Pure:
-    nothing is changed, nothing is run."""
+    its quantile (a number: both), added to every call's median and prediction. Pure: nothing is changed,
+    nothing is run."""
     n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
     overhead = _overheads(overhead)
     finish: list[int] = []
@@ -370,7 +368,6 @@ def decide(
         member = _member(f, deadline, j, model, overhead)
         p = model.pred[j] + overhead[1]
         if n:
-            p = _reach(model, j, p, overhead, gain, n, steps[j].hi, risk)
             if now + p > deadline or gain[steps[j].hi] <= gain[n]:
                 finish.append(f.key)  # no step of it can end by its deadline, or the next adds nothing
                 continue
@@ -391,14 +388,10 @@ def decide(
             for cost, group in groups:
                 item = _Item(group[0].deadline, cost, sum((rise - gain[m.frame.leaves]) * m.frame.rows for m in group), j,
                              [m.frame for m in group])  # fmt: skip
-                model = model_for(sum(m.frame.rows for m in group))
-                item.reach = max(_reach(model, j, cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk)
-                                 for m in group) - item.base  # fmt: skip
                 item.alone = group  # its members alone, for when the group does not fit
                 optional.append(item)
         for m in members:
             item = _Item(m.deadline, m.cost, (rise - gain[m.frame.leaves]) * m.frame.rows, j, [m.frame])
-            item.reach = _reach(model_for(m.frame.rows), j, m.cost[0], overhead, gain, m.frame.leaves, steps[j].hi, risk) - item.base
             optional.append(item)
 
     # the first leaves in EDF order (stacked where that keeps them on time); one late even at the medians is doomed
@@ -426,8 +419,6 @@ def decide(
                 for m in it.alone:
                     value = (rise - gain[m.frame.leaves]) * m.frame.rows
                     alone = _Item(m.deadline, m.cost, value, it.step, [m.frame])
-                    alone.reach = _reach(model_for(m.frame.rows), it.step, m.cost[0], overhead, gain, m.frame.leaves, steps[it.step].hi,
-                                         risk) - alone.base  # fmt: skip
                     heapq.heappush(heap, (-value / max(m.cost[0], 1e-12), seq, alone))
                     seq += 1
     if not plan.items:
@@ -472,7 +463,7 @@ class _Plan:
         """Whether ``it`` at ``pos`` ends by its deadline and the items after it (up to ``upto``) still do."""
         base = self.bases[pos - 1] if pos else 0.0
         margin = self.margins[pos - 1] if pos else self.margin0
-        if self.now + base + it.base + max(margin, it.reach) > it.deadline > -INF:  # (a late first leaf: -INF)
+        if self.now + base + it.base + max(margin, it.margin) > it.deadline > -INF:  # (a late first leaf: -INF)
             return False
         for k in range(pos, len(self.items) if upto is None else upto):
             if self.now + self.bases[k] + it.base + max(self.margins[k], it.margin) > self.deadlines[k]:
@@ -486,20 +477,6 @@ class _Plan:
             return False
         self._put(pos, it)
         return True
-
-
-def _reach(model: Any, j: int, p: float, overhead: tuple[float, float], gain: Sequence[float], n: int, hi: int,
-           risk: tuple[float, float] | None) -> float:
-    """What a refinement from ``n`` to ``hi`` leaves must fit by its frame's deadline: its prediction ``p``; or,
-    when it would raise the frame's worth by less than ``1 - quantile`` of it, its median times the worst ratio
-    lately (``risk``: (quantile, the cost model's ``worst_ratio``)).
-    Starting it risks the whole frame (an answer after the deadline is worth nothing) for its rise: a stall
-    beyond the quantile (which ``1 - quantile`` of calls see) would cost more than the rise brings."""
-    if risk is None or not model.known[j] or gain[hi] <= 0 or (gain[hi] - gain[n]) / gain[hi] >= 1 - risk[0]:
-        return p
-    tail = getattr(model, "tail", None)
-    worst = max(model.base[j] * risk[1], tail[j] if tail is not None and tail[j] < INF else 0.0)
-    return max(p, worst + overhead[1])
 
 
 def _cached(model_for: Callable[[int], Any]) -> Callable[[int], Any]:

@@ -15,6 +15,8 @@ call). ``submit`` checks the image, admits or rejects the frame at once and retu
 exactly one :class:`StreamResult`: its leaves, its logits (the mean of its leaf logits: the runner's prefix
 mean), whether its deadline was met and why it stopped. ``close()`` lets the frames pending finish (by their
 deadlines) or, with ``cancel=True``, stops them at their next step boundary; either way each gets its result.
+A second thread answers at its deadline every frame that has a leaf and is still pending - waiting for a step,
+or inside one (the worker cannot answer while it waits for the device): what it has by then, handed out by then.
 
 **The policy** (admission, EDF over first leaves, slack by value per millisecond, stacking across streams)
 is stated in :mod:`.stream_policy`, whose :func:`admit` and :func:`decide` the worker calls.
@@ -82,7 +84,8 @@ class StreamResult:
 
     ``stopped_by``: "complete" (every leaf), "deadline" (no further step could end by it, or add anything),
     "cancelled", "rejected" (admission control: its first leaf could not end in time). ``met_deadline``: it has
-    a leaf and its last leaf ended by its deadline. ``late``: its first leaf ran although predicted to miss
+    a leaf and was answered by its deadline (``finished <= deadline``: its answer in the caller's hands by then,
+    as ``AnytimeRunner.run`` returning by it). ``late``: its first leaf ran although predicted to miss
     (``late="run"``, or its prediction grew after admission). ``submitted`` / ``deadline`` / ``finished`` (its
     delivery) are clock seconds; ``batched``: how many frames each of its steps' calls ran for (1: alone).
     """
@@ -193,7 +196,7 @@ class _Floor:
 
 class _Frame:
     __slots__ = ("key", "stream", "handle", "image", "rows", "submitted", "deadline", "budget_ms", "late", "session",
-                 "batched", "last_leaf", "cancelled", "running", "promised")  # fmt: skip
+                 "batched", "last_leaf", "cancelled", "running", "promised", "answered")  # fmt: skip
 
     def __init__(self, key, stream, handle, image, rows, submitted, deadline, budget_ms, late) -> None:
         self.key, self.stream, self.handle, self.image, self.rows = key, stream, handle, image, rows
@@ -204,6 +207,7 @@ class _Frame:
         self.cancelled = False
         self.running = False
         self.promised = INF  # its first leaf's end at the medians as admission planned it
+        self.answered = False  # answered at its deadline by the watcher (maybe while its step runs)
 
     @property
     def leaves(self) -> int:
@@ -255,6 +259,7 @@ class StreamScheduler:
             check_stop_at(0.0, budget_ms, None)  # the one check of a budget
         self._closing = True  # until the worker runs
         self._worker: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
         runner = AnytimeRunner(runner, **runner_options) if self._owns else runner
         try:
             self.runner = runner
@@ -299,9 +304,13 @@ class StreamScheduler:
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
         self.calls = 0  # step calls run
         self.stacked_calls = 0  # of which for several frames
+        self._answer_lateness = _Window(OVERHEAD_WINDOW)  # how late the watcher's answers came (see _watch)
+        self._handout = _Window(OVERHEAD_WINDOW)  # the worker's: from deciding to deliver to handed out (see _work)
         self._closing = False
         self._worker = threading.Thread(target=self._work, name="hne-edge-streams", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="hne-edge-streams-deadlines", daemon=True)
         self._worker.start()
+        self._watcher.start()
 
     # -- the API -----------------------------------------------------------------------------------------
     def submit(self, stream: Hashable, x: np.ndarray, deadline: float | None = None, *,
@@ -333,14 +342,15 @@ class StreamScheduler:
             frame = _Frame(key, stream, handle, image, rows, t0, stop_at, budget, False)
             waiting, ahead = [], []
             queued_rows, own_queued = rows, False
+            lag = self._handout.quantile(self.runner.quantile)  # planned to end by the deadline less the hand-out
             for f in self._frames.values():
                 if f.leaves == 0 and not f.running:
-                    (ahead if f.late else waiting).append(Pending(f.key, f.deadline, 0, f.rows, f.late))
+                    (ahead if f.late else waiting).append(Pending(f.key, f.deadline - lag, 0, f.rows, f.late))
                     queued_rows += f.rows
                     own_queued |= f.stream == stream
             now = self._clock()
             running = self._busy_until > -INF
-            start, me = self._free_at(now), Pending(key, stop_at, 0, rows, False)
+            start, me = self._free_at(now), Pending(key, stop_at - lag, 0, rows, False)
             at_medians = (self._model, self.max_rows, self.batching, self._overhead)
             learned = self._overruns_seen >= self._overruns_needed  # else no room yet: every call at its prediction
             planned = at_medians if learned else (self._model_at_prediction, self.max_rows, self.batching, (self._overhead[1],) * 2)
@@ -356,7 +366,7 @@ class StreamScheduler:
             else:
                 queued = [f._replace(late=True) for f in (*waiting, *ahead)]  # every first leaf not yet started
                 end = late_end(start, queued, me, self._program, self._model, self._overhead)
-                if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or end > stop_at)):
+                if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or end > me.deadline)):
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:  # late="run", no first leaf waits and it makes it at its median, or nothing else is pending
                     frame.late = True
@@ -381,6 +391,8 @@ class StreamScheduler:
         worker.join(timeout)
         if worker.is_alive():
             raise TimeoutError(f"StreamScheduler.close: {len(self._frames)} frame(s) still pending after {timeout} s")
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout)
 
     @property
     def closed(self) -> bool:
@@ -418,10 +430,6 @@ class StreamScheduler:
     def _model_at_prediction(self, rows: int) -> "_AtPrediction":
         return _AtPrediction(self._model(rows))
 
-    def _risk(self) -> tuple[float, float]:
-        """(quantile, worst ratio lately) of the cost model at the smallest batch, whose calls are the most frequent."""
-        return self.runner.quantile, self.runner.cost.for_batch(self.runner.input_spec.batch[0]).worst_ratio
-
     def _cancel(self, key: int) -> bool:
         with self._cond:
             frame = self._frames.get(key)
@@ -434,7 +442,7 @@ class StreamScheduler:
     def _deliver(self, frame: _Frame, reason: str, now: float) -> tuple[Future, Any]:
         """(its handle, its StreamResult or the exception that stands for it)."""
         session, leaves = frame.session, frame.leaves
-        met = leaves > 0 and frame.last_leaf <= frame.deadline
+        met = leaves > 0 and frame.last_leaf <= frame.deadline and now <= frame.deadline
         try:
             result = None
             if session is not None:
@@ -474,9 +482,10 @@ class StreamScheduler:
                         break
                     if self._frames and not out:  # results first: a callback never delays a step already planned
                         now = self._clock()
-                        decision = decide(now, [Pending(f.key, f.deadline, f.leaves, f.rows, f.late) for f in self._frames.values()],
+                        lag = self._handout.quantile(self.runner.quantile)  # every answer must be handed out by then
+                        decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
-                                          self._overhead, self._risk())  # fmt: skip
+                                          self._overhead)  # fmt: skip
                         for key in decision.doomed:
                             self._frames[key].late = True
                         for key in decision.finish:
@@ -494,12 +503,19 @@ class StreamScheduler:
                                     if not f.running and not f.leaves and f.key < ahead_of:
                                         f.promised += decision.median
                             self._busy_margin = max(0.0, decision.seconds - decision.median) if decision.seconds < INF else 0.0
+                decided = [v.finished for _, v in out if isinstance(v, StreamResult)]
                 _hand_out(out)
+                if decided:  # how long after its decision an answer is in the caller's hands (callbacks included)
+                    lag = self._clock() - min(decided)
+                    with self._cond:
+                        self._handout.add(lag)
                 if run is not None:
                     self._run(*run, out)
         except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
             self._fail(exc, out)
         finally:
+            with self._cond:
+                self._cond.notify_all()  # the watcher: nothing is left to watch
             runner._release()
             if self._owns:
                 runner.close()
@@ -530,8 +546,11 @@ class StreamScheduler:
                 self.runner.cost.for_batch(sum(f.rows for f in frames)).observe(j, seconds)
                 self._gaps.add(gap)
                 self._overhead = (self._gaps.quantile(0.5), self._gaps.quantile(self.runner.quantile))
+            self._cond.notify_all()  # the watcher: these frames' leaves (their deadlines to watch)
             for f in frames:
                 f.running = False
+                if f.answered:  # answered at its deadline while this step ran: the watcher delivered it
+                    continue
                 if error is not None:
                     del self._frames[f.key]
                     out.append((f.handle, error))
@@ -571,12 +590,53 @@ class StreamScheduler:
         self._room = (room, now)
         return room
 
+    def _watch(self) -> None:
+        """Answer at its deadline every frame with a leaf still pending (waiting for a step, or inside one): the
+        worker waits for the device and cannot. Wakes as far ahead of the deadline as its answers lately came
+        after the time it woke for (waking, building them, handing them out: its quantile over the last
+        ``OVERHEAD_WINDOW`` rounds), so the answer is handed out by the deadline. A frame answered inside a step
+        leaves the worker's hands: the step's leaf is not part of its answer."""
+        out: list = []
+        try:
+            while True:
+                with self._cond:
+                    while True:
+                        if self._closing and not self._frames:
+                            return
+                        ahead = self._answer_lateness.quantile(self.runner.quantile)
+                        due = min((f.deadline for f in self._frames.values() if f.leaves and not f.cancelled), default=INF)
+                        now = self._clock()
+                        if now >= due - ahead:
+                            break
+                        self._cond.wait(None if due == INF else due - ahead - now)
+                    for key in [k for k, f in self._frames.items() if f.leaves and not f.cancelled and f.deadline - ahead <= now]:
+                        frame = self._frames.pop(key)
+                        frame.answered = True
+                        out.append(self._answer(frame, self._clock()))
+                    self._cond.notify_all()  # the worker: frames gone from its plan
+                _hand_out(out)  # (callbacks included: the answer is in the caller's hands after them)
+                self._answer_lateness.add(max(0.0, self._clock() - (due - ahead)))
+        except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
+            self._fail(exc, out)
+
+    def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:
+        """The watcher's :meth:`_deliver`: its leaves so far, the session left to a step that may be running."""
+        met = now <= frame.deadline
+        try:
+            result = frame.session.answer_now(met, frame.budget_ms, _RESULT_REASON["deadline"], now - frame.submitted)
+            return frame.handle, StreamResult(frame.stream, frame.key, "deadline", met, frame.late, frame.submitted,
+                                              frame.deadline, now, result, tuple(frame.batched))  # fmt: skip
+        except Exception as exc:  # e.g. non-finite logits: the frame's outcome is that error
+            return frame.handle, exc
+
     def _fail(self, exc: BaseException, out: list | None = None) -> None:
         out = out if out is not None else []
         with self._cond:
             self._closing = True
             self._error = exc
             error = exc if isinstance(exc, Exception) else HNEError(f"the stream scheduler's worker stopped: {exc!r}")
+            for f in self._frames.values():
+                f.answered = True  # a step still running for it (the watcher failed) hands out nothing more
             out.extend((f.handle, error) for f in self._frames.values())
             self._frames.clear()
         _hand_out(out)
