@@ -342,7 +342,7 @@ class StreamScheduler:
             frame = _Frame(key, stream, handle, image, rows, t0, stop_at, budget, False)
             waiting, ahead = [], []
             queued_rows, own_queued = rows, False
-            lag = self._handout.quantile(self.runner.quantile)  # planned to end by the deadline less the hand-out
+            lag = self._lag(self._handout, t0)  # planned to end by the deadline less the hand-out
             for f in self._frames.values():
                 if f.leaves == 0 and not f.running:
                     (ahead if f.late else waiting).append(Pending(f.key, f.deadline - lag, 0, f.rows, f.late))
@@ -482,7 +482,7 @@ class StreamScheduler:
                         break
                     if self._frames and not out:  # results first: a callback never delays a step already planned
                         now = self._clock()
-                        lag = self._handout.quantile(self.runner.quantile)  # every answer must be handed out by then
+                        lag = self._lag(self._handout, now)  # every answer must be handed out by then
                         decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
                                           self._overhead)  # fmt: skip
@@ -506,9 +506,9 @@ class StreamScheduler:
                 decided = [v.finished for _, v in out if isinstance(v, StreamResult)]
                 _hand_out(out)
                 if decided:  # how long after its decision an answer is in the caller's hands (callbacks included)
-                    lag = self._clock() - min(decided)
+                    end = self._clock()
                     with self._cond:
-                        self._handout.add(lag)
+                        self._handout.add(end - min(decided), end)
                 if run is not None:
                     self._run(*run, out)
         except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
@@ -603,9 +603,9 @@ class StreamScheduler:
                     while True:
                         if self._closing and not self._frames:
                             return
-                        ahead = self._answer_lateness.quantile(self.runner.quantile)
-                        due = min((f.deadline for f in self._frames.values() if f.leaves and not f.cancelled), default=INF)
                         now = self._clock()
+                        ahead = self._lag(self._answer_lateness, now)
+                        due = min((f.deadline for f in self._frames.values() if f.leaves and not f.cancelled), default=INF)
                         if now >= due - ahead:
                             break
                         self._cond.wait(None if due == INF else due - ahead - now)
@@ -615,9 +615,18 @@ class StreamScheduler:
                         out.append(self._answer(frame, self._clock()))
                     self._cond.notify_all()  # the worker: frames gone from its plan
                 _hand_out(out)  # (callbacks included: the answer is in the caller's hands after them)
-                self._answer_lateness.add(max(0.0, self._clock() - (due - ahead)))
+                end = self._clock()
+                with self._cond:
+                    self._answer_lateness.add(max(0.0, end - (due - ahead)), end)
         except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
             self._fail(exc, out)
+
+    def _lag(self, window: "_Window", now: float) -> float:
+        """The runner's quantile of a lag ``window`` over its samples of the last ``OVERRUN_HORIZON_S``: one
+        pause (a collection, the interpreter's lock held 5 ms) shifts the deadlines of the next second, not of
+        the next ``OVERHEAD_WINDOW`` answers. Under the lock: both threads read both windows."""
+        window.expire(now - OVERRUN_HORIZON_S)
+        return window.quantile(self.runner.quantile)
 
     def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:
         """The watcher's :meth:`_deliver`: its leaves so far, the session left to a step that may be running."""
