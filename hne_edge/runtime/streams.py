@@ -84,8 +84,9 @@ class StreamResult:
 
     ``stopped_by``: "complete" (every leaf), "deadline" (no further step could end by it, or add anything),
     "cancelled", "rejected" (admission control: its first leaf could not end in time). ``met_deadline``: it has
-    a leaf and was answered by its deadline (``finished <= deadline``: its answer in the caller's hands by then,
-    as ``AnytimeRunner.run`` returning by it). ``late``: its first leaf ran although predicted to miss
+    a leaf and was answered by its deadline (``finished``, when the scheduler handed it to the handle, ``<=
+    deadline``; the scheduler plans for the time that takes, callbacks included, as ``AnytimeRunner.run``
+    returning by it). ``late``: its first leaf ran although predicted to miss
     (``late="run"``, or its prediction grew after admission). ``submitted`` / ``deadline`` / ``finished`` (its
     delivery) are clock seconds; ``batched``: how many frames each of its steps' calls ran for (1: alone).
     """
