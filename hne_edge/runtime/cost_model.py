@@ -293,12 +293,6 @@ class _BatchModel:
         bisect.insort(srt, ratio)
         self.count += 1
 
-    @property
-    def worst_ratio(self) -> float:
-        """The largest ``time / base`` ratio of the last ``window`` observations (each capped at ``max_ratio``;
-        ``max_ratio`` before any): the worst stall lately, as a multiple of a step's median (pooled, as ``scale``)."""
-        return self.sorted[-1] if self.sorted else self.max_ratio
-
     def _quantile(self) -> float:
         srt = self.sorted
         if not srt:

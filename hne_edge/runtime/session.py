@@ -78,6 +78,14 @@ class NonFiniteResult(HNEError, FloatingPointError):
     """
 
 
+def _leaf_seconds(steps: list[tuple[int, int, int, float]]) -> list[float]:
+    """Each leaf's seconds of ``steps`` (``steps_taken``' rows): a step's time split evenly over its leaves."""
+    out: list[float] = []
+    for _, lo, hi, t in steps:
+        out += [t / (hi - lo)] * (hi - lo)
+    return out
+
+
 def check_finite_result(result: AnytimeResult) -> AnytimeResult:
     """``result``, once its leaves' logits and their mean are finite; else :class:`NonFiniteResult` naming the first
     leaf that is not (the one check of what comes out, as :func:`~.inputs.check_input` is of what goes in)."""
@@ -322,10 +330,7 @@ class AnytimeSession:
     @property
     def leaf_seconds(self) -> list[float]:
         """Wall time of each leaf evaluated so far (seconds): a step's time, split evenly over its leaves."""
-        out: list[float] = []
-        for _, lo, hi, t in self.steps_taken:
-            out += [t / (hi - lo)] * (hi - lo)
-        return out
+        return _leaf_seconds(self.steps_taken)
 
     # -- control -------------------------------------------------------------
     def cancel(self) -> None:
@@ -387,17 +392,22 @@ class AnytimeSession:
             raise SessionCancelled("session.result(): cancelled before its first leaf, so there is no result")
         if n == 0:
             raise NoResultError("session.result(): no leaf evaluated yet; call step() or refine() first")
-        met, overran, budget, reason = self._status
+        return self._result_of(n, self._leaf_logits[:n], self._elapsed, *self._status)
+
+    def _result_of(self, n: int, leaf_logits: np.ndarray, elapsed_s: float, met: bool, overran: bool,
+                   budget_ms: float | None, reason: str) -> AnytimeResult:  # fmt: skip
+        """The result of the first ``n`` leaves (``leaf_logits``), every field counting the same leaves."""
+        steps = self._steps_upto(n)
         return check_finite_result(AnytimeResult(
-            leaf_logits=self._leaf_logits[:n],
-            elapsed_ms=self._elapsed * 1e3,
+            leaf_logits=leaf_logits,
+            elapsed_ms=elapsed_s * 1e3,
             met_budget=met,
             overran_min_leaves=overran,
-            budget_ms=budget,
+            budget_ms=budget_ms,
             stopped_by=reason,
             class_names=self._class_names,
-            leaf_ms=[t * 1e3 for t in self.leaf_seconds],
-            step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in self.steps_taken],
+            leaf_ms=[t * 1e3 for t in _leaf_seconds(steps)],
+            step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in steps],
         ))  # fmt: skip
 
     def answer_now(self, met_budget: bool, budget_ms: float | None, stopped_by: str, elapsed_s: float) -> AnytimeResult:
@@ -408,18 +418,7 @@ class AnytimeSession:
         n = self._next
         if n == 0:
             raise NoResultError("session.answer_now(): no leaf evaluated yet")
-        steps = self._steps_upto(n)
-        return check_finite_result(AnytimeResult(
-            leaf_logits=self._leaf_logits[:n].copy(),
-            elapsed_ms=elapsed_s * 1e3,
-            met_budget=met_budget,
-            overran_min_leaves=False,
-            budget_ms=budget_ms,
-            stopped_by=stopped_by,
-            class_names=self._class_names,
-            leaf_ms=[t * 1e3 / (hi - lo) for _, lo, hi, t in steps for _ in range(hi - lo)],
-            step_ms=[(lo, hi, t * 1e3) for _, lo, hi, t in steps],
-        ))  # fmt: skip
+        return self._result_of(n, self._leaf_logits[:n].copy(), elapsed_s, met_budget, False, budget_ms, stopped_by)
 
     def settle(self, met_budget: bool, budget_ms: float | None, stopped_by: str, elapsed_s: float) -> None:
         """Record how a frame stepped from outside ended (the stream scheduler's: it runs the steps with

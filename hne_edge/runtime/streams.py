@@ -547,7 +547,8 @@ class StreamScheduler:
                 self.runner.cost.for_batch(sum(f.rows for f in frames)).observe(j, seconds)
                 self._gaps.add(gap)
                 self._overhead = (self._gaps.quantile(0.5), self._gaps.quantile(self.runner.quantile))
-            self._cond.notify_all()  # the watcher: these frames' leaves (their deadlines to watch)
+            if any(not f.batched for f in frames):  # a first leaf: a deadline the watcher now watches
+                self._cond.notify_all()
             for f in frames:
                 f.running = False
                 if f.answered:  # answered at its deadline while this step ran: the watcher delivered it
@@ -614,7 +615,8 @@ class StreamScheduler:
                         frame = self._frames.pop(key)
                         frame.answered = True
                         out.append(self._answer(frame, self._clock()))
-                    self._cond.notify_all()  # the worker: frames gone from its plan
+                    if out:
+                        self._cond.notify_all()  # the worker: frames gone from its plan
                 _hand_out(out)  # (callbacks included: the answer is in the caller's hands after them)
                 end = self._clock()
                 with self._cond:
