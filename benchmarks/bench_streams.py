@@ -14,7 +14,8 @@ to serve the same arrivals and images (``hne_edge.runtime.bench.replay_streams``
   budget the time to its deadline; a frame that waited past it still runs its forced first leaf, late);
 * **fifo**: one runner, frames first in first out, each ``run(x, deadline=...)`` (budget the time left);
 * **scheduler**: one :class:`~hne_edge.runtime.StreamScheduler` (admission, EDF over first leaves, slack by
-  expected accuracy per ms, frames stacked across cameras where the profile says it pays).
+  expected accuracy per ms, frames stacked across cameras where the profile says it pays);
+  ``scheduler-guard=0`` in ``--methods``: the same with ``guard_ms=0`` (a row of its own, beside the default).
 
 Each configuration runs ``--repeats`` (3) times, the three methods in turn each time (side by side under the
 same load); a row gives each number's median over its runs, and lists each run's miss rate and expected
@@ -126,6 +127,12 @@ def median_run(runs: list[dict]) -> dict:
     return row
 
 
+def method_options(method: str) -> tuple[str, dict]:
+    """``"scheduler-guard=0.25"``: the scheduler with ``guard_ms=0.25`` (a row beside the default's); others as named."""
+    name, _, guard = method.partition("-guard=")
+    return (name, {"guard_ms": float(guard)}) if guard else (name, {})
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """The issue's targets, per configuration."""
     out = []
@@ -166,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jitter-ms", type=float, default=2.0)
     ap.add_argument("--overload-fps", type=float, default=300.0, help="8 cameras at this rate (0: no overload rows)")
     ap.add_argument("--overload-seconds", type=float, default=2.0)
-    ap.add_argument("--methods", default="runners,fifo,scheduler")
+    ap.add_argument("--methods", default="runners,fifo,scheduler",
+                    help="of runners, fifo, scheduler, scheduler-guard=MS (the scheduler with that guard_ms)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, methods in turn; rows give medians")
     ap.add_argument("--workdir", default=None, help="keep the exported bundle here between runs")
     ap.add_argument("--out", default=None, help="markdown file (and .json beside it)")
@@ -238,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                     before = load()  # before the collection: the load the run meets
                     gc.collect()
                     gc.freeze()  # what setup left (torch's import: 200,000 objects) is never scanned again mid-row
-                    run = replay_streams(method, open_runner, frames, arrivals, device_cores=device, host_cores=host)
+                    name, options = method_options(method)
+                    run = replay_streams(name, open_runner, frames, arrivals, device_cores=device, host_cores=host, **options)
                     run = {"summary": summarize_streams(run, accuracy), "load": before,
                            **{key: run[key] for key in ("calls", "stacked_calls") if key in run}}  # fmt: skip
                     runs[method].append(run)

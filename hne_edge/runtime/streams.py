@@ -71,6 +71,8 @@ OVERHEAD_WINDOW = 128  # the worker's recent per-call times the plan's overhead 
 OVERRUN_WINDOW = 256  # the recent first leaves whose overruns admission keeps room for ...
 OVERRUN_HORIZON_S = 1.0  # ... those that ended in the last second
 OVERRUN_RELEASE_S = 0.5  # where they say less, the room falls by a factor e every this many seconds
+GUARD_MS = 0.5  # see StreamScheduler's guard_ms
+MAX_GUARD_MS = 1000.0
 _RESULT_REASON = {"deadline": "budget"}  # the runner's word in AnytimeResult.stopped_by
 
 
@@ -233,6 +235,10 @@ class StreamScheduler:
         batching: stack frames waiting at the same step into one call where the cost model says it is cheaper.
             Backends whose handles cannot be stacked (``Backend.row_batching`` False) never do.
         max_rows: the most rows one call stacks (default: the bundle's max batch).
+        guard_ms: every answer is planned this much before its deadline, beyond the hand-out lags the scheduler
+            measures (admission, the worker's last step, the watcher's wake-up): what no window of lags shows, a
+            thread woken late or the interpreter's lock held, handed answers out 0-1 ms late at 8 cameras
+            (``benchmarks/bench_streams.py``; BENCHMARKS.md compares 0, 0.5 and 1 ms). 0: none.
         profile: when the runner's cost profile does not cover 1 row and ``max_rows`` rows, measure one first
             (``runner.profile(batch_sizes=(min batch, max_rows), warmup=3, repeats=20, save=False)``): a deadline
             needs a prediction, and a batch size nothing measured is never stacked.
@@ -247,6 +253,7 @@ class StreamScheduler:
         late: str = "reject",
         batching: bool = True,
         max_rows: int | None = None,
+        guard_ms: float = GUARD_MS,
         profile: bool = True,
         **runner_options: Any,
     ) -> None:
@@ -258,6 +265,8 @@ class StreamScheduler:
             raise InputError(f"late: received {late!r}; expected one of {list(LATE)}")
         if budget_ms is not None:
             check_stop_at(0.0, budget_ms, None)  # the one check of a budget
+        if not (isinstance(guard_ms, (int, float)) and not isinstance(guard_ms, bool) and 0 <= guard_ms <= MAX_GUARD_MS):
+            raise InputError(f"guard_ms: received {guard_ms!r}; expected a number of ms from 0 to {MAX_GUARD_MS}")
         self._closing = True  # until the worker runs
         self._worker: threading.Thread | None = None
         self._watcher: threading.Thread | None = None
@@ -266,6 +275,7 @@ class StreamScheduler:
             self.runner = runner
             self.budget_ms = budget_ms
             self.late = late
+            self.guard_ms = float(guard_ms)
             spec = runner.input_spec
             lo, _, hi = spec.batch
             self.max_rows = hi if max_rows is None else check_count(max_rows, "max_rows", lo, hi)
@@ -629,7 +639,7 @@ class StreamScheduler:
         pause (a collection, the interpreter's lock held 5 ms) shifts the deadlines of the next second, not of
         the next ``OVERHEAD_WINDOW`` answers. Under the lock: both threads read both windows."""
         window.expire(now - OVERRUN_HORIZON_S)
-        return window.quantile(self.runner.quantile)
+        return window.quantile(self.runner.quantile) + self.guard_ms * 1e-3
 
     def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:
         """The watcher's :meth:`_deliver`: its leaves so far, the session left to a step that may be running."""
