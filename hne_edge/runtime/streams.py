@@ -71,7 +71,7 @@ OVERHEAD_WINDOW = 128  # the worker's recent per-call times the plan's overhead 
 OVERRUN_WINDOW = 256  # the recent first leaves whose overruns admission keeps room for ...
 OVERRUN_HORIZON_S = 1.0  # ... those that ended in the last second
 OVERRUN_RELEASE_S = 0.5  # where they say less, the room falls by a factor e every this many seconds
-GUARD_MS = 0.5  # see StreamScheduler's guard_ms
+GUARD_MS = 1.0  # see StreamScheduler's guard_ms
 MAX_GUARD_MS = 1000.0
 _RESULT_REASON = {"deadline": "budget"}  # the runner's word in AnytimeResult.stopped_by
 
@@ -238,7 +238,8 @@ class StreamScheduler:
         guard_ms: every answer is planned this much before its deadline, beyond the hand-out lags the scheduler
             measures (admission, the worker's last step, the watcher's wake-up): what no window of lags shows, a
             thread woken late or the interpreter's lock held, handed answers out 0-1 ms late at 8 cameras
-            (``benchmarks/bench_streams.py``; BENCHMARKS.md compares 0, 0.5 and 1 ms). 0: none.
+            (``benchmarks/bench_streams.py``: at 0, 0.5 and 1 ms, 0.9%, 0.3% and 0.1% of the frames missed, 1
+            thread; 1.4%, 0.5% and 0.2% with 2). 0: none.
         profile: when the runner's cost profile does not cover 1 row and ``max_rows`` rows, measure one first
             (``runner.profile(batch_sizes=(min batch, max_rows), warmup=3, repeats=20, save=False)``): a deadline
             needs a prediction, and a batch size nothing measured is never stacked.
