@@ -15,6 +15,7 @@ from ..fileio import atomic_write_json, staged_output
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
+from ..runtime.streams import GUARD_MS, MAX_GUARD_MS
 from . import printable
 from .options import BundlePath, batch_sizes_option, device_option, flag_names, quiet_option, threads_option
 
@@ -284,11 +285,14 @@ def _streams(value: str) -> tuple[int, ...]:
 @click.option("--accuracy", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Accuracy per number of leaves (an `hne-edge eval` metrics.json or a checkpoint record): the "
                    "scheduler's value of a leaf, and the expected accuracy column.")
+@click.option("--guard-ms", type=click.FloatRange(min=0, max=MAX_GUARD_MS), default=GUARD_MS, show_default=True,
+              help="The scheduler plans every answer this much before its deadline, beyond the hand-out lags it "
+                   "measures (a thread woken late, the interpreter's lock).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document: a row per configuration and method.")
 @_runner_options
 @quiet_option
-def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods, accuracy, as_json, backend, device, plan,
-                  precision, threads, cuda_graph, quiet):  # fmt: skip
+def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods, accuracy, guard_ms, as_json, backend,
+                  device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
     """Several cameras, one device: replay K cameras in real time through the stream scheduler and its baselines."""
     from ..runtime.bench import STREAM_METHODS, camera_arrivals, replay_streams, summarize_streams
     from ..runtime.cost_model import profile_at_batch
@@ -318,14 +322,16 @@ def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods
     for k in counts:
         arrivals = camera_arrivals(k, fps, seconds, deadline_ms, jitter_ms, seed=k)
         for method in chosen:
-            run = replay_streams(method, open_runner, frames, arrivals, accuracy=record)
+            options = {"accuracy": record, "guard_ms": guard_ms} if method == "scheduler" else {}
+            run = replay_streams(method, open_runner, frames, arrivals, **options)
             summary = summarize_streams(run, curve)
             rows.append({"streams": k, "fps": fps, "method": method, **summary,
                          **{key: run[key] for key in ("calls", "stacked_calls") if key in run}})  # fmt: skip
             if not quiet and not as_json:
                 click.echo(f"K={k} {method}: done", err=True)
     if as_json:
-        click.echo(json.dumps({"bundle": str(Path(bundle).resolve()), "backend": backend, "plan": plan, "rows": rows}, indent=1))
+        click.echo(json.dumps({"bundle": str(Path(bundle).resolve()), "backend": backend, "plan": plan, "guard_ms": guard_ms,
+                               "rows": rows}, indent=1))
         return
     value = "exp. acc" if record else "mean leaves in time"
     click.echo(f"{'K':>3} {'method':<9} {'frames':>6} {'rejected':>8} {'misses':>12} {'leaves':>6} {value:>19} "

@@ -162,20 +162,25 @@ def test_bench_reports_what_trtexec_users_read(cli_bundle, tmp_path):
 
 def test_bench_streams_replays_cameras_through_the_scheduler_and_its_baselines(cli_bundle):
     from conftest import REPO, one_line_error
+    from hne_edge.runtime.streams import GUARD_MS
 
     record = str(REPO / "hne_edge" / "assets" / "cifar10_demo.json")
     before = sorted(p.name for p in (cli_bundle / "b").rglob("*"))
     proc = run_cli("bench-streams", str(cli_bundle / "b"), "--streams", "1,3", "--fps", "20", "--seconds", "0.5",
                    "--threads", "1", "--accuracy", record, "--json", check=True)  # fmt: skip
-    rows = json.loads(proc.stdout)["rows"]
+    doc = json.loads(proc.stdout)
+    rows = doc["rows"]
+    assert doc["guard_ms"] == GUARD_MS  # the scheduler's default
     assert [(r["streams"], r["method"]) for r in rows] == [(k, m) for k in (1, 3) for m in ("scheduler", "runners", "fifo")]
     for r in rows:
         assert r["frames"] == 10 * r["streams"] and 0 <= r["rejected"] <= r["frames"] and 0 <= r["busy"] <= 1
         assert 0 <= r["expected_accuracy"] <= 0.6308 + 1e-9 and r["latency_ms"]["p99"] >= r["latency_ms"]["p50"]
     assert sorted(p.name for p in (cli_bundle / "b").rglob("*")) == before  # its profile is measured, not saved
     proc = run_cli("bench-streams", str(cli_bundle / "b"), "--streams", "2", "--seconds", "0.3", "--methods", "scheduler",
-                   "--threads", "1", "--quiet", check=True)  # fmt: skip
+                   "--threads", "1", "--guard-ms", "2", "--quiet", check=True)  # fmt: skip
     assert proc.stdout.splitlines()[0].split()[:2] == ["K", "method"] and "mean leaves in time" in proc.stdout
     assert proc.stderr == ""
     proc = run_cli("bench-streams", str(cli_bundle / "b"), "--methods", "scheduler,lifo")
     one_line_error(proc, "--methods", "received 'scheduler,lifo'; expected some of scheduler,runners,fifo")
+    proc = run_cli("bench-streams", str(cli_bundle / "b"), "--guard-ms", "-1")
+    one_line_error(proc, "--guard-ms", "-1")
