@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import statistics
 import sys
 import tempfile

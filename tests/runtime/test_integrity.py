@@ -11,7 +11,6 @@ the subtrees of several leaves and the fused tree, and for torch the one weights
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
