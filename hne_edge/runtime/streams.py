@@ -636,9 +636,11 @@ class StreamScheduler:
             self._fail(exc, out)
 
     def _lag(self, window: "_Window", now: float) -> float:
-        """The runner's quantile of a lag ``window`` over its samples of the last ``OVERRUN_HORIZON_S``: one
-        pause (a collection, the interpreter's lock held 5 ms) shifts the deadlines of the next second, not of
-        the next ``OVERHEAD_WINDOW`` answers. Under the lock: both threads read both windows."""
+        """How long before a deadline an answer must be decided: the runner's quantile of a lag ``window`` over
+        its samples of the last ``OVERRUN_HORIZON_S`` (one pause - a collection, the interpreter's lock held 5
+        ms - shifts the deadlines of the next second, not of the next ``OVERHEAD_WINDOW`` answers), plus
+        ``guard_ms``. The one home of that rule: admission, the worker and the watcher all plan by it. Under the
+        lock: both threads read both windows."""
         window.expire(now - OVERRUN_HORIZON_S)
         return window.quantile(self.runner.quantile) + self.guard_ms * 1e-3
 
