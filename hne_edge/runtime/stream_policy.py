@@ -43,8 +43,8 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    its deadline in EDF order). A refinement that runs past its frame's deadline costs the frame nothing (it is
    answered at its deadline with the leaves it has, see 6) but the device time; the plan keeps every first leaf
    on time through it as through any call. The step that runs is the plan's earliest-deadline item; the plan
-   is made again after every step (new frames, cancels, measured times). A late first leaf (below) waits only for the on-time ones: no refinement runs
-   before it.
+   is made again after every step (new frames, cancels, measured times). A late first leaf (below) waits only
+   for the on-time ones: no refinement runs before it.
 4. *Batching across streams.* Frames waiting at the same step are one call (their rows stacked) when the cost
    model's median for the stacked rows is below the sum of the separate calls' medians and the call's
    prediction ends by every member's deadline (and the bundle's batch range holds the rows); the batched call
