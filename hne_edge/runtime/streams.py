@@ -39,7 +39,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 
 from ..errors import HNEError, InputError
-from .cost_model import profile_at_batch
+from .cost_model import PROFILE_TOLERANCE, profile_at_batch
 from .inputs import check_input
 from .program import Program
 from .result import AnytimeResult
@@ -156,15 +156,16 @@ class FrameHandle(Future):
 
 class _AtLoad:
     """A batch size's cost model as the policy reads it, its predictions no lower than its medians at the load the
-    smallest batch sees: the cost model learns each batch size's tail from that size's own calls, and a stacked
-    size the scheduler runs now and then has too few of them to follow the machine's load (its predictions stay at
-    the profile's quiet-machine tail while the single-frame calls' scale doubles)."""
+    smallest batch sees plus the stall that batch's calls meet: the cost model learns each batch size's tail from
+    that size's own calls, and a stacked size the scheduler runs now and then has too few of them to follow the
+    machine's load (its predictions stay at the profile's quiet-machine tail while the single-frame calls slow
+    down). See :class:`_Floor`."""
 
     __slots__ = ("base", "known", "pred")
 
     def __init__(self, model: Any, reference: Any) -> None:
         self.base, self.known = model.base, model.known
-        self.pred = _Floor(model.pred, model.base, reference)
+        self.pred = _Floor(model, reference)
 
 
 class _AtPrediction:
@@ -183,18 +184,33 @@ class _AtPrediction:
 
 
 class _Floor:
-    __slots__ = ("pred", "base", "reference")
+    """Step ``j`` of a stacked size at no less than its profiled median times the load the smallest batch's median shows
+    (its learned median over its profiled one, within the profile's tolerance; the stacked size's own learned median
+    where that is more), plus that batch's margin (prediction minus median): a slower machine stretches every call,
+    a stall is added to whichever call it strikes. Scaling the stacked median by the smallest batch's tail ratio
+    instead took a stall for a slowdown: under an overload a 0.6 ms one-row call that met a 10 ms stall now and then
+    had a ratio at the cost model's cap (16), a 16-row first leaf of 7 ms was predicted at 116 ms, no stack of first
+    leaves could wait for its call, and the worker ran them one by one (bench_streams at 300 fps: 54 of 1,660 calls
+    stacked, the device busy 63%)."""
 
-    def __init__(self, pred: list, base: list, reference: Any) -> None:
-        self.pred, self.base, self.reference = pred, base, reference
+    __slots__ = ("model", "reference")
+
+    def __init__(self, model: Any, reference: Any) -> None:
+        self.model, self.reference = model, reference
 
     def __getitem__(self, j: int) -> float:
-        p = self.pred[j]
-        floor = self.base[j] * self.reference.scale
+        model, ref = self.model, self.reference
+        p = model.pred[j]
+        if not (model.known[j] and ref.known[j] and ref.pred[j] < INF):
+            return p
+        load = ref.base[j] / ref.loaded[j]
+        if load > PROFILE_TOLERANCE:  # the cost model forgot that entry as wrong: it says nothing of the load
+            load = 1.0
+        floor = max(model.base[j], model.loaded[j] * load) + max(0.0, ref.pred[j] - ref.base[j])
         return p if p >= floor else floor
 
     def __len__(self) -> int:
-        return len(self.pred)
+        return len(self.model.pred)
 
 
 class _Frame:

@@ -508,6 +508,27 @@ def test_the_workers_time_between_steps_counts_as_its_overhead_callbacks_include
     assert 4.9e-3 <= quantile < 6e-3 and 0 <= median < 1e-3  # 5 gaps of 96 held a callback
 
 
+def test_a_stacked_size_is_predicted_at_the_one_row_calls_load_plus_their_stall_not_at_their_stall_ratio(bundle):
+    """A stacked size runs too seldom to learn the machine's state; the one-row calls do, and the policy reads
+    the stacked size no lower than its profiled median at their load plus their margin. A one-row call that
+    meets a stall now and then has a tail ratio at the cost model's cap (16x): read as a slowdown, it once
+    predicted a 7 ms stack of 16 first leaves at 116 ms (bench_streams at 300 fps), and no stack could wait
+    for it. A real slowdown (every one-row call twice its profiled median) still lifts the stacked size."""
+    streams, runner, _ = scheduler(bundle, budget_ms=1e3)
+    with streams:  # no frame: the worker waits, the cost models are the test's
+        one, eight = runner.cost.for_batch(1), runner.cost.for_batch(8)
+        b1, b8 = one.base[0], eight.base[0]
+        for i in range(300):  # one call in ten stalled 10 ms
+            one.observe(0, b1 + (10e-3 if i % 10 == 9 else 0.0))
+        assert one.scale >= 15 and one.base[0] < 1.2 * b1  # a stall ratio at the cap, medians where they were
+        margin = one.pred[0] - one.base[0]
+        assert streams._model(8).pred[0] <= max(eight.pred[0], b8 * 1.2 + margin)  # not 16 x b8
+        for i in range(300):
+            one.observe(0, 2 * one.loaded[0])
+        assert one.base[0] > 1.8 * one.loaded[0]
+        assert streams._model(8).pred[0] >= 1.8 * eight.loaded[0]
+
+
 def test_admission_keeps_room_for_how_far_its_first_leaves_ran_over(bundle):
     """The cost model's margin is one call's stall; a queue of first leaves meets more (a collection, the
     submitting threads' share of the interpreter, stalls in a row). The scheduler learns how far its first
