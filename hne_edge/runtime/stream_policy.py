@@ -552,13 +552,13 @@ def _batches(now: float, j: int, members: list[_M], model_for: Callable[[int], A
              overhead: tuple[float, float]) -> tuple[list, list]:  # fmt: skip
     """Frames waiting at step ``j`` as one call: (``[((quantile, median), members)]``, the members left alone).
 
-    In deadline order, as many as ``max_rows`` holds; a call is formed when its predicted cost ends by the
-    earliest deadline among them (else that frame runs alone) and its median is below the sum of the separate
-    calls' medians, each call with the worker's own time per call (``overhead``'s median; else the latest
-    member is left out and the rest are compared again, down to two). Both halves were once missing: compared
-    without the worker's time, 16 one-row first leaves at 0.43 ms each (no saving per row on this CPU) were not
-    worth one 16-row call, so all 16 ran alone, the worker's 0.1-0.3 ms paid 16 times (bench_streams at 300
-    fps: 54 of 1,660 calls stacked, the device busy 63% of an overload)."""
+    In deadline order, as many as ``max_rows`` holds; a call is formed when its prediction ends by the earliest
+    deadline among them and its median is below the sum of the separate calls' medians, every call counted with
+    the worker's own time per call (``overhead``'s median). Else the latest member is left out and the rest are
+    compared again, down to two; with no stack of two, the earliest frame runs alone and the rest are grouped
+    anew. Without the worker's time, one-row first leaves at 0.43 ms (ONNX Runtime CPU saves nothing per row at
+    1-16 rows here) were never worth one call; and a stack too long for its earliest deadline sent that frame
+    alone, then the next, where a smaller stack fitted (bench_streams at 300 fps: BENCHMARKS.md, Streams)."""
     members = sorted(members, key=lambda m: m.deadline)
     per_call = overhead[0]
     groups, singles = [], []

@@ -111,10 +111,10 @@ def test_frames_at_the_same_step_are_stacked_when_it_pays_and_fits(program):
 
 def test_a_stack_counts_the_workers_time_per_call_and_shrinks_to_the_rows_that_pay(program):
     """Each separate call costs the worker's own time too (deciding, handing over; ``overhead``): with no saving
-    per row, three frames are one call as soon as that time is not zero (bench_streams at 300 fps, ONNX Runtime
-    CPU: 0.43 ms per row at 1 to 16 rows, the worker's 0.1-0.3 ms a call - compared without it, the first leaves
-    ran one by one, 54 of 1,660 calls stacked). And a stack that does not pay at its full size is tried one row
-    smaller, not given up: here three rows cost more than three calls, two rows less than two."""
+    per row, three frames are one call as soon as that time is not zero (ONNX Runtime CPU on the bench's
+    machine: 0.43 ms per row at 1 to 16 rows, the worker's 0.1-0.3 ms a call). And a stack that does not pay at
+    its full size is tried one row smaller, not given up: here three rows cost more than three calls, two rows
+    less than two."""
     frames = [Pending(k, 10.0, 5, 1, False) for k in range(3)]
     per_row = Costs([1.0] * 16)
     assert len(decide(0.0, frames, program, per_row, LEAVES).frames) == 1  # no time per call: nothing to save
