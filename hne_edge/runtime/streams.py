@@ -203,7 +203,8 @@ class _Floor:
         p = model.pred[j]
         if not (model.known[j] and ref.known[j] and ref.pred[j] < INF):
             return p
-        load = ref.base[j] / ref.loaded[j]
+        entry = ref.loaded[j]  # 0 without a profile: the load is unknown, each size's learned median stands
+        load = ref.base[j] / entry if entry > 0 else 1.0
         if load > PROFILE_TOLERANCE:  # the cost model forgot that entry as wrong: it says nothing of the load
             load = 1.0
         floor = max(model.base[j], model.loaded[j] * load) + max(0.0, ref.pred[j] - ref.base[j])

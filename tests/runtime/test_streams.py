@@ -668,3 +668,17 @@ def test_submit_builds_no_cost_model_and_admission_promises_what_a_plan_at_the_m
             admitted += 1
             assert promise == pytest.approx(first_leaf_end(0.0, waiting, me, program, model, 8, True, 0.0))
     assert 30 < admitted < 270  # both outcomes met
+
+
+def test_without_a_profile_a_batch_size_is_predicted_from_the_calls_that_ran(bundle):
+    """``profile=False`` and a runner with no profile: every batch size's cost model learns from its own calls,
+    and a batch size's floor reads the one-row calls' learned medians, not a profile's entry that does not exist
+    (a ratio against it once divided by zero in the worker, and every frame got that error)."""
+    streams, runner, backend = scheduler(bundle, budget_ms=1e3, profile=False)
+    with streams:
+        one_row = [streams.submit(k, frame(k)) for k in range(3)]  # one-row calls: the reference is learned
+        assert all(h.result(10).leaves == 16 for h in one_row)
+        for k in range(3):  # frames of two images: their size learned, then predicted against the one-row calls
+            r = streams.submit("pair", np.concatenate([frame(10 + k), frame(20 + k)])).result(10)
+            assert r.stopped_by == "complete" and r.leaves == 16, r
+        assert runner.cost.for_batch(1).known[0] and runner.cost.for_batch(2).known[0]
