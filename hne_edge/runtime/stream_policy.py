@@ -569,14 +569,20 @@ def _batches(now: float, j: int, members: list[_M], model_for: Callable[[int], A
                 break
             take.append(m)
             rows += m.frame.rows
+        separate = sum(m.median + per_call for m in take)
         while len(take) >= 2:
             model = model_for(rows)
             cost = _call(model, j, overhead)
             median = model.base[j] if model.known[j] else INF
-            if now + cost[0] <= take[0].deadline and median + per_call < sum(m.median for m in take) + len(take) * per_call:
+            if now + cost[0] <= take[0].deadline and median + per_call < separate:
                 groups.append((cost, take))
                 break
-            rows -= take.pop().frame.rows  # too long for the earliest deadline, or no cheaper: one row fewer
+            last = take.pop()  # too long for the earliest deadline, or no cheaper: one row fewer
+            rows -= last.frame.rows
+            if last.median < INF:
+                separate -= last.median + per_call
+            else:  # an unmeasured member's median is infinite, and inf - inf is no sum: count the rest again
+                separate = sum(m.median + per_call for m in take)
         if len(take) < 2:
             singles.append(members.pop(0))
             continue
