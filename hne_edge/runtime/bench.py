@@ -286,7 +286,7 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
         # no list of the handles: a frame's record is all that is kept, as for the runners. 4,800 handles kept
         # with their results (300 fps) made every full garbage collection scan them: 8-12 ms with the interpreter's
         # lock held, four times a run, and the frames pending then missed.
-        left, errors, done = [len(arrivals)], [], threading.Event()
+        errors: list[BaseException] = []
 
         def answered(h, a: Arrival) -> None:  # finished: in the caller's hands, as a runner's return
             end = time.perf_counter()
@@ -297,18 +297,12 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
                         "rejected": r.stopped_by == "rejected", "late": r.late})  # fmt: skip
             except BaseException as exc:  # raised below, in the calling thread
                 errors.append(exc)
-            with lock:
-                left[0] -= 1
-                if not left[0]:
-                    done.set()
 
-        if not arrivals:
-            done.set()
         t0 = time.perf_counter() + 0.05
         for a in arrivals:
             _sleep_until(t0 + a.time)
             streams.submit(a.stream, image(a), deadline=t0 + a.deadline).add_done_callback(lambda h, a=a: answered(h, a))
-        done.wait()
+        streams.close()  # returns once every frame is answered, its callback run
         if errors:
             raise errors[0]
         wall = time.perf_counter() - t0

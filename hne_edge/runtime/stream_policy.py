@@ -563,29 +563,24 @@ def _batches(now: float, j: int, members: list[_M], model_for: Callable[[int], A
     per_call = overhead[0]
     groups, singles = [], []
     while len(members) >= 2:
-        take, rows = [], 0
+        rows, separate = [], []  # of the first k members, k = 1, 2, ...: their rows, their separate calls' medians
+        total_rows, total = 0, 0.0
         for m in members:
-            if rows + m.frame.rows > max_rows:
+            total_rows += m.frame.rows
+            if total_rows > max_rows:
                 break
-            take.append(m)
-            rows += m.frame.rows
-        separate = sum(m.median + per_call for m in take)
-        while len(take) >= 2:
-            model = model_for(rows)
+            total += m.median + per_call
+            rows.append(total_rows)
+            separate.append(total)
+        for k in range(len(rows), 1, -1):  # the most that holds first, a row fewer while it does not pay or fit
+            model = model_for(rows[k - 1])
             cost = _call(model, j, overhead)
             median = model.base[j] if model.known[j] else INF
-            if now + cost[0] <= take[0].deadline and median + per_call < separate:
-                groups.append((cost, take))
+            if now + cost[0] <= members[0].deadline and median + per_call < separate[k - 1]:
+                groups.append((cost, members[:k]))
+                del members[:k]
                 break
-            last = take.pop()  # too long for the earliest deadline, or no cheaper: one row fewer
-            rows -= last.frame.rows
-            if last.median < INF:
-                separate -= last.median + per_call
-            else:  # an unmeasured member's median is infinite, and inf - inf is no sum: count the rest again
-                separate = sum(m.median + per_call for m in take)
-        if len(take) < 2:
+        else:
             singles.append(members.pop(0))
-            continue
-        del members[: len(take)]
     singles.extend(members)
     return groups, singles
