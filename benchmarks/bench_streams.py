@@ -27,10 +27,13 @@ the wall time), and the scheduler's stacked calls. Overload rows (``--overload-f
 ``--overload-seconds``, the same deadline): the first leaves alone exceed the device; the scheduler must
 reject, not miss.
 
-The device is ``T`` of the CPU's cores for ``T`` threads (Linux; ``--no-pin``: not pinned): every thread that runs
-the model - the K runners' threads, the FIFO worker, the scheduler's worker - is pinned to them, and the thread
-that submits the cameras' frames to the cores left (none left: it shares them), as streams share one
-accelerator beside a host CPU. Unpinned, K runners of 1 thread each ran on both cores of a 2-core machine
+The device is ``T`` of the CPU's cores for ``T`` threads, or ``--cores`` of them for every thread count (Linux;
+``--no-pin``: not pinned): every thread that runs the model - the K runners' threads, the FIFO worker, the
+scheduler's worker - is pinned to them, and the thread that submits the cameras' frames to the cores left (none
+left: it shares them), as streams share one accelerator beside a host CPU. ``--threads 1 --cores 2``: a 2-core
+device whose sessions run 1 intra-op thread each - one ONNX Runtime session at 2 threads ran hne_resnet_small's
+one-row steps slower than at 1 (BENCHMARKS.md, Streams), so a single session (FIFO, the scheduler) is at its best
+so on 2 cores, and K runners run K sessions in parallel either way. Unpinned, K runners of 1 thread each ran on both cores of a 2-core machine
 against the scheduler's one (16 leaves a frame at K = 4, 1 thread: two devices against one); pinning the whole
 process to one core put the submitting thread's 2,400 submits a second (300 fps rows) on the device's core.
 
@@ -138,12 +141,13 @@ def verdicts(rows: list[dict]) -> list[str]:
     out = []
     by = {}
     for r in rows:
-        by.setdefault((r["threads"], r["streams"], r["fps"]), {})[r["method"]] = r["summary"]
-    for (threads, k, fps), m in sorted(by.items()):
+        by.setdefault((str(r["threads"]), r.get("cores", "-"), r["streams"], r["fps"]), {})[r["method"]] = r["summary"]
+    for (threads, cores, k, fps), m in sorted(by.items()):
         if "scheduler" not in m:
             continue
         s = m["scheduler"]
-        where = f"threads {threads}, K {k}, {fps:g} fps"
+        on = f" (cores {cores})" if cores != "-" else ""
+        where = f"threads {threads}{on}, K {k}, {fps:g} fps"
         if s["rejected"] == 0:
             ok = s["miss_rate"] <= TARGET_MISS_RATE
             out.append(f"{where}: scheduler admits the load, misses {s['miss_rate']:.1%} {'<=' if ok else '>'} 1%: "
@@ -167,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu: ONNX Runtime CPU; cuda: the torch CUDA backend")
     ap.add_argument("--streams", default="1,2,4,8")
     ap.add_argument("--threads", default="1,2", help="intra-op threads (CPU backends)")
+    ap.add_argument("--cores", type=int, default=None,
+                    help="the device's cores for every thread count (default: as many as its threads)")
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--deadline-ms", type=float, default=None, help="default: one frame period")
@@ -222,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     for threads in thread_counts:
         cores, device, host = "-", None, None
-        if args.pin and threads and len(allowed) >= threads:
-            device, host = allowed[:threads], allowed[threads:] or allowed[:threads]
+        n_cores = args.cores or threads
+        if args.pin and n_cores and len(allowed) >= n_cores:
+            device, host = allowed[:n_cores], allowed[n_cores:] or allowed[:n_cores]
             os.sched_setaffinity(0, device)  # runners open here: a backend's own threads start on the device's cores
             cores = ",".join(map(str, device))
 

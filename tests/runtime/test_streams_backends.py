@@ -140,3 +140,27 @@ def test_bench_streams_runs_in_smoke_mode(tmp_path):
     assert sum(line.startswith("| 1 | ") for line in text.splitlines()) == 6 and "Targets:" in text and "expected accuracy" in text
     if hasattr(os, "sched_setaffinity"):  # 1 thread: every method on the same one core
         assert {r["cores"] for r in rows} == {str(min(os.sched_getaffinity(0)))}
+
+
+def test_bench_streams_gives_the_device_the_cores_asked_for(tmp_path):
+    """``--threads 1 --cores 2``: a 2-core device whose sessions run one intra-op thread each (one session ran faster
+    so than at 2 threads); the rows and the targets name the cores."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPU cores this process may run on (Linux affinity)")
+    two = ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
+    out = tmp_path / "streams.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_streams.py"), "--smoke",
+                           "--cores", "2", "--workdir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert {(r["threads"], r["cores"]) for r in rows} == {(1, two)} and len(rows) == 6
+    assert f"threads 1 (cores {two}), K 1, 30 fps: scheduler" in out.read_text()
