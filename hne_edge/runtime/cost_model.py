@@ -109,8 +109,7 @@ is caught three ways (issue 29), each with a warning:
   two such peers is replaced by that median until the step is measured here;
 * on its first measurement here once the whole profile passed its audit (:meth:`_BatchModel._check_entry`):
   an entry more than 10 times off what is measured is learned afresh from the measurement (not unlearned
-  5% per observation) - at once when the step ran faster, and when it ran slower only if its second run
-  is as slow (a stall only adds time: one slow run is no proof);
+  5% per observation);
 * a step the budget has kept from running for ``probe_after`` frames, never measured here, whose entry is
   over twice what its peers (or, alone at its depth, its MACs at the other steps' speed) say, is re-probed
   at that estimate once (:meth:`_BatchModel._peer_estimate`).
@@ -264,7 +263,6 @@ class _BatchModel:
         # checked against its first measurement: _check_entry, whose warnings wait for the audit's verdict)
         self.loaded = list(self.base)
         self.unchecked: list[bool] | None = [True] * n if base is not None else None
-        self.slow_first: dict[int, tuple[float, float]] = {}  # step -> (a first measurement > 10x its entry, the entry)
         self.entry_warnings: list[str] = []
         self.peers = [[j for j in range(n) if j != i and self.macs[j] == self.macs[i]] for i in range(n)]
         self.b0_ref = self.base[0]  # leaf 0's base at the last full refresh
@@ -320,7 +318,7 @@ class _BatchModel:
         if self.audit is not None and self._audit(leaf, seconds):
             return  # the profile was dropped and these measurements learned afresh
         if self.unchecked is not None and self.unchecked[leaf]:
-            seconds = self._check_entry(leaf, seconds)  # an entry 10x off is learned afresh below, as a first observation
+            self._check_entry(leaf, seconds)  # an entry 10x off is learned afresh below, as a first observation
         if self.known[leaf] and not self.probing[leaf]:  # the hot path
             ratio = seconds / base
             if ratio > self.max_ratio:
@@ -385,28 +383,16 @@ class _BatchModel:
                 for i in self.unknown:
                     self.pred[i] = self.macs[i] * per_mac * self.scale
 
-    def _check_entry(self, leaf: int, seconds: float) -> float:
+    def _check_entry(self, leaf: int, seconds: float) -> None:
         """The first measurement here of a profile's step: an entry more than PROFILE_TOLERANCE times off it is
-        forgotten (the step becomes unknown, so :meth:`observe` learns it from the seconds returned), with a warning.
-
-        Faster than its entry, one measurement is proof: nothing makes a step run faster than it can. Slower, it may
-        be a stall (a busy machine pre-empts a 0.03 ms step for 0.3 ms; a 1 ms one for 40): the entry goes only when
-        the step's second measurement is slower by as much too, and is learned from the faster of the two. Forgotten
-        at once, a right entry was learned from one stall, a budget stopped frames before the step until a re-probe,
-        and ``--quiet`` printed the warning (tests/test_silent_wrong_results.py)."""
-        entry = self.base[leaf]
-        first = self.slow_first.pop(leaf, None)
-        if first is not None:  # the second measurement of a step whose first was slow
-            seconds, entry = min(first[0], seconds), first[1]
-        ratio = max(seconds, MIN_LEAF_SECONDS) / entry
-        if ratio > PROFILE_TOLERANCE and first is None:
-            self.slow_first[leaf] = (seconds, entry)  # unchecked until its next measurement
-            return seconds
+        forgotten (the step becomes unknown, so :meth:`observe` learns it from this measurement), with a warning."""
         self.unchecked[leaf] = False
         if not any(self.unchecked):
             self.unchecked = None  # every entry measured: off the hot path
+        entry = self.base[leaf]
+        ratio = max(seconds, MIN_LEAF_SECONDS) / entry
         if 1 / PROFILE_TOLERANCE <= ratio <= PROFILE_TOLERANCE:
-            return seconds
+            return
         self.known[leaf], self.probing[leaf] = False, False
         self.unknown.append(leaf)
         self.times[leaf].clear()  # the profile's samples of it too
@@ -415,15 +401,13 @@ class _BatchModel:
         if leaf == 0:  # the other steps' anchors were leaf 0's wrong entry: they follow its measurement from now
             self.anchor[:] = [max(seconds, MIN_LEAF_SECONDS)] * self.n
         name = self.cm.profile.filename if self.cm.profile is not None else "the profile"
-        twice = " (the faster of its first two runs)" if first else ""
         self.entry_warnings.append(
-            f"saved profile {name}: step {leaf} measured {seconds * 1e3:.3g} ms here{twice}, {max(ratio, 1 / ratio):.3g} times "
+            f"saved profile {name}: step {leaf} measured {seconds * 1e3:.3g} ms here, {max(ratio, 1 / ratio):.3g} times "
             f"{'slower' if ratio > 1 else 'faster'} than its entry ({entry * 1e3:.3g} ms); learns it from measurements "
             "(run `hne-edge profile` again on this machine)"
         )  # fmt: skip
         if self.audit is None:  # else the audit says whether they matter: the whole profile may go instead
             self._flush_entry_warnings()
-        return seconds
 
     def _flush_entry_warnings(self) -> None:
         for message in self.entry_warnings:
