@@ -32,10 +32,11 @@ The device is ``T`` of the CPU's cores for ``T`` threads, or ``--cores`` of them
 scheduler's worker - is pinned to them, and the thread that submits the cameras' frames to the cores left (none
 left: it shares them), as streams share one accelerator beside a host CPU. ``--threads 1 --cores 2``: a 2-core
 device whose sessions run 1 intra-op thread each - one ONNX Runtime session at 2 threads ran hne_resnet_small's
-one-row steps slower than at 1 (BENCHMARKS.md, Streams), so a single session (FIFO, the scheduler) is at its best
-so on 2 cores, and K runners run K sessions in parallel either way. Unpinned, K runners of 1 thread each ran on both cores of a 2-core machine
-against the scheduler's one (16 leaves a frame at K = 4, 1 thread: two devices against one); pinning the whole
-process to one core put the submitting thread's 2,400 submits a second (300 fps rows) on the device's core.
+one-row steps slower than at 1 (BENCHMARKS.md, Streams): there a single session (FIFO, the scheduler) does better
+at 1 thread, while K runners run K sessions in parallel either way. Unpinned, K runners of 1 thread each ran on
+both cores of a 2-core machine against the scheduler's one (16 leaves a frame at K = 4, 1 thread: two devices
+against one); pinning the whole process to one core put the submitting thread's 2,400 submits a second (300 fps
+rows) on the device's core.
 
 Before each row the process collects its garbage and freezes what is left (``gc.freeze()``: a real-time
 process does it once set up): the export's torch import leaves 200,000 objects, and a full collection of them
@@ -141,7 +142,7 @@ def verdicts(rows: list[dict]) -> list[str]:
     out = []
     by = {}
     for r in rows:
-        by.setdefault((str(r["threads"]), r.get("cores", "-"), r["streams"], r["fps"]), {})[r["method"]] = r["summary"]
+        by.setdefault((r["threads"], r.get("cores", "-"), r["streams"], r["fps"]), {})[r["method"]] = r["summary"]
     for (threads, cores, k, fps), m in sorted(by.items()):
         if "scheduler" not in m:
             continue

@@ -171,8 +171,8 @@ def profiled(tmp_path):
     b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
     m = read_manifest(b)
 
-    def open_runner(cost=None):  # cost(node, batch): virtual seconds (default 1 ms a node)
-        return AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes, cost), warmup=0)
+    def open_runner():
+        return AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), warmup=0)
 
     open_runner().profile(warmup=0, repeats=5)
     return b / "profiles" / "cpu-fake-segments-fp32.json", open_runner

@@ -119,8 +119,8 @@ def test_onnxruntime_cuda_runs_each_frame_alone(tiny_bundle, frames64):
     check(results, ref[:4], stacked=False)
 
 
-def test_bench_streams_runs_in_smoke_mode(tmp_path):
-    """benchmarks/bench_streams.py end to end on hne_tiny, 1 s per row: every method, the targets' verdicts."""
+def _bench_streams_smoke(tmp_path, *args: str) -> tuple[list[dict], str]:
+    """benchmarks/bench_streams.py --smoke (this checkout's) with ``args``: its rows (the .json) and its markdown."""
     import json
     import os
     import subprocess
@@ -129,14 +129,20 @@ def test_bench_streams_runs_in_smoke_mode(tmp_path):
     from conftest import REPO
 
     out = tmp_path / "streams.md"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # this checkout's
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_streams.py"), "--smoke", "--workdir",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_streams.py"), "--smoke", *args, "--workdir",
                            str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = json.loads(out.with_suffix(".json").read_text())
+    return json.loads(out.with_suffix(".json").read_text()), out.read_text()
+
+
+def test_bench_streams_runs_in_smoke_mode(tmp_path):
+    """benchmarks/bench_streams.py end to end on hne_tiny, 1 s per row: every method, the targets' verdicts."""
+    import os
+
+    rows, text = _bench_streams_smoke(tmp_path)
     assert [(r["streams"], r["method"]) for r in rows] == [(k, m) for k in (1, 2) for m in ("runners", "fifo", "scheduler")]
     assert all(r["summary"]["frames"] == 30 * r["streams"] for r in rows)
-    text = out.read_text()
     assert sum(line.startswith("| 1 | ") for line in text.splitlines()) == 6 and "Targets:" in text and "expected accuracy" in text
     if hasattr(os, "sched_setaffinity"):  # 1 thread: every method on the same one core
         assert {r["cores"] for r in rows} == {str(min(os.sched_getaffinity(0)))}
@@ -145,22 +151,11 @@ def test_bench_streams_runs_in_smoke_mode(tmp_path):
 def test_bench_streams_gives_the_device_the_cores_asked_for(tmp_path):
     """``--threads 1 --cores 2``: a 2-core device whose sessions run one intra-op thread each (one session ran faster
     so than at 2 threads); the rows and the targets name the cores."""
-    import json
     import os
-    import subprocess
-    import sys
-
-    from conftest import REPO
 
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPU cores this process may run on (Linux affinity)")
     two = ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
-    out = tmp_path / "streams.md"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_streams.py"), "--smoke",
-                           "--cores", "2", "--workdir", str(tmp_path / "work"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = json.loads(out.with_suffix(".json").read_text())
+    rows, text = _bench_streams_smoke(tmp_path, "--cores", "2")
     assert {(r["threads"], r["cores"]) for r in rows} == {(1, two)} and len(rows) == 6
-    assert f"threads 1 (cores {two}), K 1, 30 fps: scheduler" in out.read_text()
+    assert f"threads 1 (cores {two}), K 1, 30 fps: scheduler" in text
