@@ -20,7 +20,7 @@ JOBS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/nul
 	if [ "$$n" -gt 2 ]; then echo "$$n"; else echo 0; fi)
 WORKERS := $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadgroup)
 # What demo and test import; INSTALL=no checks that VENV has them.
-NEEDED := torch onnx onnxruntime sklearn matplotlib yaml click pytest $(if $(WORKERS),xdist)
+NEEDED := torch onnx onnxruntime sklearn matplotlib yaml click pytest pytest_timeout $(if $(WORKERS),xdist)
 
 .PHONY: setup demo test test-fast bench gpu-acceptance clean
 

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
+import traceback
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,6 +27,40 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     from hne_edge.limits import cpu_count
 
     os.environ["OMP_NUM_THREADS"] = str(max(1, cpu_count() // _WORKERS))
+
+
+# -- a failing test ends; it never hangs the run (issue 42) ----------------------------------------------------
+# pytest-timeout limits every test (pyproject.toml: `timeout`; the longest end-to-end tests raise theirs with
+# @pytest.mark.timeout). A thread a test leaves running would keep the interpreter alive after the last test (it
+# joins every non-daemon thread at exit): each test must join its threads or make them daemon, and a run that still
+# has one at its end exits anyway, naming it.
+@pytest.fixture(autouse=True)
+def _no_thread_left_running():
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate() if t not in before and not t.daemon]
+    for t in left:
+        t.join(5)
+    left = [t.name for t in left if t.is_alive()]
+    if left:
+        pytest.fail(f"the test left non-daemon thread(s) {left} running; expected it to join them or make them daemon "
+                    "(a thread alive at exit keeps the test run from ending)")  # fmt: skip
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config._hne_exitstatus = int(exitstatus)
+
+
+def pytest_unconfigure(config):
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if left:
+        frames = sys._current_frames()
+        for t in left:
+            print(f"\nnon-daemon thread {t.name!r} still running at the end of the run:", file=sys.stderr)
+            traceback.print_stack(frames.get(t.ident), file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(getattr(config, "_hne_exitstatus", 0) or 1)
 
 
 def randomize_(model, seed: int = 0):

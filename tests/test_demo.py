@@ -19,6 +19,7 @@ _HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", 
 
 
 @pytest.mark.xdist_group("digits_demo")
+@pytest.mark.timeout(7200)  # the shared `make demo` (up to 3600 s) runs inside the first of them
 @pytest.mark.slow
 def test_demo_end_to_end(digits_demo, tmp_path):
     # the default demo (--data auto) where ../shared/data/cifar10_train.npz does not exist: digits, hne-edge off the

@@ -39,6 +39,7 @@ def test_quickstart_blocks_are_marked_and_use_the_runtime_api():
 
 
 @pytest.mark.xdist_group("digits_demo")
+@pytest.mark.timeout(7200)  # the shared `make demo` (up to 3600 s) runs inside the first of them
 @pytest.mark.slow
 def test_quickstart_runs_as_written_in_a_fresh_clone(digits_demo):
     if not digits_demo.by_make:

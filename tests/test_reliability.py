@@ -296,7 +296,7 @@ def test_close_from_another_thread_waits_for_the_running_call(tiny_bundle):
 
     runner = AnytimeRunner(tiny_bundle.bundle_dir, load_profile=False, warmup=0)
     runner._lock = _ImpatientLock(runner._lock)
-    closer = threading.Thread(target=runner.close)
+    closer = threading.Thread(target=runner.close, daemon=True)
     seen = []
 
     def slow_rule(leaf_logits):  # between leaves: close from another thread, then keep computing

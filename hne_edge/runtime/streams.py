@@ -28,13 +28,15 @@ as for :meth:`AnytimeRunner.run`; ``budget_ms`` counts from the ``submit`` call.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import os
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -73,6 +75,11 @@ OVERRUN_HORIZON_S = 1.0  # ... those that ended in the last second
 OVERRUN_RELEASE_S = 0.5  # where they say less, the room falls by a factor e every this many seconds
 GUARD_MS = 1.0  # see StreamScheduler's guard_ms
 MAX_GUARD_MS = 1000.0
+MAX_WAIT_S = 60.0  # the deadline watcher looks again at least this often: a far deadline is a long wait, not a
+# timeout past threading.TIMEOUT_MAX (an OverflowError there closed the scheduler for every stream)
+MAX_STREAM_IDS = 4096  # stream ids remembered at once; beyond, those with no frame pending are forgotten
+MAX_CALLBACK_LANES = 64  # streams whose done-callbacks run on threads of their own at once; beyond, they share one
+LOGGER = logging.getLogger(__name__)
 _RESULT_REASON = {"deadline": "budget"}  # the runner's word in AnytimeResult.stopped_by
 
 
@@ -140,15 +147,28 @@ class FrameHandle(Future):
 
     ``cancel()`` stops the frame at its next step boundary: it still gets a result (``stopped_by ==
     "cancelled"``, with the leaves already done), so ``result()`` never raises ``CancelledError``. It returns
-    False when the frame already had its result."""
+    False when the frame already had its result.
 
-    def __init__(self, scheduler: "StreamScheduler", stream: Hashable, frame: int) -> None:
+    ``add_done_callback(fn)``: ``fn(handle)`` runs on a thread of the frame's stream (one per stream with callbacks
+    to run, in the order its frames were answered), never on the scheduler's own threads: a callback that blocks
+    holds its own stream's later callbacks, not the other streams' frames. On a handle already done it runs at
+    once in the calling thread, as ``Future``'s. ``close()`` waits for the callbacks of the frames it answered."""
+
+    def __init__(self, scheduler: "StreamScheduler", stream: Hashable, frame: int, lane: int = -1) -> None:
         super().__init__()
         self.stream, self.frame = stream, frame
         self._scheduler = scheduler
+        self._lane = lane
 
     def cancel(self) -> bool:
         return self._scheduler._cancel(self.frame)
+
+    def add_done_callback(self, fn: Callable[[Future], object]) -> None:
+        if self.done():
+            super().add_done_callback(fn)  # at once, in this thread
+            return
+        callbacks, lane = self._scheduler._callbacks, self._lane
+        super().add_done_callback(lambda handle: callbacks.put(lane, fn, handle))
 
     def __repr__(self) -> str:
         return f"<FrameHandle stream={self.stream!r} frame={self.frame} {'done' if self.done() else 'pending'}>"
@@ -215,11 +235,11 @@ class _Floor:
 
 
 class _Frame:
-    __slots__ = ("key", "stream", "handle", "image", "rows", "submitted", "deadline", "budget_ms", "late", "session",
-                 "batched", "last_leaf", "cancelled", "running", "promised", "answered")  # fmt: skip
+    __slots__ = ("key", "stream", "sid", "handle", "image", "rows", "submitted", "deadline", "budget_ms", "late",
+                 "session", "batched", "last_leaf", "cancelled", "running", "promised", "answered")  # fmt: skip
 
-    def __init__(self, key, stream, handle, image, rows, submitted, deadline, budget_ms, late) -> None:
-        self.key, self.stream, self.handle, self.image, self.rows = key, stream, handle, image, rows
+    def __init__(self, key, stream, sid, handle, image, rows, submitted, deadline, budget_ms, late) -> None:
+        self.key, self.stream, self.sid, self.handle, self.image, self.rows = key, stream, sid, handle, image, rows
         self.submitted, self.deadline, self.budget_ms, self.late = submitted, deadline, budget_ms, late
         self.session: Any = None
         self.batched: list[int] = []
@@ -335,9 +355,15 @@ class StreamScheduler:
         self.stacked_calls = 0  # of which for several frames
         self._answer_lateness = _Window(OVERHEAD_WINDOW)  # how late the watcher's answers came (see _watch)
         self._handout = _Window(OVERHEAD_WINDOW)  # the worker's: from deciding to deliver to handed out (see _work)
-        self._closing = False
+        self._sids: dict[Hashable, int] = {}  # each stream id's number (see _stream_id)
+        self._callbacks = _Callbacks()
         self._worker = threading.Thread(target=self._work, name="hne-edge-streams", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="hne-edge-streams-deadlines", daemon=True)
+        # the worker owns the runner (its backend and caches) until it ends; taken here, so a runner another thread
+        # is running fails this constructor (ConcurrentUseError) instead of starting a scheduler whose worker is dead
+        runner._acquire()
+        runner._owner = self._worker
+        self._closing = False
         self._worker.start()
         self._watcher.start()
 
@@ -355,6 +381,7 @@ class StreamScheduler:
                 raise InputError("submit: received no deadline and no budget_ms; expected one of them (or "
                                  "StreamScheduler(budget_ms=...))")  # fmt: skip
         stop_at, budget = check_stop_at(t0, budget_ms, deadline)
+        _check_stream(stream)
         x = check_input(x, self.runner.input_spec)
         rows = x.shape[0]
         if rows > self.max_rows:
@@ -367,8 +394,9 @@ class StreamScheduler:
                                         else "") + "; create a new one")  # fmt: skip
             key = self._count
             self._count += 1
-            handle = FrameHandle(self, stream, key)
-            frame = _Frame(key, stream, handle, image, rows, t0, stop_at, budget, False)
+            sid = self._stream_id(stream)
+            handle = FrameHandle(self, stream, key, sid)
+            frame = _Frame(key, stream, sid, handle, image, rows, t0, stop_at, budget, False)
             waiting, ahead = [], []
             queued_rows, own_queued = rows, False
             lag = self._lag(self._handout, t0)  # planned to end by the deadline less the hand-out
@@ -376,7 +404,7 @@ class StreamScheduler:
                 if f.leaves == 0 and not f.running:
                     (ahead if f.late else waiting).append(Pending(f.key, f.deadline - lag, 0, f.rows, f.late))
                     queued_rows += f.rows
-                    own_queued |= f.stream == stream
+                    own_queued |= f.sid == sid
             now = self._clock()
             running = self._busy_until > -INF
             start, me = self._free_at(now), Pending(key, stop_at - lag, 0, rows, False)
@@ -417,11 +445,16 @@ class StreamScheduler:
         worker = self._worker
         if worker is None or worker is threading.current_thread():  # from a result's callback: the worker ends by itself
             return
+        start = time.monotonic()
         worker.join(timeout)
         if worker.is_alive():
             raise TimeoutError(f"StreamScheduler.close: {len(self._frames)} frame(s) still pending after {timeout} s")
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        if not self._callbacks.wait(left):
+            raise TimeoutError(f"StreamScheduler.close: done-callbacks of {self._callbacks.busy()} stream(s) still "
+                               f"running after {timeout} s")  # fmt: skip
 
     @property
     def closed(self) -> bool:
@@ -443,6 +476,21 @@ class StreamScheduler:
                 f"{len(self._frames)} pending{', closed' if self._closing else ''})")  # fmt: skip
 
     # -- internals (the worker holds the runner; state changes under self._cond) --------------------------
+    def _stream_id(self, stream: Hashable) -> int:
+        """The number of ``stream`` (checked by :func:`_check_stream`): ids that are equal (1, 1.0, True) are one
+        stream, as a dict sees them. Frames compare these numbers, never the user's objects. Under the lock."""
+        sids = self._sids
+        try:
+            sid = sids.get(stream)
+            if sid is None:
+                if len(sids) >= MAX_STREAM_IDS:  # forget the ids no pending frame has
+                    self._sids = sids = {f.stream: f.sid for f in self._frames.values()}
+                sid = sids[stream] = self._count  # the frame's own number: unique
+        except Exception as exc:  # its == or hash raised against another id's
+            raise InputError(f"stream: received {_shown(stream)}, whose comparison with stream ids already seen raised "
+                             f"{type(exc).__name__}; expected a hashable id (a str, an int, or a tuple of them)") from None  # fmt: skip
+        return sid
+
     def _model(self, rows: int) -> Any:
         model = self.runner.cost.for_batch(rows)
         lo = self.runner.input_spec.batch[0]
@@ -491,12 +539,7 @@ class StreamScheduler:
             out.append(self._deliver(self._frames.pop(key), "cancelled", now))
 
     def _work(self) -> None:
-        runner, out = self.runner, []
-        try:
-            runner._acquire()  # the worker owns the runner (its backend and caches) until it ends
-        except BaseException as exc:
-            self._fail(exc)
-            return
+        runner, out = self.runner, []  # the runner acquired for this thread by the constructor
         try:
             while True:
                 run = None
@@ -638,7 +681,7 @@ class StreamScheduler:
                         due = min((f.deadline for f in self._frames.values() if f.leaves and not f.cancelled), default=INF)
                         if now >= due - ahead:
                             break
-                        self._cond.wait(None if due == INF else due - ahead - now)
+                        self._cond.wait(MAX_WAIT_S if due == INF else min(due - ahead - now, MAX_WAIT_S))
                     for key in [k for k, f in self._frames.items() if f.leaves and not f.cancelled and f.deadline - ahead <= now]:
                         frame = self._frames.pop(key)
                         frame.answered = True
@@ -682,6 +725,93 @@ class StreamScheduler:
             out.extend((f.handle, error) for f in self._frames.values())
             self._frames.clear()
         _hand_out(out)
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_stream(stream: Any) -> None:
+    """A stream id must be hashable and equal to itself (its ``==`` a bool): the scheduler groups a stream's frames
+    by it. A numpy array's ``==`` is an array, whose truth raises: while its frame was pending, every other stream's
+    submit raised."""
+    try:
+        hash(stream)
+        same = stream == stream
+        ok = isinstance(same, (bool, np.bool_)) and bool(same)
+    except Exception as exc:
+        ok, why = False, f" ({type(exc).__name__})"
+    else:
+        why = "" if ok else " (not equal to itself)"
+    if not ok:
+        raise InputError(f"stream: received {type(stream).__name__} {_shown(stream)}{why}; expected a hashable id "
+                         "equal to itself (a str, an int, or a tuple of them)")  # fmt: skip
+
+
+class _Callbacks:
+    """Done-callbacks, run per stream (a *lane*) in the order its frames were answered, each lane on a daemon thread
+    of its own, started with its first callback and ended once it has had nothing to run for ``LINGER_S`` (a camera's
+    lane lives as long as the camera; a thread per callback cost ~0.1 ms each at 2,400 frames a second): a
+    callback that blocks holds its own stream's later callbacks only. Beyond ``MAX_CALLBACK_LANES`` lanes at once,
+    new ones share one. An exception in a callback is logged, as ``concurrent.futures`` does."""
+
+    SHARED = -1
+    LINGER_S = 1.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._lanes: dict[int, deque] = {}
+        self._threads: dict[int, threading.Thread] = {}
+        self._running: set[int] = set()  # lanes inside a callback now
+
+    def put(self, lane: int, fn: Callable[[Future], object], handle: Future) -> None:
+        with self._cond:
+            queue = self._lanes.get(lane)
+            if queue is None and len(self._lanes) >= MAX_CALLBACK_LANES:
+                lane = self.SHARED
+                queue = self._lanes.get(lane)
+            if queue is None:
+                queue = self._lanes[lane] = deque()
+                thread = self._threads[lane] = threading.Thread(target=self._drain, args=(lane,), daemon=True,
+                                                                name=f"hne-edge-streams-callbacks-{lane}")  # fmt: skip
+                thread.start()
+            queue.append((fn, handle))
+            self._cond.notify_all()
+
+    def _drain(self, lane: int) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                self._running.discard(lane)
+                queue = self._lanes[lane]
+                if not queue:
+                    cond.notify_all()  # close() may wait for this lane's callbacks to be done
+                    if not cond.wait_for(lambda: queue, self.LINGER_S):
+                        del self._lanes[lane], self._threads[lane]
+                        return
+                fn, handle = queue.popleft()
+                self._running.add(lane)
+            try:
+                fn(handle)
+            except Exception:
+                LOGGER.exception("exception calling callback for %r", handle)
+
+    def busy(self) -> int:
+        """Lanes with callbacks to run or running."""
+        with self._cond:
+            return sum(1 for k, q in self._lanes.items() if q or k in self._running)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until every lane has run its callbacks, but the calling thread's own (close() from a callback);
+        False on timeout."""
+        me = threading.current_thread()
+        with self._cond:
+            return self._cond.wait_for(lambda: all(self._threads[k] is me for k, q in self._lanes.items()
+                                                   if q or k in self._running), timeout)  # fmt: skip
 
 
 class _Window:

@@ -428,7 +428,7 @@ def test_cancel_from_another_thread_stops_at_the_next_leaf_boundary(big_bundle):
     session = runner.start(images(1))
     backend.gate = threading.Event()
     box = {}
-    worker = threading.Thread(target=lambda: box.setdefault("r", session.refine()))
+    worker = threading.Thread(target=lambda: box.setdefault("r", session.refine()), daemon=True)
     worker.start()
     assert backend.entered.wait(10)  # the worker is inside leaf 0
     session.cancel()
@@ -444,7 +444,7 @@ def test_concurrent_use_is_refused_with_a_clear_error(bundle):
     runner, backend = fake_runner(bundle)
     backend.gate = threading.Event()
     box = {}
-    worker = threading.Thread(target=lambda: box.setdefault("r", runner.run(images(1))), name="worker-A")
+    worker = threading.Thread(target=lambda: box.setdefault("r", runner.run(images(1))), name="worker-A", daemon=True)
     worker.start()
     assert backend.entered.wait(10)
     with pytest.raises(ConcurrentUseError, match=r"busy: received a call from thread 'MainThread' while thread 'worker-A'"):

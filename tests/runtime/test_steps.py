@@ -159,7 +159,7 @@ def test_session_steps_cancel_and_agreement_act_at_step_boundaries(bundle16):
     session.step()
     backend.gate = threading.Event()
     box = {}
-    worker = threading.Thread(target=lambda: box.setdefault("r", session.refine()))
+    worker = threading.Thread(target=lambda: box.setdefault("r", session.refine()), daemon=True)
     worker.start()
     assert backend.entered.wait(10)  # inside the subtree of leaf 1
     session.cancel()

@@ -166,7 +166,7 @@ def test_close_finishes_or_cancels_what_is_pending_with_a_result_for_every_frame
     backend.gate = threading.Event()
     handles = [streams.submit(k, frame(k)) for k in range(4)]
     backend.entered.wait(10)
-    closer = threading.Thread(target=streams.close, kwargs={"cancel": cancel})
+    closer = threading.Thread(target=streams.close, kwargs={"cancel": cancel}, daemon=True)
     closer.start()
     time.sleep(0.05)
     backend.gate.set()
@@ -253,14 +253,24 @@ def test_eight_threads_a_thousand_cancels_and_a_close_mid_run_give_every_frame_e
         with lock:
             accepted.extend(mine)
 
-    threads = [threading.Thread(target=producer, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    give_up = time.monotonic() + 60
-    while cancels[0] < 1000 and time.monotonic() < give_up:
-        time.sleep(0.01)
-    assert streams.pending > 0  # mid-run
-    streams.close(timeout=60)
+    threads = [threading.Thread(target=producer, args=(s,), daemon=True) for s in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        give_up = time.monotonic() + 60
+        while cancels[0] < 1000 and time.monotonic() < give_up:
+            time.sleep(0.01)
+        gate = backend.gate = threading.Event()  # the worker stops inside its next step: close comes mid-run
+        backend.entered.clear()
+        assert backend.entered.wait(30) and streams.pending > 0
+        opener = threading.Timer(0.05, gate.set)
+        opener.daemon = True
+        opener.start()
+        streams.close(timeout=60)
+    finally:
+        if backend.gate is not None:
+            backend.gate.set()
+        streams.close(cancel=True, timeout=60)
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads)
@@ -345,24 +355,20 @@ def test_a_frame_submitted_after_its_deadline_is_rejected_even_on_an_idle_device
     assert r.stopped_by == "rejected" and r.leaves == 0
 
 
-def test_the_workers_time_between_steps_counts_as_its_overhead_callbacks_included(bundle):
-    """Results' callbacks run on the worker, between its steps: that time is the worker's overhead per call (the
-    plan charges every call its median). Counted from the decision only, it missed the callbacks and the lock:
-    0.5 ms at 300 fps where the whole gap was 1.1 ms, and the plans ran behind their predictions."""
+def test_the_workers_time_between_steps_counts_as_its_overhead_uploads_included(bundle):
+    """The worker's own time between two steps (deciding, handing results out, a frame's upload) is its overhead
+    per call (the plan charges every call its median). Counted from the decision only, it missed the hand-out and
+    the lock: 0.5 ms at 300 fps where the whole gap was 1.1 ms, and the plans ran behind their predictions. Here
+    each image's upload takes 5 ms of the (virtual) clock."""
     streams, runner, backend = scheduler(bundle, budget_ms=1e3, batching=False)
-
-    def busy_callback(handle):  # 5 ms of the application's work, on the worker's (virtual) clock
-        backend.clock.t += 5e-3
-
     with streams:
-        backend.gate = threading.Event()  # all six queue: each result's callback runs between two steps
+        backend.gate = threading.Event()  # all six queue: each first leaf's upload comes between two steps
         handles = [streams.submit(k, frame(k)) for k in range(6)]
-        for h in handles:
-            h.add_done_callback(busy_callback)
+        backend.upload_cost = lambda batch: 5e-3
         backend.gate.set()
         wait_until(lambda: streams.pending == 0)
         median, quantile = streams._overhead
-    assert 4.9e-3 <= quantile < 6e-3 and 0 <= median < 1e-3  # 5 gaps of 96 held a callback
+    assert 4.9e-3 <= quantile < 6e-3 and 0 <= median < 1e-3  # 5 gaps of 96 held an upload
 
 
 def test_a_stacked_size_is_predicted_at_the_one_row_calls_load_plus_their_stall_not_at_their_stall_ratio(bundle):
@@ -573,29 +579,24 @@ def test_a_frame_inside_a_step_at_its_deadline_is_answered_then_with_the_leaves_
         assert later.result(10).stopped_by == "complete" and handle.result() is r
 
 
-def test_admission_plans_each_first_leaf_to_end_by_its_deadline_less_the_hand_out_lag(bundle):
-    """An answer counts when it is in the caller's hands (``met_deadline``, as ``runner.run`` returning): a first
-    leaf that ends at its deadline and is handed out later (callbacks, the interpreter's lock) misses. The worker
-    measures how long its answers take from its decision to the caller; admission and every plan end that much
-    before each deadline. Here the callbacks take 0.2 s of the (virtual) clock: a frame whose first leaf fits its
-    budget only without that is no longer admitted on time (on the idle device it runs late, flagged); a second
-    later it is again."""
+def test_a_slow_callback_is_no_hand_out_lag(bundle):
+    """An answer counts when it is in the caller's hands (``met_deadline``, as ``runner.run`` returning). Callbacks
+    run on their stream's own thread (issue 42), not between the worker's steps: one that takes 0.2 s of the
+    (virtual) clock delays no other frame's hand-out, and a frame whose first leaf fits its budget with 0.1 s to
+    spare is still admitted on time after it."""
     streams, runner, backend = scheduler(bundle, batching=False)
     with streams:
         assert streams.submit("warm", frame(0), budget_ms=1e3).result(10).stopped_by == "complete"
         first_leaf = runner.cost.predict_step(0, 1)
         budget_ms = (first_leaf + 0.1) * 1e3  # room for its first leaf and 0.1 s
-        assert not streams.submit(0, frame(1), budget_ms=budget_ms).result(10).late  # no lag measured yet: on time
-        backend.gate = threading.Event()  # the worker waits until the callback is in place
+        done = threading.Event()
         slow = streams.submit(1, frame(2), budget_ms=1e3)
-        slow.add_done_callback(lambda h: setattr(backend.clock, "t", backend.clock.t + 0.2))  # a 0.2 s hand-out
-        backend.gate.set()
+        slow.add_done_callback(lambda h: (setattr(backend.clock, "t", backend.clock.t + 0.2), done.set()))
         slow.result(10)
-        wait_until(lambda: streams._handout.quantile(1.0) >= 0.2)
+        done.wait(10)
+        assert streams._handout.quantile(1.0) < 0.1
         r = streams.submit(2, frame(3), budget_ms=budget_ms).result(10)
-        assert r.late and r.leaves >= 1
-        backend.clock.t += 1.5  # a second later the pause is forgotten (OVERRUN_HORIZON_S), not 128 answers later
-        assert not streams.submit(3, frame(4), budget_ms=budget_ms).result(10).late
+        assert not r.late and r.met_deadline
 
 
 def test_the_guard_moves_admission_and_the_watchers_answer_that_much_before_each_deadline(bundle):
