@@ -31,9 +31,15 @@ RATE_MARKS = 128  # (time, steps) marks kept for it, spread over the elapsed tim
 
 
 def format_duration(seconds: float) -> str:
-    """``8 s``, ``3 min 05 s``, ``2 h 10 min``: how long something took or will take, for people."""
+    """``40 ms``, ``8.0 s``, ``3 min 05 s``, ``2 h 10 min``: how long something took or will take, for people.
+
+    Under 0.1 s in milliseconds: a GPU's steps, a digits checkpoint and an estimate's last steps read "0.0 s", as
+    if nothing were left or measured (issue 42)."""
     if seconds != seconds or seconds < 0:  # NaN or negative: unknown
         return "?"
+    if seconds < 0.1:
+        ms = seconds * 1e3
+        return f"{ms:.2g} ms" if ms < 10 else f"{ms:.0f} ms"
     if seconds < 10:
         return f"{seconds:.1f} s"
     s = int(round(seconds))

@@ -18,6 +18,7 @@ class FakeClock:
 
 def test_format_duration_reads_like_a_person_would_say_it():
     assert format_duration(3.25) == "3.2 s"
+    assert [format_duration(s) for s in (0.0996, 0.02, 0.0005, 0.0)] == ["100 ms", "20 ms", "0.5 ms", "0 ms"]  # never 0.0 s
     assert format_duration(42) == "42 s"
     assert format_duration(185) == "3 min 05 s"
     assert format_duration(2 * 3600 + 10 * 60) == "2 h 10 min"

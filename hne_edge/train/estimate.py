@@ -116,12 +116,11 @@ class _RunEstimate:
         left = per_step * max(self.steps_left - self.steps, 0)
         total = now - self.start + left
         to_checkpoint = per_step * max(self.epoch_left - self.steps, 0)
-        # said at an epoch's last step (a short epoch's estimate), its checkpoint comes next: "0.0 s" (here and for a
-        # GPU's 10 ms steps) read as a fault (issue 42)
-        when = ("as this epoch ends" if self.steps >= self.epoch_left else "in under 0.1 s" if to_checkpoint < 0.05
-                else f"in about {format_duration(to_checkpoint)}")  # fmt: skip
+        # said at an epoch's last step (a short epoch's estimate), its checkpoint comes next: "in about 0.0 s" read
+        # as a fault (issue 42)
+        when = "as this epoch ends" if self.steps >= self.epoch_left else f"in about {format_duration(to_checkpoint)}"
         line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
-                f"({format_duration(per_step) if per_step >= 0.1 else f'{per_step * 1e3:.2g} ms'}/step over {measured}; "
+                f"({format_duration(per_step)}/step over {measured}; "
                 f"validation adds to it); a checkpoint is written at the end of every epoch (the next {when})"
                 f"{' and on Ctrl-C' if self.on_ctrl_c else ''}")
         if total >= 3600:
