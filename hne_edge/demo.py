@@ -10,8 +10,8 @@ convention path ``../shared/data/cifar10_train.npz`` when that file exists,
 else scikit-learn's bundled digits (no download), with a line saying which
 and why. Digits is easy (one leaf already scores ~98%), so it shows only
 the latency side of anytime inference. On CIFAR-10 the demo starts from a
-checkpoint shipped with the package (``hne_edge/assets/``, trained by this
-project; how is recorded next to it), because the accuracy rise with the
+checkpoint shipped in the repository (``hne_edge/assets/``, trained by this
+project; how is recorded next to it; the wheel leaves the weights out), because the accuracy rise with the
 number of leaves needs more training than a few minutes of CPU allow:
 ``--pretrained auto`` (the default) takes the reference HNE_small trained on a
 GPU (:data:`REFERENCE`, ``benchmarks/ship_reference.py`` puts it there) when
@@ -128,6 +128,8 @@ def pretrained_checkpoint(choice: str = "auto") -> Path:
     if choice == "tiny":
         return PRETRAINED
     if choice == "reference":
+        if not REFERENCE.is_file() and REFERENCE.with_suffix(".json").is_file():
+            raise _not_installed(REFERENCE)
         if not REFERENCE.is_file():
             raise InputError(f"--pretrained reference: this package ships no {REFERENCE.name} (no GPU-trained reference "
                              "yet); expected --pretrained auto or tiny")  # fmt: skip
@@ -137,6 +139,15 @@ def pretrained_checkpoint(choice: str = "auto") -> Path:
         raise InputError(f"--pretrained: received {choice!r}; expected auto, reference, tiny or a checkpoint file with its "
                          ".json record beside it")  # fmt: skip
     return path
+
+
+def _not_installed(checkpoint: Path) -> InputError:
+    """A shipped checkpoint whose record is here but whose weights are not: an install from the wheel, which leaves
+    the demo's checkpoints out (issue 42: 3.2 MB of torch weights on every runtime-only device, which never loads
+    them); they are in the checkout, where ``make demo`` runs."""
+    return InputError(f"{checkpoint.name} is not in this install: the wheel leaves the demo's checkpoints out (torch "
+                      "weights only the demo loads); run the demo from a checkout (make demo), or train here: --epochs N "
+                      "(and --limit N images for a quick run)")  # fmt: skip
 
 
 def pretrained_record(checkpoint: Path = PRETRAINED) -> dict[str, Any]:
@@ -291,6 +302,8 @@ def run_demo(
     use_shipped = auto and data == "npz" and model is None and epochs is None and limit is None and seed == 0
     shipped = pretrained_checkpoint(pretrained)  # a bad --pretrained is refused whatever the data
     if use_shipped:
+        if not shipped.is_file():
+            raise _not_installed(shipped)
         record = pretrained_record(shipped)
         found = npz_fingerprint(data_dir)
         if found != record["data"]["sha256"]:  # another order or other images: the hold-out could hold training images

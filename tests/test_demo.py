@@ -261,6 +261,34 @@ def test_pretrained_choices_name_what_is_shipped(tmp_path):
     assert proc.returncode == 2 and "--pretrained: received" in proc.stderr and not (tmp_path / "d").exists()
 
 
+def test_an_install_without_the_demo_checkpoints_says_where_they_are(tmp_path, monkeypatch):
+    """Issue 42: the wheel carried the 2.96 MB reference checkpoint (and the 0.24 MB tiny one) to runtime-only devices,
+    which never load torch weights; it leaves them out now. A demo where they are absent (an install from the wheel,
+    with the train extra) says so in one line before it writes anything, and the digits demo still runs there."""
+    import hne_edge.demo as demo
+    from hne_edge.errors import InputError
+
+    assets = tmp_path / "site-packages" / "hne_edge" / "assets"  # what the wheel installs: the records, no weights
+    assets.mkdir(parents=True)
+    for name in ("cifar10_reference", "cifar10_demo"):
+        (assets / f"{name}.json").write_text((demo.ASSETS / f"{name}.json").read_text())
+    monkeypatch.setattr(demo, "REFERENCE", assets / "cifar10_reference.pt")
+    monkeypatch.setattr(demo, "PRETRAINED", assets / "cifar10_demo.pt")
+    (tmp_path / "shared" / "data").mkdir(parents=True)  # ../shared/data/cifar10_train.npz beside where the demo runs
+    (tmp_path / "shared" / "data" / "cifar10_train.npz").write_bytes(b"")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    for choice in ("auto", "reference", "tiny"):
+        with pytest.raises(InputError) as caught:
+            demo.run_demo(tmp_path / "work" / "demo", pretrained=choice, echo=lambda line: None)
+        message = str(caught.value)
+        assert "is not in this install: the wheel leaves the demo's checkpoints out" in message, message
+        assert "make demo" in message and "--epochs N" in message, message
+        assert not (tmp_path / "work" / "demo").exists()
+    assert demo.choose_data("auto", None, tmp_path / "nowhere")[0] == "digits"  # which trains: no checkpoint needed
+    assert demo.pretrained_checkpoint("auto") == demo.PRETRAINED  # and --pretrained auto is no error there
+
+
 @pytest.mark.slow
 def test_the_demo_evaluates_the_validation_images_once(tmp_path, monkeypatch):
     """Reproduces issue 28: the demo's step 5 ("profiling") spent 55 of its 57 s evaluating the whole validation
