@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -99,6 +100,37 @@ def _label_log_x(ax, xs: Sequence[float], pad: float = 0.06, axis: str = "x") ->
         ax.yaxis.set_minor_locator(NullLocator())
 
 
+def _title_and_layout(ax, text: str, fontsize: float) -> None:
+    """Title ``ax`` with ``text`` and lay the figure out (``tight_layout``), the title wrapped at spaces onto as few
+    lines as it takes to lie inside the figure, of even lengths: it is centred over the axes, and tight_layout makes
+    room above for its lines but never narrows it (issue 42: accuracy_vs_macs.png's title ran 66..618 px across a
+    600 px figure and was cut off). A ``$...$`` formula (a loss's name) stays on one line."""
+    fig = ax.figure
+    words = re.findall(r"(?:\$[^$]*\$|[^\s$])+", text)
+    lines = [text]
+    for k in range(2, len(words) + 2):
+        ax.set_title("\n".join(lines), fontsize=fontsize)
+        fig.tight_layout()
+        box, frame = ax.title.get_window_extent(), fig.bbox
+        centre = (box.x0 + box.x1) / 2
+        if box.width <= 2 * min(centre - frame.x0, frame.x1 - centre) - 4 or k > len(words):  # 2 px each side
+            return
+        lines = next(filled for chars in range(max(map(len, words)), len(text) + 1)  # k lines, the longest shortest
+                     if len(filled := _fill(words, chars)) <= k)
+
+
+def _fill(words: Sequence[str], chars: int) -> list[str]:
+    """``words`` on lines of at most ``chars`` characters (a longer word alone on its line), each line as full as it
+    goes."""
+    lines: list[str] = []
+    for word in words:
+        if lines and len(lines[-1]) + 1 + len(word) <= chars:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
 def _save(fig, path: str | os.PathLike) -> Path:
     path = Path(path)
     with atomic_file(path, "wb") as f:
@@ -151,8 +183,7 @@ def tree_figure(tree: TreeSpec, node_macs: Mapping[str, int] | None = None, titl
         ax.spines[side].set_visible(False)
     ax.set_xlim(-1.2, tree.num_blocks - 0.2)
     ax.set_ylim(-(n - 1) - 0.9, 0.9)  # room above and below the outer nodes for their labels
-    ax.set_title(title or f"HNE tree, branching {tree.branching}: {n} networks; red = leaf 0's path", fontsize=9)
-    fig.tight_layout()
+    _title_and_layout(ax, title or f"HNE tree, branching {tree.branching}: {n} networks; red = leaf 0's path", 9)
     edges = [ax.transData.transform(line.get_xydata()) for line in ax.get_lines()]
     for label, node in labels:  # after the layout: placed where no edge crosses them (issue 28: centred above, they did)
         _place_clear(ax, label, (node.depth, y[node.id]), edges)
@@ -233,8 +264,7 @@ def budget_sweep_figure(rows: Sequence[Mapping[str, Any]], num_leaves: int | Non
     for ax in (acc, leaves):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
-    acc.set_title("Anytime inference under a per-frame budget", fontsize=10)
-    fig.tight_layout()
+    _title_and_layout(acc, "Anytime inference under a per-frame budget", 10)
     return fig
 
 
@@ -285,12 +315,11 @@ def metrics_figures(
         if key == "accuracy":
             ax.set_ylim(*_accuracy_limits(ys))
         title = about + ("; bars: ± one standard error" if key == "accuracy" and first.get("num_images") else "")
-        ax.set_title(title, fontsize=8)
         ax.set_xlabel("MMACs (first n leaves, shared nodes once)" if "macs" in runs[0]["anytime"][0] else "n (leaves)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
-        fig.tight_layout()
+        _title_and_layout(ax, title, 8)
         x, y, ns, err = first_xy  # every run has the same n at the same MACs: one run's points carry them
         _label_points(ax, x, y, [f"n={n}" if k == 0 else str(n) for k, n in enumerate(ns)], err)
         figures[name] = fig
@@ -308,13 +337,12 @@ def metrics_figures(
     ax.set_ylim(*_accuracy_limits([100 * r["accuracy"] for run in runs for r in run["leaves"]]))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if len(runs) == 1:  # the bars fill the plotting area: name the run in the title, or the runs beside it
-        ax.set_title(f"each leaf alone: {about}, loss {labels[0]}" if legend_title else
-                     f"each leaf alone: {about}, {labels[0]}", fontsize=9)  # fmt: skip
+        title = f"each leaf alone: {about}, loss {labels[0]}" if legend_title else f"each leaf alone: {about}, {labels[0]}"
     else:
-        ax.set_title(f"each leaf alone: {about}", fontsize=9)
+        title = f"each leaf alone: {about}"
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title=legend_title,
                   title_fontsize=8)  # fmt: skip
-    fig.tight_layout()
+    _title_and_layout(ax, title, 9)
     figures["leaf_accuracy.png"] = fig
     return figures
 
@@ -350,9 +378,8 @@ def bench_figure(result: Mapping[str, Any]) -> Figure:
         ax.set_xlabel("leaves evaluated (n)")
         ax.set_ylabel("latency (ms, log scale)")
         ax.legend()
-    ax.set_title(f"{result['model']} {result['backend']}/{result['device']} batch {result['batch_size']}", fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    _title_and_layout(ax, f"{result['model']} {result['backend']}/{result['device']} batch {result['batch_size']}", 9)
     if "accuracy" in levels[0]:  # after the layout: the labels are placed in the final axes
         _label_points(ax, lat, [100 * lv["accuracy"] for lv in levels],
                       [f"n={lv['n']}" if k == 0 else str(lv["n"]) for k, lv in enumerate(levels)])

@@ -31,9 +31,15 @@ RATE_MARKS = 128  # (time, steps) marks kept for it, spread over the elapsed tim
 
 
 def format_duration(seconds: float) -> str:
-    """``8 s``, ``3 min 05 s``, ``2 h 10 min``: how long something took or will take, for people."""
+    """``40 ms``, ``8.0 s``, ``3 min 05 s``, ``2 h 10 min``: how long something took or will take, for people.
+
+    Under 0.1 s in milliseconds: a GPU's steps, a digits checkpoint and an estimate's last steps read "0.0 s", as
+    if nothing were left or measured (issue 42)."""
     if seconds != seconds or seconds < 0:  # NaN or negative: unknown
         return "?"
+    if seconds < 0.1:
+        ms = seconds * 1e3
+        return f"{ms:.2g} ms" if ms < 10 else f"{ms:.0f} ms"
     if seconds < 10:
         return f"{seconds:.1f} s"
     s = int(round(seconds))
@@ -56,10 +62,13 @@ class Progress:
         tty: draw a bar (True) or write lines (False); default: ``stream.isatty()``.
         every_s: plain-line cadence in seconds.
         clock: the time source (tests pass a fake one).
-        heartbeat: in line mode, a daemon thread repeats the current line every ``every_s`` while no
-            update comes (a single step that takes minutes must not look like a hang). It starts with the
-            first :meth:`update`, :meth:`set` or :meth:`restart`: a command that checks its inputs before it
-            counts anything fails with its one-line error, not after a line of progress.
+        heartbeat: in line mode, a daemon thread writes the current line every ``every_s`` while no
+            other line comes (a single step that takes minutes must not look like a hang). Its line says what
+            is current - the count, rate, times and how long ago the last step ended - and leaves out the
+            ``fields``, which were read at an earlier step (issue 42: it showed a loss 164 steps old as if
+            new). It starts with the first :meth:`update`, :meth:`set` or :meth:`restart`: a command that
+            checks its inputs before it counts anything fails with its one-line error, not after a line of
+            progress.
         initial: steps already done before this call (a resumed run): counted in ``n`` and the percentage,
             not in the rate.
     """
@@ -91,6 +100,7 @@ class Progress:
         self._last_fields: float | None = None  # when due() last answered True on a terminal
         self._promised: bool | None = None  # due()'s answer, which the next update() keeps
         self._last_n = initial
+        self._last_step: float | None = None  # when the last step ended (None: none yet in this phase)
         self._marks: deque[tuple[float, int]] = deque([(self._start, initial)], maxlen=RATE_MARKS)
         self._last_by_heartbeat = False
         self._lock = threading.Lock()
@@ -110,6 +120,8 @@ class Progress:
         with self._lock:
             self._start_heartbeat()
             self.n += n
+            if n:
+                self._last_step = self._clock()
             self._mark()
             self._set(note, fields)
             promised, self._promised = self._promised, None
@@ -158,6 +170,7 @@ class Progress:
             self.n = self.initial = self._last_n = initial
             self.note, self.fields = "", {}
             self._start, self._last_line, self._last_fields = self._clock(), None, None
+            self._last_step = None
             self._marks.clear()
             self._marks.append((self._start, initial))
             self._start_heartbeat()
@@ -244,8 +257,9 @@ class Progress:
             return None
         return max(self.total - self.n, 0) / rate
 
-    def line(self) -> str:
-        """The plain progress line (what a log shows)."""
+    def line(self, heartbeat: bool = False) -> str:
+        """The plain progress line (what a log shows); ``heartbeat``: the heartbeat's, which says how long ago the
+        last step ended instead of the fields (read at that step or earlier, not now)."""
         units = _plural(self.unit)
         parts = [f"{self.n}/{self.total} {units} ({100 * self.n / self.total:.0f}%)" if self.total
                  else f"{self.n} {units}"]  # fmt: skip
@@ -255,7 +269,11 @@ class Progress:
         parts.append(f"elapsed {format_duration(self.elapsed)}")
         if self.eta is not None and self.n < (self.total or 0):
             parts.append(f"ETA {format_duration(self.eta)}")
-        parts += [f"{k} {_fmt(v)}" for k, v in self.fields.items()]
+        if heartbeat:
+            parts.append(f"no {self.unit} done yet" if self._last_step is None else
+                         f"last {self.unit} {format_duration(self._clock() - self._last_step)} ago")  # fmt: skip
+        else:
+            parts += [f"{k} {_fmt(v)}" for k, v in self.fields.items()]
         return f"{self.desc}: {', '.join(parts)}" + (f" - {self.note}" if self.note else "")
 
     # -- internals -----------------------------------------------------------------------------------
@@ -280,7 +298,7 @@ class Progress:
         self.fields.update(fields)
 
     def _write_line(self, heartbeat: bool = False) -> None:
-        print(self.line(), file=self._stream, flush=True)
+        print(self.line(heartbeat), file=self._stream, flush=True)
         self._last_line, self._last_n, self._last_by_heartbeat = self._clock(), self.n, heartbeat
 
     def _draw_bar(self, n: int) -> None:

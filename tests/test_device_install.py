@@ -84,6 +84,12 @@ def test_the_runtime_install_has_no_torch_and_stays_small(device_venv):
     # measured 203 MB with Pillow (issue 28: the runtime extra reads images), onnxruntime 1.32, numpy 2.4, pip and
     # setuptools; torch alone is over 1 GB. The bound leaves a quarter for other versions, not a doubling.
     assert size < 260, f"the runtime install is {size:.0f} MB of site-packages (measured 203 MB; torch alone is over 1 GB)"
+    # issue 42: the wheel carried the demo's checkpoints (3.2 MB of torch weights a device never loads): 5.9 MB
+    # installed; without them 2.7 MB (with its .pyc files), the bound a quarter above that
+    package = Path(out[0]).parent
+    assert sorted(p.name for p in package.rglob("*.pt")) == [], "the demo's torch checkpoints are in the runtime install"
+    mb = sum(f.stat().st_size for f in package.rglob("*") if f.is_file()) / 1e6
+    assert mb < 3.4, f"hne_edge is {mb:.1f} MB installed (measured 2.7 MB)"
 
 
 def test_hne_edge_run_on_the_device_matches_pytorch(device_venv, tiny_bundle, tmp_path):

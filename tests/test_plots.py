@@ -381,3 +381,39 @@ def test_tree_edges_cross_no_label(branching):
             continue
         for edge in edges:
             assert not _crosses(box, edge[:, 0], edge[:, 1]), text.get_text()
+
+
+# -- issue 42: titles that fit -----------------------------------------------------------------------------------------
+
+
+def _reference_like(runs: int = 1) -> list[dict]:
+    """The metrics of `make demo` with the reference: hne_resnet_small on cifar10_train.npz, 5,000 images, L^HD."""
+    run = {**_metrics(top=0.92), "model": "hne_resnet_small", "data": "npz", "dataset": "cifar10_train.npz",
+           "num_images": 5000, "loss": "hierarchical"}
+    return [run] if runs == 1 else [run, {**run, "loss": "independent"}]
+
+
+@pytest.mark.parametrize("runs", [1, 2])
+def test_every_title_lies_inside_its_figure_and_keeps_every_word(runs):
+    """Issue 42: accuracy_vs_macs.png's and leaf_accuracy.png's titles ran past the figure's edges and were cut off
+    (`hne_resnet_small on cifar10_train.npz (val, 5000 images); bars: ± one standard error`: 66..618 px of 600)."""
+    figures = dict(plots.metrics_figures(_reference_like(runs)))
+    figures["bench.png"] = plots.bench_figure({**_bench(True), "model": "hne_resnet_small"})
+    figures["tree.png"] = plots.tree_figure(TreeSpec((1, 4, 4)))
+    figures["anytime_budget.png"] = plots.budget_sweep_figure(NOISY_SWEEP, num_leaves=16)
+    for name, fig in figures.items():
+        renderer = _draw(fig)
+        frame = fig.bbox
+        for ax in fig.axes:
+            title = ax.title
+            if not title.get_text():
+                continue
+            box = title.get_window_extent(renderer)
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, \
+                (name, title.get_text(), box, frame)
+            assert not box.overlaps(ax.get_window_extent(renderer)), (name, "the title covers the plotting area")
+    [ax] = figures["accuracy_vs_macs.png"].axes
+    assert " ".join(ax.get_title().split()) == (
+        "hne_resnet_small on cifar10_train.npz (val, 5000 images); bars: ± one standard error")
+    [ax] = figures["leaf_accuracy.png"].axes
+    assert "$L^{I} + L^{HD}$" in ax.get_title() or runs == 2, ax.get_title()  # mathtext is never split across lines

@@ -18,6 +18,7 @@ class FakeClock:
 
 def test_format_duration_reads_like_a_person_would_say_it():
     assert format_duration(3.25) == "3.2 s"
+    assert [format_duration(s) for s in (0.0996, 0.02, 0.0005, 0.0)] == ["100 ms", "20 ms", "0.5 ms", "0 ms"]  # never 0.0 s
     assert format_duration(42) == "42 s"
     assert format_duration(185) == "3 min 05 s"
     assert format_duration(2 * 3600 + 10 * 60) == "2 h 10 min"
@@ -240,3 +241,36 @@ def test_the_rate_and_eta_follow_the_latest_steps_not_the_start_up():
         clock.t += 0.5
         p.update()
     assert p.rate == 2.0 and p.eta == 400.0  # 800 steps left at 2 steps/s (the rate since the start: 1.25)
+
+
+def test_a_heartbeat_shows_no_figures_read_at_an_earlier_step():
+    """Issue 42: a heartbeat line during training showed the loss, accuracy and img/s read 164 steps before
+    (`train: 383/477 steps ..., loss 0.583, train acc 75.6%, img/s 685` - the figures of step 220), and while one
+    step ran long it repeated the last step's figures as if read again. A heartbeat line says what is current: the
+    count, the rate, the time, and how long ago the last step ended."""
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(477, "train", stream=out, every_s=10, clock=clock, heartbeat=False)
+    clock.t += 0.5
+    assert p.due()
+    p.update(loss="0.583", note="epoch 5/10")  # step 1: a line with its figures
+    for _ in range(150):  # steps whose figures nobody read (no line was due)
+        clock.t += 0.05
+        p.update()
+    clock.t += 2.5  # the period ends while the next step runs
+    p._beat()
+    beat = out.getvalue().splitlines()[-1]
+    assert beat.startswith("train: 151/477 steps (32%)") and "loss" not in beat, beat
+    assert beat.endswith(", last step 2.5 s ago - epoch 5/10"), beat
+    clock.t += 0.1
+    assert p.due()  # the first step after a heartbeat shows fresh figures
+    p.update(loss="0.450")
+    assert out.getvalue().splitlines()[-1].endswith("loss 0.450 - epoch 5/10")
+    clock.t += 12  # one step runs long: the heartbeat does not repeat step 152's loss
+    p._beat()
+    beat = out.getvalue().splitlines()[-1]
+    assert beat.startswith("train: 152/477 steps") and "loss" not in beat and "last step 12 s ago" in beat, beat
+    q = Progress(3, "verify", "file", stream=io.StringIO(), every_s=10, clock=clock, heartbeat=False)
+    q.set(note="b0.0.onnx")
+    clock.t += 10
+    q._beat()
+    assert q._stream.getvalue().splitlines()[-1].endswith(", no file done yet - b0.0.onnx")

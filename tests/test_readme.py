@@ -88,3 +88,19 @@ def test_every_test_the_guarantees_name_exists():
     for file, name in named:
         pool = defined.get(file, set()) if file else set().union(*defined.values())
         assert fnmatch.filter(pool, name), f"docs/guarantees.md names {file + '::' if file else ''}{name}: no such test"
+
+
+def test_the_guide_says_what_every_stopped_by_of_a_stream_frame_means():
+    """Issue 42: the guide listed `stopped_by: complete, deadline, cancelled, rejected` and was silent that "deadline"
+    also means a frame answered early because no further step could end by its deadline or add anything
+    (StreamResult's docstring, the home of the vocabulary; stream_policy.py item 6)."""
+    from hne_edge.runtime.streams import StreamResult
+
+    doc = " ".join(StreamResult.__doc__.split())
+    meanings = dict(re.findall(r'"(\w+)" \(([^)]*)\)', doc.split("``stopped_by``:")[1].split("``met_deadline``")[0]))
+    assert set(meanings) == {"complete", "deadline", "rejected"} and "or add anything" in meanings["deadline"], meanings
+    guide = " ".join(FENCE.sub("", (REPO / "docs" / "guide.md").read_text()).split())
+    said = guide[guide.index("why it stopped (`stopped_by`)"):][:900]
+    for value in (*meanings, "cancelled"):
+        assert f"`{value}`" in said, (value, said)
+    assert "no further step of it can end by its deadline" in said and "its next step adds nothing" in said, said

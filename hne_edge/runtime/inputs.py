@@ -108,8 +108,10 @@ def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np
     """uint8 images -> the bundle's normalised NCHW float input.
 
     Accepts one image ``(H, W, C)`` or ``(H, W)`` (grayscale bundles), a batch
-    ``(N, H, W, C)``, or a list of images. Pixels are scaled to [0, 1] and
-    normalised with the manifest's mean/std. No resizing: the spatial size must match.
+    ``(N, H, W, C)`` or ``(N, H, W)`` (grayscale bundles), or a list of images. A 3-d array is one image when its
+    last axis is the bundle's channels; for a grayscale bundle, an RGB(A) image ``(H, W, 3 or 4)`` of the bundle's
+    size is refused rather than read as H frames of W x 3 (issue 42), and so is an array that reads both ways.
+    Pixels are scaled to [0, 1] and normalised with the manifest's mean/std. No resizing: the spatial size must match.
     """
     if isinstance(images, (list, tuple)):
         if not images:
@@ -135,6 +137,7 @@ def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np
     elif images.ndim == 3 and images.shape[-1] == c:
         images = images[None]
     elif images.ndim == 3 and c == 1:
+        _refuse_color_for_gray(images.shape, (h, w))
         images = images[..., None]  # (N, H, W) grayscale batch
     if images.ndim != 4 or images.shape[-1] != c:
         raise InputError(
@@ -149,3 +152,19 @@ def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np
     inv_std = (1.0 / np.asarray(spec.std, dtype=np.float32)).reshape(1, c, 1, 1)
     x = images.transpose(0, 3, 1, 2).astype(np.float32) * np.float32(1 / 255)
     return np.ascontiguousarray(((x - mean) * inv_std).astype(dtype, copy=False))
+
+
+def _refuse_color_for_gray(shape: tuple[int, ...], spatial: tuple[int, int]) -> None:
+    """A 3-d uint8 array for a grayscale bundle is frames ``(N, H, W)``, unless it is an RGB(A) image of the bundle's
+    size ``(H, W, 3 or 4)``: refused, naming the shape, as is an array that reads both ways (a 3x3 bundle's
+    ``(3, 3, 3)``)."""
+    (h, w), (a, b, d) = spatial, shape
+    if (a, b) != (h, w) or d not in (3, 4):
+        return
+    if (b, d) == (h, w):
+        raise InputError(f"preprocess: received shape {tuple(shape)}, which reads as one {h}x{w} image with {d} channels "
+                         f"or as {a} grayscale {h}x{w} frames; this bundle takes 1 channel: pass grayscale frames as "
+                         f"(N, {h}, {w}, 1)")  # fmt: skip
+    raise InputError(f"preprocess: received shape {tuple(shape)}: one {h}x{w} image with {d} channels; this bundle takes 1 "
+                     f"channel (grayscale, (H, W) or (N, H, W)); convert it to grayscale first (e.g. the mean of its "
+                     "channels, or PIL's convert('L'))")  # fmt: skip

@@ -79,7 +79,10 @@ class _TimeBudget:
     kernel choice, allocation, compilation), so after :data:`SKIP` steps a window of training steps is timed,
     epoch ends excluded (on CUDA each stretch between two synchronisations): at least :data:`MIN_STEPS` steps and
     ``window_s`` seconds (3 % of the budget, 1 to 10 s), at most :data:`MAX_STEPS`; once :data:`RUSHED` of the
-    budget is spent (steps that are slow for it), no step is skipped and one timed step is enough. An epoch end (validation,
+    budget is spent (steps that are slow for it, or a start-up - data loading, the model - that took seconds of a
+    short budget), no step is skipped and one timed step is enough. The plan line (:meth:`describe`) names the steps
+    and seconds timed and why they are fewer than the window (issue 42: "over 1 timed steps" beside the guide's
+    3 %, after a start-up of 5 s in a 30 s budget). An epoch end (validation,
     checkpoint, the next epoch's draws) that passed meanwhile is timed as it happened; otherwise one validation
     and one checkpoint are timed on their own. Then :func:`plan_steps` fixes the steps (a :data:`MARGIN` of
     the budget kept for the unforeseen) and the schedule is fitted to them (``_Schedule.fit_to``). The plan
@@ -148,20 +151,23 @@ class _TimeBudget:
         if not ends_epoch:
             synced = self._now(sync=True)
             self.window_t += synced - now
-        self.fix(done_steps)
+        full = self.window_n >= self.MAX_STEPS or (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s)
+        self.fix(done_steps, short=None if full or self.world_size > 1 else "rushed")
         return True
 
     def _fallback(self, done_steps: int) -> bool:
         """Epochs too short to time a step in (one step each): plan from the whole run's rate after a while."""
         if self.window_n == 0 and self.seen >= self.SKIP + 20:
-            self.fix(done_steps)
+            self.fix(done_steps, short="epochs")
             return True
         return False
 
-    def fix(self, done_steps: int, collective: bool = True) -> None:
+    def fix(self, done_steps: int, collective: bool = True, short: str | None = "stopped") -> None:
         """Fix the plan now, from the steps timed so far (or, with none, from the whole run's rate).
 
-        ``collective``: every DDP process calls this at the same step (False: only this one, which is stopping)."""
+        ``collective``: every DDP process calls this at the same step (False: only this one, which is stopping).
+        ``short``: why the timed window is not full (``rushed``: :data:`RUSHED` of the budget was spent; ``epochs``:
+        one-step epochs, nothing timed alone; ``stopped``: the run stops first), None when it is."""
         elapsed = self._now(sync=True) - self.started
         step_s = self.window_t / self.window_n if self.window_n else elapsed / max(done_steps, 1)
         val_s, end_s = self.measure_eval(), self.measure_checkpoint()
@@ -181,7 +187,8 @@ class _TimeBudget:
         self.schedule.fit_to(total, self.steps_per_epoch, self.warmup_epochs)
         self.plan = {"budget_s": self.budget_s, "total_steps": total, "epochs": total / self.steps_per_epoch,
                      "steps_per_epoch": self.steps_per_epoch, "fixed_at_step": done_steps, "fixed_at_s": round(elapsed, 3),
-                     "step_s": step_s, "timed_steps": self.window_n, "validation_s": val_s, "checkpoint_s": end_s,
+                     "step_s": step_s, "timed_steps": self.window_n, "timed_s": round(self.window_t, 4), "short_window": short,
+                     "window_s": self.window_s, "validation_s": val_s, "checkpoint_s": end_s,
                      "timed_epoch_ends": len(self.gaps), "capped_by_epochs": total == self.max_epochs * self.steps_per_epoch}  # fmt: skip
 
     def record(self) -> dict[str, Any] | None:
@@ -191,10 +198,22 @@ class _TimeBudget:
         return {**self.plan, "used_s": round(self.clock() - self.started, 3)}
 
     def describe(self) -> str:
+        """The plan line: how many epochs fit, from what was timed (and why that is less than the window)."""
         p = self.plan
         capped = f"; capped by optim.epochs={self.max_epochs}" if p["capped_by_epochs"] else ""
+        n = p["timed_steps"]
+        window = format_duration(p.get("window_s", self.window_s))
+        if n:
+            timed = f"timed over {n} steps, {format_duration(p.get('timed_s', 0.0))}" if n > 1 else "timed over 1 step"
+            timed += {"rushed": f": a tenth of the budget, start-up included, was spent before the window of "
+                                f"{self.MIN_STEPS} steps and {window} filled",
+                      "stopped": f": the run stopped before the window of {self.MIN_STEPS} steps and {window} filled"}.get(p.get("short_window"), "")
+        else:  # nothing timed alone: one-step epochs, or a run that stopped first
+            timed = ("the run's rate so far, start-up included: "
+                     + ("its epochs of one step each time no step alone" if p.get("short_window") == "epochs"
+                        else "it stopped before a step was timed"))  # fmt: skip
         return (f"time budget {format_duration(p['budget_s'])}: {p['epochs']:.1f} epochs fit ({p['total_steps']} steps of "
-                f"{p['step_s'] * 1e3:.1f} ms over {p['timed_steps']} timed steps; validation ~{format_duration(p['validation_s'])}"
+                f"{p['step_s'] * 1e3:.1f} ms {timed}; validation ~{format_duration(p['validation_s'])}"
                 f" and checkpoint ~{format_duration(p['checkpoint_s'])} per epoch{capped}); the schedule ends at step "
                 f"{p['total_steps']}")  # fmt: skip
 

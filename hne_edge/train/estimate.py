@@ -116,10 +116,13 @@ class _RunEstimate:
         left = per_step * max(self.steps_left - self.steps, 0)
         total = now - self.start + left
         to_checkpoint = per_step * max(self.epoch_left - self.steps, 0)
+        # said at an epoch's last step (a short epoch's estimate), its checkpoint comes next: "in about 0.0 s" read
+        # as a fault (issue 42)
+        when = "as this epoch ends" if self.steps >= self.epoch_left else f"in about {format_duration(to_checkpoint)}"
         line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
                 f"({format_duration(per_step)}/step over {measured}; "
-                f"validation adds to it); a checkpoint is written at the end of every epoch (the next in about "
-                f"{format_duration(to_checkpoint)}){' and on Ctrl-C' if self.on_ctrl_c else ''}")
+                f"validation adds to it); a checkpoint is written at the end of every epoch (the next {when})"
+                f"{' and on Ctrl-C' if self.on_ctrl_c else ''}")
         if total >= 3600:
             line += f"\n  that is hours on this {self.device.type}: {self.advice}"
         self.progress.write(line)

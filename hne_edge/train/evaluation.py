@@ -42,6 +42,7 @@ __all__ = [
     "predict",
     "evaluate",
     "evaluate_checkpoint",
+    "write_metrics",
     "plot_metrics",
 ]
 
@@ -187,10 +188,16 @@ def evaluate_checkpoint(
     else:  # the checkpoint's normalisation is the one the weights were trained with
         norm = state["normalization"]
         loader = BatchLoader(bundle.val, batch_size, mean=norm["mean"], std=norm["std"])
-    # "npz" says how the images were stored, not what they are: the plots name the file (cifar10_train.npz)
-    dataset = Path(data_cfg.data_dir).name if data_cfg.name in ("npz", "imagefolder") and data_cfg.data_dir else data_cfg.name
-    return _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset, "split": split}, out_dir,
-                    device, plots, progress, predictions)  # fmt: skip
+    return _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset_name(data_cfg), "split": split},
+                    out_dir, device, plots, progress, predictions)  # fmt: skip
+
+
+def dataset_name(data_cfg: Any) -> str:
+    """What the data is called in metrics.json and the plots' titles: "npz" says how the images were stored, not what
+    they are, so a file or folder is named by itself (cifar10_train.npz)."""
+    if data_cfg.name in ("npz", "imagefolder") and data_cfg.data_dir:
+        return Path(data_cfg.data_dir).name
+    return data_cfg.name
 
 
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
@@ -221,13 +228,9 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,
              progress: "Progress | None", predictions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Predict ``loader`` and write ``metrics.json`` (+ plots): the part every evaluation shares."""
-    from ..models import tree_cost  # noqa: PLC0415
+    """Predict ``loader`` with PyTorch and write ``metrics.json`` (+ plots, :func:`write_metrics`)."""
     from .device import torch_device  # noqa: PLC0415
 
-    from .config import upgrade_config  # noqa: PLC0415
-
-    stored = upgrade_config(state["config"]) if state.get("config") else None  # a 0.1 run: its weighting
     dev = torch_device(device)
     # channels-last: 1.4x the CPU throughput of NCHW for hne_resnet_small's depthwise-separable blocks (CPU time
     # per 128 images, 1 thread: 5.3-5.8 s against 7.3-8.6 s; the logits within 4e-6), and what training uses on CUDA
@@ -238,7 +241,27 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
     logits, labels = predict(model, loader, dev, channels_last=True, progress=progress)
     if predictions is not None:
         predictions.update(logits=logits, labels=labels)
-    cost = tree_cost(model.cpu())
+    return write_metrics(model.cpu(), state, path, logits, labels, {**source, "evaluated_with": f"torch on {dev}"},
+                         out_dir, plots)  # fmt: skip
+
+
+def write_metrics(model: nn.Module, state: dict[str, Any], path: str | os.PathLike, logits: torch.Tensor,
+                  labels: torch.Tensor, source: dict[str, str], out_dir: str | os.PathLike | None,
+                  plots: bool = True, cost: Any = None) -> dict[str, Any]:
+    """The metrics of leaf logits ``(M, N, classes)`` of checkpoint ``path``'s model (CPU) on ``labels``, written to
+    ``out_dir/metrics.json`` (+ the PNGs): what every evaluation writes, whatever ran the model.
+
+    ``source`` says what was evaluated and how (``data``, ``dataset``, ``split``, ``evaluated_with``: the demo's
+    evaluation runs the exported bundle on ONNX Runtime, 10x less CPU time than PyTorch's for hne_resnet_small).
+    ``cost``: the model's :func:`~hne_edge.models.tree_cost` when the caller has it (9 s for hne_resnet_small at load 11).
+    """
+    from ..models import tree_cost  # noqa: PLC0415
+
+    from .config import upgrade_config  # noqa: PLC0415
+
+    path = Path(path)
+    stored = upgrade_config(state["config"]) if state.get("config") else None  # a 0.1 run: its weighting
+    cost = tree_cost(model) if cost is None else cost
     metrics = anytime_metrics(logits, labels, cost.prefix_macs)
     for row, leaf_id, path_macs in zip(metrics["leaves"], model.tree.leaf_order, cost.path_macs):
         row["id"], row["path_macs"] = leaf_id, int(path_macs)

@@ -527,6 +527,34 @@ def test_preprocess(bundle):
         runner.preprocess(np.zeros((H, W, 2), np.uint8))
 
 
+def test_preprocess_reads_a_3d_array_one_way_or_refuses_naming_the_shapes():
+    """Issue 42: an RGB image (H, W, 3) given to a grayscale bundle was read as 8 grayscale frames of 8x3 (N, H, W) and
+    refused with "resize first". A 3-d array is one image when its last axis is the bundle's channels, a grayscale
+    batch (N, H, W) when its last two axes are the bundle's size; an RGB(A) image for a grayscale bundle is refused
+    naming its shape, and so is an array that reads either way."""
+    from hne_edge.bundle import InputSpec
+    from hne_edge.runtime import preprocess
+
+    def spec(c: int, h: int, w: int) -> InputSpec:
+        return InputSpec("images", ("batch", c, h, w), "float32", "NCHW", (0.5,) * c, (0.25,) * c, (1, 1, 16))
+
+    gray, rgb = spec(1, 8, 8), spec(3, 8, 8)
+    image = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    assert preprocess(image, rgb).shape == (1, 3, 8, 8)  # one HWC frame
+    assert preprocess(image[..., :1], gray).shape == (1, 1, 8, 8)  # (H, W, 1): one grayscale frame
+    assert preprocess(np.zeros((5, 8, 8), np.uint8), gray).shape == (5, 1, 8, 8)  # (N, H, W): a grayscale batch
+    assert preprocess(np.zeros((8, 8), np.uint8), gray).shape == (1, 1, 8, 8)
+    with pytest.raises(InputError, match=r"received shape \(8, 8, 3\): one 8x8 image with 3 channels; this bundle takes "
+                                         r"1 channel \(grayscale, \(H, W\) or \(N, H, W\)\); convert it to grayscale"):
+        preprocess(image, gray)
+    square = spec(1, 3, 3)  # (3, 3, 3) is one 3x3 RGB image or three 3x3 grayscale frames
+    with pytest.raises(InputError, match=r"received shape \(3, 3, 3\), which reads as one 3x3 image with 3 channels or "
+                                         r"as 3 grayscale 3x3 frames; this bundle takes 1 channel: pass grayscale frames "
+                                         r"as \(N, 3, 3, 1\)"):
+        preprocess(np.zeros((3, 3, 3), np.uint8), square)
+    assert preprocess(np.zeros((8, 8, 8), np.uint8), gray).shape == (8, 1, 8, 8)  # 8 channels is no image: 8 frames
+
+
 def test_runner_validates_inputs_polygraphy_style(bundle):
     runner, _ = fake_runner(bundle)
     unit_runner = runner._runners[0]

@@ -152,3 +152,25 @@ def test_stopped_before_the_plan_the_checkpoint_still_holds_one(tmp_path):
     assert plan["fixed_at_step"] == 1 and plan["timed_steps"] == 0 and plan["total_steps"] > 1
     resumed = fit(_budget_run(tmp_path / "r", 3600), resume=True, stop_after=1)
     assert resumed.budget["total_steps"] == plan["total_steps"]
+
+
+def test_the_plan_line_says_what_was_timed_and_why_it_was_less_than_the_window(tmp_path, fake_time, capsys):
+    """Issue 42: a 30 s budget's plan line said "477 steps of 48.3 ms over 1 timed steps" while the guide said 3 % of
+    the budget is timed: start-up had taken a tenth of the budget, after which the first timed step sets the plan.
+    The line names the steps and seconds timed, and why they are fewer than the window."""
+    from hne_edge.train.schedule import _Schedule
+
+    fit(_budget_run(tmp_path / "rushed", 5.0, quiet=False))  # two 0.25 s steps are a tenth of 5 s
+    [rushed] = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("time budget") and "fit (" in ln]
+    assert ("steps of 250.0 ms timed over 1 step: a tenth of the budget, start-up included, was spent before the "
+            "window of 5 steps and 1.0 s filled; validation") in rushed, rushed
+    t = [0.0]  # a 60 s budget's window: 5 steps and 1.8 s (3 %), after the 2 skipped
+    budget = budget_module._TimeBudget(60.0, 0.0, _Schedule("cosine", 0), 100, 10, 0.0, 1, torch.device("cpu"), 1,
+                                       measure_eval=lambda: 1.0, measure_checkpoint=lambda: 0.1, clock=lambda: t[0])
+    step = 0
+    while budget.plan is None:
+        step += 1
+        t[0] += 0.25
+        budget.after_step(step, 100, step)
+    full = budget.describe()
+    assert "steps of 250.0 ms timed over 8 steps, 2.0 s; validation ~1.0 s and checkpoint ~0.1 s per epoch" in full, full

@@ -333,6 +333,31 @@ def test_the_run_estimate_names_a_faster_model_when_it_is_hours():
     assert len(lines) == 2  # said once
 
 
+def test_the_estimate_never_says_the_next_checkpoint_comes_in_0_0_s():
+    """Issue 42: an epoch too short for a steady step time (6 steps at --limit 192) is estimated at its last step, and
+    the line said "the next in about 0.0 s"; a GPU's 10 ms steps said it two steps before the epoch's end."""
+    import io
+
+    from hne_edge.progress import Progress
+    from hne_edge.train.estimate import _RunEstimate
+
+    def said(steps_left: int, epoch_left: int, step_s: float, steps: int) -> str:
+        t, out = [0.0], io.StringIO()
+        estimate = _RunEstimate(Progress(None, "train", stream=out, heartbeat=False), steps_left, epoch_left,
+                                torch.device("cpu"), "", clock=lambda: t[0])  # fmt: skip
+        for step in range(1, steps + 1):
+            t[0] += step_s
+            estimate.after_step(step)
+        return out.getvalue()
+
+    short = said(90, 6, 0.2, 6)  # said at the epoch's last step: its checkpoint is the next thing written
+    assert "0.0 s" not in short and "(the next as this epoch ends)" in short, short
+    fast = said(10_000, 27, 0.01, 25)  # said with 2 steps of 10 ms left in the epoch
+    assert "0.0 s" not in fast and "(10 ms/step over" in fast and "(the next in about 20 ms)" in fast, fast
+    slow = said(10_000, 50, 0.2, 25)
+    assert "(the next in about 5.0 s)" in slow, slow
+
+
 def test_old_run_configs_resume_with_the_weighting_they_started_with():
     """A config saved by hne-edge 0.1 (no loss.weighting) is read as that release ran it: mean-t2, float16 autocast."""
     from hne_edge.train.config import upgrade_config
