@@ -152,9 +152,10 @@ def _short_int(text: str) -> int:
     return int(text)
 
 
-def parse_json(data: bytes, where: str) -> Any:
+def parse_json(data: bytes, where: str, expected: str = "a manifest") -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity (nor literals that overflow to them), no integers of
-    thousands of digits, bounded nesting; errors are BundleError."""
+    thousands of digits, bounded nesting; errors are BundleError (``expected``: what the file should be, for the
+    nesting error; a manifest, a saved profile, an accuracy record all read JSON through this)."""
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant,
                           parse_float=_finite_float, parse_int=_short_int)  # fmt: skip
@@ -163,7 +164,7 @@ def parse_json(data: bytes, where: str) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise BundleError(f"{where}: not valid JSON ({short_repr(str(exc))})") from None
     except RecursionError:
-        raise BundleError(f"{where}: JSON nested too deeply; expected a manifest") from None
+        raise BundleError(f"{where}: JSON nested too deeply; expected {expected}") from None
 
 
 # -- schema ----------------------------------------------------------------------------------------

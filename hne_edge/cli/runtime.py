@@ -264,6 +264,9 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
                    "the budget was shorter than the minimum leaves take 9 times in 10)")
 
 
+STREAM_FLAGS = {"streams": "--streams", "fps": "--fps", "seconds": "--seconds"}  # check_replay's names
+
+
 def _streams(value: str) -> tuple[int, ...]:
     from .options import parse_sizes
 
@@ -294,6 +297,7 @@ def _streams(value: str) -> tuple[int, ...]:
 def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods, accuracy, guard_ms, as_json, backend,
                   device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
     """Several cameras, one device: replay K cameras in real time through the stream scheduler and its baselines."""
+    from ..limits import check_replay
     from ..runtime.bench import STREAM_METHODS, camera_arrivals, replay_streams, summarize_streams
     from ..runtime.cost_model import profile_at_batch
     from ..runtime.streams import accuracy_by_n, gain_curve, read_accuracy
@@ -302,6 +306,9 @@ def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     if not chosen or any(m not in STREAM_METHODS for m in chosen):
         raise click.BadParameter(f"received {methods!r}; expected some of {','.join(STREAM_METHODS)}", param_hint="--methods")
+    with flag_names(STREAM_FLAGS):  # before any runner opens: every replay's frames and threads are bounded
+        for k in counts:
+            check_replay(k, fps, seconds, runners="runners" in chosen)
     record = read_accuracy(accuracy) if accuracy else None
     rows = []
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:  # measures once for every runner
