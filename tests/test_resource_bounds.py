@@ -165,6 +165,27 @@ def test_model_size_bounds_hold_for_the_library_and_for_configs_without_torch():
             TrainConfig.from_preset("digits", {"model": {"overrides": {field: value}}})
 
 
+@pytest.mark.parametrize("key, value", [("num_classes", 0), ("num_classes", 2**49), ("input_size", 2**40)])
+def test_a_checkpoints_model_config_is_bounded_where_it_is_read(tiny_bundle, tmp_path, key, value):
+    """A checkpoint's model_config past the bounds was refused only when the model was built, as "checkpoint
+    weights do not fit its model config", naming neither the file nor the field; a manifest's model.config is
+    held to the same rule (tests/test_bundle.py)."""
+    import torch
+
+    from hne_edge.errors import CheckpointError
+    from hne_edge.train.checkpoint import load_checkpoint
+
+    state = torch.load(tiny_bundle.checkpoint_path, weights_only=True)
+    state["model_config"][key] = value
+    torch.save(state, tmp_path / "odd.pt")
+    match = rf"odd\.pt: model_config\.{key} must be a positive integer of at most \d+; received {value}"
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(tmp_path / "odd.pt")
+    line = one_line_error(run_cli("eval", str(tmp_path / "odd.pt"), "--no-plots", "--quiet", timeout=300),
+                          "odd.pt", f"model_config.{key}", str(value))  # fmt: skip
+    assert "weights do not fit" not in line
+
+
 def test_a_model_is_checked_against_the_memory_this_machine_has_before_it_is_built(monkeypatch):
     """Within the bounds, a big model on a small machine: refused in one line before any weight is allocated."""
     from click.testing import CliRunner

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_bytes
+from ..limits import check_model_size
 from ..models import HNE, build_model
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "save_release", "load_checkpoint", "load_resumable",
@@ -147,6 +148,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     missing = [k for k in _REQUIRED if k not in state]
     if missing:
         raise CheckpointError(f"{path}: checkpoint is missing keys {missing}")
+    config = state["model_config"]
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: model_config is {type(config).__name__}; expected a dict (HNEConfig.to_dict())")
+    try:  # the model sizes it states, bounded where they are read (hne_edge.limits), before a model is built
+        check_model_size(config, f"{path}: model_config.")
+    except InputError as exc:
+        raise CheckpointError(str(exc)) from None
     check_usable(state, path)  # every reader (eval, export, verify, --resume) holds it to one rule
     return state
 
