@@ -111,17 +111,29 @@ def torch_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+#: what torch's weights-only unpickler says it refused (its wording since torch 2.4), and how an error names it
+_REFUSED = (
+    (re.compile(r"GLOBAL ([\w.]+)"), "global {!r}"),  # not allowlisted, or of a blocked module (posix.system)
+    (re.compile(r"unrecognized function (<[^>]*>|\S+)"), "a call of {}"),  # a reduce of a function not allowed
+    (re.compile(r"but got <class '([^']+)'>"), "an object of class {!r}"),  # built or created, not allowed
+    (re.compile(r"Unsupported operand (\d+)"), "pickle opcode {}"),
+)
+
+
 def safe_torch_load(source: Any, what: str, error: type[HNEError] = CheckpointError, map_location: Any = "cpu") -> Any:
     """``torch.load(source, weights_only=True)``; a file it refuses is ``error`` naming ``what`` and the refused
-    object, never torch's advice to load it with ``weights_only=False`` (which would run its code)."""
+    object (a global, a call, a class, an opcode), never torch's advice to load it with ``weights_only=False``
+    (which would run its code); one it cannot read otherwise is called corrupt."""
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
-    except Exception as exc:  # damaged archive, a pickle holding classes the safe loader refuses, ...
+    except Exception as exc:  # damaged archive, a pickle holding objects the safe loader refuses, ...
         text = str(exc)
-        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
-        why = (f"it holds global {refused.group(1)!r}, which the safe loader (weights_only=True) refuses: only "
-               "tensors and plain containers are loaded" if refused else f"{type(exc).__name__} while loading with weights_only=True")  # fmt: skip
-        raise error(f"cannot read {what}: {why} (a corrupt file, or one not written by hne-edge)") from None
+        refused = next((name.format(m.group(1)) for pattern, name in _REFUSED if (m := pattern.search(text))), None)
+        if refused is not None:
+            raise error(f"cannot read {what}: it holds {refused}, which the safe loader (weights_only=True) refuses: "
+                        "only tensors and plain containers are loaded (not a file hne-edge wrote)") from None  # fmt: skip
+        raise error(f"cannot read {what}: {type(exc).__name__} while loading with weights_only=True (a corrupt file, "
+                    "or one not written by hne-edge)") from None  # fmt: skip
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
