@@ -44,6 +44,7 @@ __all__ = [
     "MAX_IN_CHANS",
     "MAX_JSON_BYTES",
     "MAX_REPLAY_FRAMES",
+    "REPLAY_FRAME_BYTES",
     "cpu_count",
     "load_average",
     "free_cpus_threads",
@@ -65,7 +66,8 @@ MAX_NUM_CLASSES = 100_000  # ImageNet-21k has 21,843
 MAX_INPUT_SIZE = 1024  # 4.6x ImageNet's 224 a side; activations grow with its square
 MAX_IN_CHANS = 1024
 MAX_JSON_BYTES = 64 << 20  # an eval metrics.json is a few KB, a profile of 4096 batch sizes a few MB
-MAX_REPLAY_FRAMES = 1_000_000  # 8 cameras at 30 fps for 70 minutes, replayed in real time; ~0.7 KB of records each
+MAX_REPLAY_FRAMES = 1_000_000  # 8 cameras at 30 fps for 70 minutes, replayed in real time
+REPLAY_FRAME_BYTES = 600  # a replayed frame's arrival and record (measured: 173 + 352 bytes)
 
 
 def cpu_count() -> int:
@@ -232,7 +234,8 @@ def check_replay(streams: int, fps: float, seconds: float, runners: bool = False
     """The frames a camera replay holds (``streams`` cameras at ``fps`` for ``seconds``: ``int(fps * seconds)``
     each), refused (:class:`InputError` naming the three) when a camera has none or they exceed
     :data:`MAX_REPLAY_FRAMES`; with ``runners`` (a runner and a thread per camera) ``streams`` is a thread count
-    (:func:`check_threads`). Checked before anything is allocated: 4 x 1e9 fps x 0.1 s grew to 1.8 GB."""
+    (:func:`check_threads`); their records (:data:`REPLAY_FRAME_BYTES` each) must fit the memory available
+    (:func:`check_memory`). Checked before anything is allocated: 4 x 1e9 fps x 0.1 s grew to 1.8 GB."""
     asked = f"streams {streams} x fps {fps:g} x seconds {seconds:g}"
     if runners:
         check_threads(streams, "streams (method 'runners': a runner and a thread per camera)")
@@ -243,4 +246,7 @@ def check_replay(streams: int, fps: float, seconds: float, runners: bool = False
                          "(fewer cameras, a lower rate or a shorter replay)")  # fmt: skip
     if int(each) < 1:
         raise InputError(f"{asked}: no frame per camera (fps x seconds = {each:g}); expected at least one")
-    return streams * int(each)
+    frames = streams * int(each)
+    check_memory(frames * REPLAY_FRAME_BYTES, f"{asked}: {frames:,} frames' arrivals and records",
+                 hint="fewer cameras, a lower rate or a shorter replay")  # fmt: skip
+    return frames

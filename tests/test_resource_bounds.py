@@ -229,6 +229,18 @@ def test_bench_streams_refuses_a_replay_past_the_bounds_up_front(tiny_bundle):
     assert len(camera_arrivals(2, 10.0, 1.0)) == 20  # within the bounds, as before
 
 
+def test_a_replay_is_checked_against_the_memory_this_machine_has(monkeypatch):
+    from hne_edge import limits
+    from hne_edge.errors import ResourceExhausted
+    from hne_edge.runtime.bench import camera_arrivals
+
+    monkeypatch.setattr(limits, "available_memory", lambda: 20 * limits.REPLAY_FRAME_BYTES - 1)
+    with pytest.raises(ResourceExhausted, match=r"streams 2 x fps 10 x seconds 1: 20 frames' arrivals and records would need"):
+        camera_arrivals(2, 10.0, 1.0)
+    monkeypatch.setattr(limits, "available_memory", lambda: 20 * limits.REPLAY_FRAME_BYTES)
+    assert len(camera_arrivals(2, 10.0, 1.0)) == 20
+
+
 # -- files a command reads: bounded before they are read (issue 42, item 10) ---------------------------
 
 

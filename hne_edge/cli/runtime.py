@@ -12,6 +12,7 @@ import numpy as np
 
 from ..bundle import DEFAULT_PLAN, MIXED, PLAN_TABLE, PRECISIONS, RUNNER_PLANS, path_component
 from ..fileio import atomic_write_json, staged_output
+from ..limits import MAX_REPLAY_FRAMES, THREADS_PER_CPU, check_replay
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
@@ -276,7 +277,9 @@ def _streams(value: str) -> tuple[int, ...]:
 @click.command("bench-streams")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--streams", "streams", default="1,2,4", show_default=True, metavar="K[,K...]",
-              help="Numbers of cameras to replay, one configuration each.")
+              help=f"Numbers of cameras to replay, one configuration each: at most {MAX_REPLAY_FRAMES:,} frames each "
+                   f"(K x --fps x --seconds); with --methods runners (a thread per camera) at most {THREADS_PER_CPU} "
+                   "cameras per CPU.")
 @click.option("--fps", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True, help="Frames per second per camera.")
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="Replayed per configuration and method.")
 @click.option("--deadline-ms", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -297,7 +300,6 @@ def _streams(value: str) -> tuple[int, ...]:
 def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods, accuracy, guard_ms, as_json, backend,
                   device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
     """Several cameras, one device: replay K cameras in real time through the stream scheduler and its baselines."""
-    from ..limits import check_replay
     from ..runtime.bench import STREAM_METHODS, camera_arrivals, replay_streams, summarize_streams
     from ..runtime.cost_model import profile_at_batch
     from ..runtime.streams import accuracy_by_n, gain_curve, read_accuracy
