@@ -15,17 +15,25 @@ One home for every bound, so that each is one constant and one check
 * **Model size** (:data:`MAX_NUM_CLASSES`, :data:`MAX_INPUT_SIZE`, :data:`MAX_IN_CHANS`): checked by the
   torch-free model config, so a training config is refused on any machine, before torch starts.
 * **Memory** (:func:`check_memory`): an estimate of what an allocation will need (a model's weights, a
-  runner's warm-up) against what this machine has available now, checked before allocating, so a command
-  fails in one line instead of meeting the kernel's OOM killer.
+  runner's warm-up, the arrays a frame file's headers declare) against what this machine has available now,
+  checked before allocating, so a command fails in one line instead of meeting the kernel's OOM killer.
+* **Files a user names** (:func:`open_regular_file`, :func:`read_bounded`): read only from a regular file (a
+  FIFO would wait for a writer forever, ``/dev/zero`` never ends), and a JSON record (an accuracy record, a
+  saved profile) at most :data:`MAX_JSON_BYTES`, refused unread beyond it.
+* **A camera replay** (:func:`check_replay`: ``bench-streams``): at most :data:`MAX_REPLAY_FRAMES` frames per
+  configuration (cameras x fps x seconds), at least one a camera; its ``runners`` method starts a runner and a
+  thread per camera, so at most :func:`max_threads` cameras.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Mapping
 
-from .errors import InputError, ResourceExhausted
+from .errors import InputError, ResourceExhausted, short_repr
 
 __all__ = [
     "MAX_BATCH",
@@ -34,6 +42,9 @@ __all__ = [
     "MAX_NUM_CLASSES",
     "MAX_INPUT_SIZE",
     "MAX_IN_CHANS",
+    "MAX_JSON_BYTES",
+    "MAX_REPLAY_FRAMES",
+    "REPLAY_FRAME_BYTES",
     "cpu_count",
     "load_average",
     "free_cpus_threads",
@@ -42,6 +53,10 @@ __all__ = [
     "available_memory",
     "check_memory",
     "format_bytes",
+    "check_model_size",
+    "open_regular_file",
+    "read_bounded",
+    "check_replay",
 ]
 
 MAX_BATCH = 4096
@@ -50,6 +65,9 @@ THREADS_PER_CPU = 4
 MAX_NUM_CLASSES = 100_000  # ImageNet-21k has 21,843
 MAX_INPUT_SIZE = 1024  # 4.6x ImageNet's 224 a side; activations grow with its square
 MAX_IN_CHANS = 1024
+MAX_JSON_BYTES = 64 << 20  # an eval metrics.json is a few KB, a profile of 4096 batch sizes a few MB
+MAX_REPLAY_FRAMES = 1_000_000  # 8 cameras at 30 fps for 70 minutes, replayed in real time
+REPLAY_FRAME_BYTES = 600  # a replayed frame's arrival and record (measured: 173 + 352 bytes)
 
 
 def cpu_count() -> int:
@@ -157,3 +175,78 @@ def check_memory(need: int, what: str, *, hint: str | None = None, cli_hint: str
             f"{what} would need about {format_bytes(need)} of memory; this machine has {format_bytes(have)} available",
             hint=hint, cli_hint=cli_hint,
         )  # fmt: skip
+
+
+def check_model_size(config: Mapping[str, Any], where: str = "") -> None:
+    """The model-size fields a config states (``num_classes``, ``in_chans``, ``input_size``; those absent are not
+    checked) within their bounds; else :class:`InputError` prefixed with ``where``. The one rule of the torch-free
+    model config, of a manifest's ``model.config`` and of a checkpoint's ``model_config``."""
+    for name, low, top in (("num_classes", 2, MAX_NUM_CLASSES), ("in_chans", 1, MAX_IN_CHANS), ("input_size", 1, MAX_INPUT_SIZE)):
+        if name not in config:
+            continue
+        value = config[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+            raise InputError(f"{where}{name} must be a positive integer of at most {top}; received {short_repr(value)}")
+        if value < low:
+            raise InputError(f"{where}{name} must be at least {low}; received {value}")
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def open_regular_file(path: str | os.PathLike, expected: str) -> IO[bytes]:
+    """``path`` opened for reading (binary) if it is a regular file; else :class:`InputError` naming it, what it
+    is and ``expected``.
+
+    Opened without waiting (``O_NONBLOCK``), its type read from the open file: opening a FIFO waits for a writer
+    (forever, in ``np.load`` or ``json``), and a device such as ``/dev/zero`` never ends.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror or type(exc).__name__}); expected {expected}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise InputError(f"{path}: received {kind}; expected {expected} (a regular file)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | os.PathLike, expected: str, limit: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of regular file ``path`` (:func:`open_regular_file`), refused unread when over ``limit`` bytes
+    (:class:`InputError` naming the file, its size and the bound)."""
+    with open_regular_file(path, expected) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:  # the file may grow while it is read
+        raise InputError(f"{path}: received {format_bytes(max(size, len(data)))}; expected {expected} of at most "
+                         f"{format_bytes(limit)}")  # fmt: skip
+    return data
+
+
+def check_replay(streams: int, fps: float, seconds: float, runners: bool = False) -> int:
+    """The frames a camera replay holds (``streams`` cameras at ``fps`` for ``seconds``: ``int(fps * seconds)``
+    each), refused (:class:`InputError` naming the three) when a camera has none or they exceed
+    :data:`MAX_REPLAY_FRAMES`; with ``runners`` (a runner and a thread per camera) ``streams`` is a thread count
+    (:func:`check_threads`); their records (:data:`REPLAY_FRAME_BYTES` each) must fit the memory available
+    (:func:`check_memory`). Checked before anything is allocated: 4 x 1e9 fps x 0.1 s grew to 1.8 GB."""
+    asked = f"streams {streams} x fps {fps:g} x seconds {seconds:g}"
+    if runners:
+        check_threads(streams, "streams (method 'runners': a runner and a thread per camera)")
+    each = fps * seconds  # floats: 1e300 x 1e300 is inf, not an OverflowError
+    if not math.isfinite(each) or streams * each >= MAX_REPLAY_FRAMES + 1:
+        total = f"{streams * each:,.0f}" if math.isfinite(streams * each) else "more than 1e308"
+        raise InputError(f"{asked}: {total} frames to replay; expected at most {MAX_REPLAY_FRAMES:,} "
+                         "(fewer cameras, a lower rate or a shorter replay)")  # fmt: skip
+    if int(each) < 1:
+        raise InputError(f"{asked}: no frame per camera (fps x seconds = {each:g}); expected at least one")
+    frames = streams * int(each)
+    check_memory(frames * REPLAY_FRAME_BYTES, f"{asked}: {frames:,} frames' arrivals and records",
+                 hint="fewer cameras, a lower rate or a shorter replay")  # fmt: skip
+    return frames

@@ -262,3 +262,32 @@ def test_manifest_digest_is_of_the_bytes_that_were_parsed(bundle):
     assert manifest == read_manifest(bundle)
     with AnytimeRunner(bundle, load_profile=False) as runner:
         assert runner.manifest_sha256 == digest
+
+
+@pytest.mark.parametrize("std, mean", [(1e-300, 0.5), (1e-39, 0.5), (1e-38, 0.5), (1e-30, 1e10)])
+def test_an_input_normalisation_that_overflows_float32_is_refused(bundle, std, mean):
+    """`input.std = 1e-300` was accepted, and then the user's finite input was blamed as non-finite (preprocess's
+    1 / std is inf in float32): every std must be a positive normal float32 and every pixel in [0, 1] must
+    normalise to a finite float32."""
+    def change(d):
+        d["input"]["std"][1] = std
+        d["input"]["mean"][1] = mean
+
+    edit(bundle, change)
+    with pytest.raises(BundleError, match=r"input\.std\[1\]|input\.mean\[1\]") as info:
+        read_manifest(bundle, verify_files=False)
+    assert repr(std) in str(info.value) and "float32" in str(info.value)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("num_classes", 0, r"model\.config\.num_classes must be a positive integer of at most 100000; received 0"),
+    ("num_classes", 2**49, r"model\.config\.num_classes must be a positive integer of at most 100000; received 562949953421312"),
+    ("input_size", 2**40, r"model\.config\.input_size must be a positive integer of at most 1024; received 1099511627776"),
+    ("in_chans", "3", r"model\.config\.in_chans must be a positive integer"),
+    ("num_classes", 7, r"model\.config\.num_classes is 7; model\.class_names has 10 classes"),
+])  # fmt: skip
+def test_a_manifests_model_config_is_bounded_at_read(bundle, key, value, match):
+    """`model.config` was read unchecked (a torch runner then built from it, or failed naming no manifest)."""
+    edit(bundle, lambda d: d["model"]["config"].__setitem__(key, value))
+    with pytest.raises(BundleError, match=match):
+        read_manifest(bundle, verify_files=False)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,6 +165,27 @@ def test_model_size_bounds_hold_for_the_library_and_for_configs_without_torch():
             TrainConfig.from_preset("digits", {"model": {"overrides": {field: value}}})
 
 
+@pytest.mark.parametrize("key, value", [("num_classes", 0), ("num_classes", 2**49), ("input_size", 2**40)])
+def test_a_checkpoints_model_config_is_bounded_where_it_is_read(tiny_bundle, tmp_path, key, value):
+    """A checkpoint's model_config past the bounds was refused only when the model was built, as "checkpoint
+    weights do not fit its model config", naming neither the file nor the field; a manifest's model.config is
+    held to the same rule (tests/test_bundle.py)."""
+    import torch
+
+    from hne_edge.errors import CheckpointError
+    from hne_edge.train.checkpoint import load_checkpoint
+
+    state = torch.load(tiny_bundle.checkpoint_path, weights_only=True)
+    state["model_config"][key] = value
+    torch.save(state, tmp_path / "odd.pt")
+    match = rf"odd\.pt: model_config\.{key} must be a positive integer of at most \d+; received {value}"
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(tmp_path / "odd.pt")
+    line = one_line_error(run_cli("eval", str(tmp_path / "odd.pt"), "--no-plots", "--quiet", timeout=300),
+                          "odd.pt", f"model_config.{key}", str(value))  # fmt: skip
+    assert "weights do not fit" not in line
+
+
 def test_a_model_is_checked_against_the_memory_this_machine_has_before_it_is_built(monkeypatch):
     """Within the bounds, a big model on a small machine: refused in one line before any weight is allocated."""
     from click.testing import CliRunner
@@ -183,3 +205,118 @@ def test_a_model_is_checked_against_the_memory_this_machine_has_before_it_is_bui
     assert result.output.startswith("Error: hne_tiny's weights would need about")
     monkeypatch.setattr(limits, "available_memory", lambda: weights)
     assert create_model("hne_tiny").config.name == "hne_tiny"
+
+
+# -- bench-streams: the replay's size (issue 42, item 5) --------------------------------------------
+
+
+def test_bench_streams_refuses_a_replay_past_the_bounds_up_front(tiny_bundle):
+    """`--fps 1e9 --seconds 0.1` grew to 1.8 GB and ended in a MemoryError traceback; 100,000 `--streams` with
+    `--methods runners` opened runners until thread creation failed. Both are refused before any runner opens."""
+    from hne_edge.errors import InputError
+    from hne_edge.limits import MAX_REPLAY_FRAMES, max_threads
+    from hne_edge.runtime.bench import camera_arrivals
+
+    b = str(tiny_bundle.bundle_dir)
+    one_line_error(run_cli("bench-streams", b, "--streams", "4", "--fps", "1e9", "--seconds", "0.1", timeout=120),
+                   "--streams 4 x --fps 1e+09 x --seconds 0.1", "400,000,000 frames", f"at most {MAX_REPLAY_FRAMES:,}")  # fmt: skip
+    one_line_error(run_cli("bench-streams", b, "--streams", "100000", "--fps", "1", "--seconds", "1", "--methods",
+                           "runners", timeout=120), "--streams", "100000", f"1..{max_threads()}", "runners")  # fmt: skip
+    one_line_error(run_cli("bench-streams", b, "--fps", "1", "--seconds", "0.5", timeout=120),
+                   "--fps 1 x --seconds 0.5", "no frame", "at least one")  # fmt: skip
+    with pytest.raises(InputError, match=r"streams 2 x fps 1e\+300 x seconds 1e\+300: more than 1e308 frames .* at most"):
+        camera_arrivals(2, 1e300, 1e300)
+    assert len(camera_arrivals(2, 10.0, 1.0)) == 20  # within the bounds, as before
+
+
+def test_a_replay_is_checked_against_the_memory_this_machine_has(monkeypatch):
+    from hne_edge import limits
+    from hne_edge.errors import ResourceExhausted
+    from hne_edge.runtime.bench import camera_arrivals
+
+    monkeypatch.setattr(limits, "available_memory", lambda: 20 * limits.REPLAY_FRAME_BYTES - 1)
+    with pytest.raises(ResourceExhausted, match=r"streams 2 x fps 10 x seconds 1: 20 frames' arrivals and records would need"):
+        camera_arrivals(2, 10.0, 1.0)
+    monkeypatch.setattr(limits, "available_memory", lambda: 20 * limits.REPLAY_FRAME_BYTES)
+    assert len(camera_arrivals(2, 10.0, 1.0)) == 20
+
+
+# -- files a command reads: bounded before they are read (issue 42, item 10) ---------------------------
+
+
+def _npy_declaring(path, shape, data_bytes):
+    """A .npy whose header declares ``shape`` float32 but which holds only ``data_bytes`` of data."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        f.write(bytes(data_bytes))
+
+
+def test_a_frame_file_whose_header_declares_more_than_it_holds_is_refused_before_it_is_read(tiny_bundle, tmp_path):
+    """A 1 KB .npy declaring 10**9 frames ended in an _ArrayMemoryError traceback (numpy allocates what the header
+    says); so did an .npz whose member declares more than the archive holds."""
+    import zipfile
+
+    b = str(tiny_bundle.bundle_dir)
+    _npy_declaring(tmp_path / "huge.npy", (10**9, 3, 16, 16), 1024)
+    one_line_error(run_cli("run", b, str(tmp_path / "huge.npy"), timeout=120),
+                   "huge.npy", "(1000000000, 3, 16, 16)", "holds 1.0 KB")  # fmt: skip
+    _npy_declaring(tmp_path / "x.npy", (10**9, 3, 16, 16), 1024)
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.write(tmp_path / "x.npy", "x.npy")
+    one_line_error(run_cli("run", b, str(tmp_path / "huge.npz"), timeout=120),
+                   "huge.npz", "x.npy", "(1000000000, 3, 16, 16)", "holds 1.0 KB")  # fmt: skip
+    one_line_error(run_cli("bench", b, "--frames", str(tmp_path / "huge.npz"), "--out", str(tmp_path / "bench"),
+                           timeout=120), "huge.npz", "x.npy")  # fmt: skip
+
+
+def test_a_frame_file_that_is_not_a_regular_file_is_refused_without_waiting(tiny_bundle, tmp_path):
+    """A FIFO hung `run` (numpy waits for a writer); a device is read without end."""
+    os.mkfifo(tmp_path / "pipe.npy")
+    one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "pipe.npy"), timeout=120),
+                   "pipe.npy", "a FIFO", "regular file")  # fmt: skip
+
+
+def test_a_frame_file_is_checked_against_the_memory_this_machine_has(tiny_bundle, tmp_path, monkeypatch):
+    """A 30 KB .npz that inflates to 3 MB, on a machine with 1 MB available: refused in one line before it is
+    inflated (a 1.2 MB .npz inflating to 1.2 GB was an _ArrayMemoryError traceback)."""
+    from click.testing import CliRunner
+
+    from hne_edge import cli, limits
+
+    np.savez_compressed(tmp_path / "bomb.npz", x=np.zeros((1000, 3, 16, 16), np.float32))
+    assert (tmp_path / "bomb.npz").stat().st_size < 100_000
+    monkeypatch.setattr(limits, "available_memory", lambda: 2**20)
+    result = CliRunner().invoke(cli.main, ["run", str(tiny_bundle.bundle_dir), str(tmp_path / "bomb.npz"),
+                                           "--max-leaves", "1"])  # fmt: skip
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "bomb.npz" in result.output and "x.npy" in result.output and "(1000, 3, 16, 16)" in result.output
+    assert "would need about 2.9 MB of memory; this machine has 1.0 MB available" in result.output
+    monkeypatch.setattr(limits, "available_memory", lambda: 2**30)
+    result = CliRunner().invoke(cli.main, ["run", str(tiny_bundle.bundle_dir), str(tmp_path / "bomb.npz"),
+                                           "--max-leaves", "1", "--batch-size", "8", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+def test_an_accuracy_file_is_bounded_before_it_is_read(tiny_bundle, tmp_path):
+    """Deep JSON was a RecursionError traceback, /dev/zero was read without end and a FIFO hung; a file past the
+    size bound is refused unread (sparse here: nothing is written)."""
+    from hne_edge.errors import InputError
+    from hne_edge.limits import MAX_JSON_BYTES
+    from hne_edge.runtime.streams import read_accuracy
+
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(tmp_path / "pipe.json")
+    with open(tmp_path / "big.json", "wb") as f:
+        f.truncate(MAX_JSON_BYTES + 1)
+    (tmp_path / "twice.json").write_text('{"anytime": [], "anytime": [{"n": 1, "accuracy": 0.5}]}')
+    for name, match in [("deep.json", "nested too deeply"), ("pipe.json", "a FIFO"), ("big.json", "64.0 MB"),
+                        ("twice.json", "duplicate key 'anytime'")]:  # fmt: skip
+        with pytest.raises(InputError, match=match):
+            read_accuracy(tmp_path / name)
+    with pytest.raises(InputError, match="/dev/zero: received a character device; expected"):
+        read_accuracy("/dev/zero")
+    b = str(tiny_bundle.bundle_dir)
+    for path, fragment in [(tmp_path / "deep.json", "nested too deeply"), (tmp_path / "pipe.json", "a FIFO"),
+                           (Path("/dev/zero"), "a character device")]:  # fmt: skip
+        one_line_error(run_cli("bench-streams", b, "--accuracy", str(path), timeout=120), str(path), fragment,
+                       "an eval metrics.json")  # fmt: skip

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleError
+from ..limits import MAX_JSON_BYTES
 from .vocabulary import FORMATS, PLAN_TABLE, PLANS, PRECISIONS, RUNNER_PLANS, WEIGHTS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,7 +47,7 @@ def profile_filename(device: str, backend: str, plan: str, precision: str) -> st
 
 # what profile_filename makes (a device name has no "-"; a backend name may); a profile is at most this big
 _PROFILE_NAME = re.compile(rf"[^-/\x00]+-[^/\x00]+-(?:{'|'.join(RUNNER_PLANS)})-(?:{'|'.join(PRECISIONS)})\.json")
-MAX_PROFILE_BYTES = 64 << 20
+MAX_PROFILE_BYTES = MAX_JSON_BYTES  # the bound the runtime reads a profile within (hne_edge.limits)
 
 
 def file_path(

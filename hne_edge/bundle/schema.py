@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BundleError, short_repr
-from ..limits import MAX_BATCH, MAX_COUNT
+from ..errors import BundleError, InputError, short_repr
+from ..limits import MAX_BATCH, MAX_COUNT, check_model_size
 from ..tree import TreeSpec
 from .vocabulary import (
     ANYTIME_PLANS,
@@ -152,9 +152,10 @@ def _short_int(text: str) -> int:
     return int(text)
 
 
-def parse_json(data: bytes, where: str) -> Any:
+def parse_json(data: bytes, where: str, expected: str = "a manifest") -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity (nor literals that overflow to them), no integers of
-    thousands of digits, bounded nesting; errors are BundleError."""
+    thousands of digits, bounded nesting; errors are BundleError (``expected``: what the file should be, for the
+    nesting error; a manifest, a saved profile, an accuracy record all read JSON through this)."""
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant,
                           parse_float=_finite_float, parse_int=_short_int)  # fmt: skip
@@ -163,10 +164,45 @@ def parse_json(data: bytes, where: str) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise BundleError(f"{where}: not valid JSON ({short_repr(str(exc))})") from None
     except RecursionError:
-        raise BundleError(f"{where}: JSON nested too deeply; expected a manifest") from None
+        raise BundleError(f"{where}: JSON nested too deeply; expected {expected}") from None
 
 
 # -- schema ----------------------------------------------------------------------------------------
+
+
+_FLOAT32_MAX = float.fromhex("0x1.fffffep+127")  # 3.4e38
+_FLOAT32_TINY = 2.0**-126  # the smallest positive normal float32, 1.2e-38
+
+
+def _check_normalisation(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    """Every std a positive normal float32 and every pixel in [0, 1] normalised to a finite float32: the runtime
+    computes ``(pixel - mean) * (1 / std)`` in float32 (``preprocess``), so ``std = 1e-300`` made every finite
+    image inf, and the user's input was then blamed as non-finite."""
+    for i, (m, s) in enumerate(zip(mean, std)):
+        if not _FLOAT32_TINY <= s <= _FLOAT32_MAX:
+            raise BundleError(f"manifest: input.std[{i}] = {s!r} is not a positive normal float32 ({_FLOAT32_TINY:.3g} "
+                              f"to {_FLOAT32_MAX:.3g}), which the runtime normalises with; expected a pixel std such "
+                              "as 0.25")  # fmt: skip
+        if max(abs(m), abs(1 - m)) / s > _FLOAT32_MAX:
+            raise BundleError(f"manifest: input.mean[{i}] = {m!r} with input.std[{i}] = {s!r} normalises a pixel in "
+                              f"[0, 1] beyond float32's largest value ({_FLOAT32_MAX:.3g}); expected a pixel mean and "
+                              "std such as 0.5 and 0.25")  # fmt: skip
+
+
+def _check_model_config(config: dict, num_classes: int, shape: tuple[int | str, ...]) -> None:
+    """The model sizes ``model.config`` states (a torch runner builds the model from it; those it does not state
+    are not checked): within :func:`~hne_edge.limits.check_model_size`'s bounds, and what the manifest's own
+    fields say (the class names, the image's channels and side)."""
+    try:
+        check_model_size(config, "manifest: model.config.")
+    except InputError as exc:
+        raise BundleError(str(exc)) from None
+    _, c, h, w = shape
+    for key, ok, found in (("num_classes", config.get("num_classes") == num_classes, f"model.class_names has {num_classes} classes"),
+                           ("in_chans", config.get("in_chans") == c, f"input.shape has {c} channels"),
+                           ("input_size", config.get("input_size") == h == w, f"input.shape is {h}x{w}")):  # fmt: skip
+        if key in config and not ok:
+            raise BundleError(f"manifest: model.config.{key} is {config[key]}; {found}; expected them to agree")
 
 
 @dataclass(frozen=True)
@@ -236,6 +272,7 @@ class InputSpec:
             raise BundleError(
                 f"manifest: input.mean/std need {shape[1]} values (std > 0); received mean={list(mean)} std={list(std)}"
             )
+        _check_normalisation(mean, std)
         batch = tuple(_typed(v, int, "input.batch[]") for v in _typed(d["batch"], list, "input.batch"))
         if not batch_range_ok(batch):
             raise BundleError(
@@ -476,10 +513,12 @@ class Manifest:
             raise BundleError(f"manifest: model.class_names needs at least 2 classes; received {list(class_names)}")
         if len(set(class_names)) != len(class_names):
             raise BundleError(f"manifest: model.class_names has duplicates; received {short_repr(list(class_names))}")
+        model_config = _typed(model["config"], dict, "model.config")
+        _check_model_config(model_config, len(class_names), input_spec.shape)
         files = tuple(ModelFile.from_dict(f, f"files[{i}]") for i, f in enumerate(_typed(d["files"], list, "files")))
         manifest = cls(
             model_name=_typed(model["name"], str, "model.name"),
-            model_config=_typed(model["config"], dict, "model.config"),
+            model_config=model_config,
             class_names=class_names,
             input=input_spec,
             tree=tree,

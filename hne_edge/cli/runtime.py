@@ -12,6 +12,7 @@ import numpy as np
 
 from ..bundle import DEFAULT_PLAN, MIXED, PLAN_TABLE, PRECISIONS, RUNNER_PLANS, path_component
 from ..fileio import atomic_write_json, staged_output
+from ..limits import MAX_REPLAY_FRAMES, THREADS_PER_CPU, check_replay
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.inputs import check_labels
@@ -264,6 +265,9 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
                    "the budget was shorter than the minimum leaves take 9 times in 10)")
 
 
+STREAM_FLAGS = {"streams": "--streams", "fps": "--fps", "seconds": "--seconds"}  # check_replay's names
+
+
 def _streams(value: str) -> tuple[int, ...]:
     from .options import parse_sizes
 
@@ -273,7 +277,9 @@ def _streams(value: str) -> tuple[int, ...]:
 @click.command("bench-streams")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--streams", "streams", default="1,2,4", show_default=True, metavar="K[,K...]",
-              help="Numbers of cameras to replay, one configuration each.")
+              help=f"Numbers of cameras to replay, one configuration each: at most {MAX_REPLAY_FRAMES:,} frames each "
+                   f"(K x --fps x --seconds); with --methods runners (a thread per camera) at most {THREADS_PER_CPU} "
+                   "cameras per CPU.")
 @click.option("--fps", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True, help="Frames per second per camera.")
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="Replayed per configuration and method.")
 @click.option("--deadline-ms", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -302,6 +308,9 @@ def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     if not chosen or any(m not in STREAM_METHODS for m in chosen):
         raise click.BadParameter(f"received {methods!r}; expected some of {','.join(STREAM_METHODS)}", param_hint="--methods")
+    with flag_names(STREAM_FLAGS):  # before any runner opens: every replay's frames and threads are bounded
+        for k in counts:
+            check_replay(k, fps, seconds, runners="runners" in chosen)
     record = read_accuracy(accuracy) if accuracy else None
     rows = []
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:  # measures once for every runner

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import InputError, short_repr
-from ..limits import MAX_IN_CHANS, MAX_INPUT_SIZE, MAX_NUM_CLASSES
+from ..errors import InputError
+from ..limits import check_model_size
 from ..tree import TreeSpec
 
 if TYPE_CHECKING:
@@ -51,12 +51,8 @@ class HNEConfig:
             object.__setattr__(self, "tree", TreeSpec(tuple(self.tree)))
         if not isinstance(self.tree, TreeSpec):
             raise TypeError(f"tree must be a TreeSpec or a tuple of branching factors; received {self.tree!r}")
-        for name, top in (("num_classes", MAX_NUM_CLASSES), ("in_chans", MAX_IN_CHANS), ("input_size", MAX_INPUT_SIZE)):
-            value = getattr(self, name)  # bounded here, before anything is allocated (hne_edge.limits)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
-                raise InputError(f"{name} must be a positive integer of at most {top}; received {short_repr(value)}")
-        if self.num_classes < 2:
-            raise InputError(f"num_classes must be at least 2; received {self.num_classes}")
+        # bounded here, before anything is allocated (hne_edge.limits: the rule manifests and checkpoints read by too)
+        check_model_size({name: getattr(self, name) for name in ("num_classes", "in_chans", "input_size")})
         if len(self.block_rows()) != self.tree.num_blocks:
             raise InputError(
                 f"{self.name}: the tree has {self.tree.num_blocks} blocks (branching {self.tree.branching}) "

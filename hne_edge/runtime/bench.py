@@ -9,10 +9,14 @@ import os
 import queue
 import threading
 import time
+import zipfile
+import zlib
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from ..errors import InputError, ResourceExhausted
+from ..limits import check_memory, check_replay, check_threads, format_bytes, open_regular_file
 from ..progress import NULL_PROGRESS, Progress
 from .profile_file import summarize
 from .inputs import check_labels
@@ -101,26 +105,75 @@ def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_si
 
 
 def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``); x holds at least one image."""
-    from ..errors import InputError
+    """(x, y or None) from a .npy (x) or .npz (``x`` and optional ``y``); x holds at least one image.
 
-    try:
-        data: Any = np.load(path, allow_pickle=False)
-    except (ValueError, EOFError, OSError) as exc:  # not numpy, truncated, pickled objects
-        raise InputError(f"{path}: cannot read as a numpy .npy/.npz file ({type(exc).__name__}); expected x (and y)") from exc
-    if isinstance(data, np.ndarray):
-        x, y = data, None
-    else:
-        with data:
-            if "x" not in data.files:
-                raise InputError(f"{path}: received arrays {data.files}; expected 'x' (and optionally 'y')")
-            x, y = data["x"], (data["y"] if "y" in data.files else None)
+    Bounded before it is read: a regular file only, and the arrays its headers declare (an .npz's members'
+    headers, read from the archive first) must be in the file and fit the memory available now
+    (:func:`~hne_edge.limits.check_memory`): numpy allocates what a header says, so a 1 KB .npy declaring
+    10**9 frames, or a 1.2 MB .npz inflating to 1.2 GB, was a MemoryError traceback."""
+    with open_regular_file(path, "a numpy .npy/.npz file of x (and y)") as f:
+        try:
+            x, y = _read_npz(f, path) if zipfile.is_zipfile(f) else (_read_npy(f, path), None)
+        except InputError:
+            raise
+        except (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error, NotImplementedError) as exc:  # not numpy, truncated, pickled objects
+            raise InputError(f"{path}: cannot read as a numpy .npy/.npz file ({type(exc).__name__}); expected x (and y)") from exc
+        except MemoryError:  # a limit the available memory does not show (ulimit -v)
+            raise ResourceExhausted(f"{path}: the arrays it declares could not be allocated", hint=_SMALLER) from None
     if x.ndim < 2:  # a scalar or a vector is no image
         raise InputError(f"{path}: received x of shape {x.shape} ({x.ndim}-d); expected images: (N, C, H, W) float "
                          "or (N, H, W, C) uint8 (or one image without the N)")  # fmt: skip
     if x.size == 0:  # an empty frame file would run nothing and report nothing
         raise InputError(f"{path}: received x of shape {x.shape}, which holds no samples; expected at least one image")
     return x, y
+
+
+_SMALLER = "split the frames into smaller files"
+
+
+def _declared(stream: Any, size: int, where: str) -> tuple[str, int]:
+    """What an .npy stream's header declares (``"float32 (N, C, H, W)"``) and its bytes, checked against the
+    ``size`` bytes the stream has (header included): numpy allocates the declared size before reading."""
+    fmt = np.lib.format
+    version = fmt.read_magic(stream)
+    if version not in ((1, 0), (2, 0)):  # 3.0: utf-8 field names of structured arrays, no image
+        raise ValueError(f"npy format version {version}")
+    shape, _, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(stream)
+    need, held = math.prod(shape) * dtype.itemsize, size - stream.tell()  # Python ints: no overflow
+    if need > held:
+        raise InputError(f"{where}: its header declares {dtype} {shape} ({format_bytes(need)}); it holds "
+                         f"{format_bytes(held)} of data; expected a complete .npy (truncated, or not written by numpy)")  # fmt: skip
+    return f"{dtype} {shape}", need
+
+
+def _read_npy(f: Any, path: str) -> np.ndarray:
+    f.seek(0)  # zipfile.is_zipfile read its end
+    what, need = _declared(f, os.fstat(f.fileno()).st_size, str(path))
+    check_memory(need, f"{path} ({what})", hint=_SMALLER)
+    f.seek(0)
+    return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def _read_npz(f: Any, path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """``x.npy`` and ``y.npy`` of an .npz, each header read first and checked against the size the archive gives
+    the member (all that inflating it may produce), their sum against the memory available."""
+    with zipfile.ZipFile(f) as archive:
+        names = archive.namelist()
+        if "x.npy" not in names:
+            raise InputError(f"{path}: received arrays {[n.removesuffix('.npy') for n in names][:20]}; expected 'x' "
+                             "(and optionally 'y')")  # fmt: skip
+        members = [archive.getinfo(name) for name in ("x.npy", "y.npy") if name in names]
+        declared = []
+        for info in members:
+            with archive.open(info) as member:
+                declared.append((info.filename, *_declared(member, info.file_size, f"{path} member {info.filename}")))
+        what = ", ".join(f"{name}: {shape}" for name, shape, _ in declared)
+        check_memory(sum(need for *_, need in declared), f"{path} ({what})", hint=_SMALLER)
+        arrays = []
+        for info in members:
+            with archive.open(info) as member:
+                arrays.append(np.lib.format.read_array(member, allow_pickle=False))
+    return arrays[0], (arrays[1] if len(arrays) > 1 else None)
 
 
 # -- camera streams, replayed in real time -----------------------------------------------------------------
@@ -143,7 +196,9 @@ def camera_arrivals(streams: int, fps: float, seconds: float, deadline_ms: float
                     seed: int = 0) -> list[Arrival]:  # fmt: skip
     """``streams`` cameras at ``fps`` for ``seconds``, each with its own phase (uniform over a period) and every frame
     jittered uniformly by +-``jitter_ms``; a frame's deadline is its arrival plus ``deadline_ms`` (default: one
-    period). Sorted by arrival."""
+    period). Sorted by arrival. At most :data:`~hne_edge.limits.MAX_REPLAY_FRAMES` frames, at least one a camera
+    (:func:`~hne_edge.limits.check_replay`)."""
+    check_replay(streams, fps, seconds)
     rng = np.random.default_rng(seed)
     period = 1.0 / fps
     budget = period if deadline_ms is None else deadline_ms / 1e3
@@ -186,8 +241,6 @@ def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames
     ``rejected``, ``late``. ``busy_s``: the time the device ran steps (the scheduler's), runs (one runner) or
     any run (K runners: the union of their runs). ``on_result(record)`` is called as each frame is answered."""
     if method not in STREAM_METHODS:
-        from ..errors import InputError
-
         raise InputError(f"method: received {method!r}; expected one of {list(STREAM_METHODS)}")
     before = os.sched_getaffinity(0) if host_cores and hasattr(os, "sched_getaffinity") else None
     try:
@@ -216,6 +269,7 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
         per_stream: dict[int, list[Arrival]] = {}
         for a in arrivals:
             per_stream.setdefault(a.stream, []).append(a)
+        check_threads(len(per_stream), "streams (method 'runners': a runner and a thread per camera)")
         runners = [open_runner() for _ in per_stream]
         intervals: list[tuple[float, float]] = []
         _pin(host_cores)

@@ -14,7 +14,6 @@ The online model that predicts from a profile is :mod:`.cost_model`.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -27,8 +26,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..bundle import PROFILE_FORMAT, PROFILES_DIR, profile_filename  # a bundle's profiles/ entries: the bundle's rule
-from ..errors import HNEError
+from ..bundle.schema import parse_json
+from ..errors import BundleError, HNEError, InputError
 from ..fileio import atomic_write_json
+from ..limits import read_bounded
 
 __all__ = [
     "PROFILE_VERSION",
@@ -193,9 +194,10 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, d: Any, num_leaves: int | None = None) -> "Profile":
+    def from_dict(cls, d: Any, num_leaves: int | None = None, batch_range: Sequence[int] | None = None) -> "Profile":
         """Validate a saved profile strictly (:class:`ProfileError` names the location, what was received and
-        what was expected); ``num_leaves``: the bundle's, which every batch size must have."""
+        what was expected); ``num_leaves``: the bundle's, which every batch size must have; ``batch_range``: the
+        bundle's ``(min, opt, max)``, which every batch size must be within (no frame of it has another size)."""
         _obj(d, "profile", {"format", "version", "model_name", "manifest_sha256", "backend", "device", "plan",
                             "precision", "batch_sizes"}, {"backend_info", "host", "created"})  # fmt: skip
         if d["format"] != PROFILE_FORMAT:
@@ -215,6 +217,8 @@ class Profile:
         for key, entry in sizes.items():
             if not (isinstance(key, str) and key.isascii() and key.isdigit() and key[0] != "0" and len(key) <= 6):
                 _fail(f"batch_sizes key {key!r}", 'a positive int (written as a string, like "1")', key)
+            if batch_range is not None and not batch_range[0] <= int(key) <= batch_range[-1]:
+                _fail(f"batch_sizes key {key!r}", f"a batch size in the bundle's range {batch_range[0]}..{batch_range[-1]}", key)
             batches[int(key)] = _batch_entry(entry, f"batch_sizes[{key!r}]", num_leaves)
             num_leaves = len(entry["leaves"])  # every batch size profiles the same leaves
         return cls(
@@ -231,13 +235,18 @@ class Profile:
         )
 
     def matches(self, manifest_sha256: str, backend: str, device: str, plan: str, precision: str) -> bool:
-        return (self.manifest_sha256, self.backend, self.device, self.plan, self.precision) == (
-            manifest_sha256,
-            backend,
-            device,
-            plan,
-            precision,
-        )
+        return self.mismatch(manifest_sha256, backend, device, plan, precision) is None
+
+    def mismatch(self, manifest_sha256: str, backend: str, device: str, plan: str, precision: str) -> str | None:
+        """Why this profile is not the one of that bundle and variant (None: it is)."""
+        if self.manifest_sha256 != manifest_sha256:
+            return (f"it was measured for another version of this bundle (manifest sha256 {self.manifest_sha256[:12]}...; "
+                    f"this bundle's is {manifest_sha256[:12]}...)")  # fmt: skip
+        for name, mine, wanted in (("backend", self.backend, backend), ("device", self.device, device),
+                                   ("plan", self.plan, plan), ("precision", self.precision, precision)):  # fmt: skip
+            if mine != wanted:
+                return f"it was measured for {name} {_short(mine)}, not {_short(wanted)}"
+        return None
 
 
 def host_info() -> dict[str, Any]:
@@ -277,13 +286,18 @@ def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path,
     return fallback, True
 
 
-def read_profile(path: Path, num_leaves: int | None = None) -> Profile:
-    """Read and validate one saved profile (:class:`ProfileError` if it is not valid)."""
+def read_profile(path: Path, num_leaves: int | None = None, batch_range: Sequence[int] | None = None) -> Profile:
+    """Read and validate one saved profile (:class:`ProfileError` if it is not valid): a regular file of at most
+    :data:`~hne_edge.limits.MAX_JSON_BYTES`, strict JSON as the manifest is (no key twice, no NaN), then
+    :meth:`Profile.from_dict`."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise ProfileError(f"not valid JSON ({_short(str(exc), 200)})") from None
-    return Profile.from_dict(data, num_leaves)
+        data = parse_json(read_bounded(path, "a saved profile"), "profile", "a saved profile")
+    except (BundleError, InputError) as exc:
+        raise ProfileError(str(exc).removeprefix(f"{path}: ").removeprefix("profile: ")) from None
+    return Profile.from_dict(data, num_leaves, batch_range)
+
+
+_SAID: set[tuple[str, str, str]] = set()  # (path, its manifest sha256, the bundle's): stale profiles already named
 
 
 def find_profile(
@@ -294,10 +308,13 @@ def find_profile(
     plan: str,
     precision: str,
     num_leaves: int | None = None,
+    batch_range: Sequence[int] | None = None,
 ) -> tuple[Profile | None, Path | None, str]:
     """The matching saved profile (bundle dir first, then the user cache), its path, and why (not) found.
 
-    An invalid profile, or one reached through a symlink out of the bundle, is ignored with a warning.
+    An invalid profile, or one reached through a symlink out of the bundle, is ignored with a warning; so is one
+    made for another version of the bundle or another variant, once a process (each runner on the bundle would
+    say it again: bench-streams opens one per camera).
     """
     name = profile_filename(device, backend, plan, precision)
     in_bundle = Path(bundle_dir) / PROFILES_DIR / name
@@ -310,13 +327,17 @@ def find_profile(
             why = _outside(bundle_dir, path) if path is in_bundle else None
             if why is not None:
                 raise ProfileError(f"not read: {why}")
-            profile = read_profile(path.resolve(), num_leaves)
+            profile = read_profile(path.resolve(), num_leaves, batch_range)
         except (ProfileError, OSError) as exc:
             warnings.warn(f"ignoring saved profile {path}: {exc}", stacklevel=2)
             reasons.append(f"{path}: ignored ({exc})")
             continue
-        if not profile.matches(manifest_sha256, backend, device, plan, precision):
-            reasons.append(f"{path}: made for another bundle version or variant")
+        why = profile.mismatch(manifest_sha256, backend, device, plan, precision)
+        if why is not None:
+            if (str(path), profile.manifest_sha256, manifest_sha256) not in _SAID:
+                _SAID.add((str(path), profile.manifest_sha256, manifest_sha256))
+                warnings.warn(f"ignoring saved profile {path}: {why}; profiling the bundle again replaces it", stacklevel=2)
+            reasons.append(f"{path}: ignored ({why})")
             continue
         return profile, path, f"loaded {path}"
     return None, None, "; ".join(reasons) or f"no saved profile {name}"

@@ -252,7 +252,7 @@ class AnytimeRunner:
         if load_profile:
             self.profile_data, self.profile_path, self.profile_status = find_profile(
                 self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision,
-                len(self._program.steps),
+                len(self._program.steps), self.input_spec.batch,
             )
         self.quantile = quantile
         self.cost = self._cost_model(self.profile_data)

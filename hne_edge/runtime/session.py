@@ -119,17 +119,44 @@ def check_count(value: Any, name: str, lo: int, hi: int) -> int:
 
 
 def check_stop_at(t0: float, budget_ms: float | None, deadline: float | None) -> tuple[float | None, float | None]:
-    """(absolute stop time or None, the budget in ms that leaves from ``t0`` or None)."""
+    """(absolute stop time or None, the budget in ms that leaves from ``t0`` or None): the one check of a budget
+    and a deadline (``run``, the stream scheduler's ``submit``). A number no float holds (``10**400``) is an
+    InputError, not an OverflowError; a huge finite one is a long budget (the budget returned stays finite)."""
     stop_at = None
     if budget_ms is not None:
-        if isinstance(budget_ms, (bool, np.bool_)) or not isinstance(budget_ms, numbers.Real) or not budget_ms > 0 or not math.isfinite(budget_ms):
-            raise InputError(f"budget_ms: received {budget_ms!r}; expected a positive finite number of milliseconds")
-        stop_at = t0 + float(budget_ms) / 1e3
+        ms = _finite_float(budget_ms)
+        if ms is None or not ms > 0:
+            raise InputError(f"budget_ms: received {_received(budget_ms)}; expected a positive finite number of milliseconds")
+        stop_at = t0 + ms / 1e3
     if deadline is not None:
-        if isinstance(deadline, (bool, np.bool_)) or not isinstance(deadline, numbers.Real) or not math.isfinite(deadline):
-            raise InputError(f"deadline: received {deadline!r}; expected an absolute time.perf_counter() value")
-        stop_at = float(deadline) if stop_at is None else min(stop_at, float(deadline))
-    return stop_at, (None if stop_at is None else (stop_at - t0) * 1e3)
+        at = _finite_float(deadline)
+        if at is None:
+            raise InputError(f"deadline: received {_received(deadline)}; expected an absolute time.perf_counter() value")
+        stop_at = at if stop_at is None else min(stop_at, at)
+    return stop_at, (None if stop_at is None else min((stop_at - t0) * 1e3, _FLOAT_MAX))
+
+
+_FLOAT_MAX = float.fromhex("0x1.fffffffffffffp+1023")  # sys.float_info.max
+
+
+def _finite_float(value: Any) -> float | None:
+    """``value`` as a finite float, or None: not a real number (a bool neither), NaN/inf, or too large for a float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        out = float(value)
+    except OverflowError:  # an int (or Fraction) beyond 1.8e308
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _received(value: Any) -> str:
+    """``value`` for an error message: an int no float holds by its size (repr of 10**5000 itself raises)."""
+    from ..errors import short_repr  # noqa: PLC0415 - an error's path only
+
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+        return f"an int of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return short_repr(value)
 
 
 def check_limits(program: Program, max_leaves: int | None, min_leaves: int, plan: str = "") -> tuple[int, int]:

@@ -70,10 +70,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import json
 import math
 import os
-from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -146,12 +144,20 @@ def gain_curve(accuracy: Sequence[float] | Mapping[int, float] | None, num_leave
 
 def read_accuracy(path: str | os.PathLike) -> dict[int, float]:
     """``{n: accuracy}`` from a JSON record: ``hne-edge eval``'s metrics.json (``anytime``: every n) or a checkpoint's
-    record (``held_out``: n = 1, 2, 4, ..., N; the shipped ``hne_edge/assets/cifar10_demo.json``)."""
+    record (``held_out``: n = 1, 2, 4, ..., N; the shipped ``hne_edge/assets/cifar10_demo.json``).
+
+    Read as the manifest is (strict JSON, bounded nesting), from a regular file of at most
+    :data:`~hne_edge.limits.MAX_JSON_BYTES`: deep nesting was a RecursionError, ``/dev/zero`` was read without
+    end and a FIFO waited for a writer forever."""
+    from ..bundle.schema import parse_json  # noqa: PLC0415
+    from ..errors import BundleError  # noqa: PLC0415
+    from ..limits import read_bounded  # noqa: PLC0415
+
+    expected = "an eval metrics.json or a checkpoint record"
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read as JSON ({type(exc).__name__}); expected an eval metrics.json or a "
-                         "checkpoint record") from None  # fmt: skip
+        data = parse_json(read_bounded(path, expected), str(path), expected)
+    except BundleError as exc:
+        raise InputError(str(exc) if "expected" in str(exc) else f"{exc}; expected {expected}") from None
     rows = data.get("anytime", data.get("held_out")) if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
         raise InputError(f"{path}: received no 'anytime' or 'held_out' list; expected the accuracy per n of an eval "

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import CheckpointError, HNEError, InputError
 from ..fileio import atomic_write_bytes
+from ..limits import check_model_size
 from ..models import HNE, build_model
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "save_release", "load_checkpoint", "load_resumable",
@@ -110,17 +111,29 @@ def torch_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+#: what torch's weights-only unpickler says it refused (its wording since torch 2.4), and how an error names it
+_REFUSED = (
+    (re.compile(r"GLOBAL ([\w.]+)"), "global {!r}"),  # not allowlisted, or of a blocked module (posix.system)
+    (re.compile(r"unrecognized function (<[^>]*>|\S+)"), "a call of {}"),  # a reduce of a function not allowed
+    (re.compile(r"but got <class '([^']+)'>"), "an object of class {!r}"),  # built or created, not allowed
+    (re.compile(r"Unsupported operand (\d+)"), "pickle opcode {}"),
+)
+
+
 def safe_torch_load(source: Any, what: str, error: type[HNEError] = CheckpointError, map_location: Any = "cpu") -> Any:
     """``torch.load(source, weights_only=True)``; a file it refuses is ``error`` naming ``what`` and the refused
-    object, never torch's advice to load it with ``weights_only=False`` (which would run its code)."""
+    object (a global, a call, a class, an opcode), never torch's advice to load it with ``weights_only=False``
+    (which would run its code); one it cannot read otherwise is called corrupt."""
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
-    except Exception as exc:  # damaged archive, a pickle holding classes the safe loader refuses, ...
+    except Exception as exc:  # damaged archive, a pickle holding objects the safe loader refuses, ...
         text = str(exc)
-        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
-        why = (f"it holds global {refused.group(1)!r}, which the safe loader (weights_only=True) refuses: only "
-               "tensors and plain containers are loaded" if refused else f"{type(exc).__name__} while loading with weights_only=True")  # fmt: skip
-        raise error(f"cannot read {what}: {why} (a corrupt file, or one not written by hne-edge)") from None
+        refused = next((name.format(m.group(1)) for pattern, name in _REFUSED if (m := pattern.search(text))), None)
+        if refused is not None:
+            raise error(f"cannot read {what}: it holds {refused}, which the safe loader (weights_only=True) refuses: "
+                        "only tensors and plain containers are loaded (not a file hne-edge wrote)") from None  # fmt: skip
+        raise error(f"cannot read {what}: {type(exc).__name__} while loading with weights_only=True (a corrupt file, "
+                    "or one not written by hne-edge)") from None  # fmt: skip
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -147,6 +160,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     missing = [k for k in _REQUIRED if k not in state]
     if missing:
         raise CheckpointError(f"{path}: checkpoint is missing keys {missing}")
+    config = state["model_config"]
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: model_config is {type(config).__name__}; expected a dict (HNEConfig.to_dict())")
+    try:  # the model sizes it states, bounded where they are read (hne_edge.limits), before a model is built
+        check_model_size(config, f"{path}: model_config.")
+    except InputError as exc:
+        raise CheckpointError(str(exc)) from None
     check_usable(state, path)  # every reader (eval, export, verify, --resume) holds it to one rule
     return state
 

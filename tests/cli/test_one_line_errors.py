@@ -206,6 +206,41 @@ def test_a_refused_pickle_never_repeats_torchs_advice_to_turn_the_check_off(bund
     assert "weights_only=False" not in line
 
 
+class _RunsCode:
+    """A pickle payload: unpickling it calls os.system (what the safe loader exists to refuse)."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned",))
+
+
+class _Plain:
+    """An instance of a class no allowlist holds."""
+
+
+def test_every_refused_pickle_payload_is_named_not_called_a_corrupt_file(tiny_bundle, tmp_path):
+    """torch's refusal of a blocked module's global ("posix.system") and of a reduce call was reported as
+    "UnpicklingError while loading ... (a corrupt file, ...)": neither the object nor the refusal was named."""
+    import os
+
+    import torch
+
+    from hne_edge.errors import CheckpointError
+    from hne_edge.train.checkpoint import load_checkpoint
+
+    state = torch.load(tiny_bundle.checkpoint_path, weights_only=True)
+    system = f"{os.system.__module__}.system"  # posix.system on Linux
+    for name, payload, refused in [("system.pt", _RunsCode(), system), ("plain.pt", _Plain(), "_Plain")]:
+        torch.save({**state, "extra": {"x": payload}}, tmp_path / name)
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(tmp_path / name)
+        line = one_line_error(run_cli("eval", str(tmp_path / name), "--no-plots", "--quiet"), name, refused)
+        for message in (str(info.value), line):
+            assert refused in message and "refuses" in message and "corrupt" not in message, message
+            assert "weights_only=False" not in message and "add_safe_globals" not in message, message
+
+
 def test_exporting_a_model_with_negative_variance_names_the_statistic_not_nan(tiny_bundle, tmp_path):
     import copy
 

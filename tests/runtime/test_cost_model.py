@@ -144,7 +144,7 @@ def _set_leaf0(key, value):
     "change, match",
     [
         (_set_leaf0("median_ms", 0), r"batch_sizes\['1'\].leaves\[0\].median_ms must be a positive finite number; received 0"),
-        (_set_leaf0("median_ms", float("nan")), r"leaves\[0\].median_ms must be a positive finite number; received nan"),
+        (_set_leaf0("median_ms", float("nan")), r"NaN is not a JSON number; expected finite numbers only"),  # strict JSON, as the manifest
         (_set_leaf0("median_ms", "3"), r"leaves\[0\].median_ms must be a positive finite number; received '3'"),
         (_set_leaf0("samples_ms", [1.0, -2.0]), r"leaves\[0\].samples_ms\[1\] must be a finite number >= 0; received -2.0"),
         (lambda d: d["batch_sizes"].update({"0": d["batch_sizes"]["1"]}), r"batch_sizes key '0' must be a positive int"),
@@ -174,6 +174,35 @@ def test_a_profile_that_is_not_json_is_ignored_with_a_warning(profiled):
     b, path, open_runner = profiled
     path.write_text("{not json")
     with pytest.warns(UserWarning, match="not valid JSON"):
+        assert open_runner().profile_data is None
+
+
+def test_a_profile_with_a_key_twice_or_a_batch_size_the_bundle_does_not_run_is_ignored_with_a_warning(profiled):
+    """Both were accepted: JSON's last duplicate won unseen, and a batch-4096 entry was read for a bundle whose
+    batch range ends at 8 (a size no frame of it can have)."""
+    b, path, open_runner = profiled
+    good = path.read_text()
+    path.write_text(good.replace('"backend": "fake"', '"backend": "fake", "backend": "fake"', 1))
+    with pytest.warns(UserWarning, match=r"ignoring saved profile .*: duplicate key 'backend'"):
+        assert open_runner().profile_data is None
+    path.write_text(good)
+    _edit(path, lambda d: d["batch_sizes"].update({"4096": d["batch_sizes"]["1"]}))
+    with pytest.warns(UserWarning, match=r"batch_sizes key '4096' must be a batch size in the bundle's range 1\.\.8"):
+        assert open_runner().profile_data is None
+
+
+def test_a_profile_of_another_version_of_the_bundle_is_dropped_with_one_warning(profiled):
+    """It was dropped without a word (the runner then predicted from MACs, its status alone saying why)."""
+    b, path, open_runner = profiled
+    _edit(path, lambda d: d.update({"manifest_sha256": "0" * 64}))
+    with pytest.warns(UserWarning) as caught:
+        runner = open_runner()
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and str(path) in said[0] and "another version of this bundle" in said[0], said
+    assert "manifest sha256 000000000000" in said[0] and runner.manifest_sha256[:12] in said[0], said
+    assert runner.profile_data is None and "another version" in runner.profile_status
+    with warnings.catch_warnings():  # said once: the next runner on the same bundle (bench-streams opens many) is quiet
+        warnings.simplefilter("error")
         assert open_runner().profile_data is None
 
 

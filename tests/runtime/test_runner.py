@@ -350,6 +350,23 @@ def test_budget_argument_errors(bundle):
             runner.run(images(), **kwargs)
 
 
+def test_a_budget_or_deadline_too_large_for_a_float_is_an_input_error_and_a_huge_float_is_a_long_one(bundle):
+    """`budget_ms=10**400` (an int no float holds) raised OverflowError from run() and from the stream scheduler's
+    submit(); both check a budget in one place (session.check_stop_at)."""
+    from hne_edge.runtime.streams import StreamScheduler
+
+    runner, _ = fake_runner(bundle)
+    for kwargs, match in [({"budget_ms": 10**400}, r"budget_ms: received an int of about 401 digits; expected a positive finite number"),
+                          ({"deadline": 10**5000}, r"deadline: received an int of about 5001 digits; expected an absolute")]:  # fmt: skip
+        with pytest.raises(InputError, match=match):
+            runner.run(images(), **kwargs)
+        with StreamScheduler(runner) as streams, pytest.raises(InputError, match=match):
+            streams.submit("cam", images(1), **kwargs)
+    for kwargs in ({"budget_ms": 1e300}, {"deadline": 1e300}, {"budget_ms": float(2**1000)}):  # finite: a long budget
+        r = runner.run(images(), **kwargs)
+        assert r.leaves == runner.num_leaves and r.met_budget and json.dumps(r.to_dict(), allow_nan=False)
+
+
 # -- confidence stop ------------------------------------------------------------------------------------
 
 
