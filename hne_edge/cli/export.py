@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import ALL, BOTH, MIXED, MIXED_PLANS, NODES, PLAN_GROUPS, PLAN_TABLE, PRECISIONS, WEIGHTS
+from ..bundle import ALL, BOTH, FIRST_HOSTS, MIXED, MIXED_PLANS, NODES, PLAN_GROUPS, PLAN_TABLE, PRECISIONS, WEIGHTS
 from ..exporters.base import PLAN_CHOICES
 from ..exporters.checkpoint import EXPORT_FORMATS
 from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
@@ -38,7 +38,8 @@ from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
 @click.option("--no-verify", is_flag=True, help="Skip the comparison with PyTorch (not recommended).")
 @click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
 @click.option("--no-first-leaf", is_flag=True,
-              help="Do not write the export-free first-leaf file (frames that stop after leaf 0 then run its segment).")
+              help="Do not write the export-free first-leaf file (written beside a plan that runs leaf 0 first: "
+                   f"{', '.join(FIRST_HOSTS)}; frames that stop after leaf 0 then run that plan's first steps).")
 @click.option("--exporter", type=click.Choice(EXPORTERS), default="torchscript", show_default=True,
               help="torch.onnx exporter path.")
 @click.option("--workspace-mb", type=int, default=None, help="TensorRT builder workspace limit.")

@@ -44,6 +44,7 @@ from ..bundle import (
     BOTH,
     DTYPE_OF,
     FIRST,
+    FIRST_HOSTS,
     FUSED,
     NODES,
     SEGMENTS,
@@ -427,8 +428,11 @@ _UNITS_OF = {NODES: _node_units, SEGMENTS: _segment_units, SUBTREES: _subtree_un
 
 
 def _units(tree: "TreeSpec", t: _Tensors, request: _Request) -> list[_Unit]:
-    """Every ONNX file the request writes, per precision, in the manifest's order of plans."""
-    plans = request.plans + ((FIRST,) if request.first_leaf else ())
+    """Every ONNX file the request writes, per precision, in the manifest's order of plans. The first-leaf file
+    stands in for a plan's first steps: it is written beside a plan of :data:`FIRST_HOSTS` (not ``fused`` alone,
+    whose one call is every leaf)."""
+    hosted = request.first_leaf and any(p in FIRST_HOSTS for p in request.plans)
+    plans = request.plans + ((FIRST,) if hosted else ())
     return [unit for precision in request.precisions for plan in plans for unit in _UNITS_OF[plan](tree, t, precision)]
 
 
@@ -534,7 +538,8 @@ def export_onnx(
             published (the TensorRT path builds its engines there, so they are atomic too).
         progress: counts the files as they are written (a total, a rate and an ETA: big trees take minutes),
             then the verification's steps (:func:`~hne_edge.exporters.verify.verify_bundle`); None: silent.
-        first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision):
+        first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision)
+            beside a plan that runs leaf 0 first (``nodes``, ``segments``, ``subtrees``; not ``fused`` alone):
             the runtime runs it when a frame stops after the first leaf, at the cost of a standalone
             network instead of the exporting segment's (up to ~10% more; BENCHMARKS.md).
         keep: paths ``force`` must never delete (the CLI passes the source checkpoint).

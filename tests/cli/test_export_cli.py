@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, one_line_error, run_cli
 from gpu_env import HAS_CUDA, HAS_TRT
 
 
@@ -176,3 +176,18 @@ def test_an_fp16_only_bundle_exports_and_verifies(tiny_bundle, tmp_path):
     assert "onnx/fp16/segments" in proc.stdout and "(verified against PyTorch)" in proc.stdout
     assert json.loads((out / "manifest.json").read_text())["input"]["dtype"] == "float16"
     assert run_cli("verify", str(out), "--quiet").returncode == 0
+
+
+def test_plan_fused_exports_without_the_first_leaf_it_cannot_host(tiny_bundle, tmp_path):
+    """Issue 42 item 9: `export --plan fused` wrote every file, then failed ("onnx/fp32/first is an add-on to a full
+    plan") unless --no-first-leaf was given. The first-leaf file stands in for a plan's first call, and the fused
+    plan's first call is the whole tree: it is written only beside a plan that runs leaf 0 first."""
+    out = tmp_path / "fused"
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--plan", "fused", "--quiet",
+                   "--no-torch-weights", check=True)  # fmt: skip
+    assert "exported 1 file(s)" in proc.stdout and "onnx/fp32/fused (verified" in proc.stdout, proc.stdout
+    assert not (out / "onnx" / "fp32" / "first").exists()
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(tmp_path / "both"), "--plan",
+                   "subtrees,fused", "--no-verify", "--quiet", "--no-torch-weights", check=True)  # fmt: skip
+    assert "onnx/fp32/subtrees, onnx/fp32/fused, onnx/fp32/first" in proc.stdout  # beside a host: written as before
+
