@@ -9,9 +9,9 @@ import click
 import numpy as np
 
 from ..bundle import ALL, BOTH, FIRST_HOSTS, MIXED, MIXED_PLANS, NODES, PLAN_GROUPS, PLAN_TABLE, PRECISIONS, WEIGHTS
-from ..exporters.base import PLAN_CHOICES
+from ..exporters.base import DEFAULT_OPSET, PLAN_CHOICES
 from ..exporters.checkpoint import EXPORT_FORMATS
-from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
+from ..exporters.onnx import DYNAMO_MIN_OPSET, EXPORTERS, exporter_opset  # torch-free at import, like .tensorrt
 from ..exporters.tensorrt import HARDWARE_LEVELS
 from ..progress import progress_for
 from . import printable
@@ -29,7 +29,9 @@ from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
 @click.option("--batch-range", "batch", default="1:1:16", show_default=True, metavar="MIN:OPT:MAX",
               help="Batch sizes the bundle is built and verified for (engines: the optimization profile).")
 @click.option("--batch", "batch_alias", default=None, hidden=True)  # deprecated spelling of --batch-range
-@click.option("--opset", type=int, default=None, help="ONNX opset (default 17, parsed by TensorRT 8.6+ and 10).")
+@click.option("--opset", type=int, default=None,
+              help=f"ONNX opset (default {DEFAULT_OPSET}, parsed by TensorRT 8.6+ and 10; {DYNAMO_MIN_OPSET} with "
+                   f"--exporter dynamo, which writes no older one).")
 @click.option("--plan", default=BOTH, show_default=True, metavar="|".join(PLAN_CHOICES),
               help="; ".join(f"{p}: {PLAN_TABLE[p].files}" for p in PLAN_GROUPS[ALL])
                    + f"; comma-separate several ({','.join(MIXED_PLANS)} for run --plan {MIXED}); "
@@ -41,7 +43,7 @@ from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
               help="Do not write the export-free first-leaf file (written beside a plan that runs leaf 0 first: "
                    f"{', '.join(FIRST_HOSTS)}; frames that stop after leaf 0 then run that plan's first steps).")
 @click.option("--exporter", type=click.Choice(EXPORTERS), default="torchscript", show_default=True,
-              help="torch.onnx exporter path.")
+              help="torch.onnx exporter path (dynamo: fp32 only, opset 18 or later).")
 @click.option("--workspace-mb", type=int, default=None, help="TensorRT builder workspace limit.")
 @click.option("--hardware-compat", type=click.Choice(HARDWARE_LEVELS),
               default="none", show_default=True, help="TensorRT hardware compatibility level.")
@@ -60,6 +62,8 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
     parse_plan(plan)  # a bad --plan is one line and exit 2 before anything is read
     precisions = parse_precisions(list(precision) or ["fp32"])
+    with flag_names({"opset": "--opset"}):  # what the exporter cannot write: refused before the checkpoint is read
+        opset = exporter_opset(exporter, opset, precisions)
     batch_range = parse_batch(batch_alias or batch)
     trt_options = dict(workspace_mb=workspace_mb, hardware_compatibility=hardware_compat,
                        version_compatible=version_compatible)  # fmt: skip

@@ -31,6 +31,7 @@ side file.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import os
@@ -38,7 +39,7 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..bundle import (
     BOTH,
@@ -89,11 +90,56 @@ __all__ = [
     "export_module",
     "fold_batchnorm",
     "EXPORTERS",
+    "exporter_opset",
 ]
 
 EXPORTERS = ("torchscript", "dynamo")
+# what the dynamo exporter cannot write (module docstring): opsets under 18 (its down-conversion of a leaf's
+# ReduceMean fails) and fp16 (that ReduceMean is outside the fp16 conversion's ops)
+DYNAMO_MIN_OPSET = 18
 BATCH_DIM = "batch"
 EXAMPLE_BATCH = 2  # > 1, so an exporter that specialised the batch dim would be caught by the check below
+
+
+def exporter_opset(exporter: str, opset: int | None, precisions: str | Sequence[str] = ("fp32",)) -> int:
+    """The opset ``exporter`` writes the files in: ``opset``, or the exporter's own default when None (17, or 18
+    for the dynamo exporter). What the exporter cannot write is refused here, before any work: the dynamo
+    exporter's failures came only after its first file (20 s each), or after the whole export."""
+    if exporter not in EXPORTERS:
+        raise InputError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
+    if exporter != "dynamo":
+        return check_opset(DEFAULT_OPSET if opset is None else opset)
+    if "fp16" in parse_precisions(precisions):
+        raise InputError("the dynamo exporter cannot write fp16 files: the fp16 conversion does not handle the "
+                         "ReduceMean it writes for the head's pooling", hint="pass exporter='torchscript' for fp16",
+                         cli_hint="pass --exporter torchscript (the default) for --precision fp16")  # fmt: skip
+    if opset is None:
+        return DYNAMO_MIN_OPSET
+    if check_opset(opset) < DYNAMO_MIN_OPSET:
+        raise InputError(f"opset: received {opset}; the dynamo exporter writes {DYNAMO_MIN_OPSET} or later (its "
+                         "conversion of these models to older ones fails)",
+                         hint=f"pass opset={DYNAMO_MIN_OPSET} or leave it unset, or exporter='torchscript'",
+                         cli_hint=f"pass --opset {DYNAMO_MIN_OPSET} or leave it out (--exporter dynamo's default), "
+                                  f"or --exporter torchscript")  # fmt: skip
+    return opset
+
+
+@contextlib.contextmanager
+def _exporter_logs_silenced() -> Iterator[None]:
+    """The exporters' own log records (torch.onnx's "Setting ONNX exporter to use operator set version 18",
+    onnxscript's tracebacks of a failed version conversion) held back while they run, whatever ``--quiet`` says:
+    every file is checked afterwards and a failure is raised as one :class:`ExportError`."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 # -- torch side -------------------------------------------------------------------------------------
@@ -135,7 +181,7 @@ def export_module(
     if exporter not in EXPORTERS:
         raise InputError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
     path = Path(path)
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), _exporter_logs_silenced(), torch.no_grad():
         warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer notices
         if exporter == "torchscript":
             buffer = io.BytesIO()  # in memory: the one write below goes through fileio (a full disk names the file)
@@ -291,7 +337,7 @@ def _check_request(model: "HNE", class_names, normalization, precisions, plan, b
                    torch_weights) -> _Request:  # fmt: skip
     config = model.config
     precisions, plans, batch = parse_precisions(precisions), parse_plan(plan), parse_batch(batch)
-    check_opset(opset)
+    opset = exporter_opset(exporter, opset, precisions)
     if class_names is None:
         class_names = [str(i) for i in range(config.num_classes)]
     if len(class_names) != config.num_classes:
@@ -501,7 +547,7 @@ def export_onnx(
     precisions: str | Sequence[str] = ("fp32",),
     plan: str = BOTH,
     batch: str | tuple[int, int, int] = (1, 1, 16),
-    opset: int = DEFAULT_OPSET,
+    opset: int | None = None,
     force: bool = False,
     verify: bool = True,
     torch_weights: bool = True,
@@ -528,7 +574,7 @@ def export_onnx(
             one file), a comma-separated list of those, ``"both"`` (nodes and segments) or ``"all"``
             (:data:`hne_edge.bundle.PLAN_TABLE`).
         batch: ``(min, opt, max)`` batch sizes the bundle is meant for (the files have a symbolic batch).
-        opset: ONNX opset of every file.
+        opset: ONNX opset of every file (None: the exporter's default, :func:`exporter_opset`).
         verify: compare every file and every anytime prefix with the PyTorch model before publishing.
         torch_weights: also write ``torch/model.pt`` (the fused state_dict) for the PyTorch backend.
         exporter: ``"torchscript"`` (default, see module docstring) or ``"dynamo"``.
@@ -589,7 +635,7 @@ def export_standalone_network(
     path: str | os.PathLike,
     *,
     precision: str = "fp32",
-    opset: int = DEFAULT_OPSET,
+    opset: int | None = None,
     exporter: str = "torchscript",
     verify: bool = True,
 ) -> Path:
@@ -606,7 +652,7 @@ def export_standalone_network(
     if len(precisions) != 1:
         raise InputError(f"export_standalone_network writes one precision; received {precision!r}")
     precision = precisions[0]
-    check_opset(opset)
+    opset = exporter_opset(exporter, opset, precision)
     model = copy.deepcopy(model).eval().float().cpu()
     if not 0 <= leaf < model.num_leaves:
         raise InputError(f"leaf must be in 0..{model.num_leaves - 1}; received {leaf}")
