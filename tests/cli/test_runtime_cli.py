@@ -180,7 +180,7 @@ def test_bench_streams_replays_cameras_through_the_scheduler_and_its_baselines(c
     # not the command's: a 0.03 ms step's first call meeting a 0.3 ms stall on a busy host says it (flaky in CI)
     proc = run_cli("bench-streams", str(cli_bundle / "b"), "--streams", "2", "--seconds", "0.3", "--methods", "scheduler",
                    "--threads", "1", "--guard-ms", "2", "--quiet", check=True,
-                   env={"PYTHONWARNINGS": "ignore:saved profile:UserWarning"})  # fmt: skip
+                   env={"PYTHONWARNINGS": "ignore:saved profile:UserWarning,ignore:in-memory profile:UserWarning"})  # fmt: skip
     assert proc.stdout.splitlines()[0].split()[:2] == ["K", "method"] and "mean leaves in time" in proc.stdout
     assert proc.stderr == ""
     proc = run_cli("bench-streams", str(cli_bundle / "b"), "--methods", "scheduler,lifo")
