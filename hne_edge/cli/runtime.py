@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import warnings
 from pathlib import Path
@@ -159,16 +158,6 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
     click.echo(f"wrote {out_dir / 'bench.json'}" + (f" and {png}" if png else " (matplotlib not installed: no PNG)"))
 
 
-@contextlib.contextmanager
-def _warnings_as_lines():
-    """The runtime's warnings (a dropped profile, a machine too busy for its budgets) as one ``warning:`` line each
-    on stderr, when they happen, instead of Python's two-line ``file:line: UserWarning`` form."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("default")
-        warnings.showwarning = lambda message, *args, **kwargs: click.echo(f"warning: {message}", err=True)
-        yield
-
-
 def _load_inputs(paths, runner):
     """[(source name, x float NCHW, y or None)] from image files and .npy/.npz files."""
     from ..runtime.images import is_image_path, read_image
@@ -215,7 +204,7 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
 
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
     records, results = [], []
-    with _warnings_as_lines(), _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         lo, _, hi = runner.input_spec.batch
         if not lo <= batch_size <= hi:  # what the user asked, not the size of the frame it made of their samples
             raise click.BadParameter(f"received {batch_size}; expected {lo}..{hi} (the batch range the bundle was "

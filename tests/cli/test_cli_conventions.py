@@ -342,3 +342,16 @@ def test_a_machine_without_a_gpu_is_not_told_to_install_gpu_packages(work):
         err = one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--backend", backend,
                                       "--device", "cuda"), "this machine has no NVIDIA GPU", "--device cpu")  # fmt: skip
         assert "install" not in err and "onnxruntime-gpu" not in err and "fallback_to_cpu" not in err, err
+
+
+def test_python_warnings_are_one_warning_line_in_every_command(tiny_bundle, tmp_path):
+    """Issue 42: outside `run`, a runtime warning printed Python's two lines ("path.py:315: UserWarning: ..." and the
+    source line that warned) in the middle of the command's output. Every command prints it in the CLI's voice."""
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "b")
+    (bundle / "profiles").mkdir()
+    (bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json").write_text("{not json")
+    proc = run_cli("bench", str(bundle), "--warmup", "0", "--repeats", "1", "--out", str(tmp_path / "bench"), "--quiet",
+                   check=True)  # fmt: skip
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("warning: ignoring saved profile ") and "fp32.json: not valid JSON (" in line, proc.stderr
+    assert "UserWarning" not in proc.stderr and "warnings.warn" not in proc.stderr
