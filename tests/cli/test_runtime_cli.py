@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import one_line_error, run_cli
+from conftest import REPO, one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,12 @@ def test_people_read_percentages(cli_bundle, tmp_path):
     assert len(rows) == 16 and all(re.search(r" \d+\.\d\d%$", row) for row in rows), proc.stdout
     bench = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert 0 <= bench["levels"][0]["accuracy"] <= 1  # JSON keeps fractions
+    # issue 42: bench-streams printed its expected accuracy as a fraction (0.6308)
+    record = str(REPO / "hne_edge" / "assets" / "cifar10_demo.json")
+    proc = run_cli("bench-streams", str(cli_bundle / "b"), "--streams", "1", "--seconds", "0.3", "--methods", "scheduler",
+                   "--threads", "1", "--accuracy", record, "--quiet", check=True)  # fmt: skip
+    header, row = proc.stdout.splitlines()
+    assert "exp. acc" in header and re.search(r" \d+\.\d\d%( +[0-9.]+){2} +\d+%$", row), proc.stdout
 
 
 def test_run_reports_input_errors_in_one_line(cli_bundle, tmp_path):
