@@ -60,11 +60,13 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
     from ..bundle import read_manifest, variant_label
     from ..exporters.base import parse_batch, parse_plan, parse_precisions
 
-    parse_plan(plan)  # a bad --plan is one line and exit 2 before anything is read
-    precisions = parse_precisions(list(precision) or ["fp32"])
-    with flag_names({"opset": "--opset"}):  # what the exporter cannot write: refused before the checkpoint is read
-        opset = exporter_opset(exporter, opset, precisions)
-    batch_range = parse_batch(batch_alias or batch)
+    # each option checked before anything is read, its error naming the flag typed (the library's say "plan must be")
+    with flag_names({"plan": "--plan", "precision": "--precision", "opset": "--opset",
+                     "batch": "--batch" if batch_alias else "--batch-range"}):  # fmt: skip
+        parse_plan(plan)
+        precisions = parse_precisions(",".join(precision) or "fp32")
+        batch_range = parse_batch(batch_alias or batch)
+        opset = exporter_opset(exporter, opset, precisions)  # what the exporter cannot write
     trt_options = dict(workspace_mb=workspace_mb, hardware_compatibility=hardware_compat,
                        version_compatible=version_compatible)  # fmt: skip
     if source.is_dir():

@@ -41,12 +41,15 @@ def _runner_options(f):
 
 
 def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
+    from ..limits import check_threads
     from ..runtime import AnytimeRunner
     from ..runtime.devices import resolve_device
 
+    threads = check_threads(threads or None, "--threads")  # named as typed (the backends' bound says "threads:")
+
     options = {} if cuda_graph is None else {"cuda_graph": cuda_graph == "on"}  # CPU backends refuse it with a clear error
     return AnytimeRunner(bundle, backend=backend, device=resolve_device(backend, device), plan=plan, precision=precision,
-                         threads=threads or None, **options)  # fmt: skip
+                         threads=threads, **options)  # fmt: skip
 
 
 @click.command()

@@ -355,3 +355,20 @@ def test_python_warnings_are_one_warning_line_in_every_command(tiny_bundle, tmp_
     (line,) = proc.stderr.splitlines()
     assert line.startswith("warning: ignoring saved profile ") and "fp32.json: not valid JSON (" in line, proc.stderr
     assert "UserWarning" not in proc.stderr and "warnings.warn" not in proc.stderr
+
+
+def test_errors_name_the_flag_typed_for_threads_precision_batch_and_plan(tiny_bundle, work, tmp_path):
+    """Issue 42: `run --threads 99` said "threads: received 99", `export --precision fp8` "precision must be ...",
+    `export --batch-range 4:2:1` "batch must be ...": the library's names, not the flags the user typed."""
+    b, frames, ckpt = str(work / "b"), str(work / "frames.npz"), str(tiny_bundle.checkpoint_path)
+    for command in (("run", b, frames), ("bench", b, "--out", str(tmp_path / "bench")), ("profile", b),
+                    ("bench-streams", b)):  # fmt: skip
+        one_line_error(run_cli(*command, "--threads", "99"), "Error: --threads: received 99; expected an int in 1..")
+    out = str(tmp_path / "never")
+    for args, fragment in ((("--precision", "fp8"), "Error: --precision must be one or more of ['fp32', 'fp16']; "
+                                                    "received 'fp8'"),
+                           (("--batch-range", "4:2:1"), "Error: --batch-range must be MIN:OPT:MAX"),
+                           (("--batch", "4:2:1"), "Error: --batch must be MIN:OPT:MAX"),  # the old spelling, typed
+                           (("--plan", "trees"), "Error: --plan must be one or more of")):  # fmt: skip
+        one_line_error(run_cli("export", ckpt, "--out", out, *args), fragment)
+    assert not (tmp_path / "never").exists()
