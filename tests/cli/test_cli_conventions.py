@@ -372,3 +372,16 @@ def test_errors_name_the_flag_typed_for_threads_precision_batch_and_plan(tiny_bu
                            (("--plan", "trees"), "Error: --plan must be one or more of")):  # fmt: skip
         one_line_error(run_cli("export", ckpt, "--out", out, *args), fragment)
     assert not (tmp_path / "never").exists()
+
+
+def test_eval_given_a_bundle_says_it_takes_a_checkpoint_and_what_runs_a_bundle(tiny_bundle, work, tmp_path):
+    """Issue 42: `eval BUNDLE` said only "File '...' is a directory"."""
+    b = str(work / "b")
+    one_line_error(run_cli("eval", b), f"{b}: received a bundle folder; expected a checkpoint file",
+                   "hne-edge eval takes the checkpoint the bundle was exported from", f"hne-edge bench {b} --frames",
+                   f"hne-edge verify {b}")  # fmt: skip
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(tiny_bundle.checkpoint_path, run / "checkpoint.pt")  # a training run's folder: its checkpoint named
+    one_line_error(run_cli("eval", str(run)), f"{run}: received a folder; expected a checkpoint file",
+                   f"pass {run / 'checkpoint.pt'}")  # fmt: skip
