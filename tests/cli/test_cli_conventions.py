@@ -385,3 +385,19 @@ def test_eval_given_a_bundle_says_it_takes_a_checkpoint_and_what_runs_a_bundle(t
     shutil.copy(tiny_bundle.checkpoint_path, run / "checkpoint.pt")  # a training run's folder: its checkpoint named
     one_line_error(run_cli("eval", str(run)), f"{run}: received a folder; expected a checkpoint file",
                    f"pass {run / 'checkpoint.pt'}")  # fmt: skip
+
+
+def test_tensorrt_on_a_machine_without_a_gpu_is_not_told_to_install_tensorrt(tiny_bundle, work, tmp_path):
+    """Issue 42: `--backend tensorrt` (and `export --format tensorrt`) on a machine without an NVIDIA driver said to
+    pip install TensorRT and run on a machine with a GPU; installing cannot help there."""
+    from hne_edge.runtime.backends.cuda import no_gpu_here
+
+    if no_gpu_here() is None:
+        pytest.skip("this machine may have an NVIDIA GPU (a driver device node exists)")
+    for args in (("run", str(work / "b"), str(work / "frames.npz"), "--backend", "tensorrt"),
+                 ("bench", str(work / "b"), "--backend", "tensorrt", "--out", str(tmp_path / "bench")),
+                 ("export", str(tiny_bundle.checkpoint_path), "--format", "tensorrt", "--out", str(tmp_path / "t"))):  # fmt: skip
+        err = one_line_error(run_cli(*args), "TensorRT runs on an NVIDIA GPU, and this machine has no NVIDIA GPU",
+                             "--backend onnxruntime")  # fmt: skip
+        assert "install" not in err and "whl" not in err, err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "bench").exists()
