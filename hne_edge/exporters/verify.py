@@ -295,8 +295,8 @@ def verify_bundle(
         given, top = len(inputs), manifest.input.batch[2]
         inputs = check_input(np.asarray(inputs)[:top], manifest.input)
         batch_sizes = [len(inputs)]
-        if given > top:
-            report.notes.append(f"inputs: the first {top} of the {given} given images (the bundle's largest batch)")
+        report.notes.append(f"inputs: the first {top} of the {given} given images (one batch: the bundle's largest)"
+                            if given > top else f"inputs: {given} given images (one batch)")  # fmt: skip
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
             f"the reference model ({model.config.name}) is not the architecture of the bundle "
@@ -331,8 +331,7 @@ def verify_bundle(
     rng = np.random.default_rng(seed)
     # in the bundle's input dtype (float16 for an fp16-only bundle), as a user would feed it; PyTorch gets float32
     if inputs is not None:
-        images = {len(inputs): inputs}
-        report.notes.append(f"inputs: {len(inputs)} given images (one batch)")
+        images = {len(inputs): inputs}  # its note said above which images
     else:
         images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32).astype(manifest.input.dtype)
                   for b in batch_sizes}  # fmt: skip

@@ -401,3 +401,13 @@ def test_tensorrt_on_a_machine_without_a_gpu_is_not_told_to_install_tensorrt(tin
                              "--backend onnxruntime")  # fmt: skip
         assert "install" not in err and "whl" not in err, err
     assert not (tmp_path / "t").exists() and not (tmp_path / "bench").exists()
+
+
+def test_verify_frames_past_the_batch_range_say_once_which_were_used(work, tmp_path):
+    """Issue 42: `verify --frames` with more images than the bundle's largest batch printed "inputs: the first 8 of
+    the 20 given images" and then "inputs: 8 given images (one batch)"."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "f20.npz", x=rng.integers(0, 256, (20, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 20))
+    proc = run_cli("verify", str(work / "b"), "--frames", str(tmp_path / "f20.npz"), "--quiet", check=True)
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note: inputs")]
+    assert notes == ["note: inputs: the first 8 of the 20 given images (one batch: the bundle's largest)"], proc.stdout
