@@ -13,6 +13,7 @@ from ..bundle import DEFAULT_PLAN, MIXED, PLAN_TABLE, PRECISIONS, RUNNER_PLANS, 
 from ..fileio import atomic_write_json, staged_output
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
+from ..runtime.bench import DURATION_S, MAX_SAMPLES, MIN_SAMPLES
 from ..runtime.inputs import check_labels
 from ..runtime.streams import GUARD_MS, MAX_GUARD_MS
 from . import printable
@@ -89,7 +90,12 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @click.argument("bundle", type=BundlePath())
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
-@click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1))
+@click.option("--duration", type=click.FloatRange(min=0, max=86_400), default=DURATION_S, show_default=True,
+              help="Measure for at least this many seconds of timed runs (as trtexec's --duration) ...")
+@click.option("--min-samples", type=click.IntRange(min=1, max=MAX_SAMPLES), default=MIN_SAMPLES, show_default=True,
+              help="... and at least this many runs of every level (their p99 is the 99th percentile of these).")
+@click.option("--repeats", default=None, type=click.IntRange(min=1, max=MAX_SAMPLES),
+              help="Exactly this many runs of every level instead of --duration and --min-samples.")
 @click.option("--frames", "frames", type=click.Path(exists=True, dir_okay=False), metavar="PATH.npz",
               help="Frames with labels (x: N,H,W,C uint8 or N,C,H,W float; y: N) for accuracy per level.")
 @click.option("--data", "frames_alias", type=click.Path(exists=True, dir_okay=False), hidden=True)  # old --frames
@@ -98,8 +104,8 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @_runner_options
 @quiet_option
-def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out, as_json, backend, device, plan, precision,
-          threads, cuda_graph, quiet):  # fmt: skip
+def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, frames_alias, limit, out, as_json, backend,
+          device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
     """Latency of every anytime level n = 1..N (mean, median, p90, p95, p99) and its throughput; JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
 
@@ -117,7 +123,8 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             if x.dtype == np.uint8:
                 x = runner.preprocess(x)
             y = check_labels(y, len(x), runner.num_classes, str(data))
-        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats, progress=progress)
+        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats, progress=progress,
+                                 min_samples=min_samples, duration_s=duration)  # fmt: skip
         accuracy = None
         if data:
             accuracy = level_accuracy(runner, x, y, progress=progress)
@@ -132,7 +139,10 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             "precision": precision,
             "threads": threads,
             "batch_size": batch_size,
-            "repeats": repeats,
+            "repeats": levels[0]["samples"],  # runs of every level, each level's statistics are of
+            "min_samples": repeats or min_samples,
+            "duration_s": 0.0 if repeats else duration,
+            "measured_s": sum(level["mean_ms"] * level["samples"] for level in levels) / 1e3,  # of timed runs
             "samples": None if accuracy is None else int(len(y)),
             "levels": levels,
         }
@@ -148,7 +158,8 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
-    click.echo(f"{result['model']}  {backend}/{result['device']}  plan={plan}  {precision}  batch={batch_size}  ({repeats} repeats)")
+    click.echo(f"{result['model']}  {backend}/{result['device']}  plan={plan}  {precision}  batch={batch_size}  "
+               f"({result['repeats']} samples per level in {result['measured_s']:.1f} s)")
     head = (f"{'n':>3}  {'MMACs':>8}  {'mean ms':>8}  {'median ms':>9}  {'p90 ms':>8}  {'p95 ms':>8}  {'p99 ms':>8}  "
             f"{'samples/s':>9}" + ("  accuracy" if accuracy else ""))  # fmt: skip
     click.echo(head)

@@ -166,6 +166,27 @@ def test_bench_reports_what_trtexec_users_read(cli_bundle, tmp_path):
         assert level["samples_per_s"] == pytest.approx(2 * 1e3 / level["mean_ms"])  # batch 2: samples per second
 
 
+def test_bench_measures_for_a_duration_and_at_least_a_number_of_samples(cli_bundle, tmp_path):
+    """Issue 42: bench's p99 came from 30 repetitions (its largest but one). As trtexec (--duration, --iterations):
+    at least --min-samples repetitions per level and at least --duration seconds of them; the report says how many
+    samples each statistic is of. --repeats N still times exactly N."""
+    out = tmp_path / "bench"
+    proc = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--duration", "0.5", "--min-samples", "3", "--out",
+                   str(out), "--quiet", check=True)  # fmt: skip
+    result = json.loads((out / "bench.json").read_text())
+    assert result["repeats"] >= 3 and result["measured_s"] >= 0.5 * (1 - 1e-9), result  # timed runs, warm-up aside
+    assert (result["min_samples"], result["duration_s"]) == (3, 0.5)
+    assert f"({result['repeats']} samples per level in " in proc.stdout.splitlines()[0], proc.stdout
+    proc = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--duration", "0", "--out", str(tmp_path / "b2"),
+                   "--quiet", check=True)  # fmt: skip
+    assert json.loads((tmp_path / "b2" / "bench.json").read_text())["repeats"] >= 100  # the default: p99 of 100 or more
+    proc = run_cli("bench", str(cli_bundle / "b"), "--warmup", "0", "--repeats", "4", "--out", str(tmp_path / "b3"),
+                   "--quiet", check=True)  # fmt: skip
+    assert json.loads((tmp_path / "b3" / "bench.json").read_text())["repeats"] == 4
+    help_ = run_cli("bench", "--help", check=True).stdout
+    assert "--duration" in help_ and "--min-samples" in help_
+
+
 def test_bench_streams_replays_cameras_through_the_scheduler_and_its_baselines(cli_bundle):
     from conftest import REPO, one_line_error
     from hne_edge.runtime.streams import GUARD_MS
