@@ -4,7 +4,13 @@
 Run this ON the device (Jetson on JetPack 6 / TensorRT 10, or an x86 GPU with
 TensorRT 10/11): engines are specific to the TensorRT version and the GPU.
 
-    hne-edge export runs/demo/train/checkpoint.pt --out bundle --precision fp32,fp16   # anywhere
+    make demo                                                  # anywhere: writes the ONNX bundle runs/demo/bundle
+    python examples/export_tensorrt.py runs/demo/bundle        # on the device (the bundle copied there)
+
+The demo's bundle is fp32. For fp16 engines, export a bundle with fp16 files first, from the checkpoint the
+demo names on its "checkpoint" line (the one shipped with hne-edge, unless the demo trained one):
+
+    hne-edge export CHECKPOINT --out bundle --precision fp32,fp16                      # anywhere
     python examples/export_tensorrt.py bundle --precision fp16                        # on the device
 
 It adds the engines to the bundle's manifest (``hne-edge export --format

@@ -36,11 +36,23 @@ INSTALL_HINT = (
 )
 
 
+NO_GPU_HINT = ("run on the CPU with backend 'onnxruntime' (or 'torch'), or build the engines on the GPU device: "
+               "hne_edge.exporters.build_engines(BUNDLE)")
+NO_GPU_CLI_HINT = ("run on the CPU: --backend onnxruntime (or torch); build the engines on the GPU device: hne-edge "
+                   "export BUNDLE --format tensorrt")
+
+
 def load_tensorrt() -> Any:
-    """``import tensorrt``, or :class:`BackendUnavailable` with the install hint."""
+    """``import tensorrt``, or :class:`BackendUnavailable`: on a machine without an NVIDIA GPU, saying so (installing
+    TensorRT cannot help there), else with the install hint."""
     try:
         import tensorrt as trt  # noqa: PLC0415
     except ImportError as exc:
+        from .runtime.backends.cuda import no_gpu_here  # the one probe of the driver's device nodes
+
+        if absent := no_gpu_here():
+            raise BackendUnavailable(f"TensorRT runs on an NVIDIA GPU, and {absent}", hint=NO_GPU_HINT,
+                                     cli_hint=NO_GPU_CLI_HINT) from None  # fmt: skip
         raise BackendUnavailable(f"{INSTALL_HINT} (import tensorrt failed: {exc})") from None
     return trt
 

@@ -18,11 +18,11 @@ from ..errors import BundleError, InputError, short_repr
 from ..limits import MAX_BATCH, MAX_COUNT, check_model_size
 from ..tree import TreeSpec
 from .vocabulary import (
-    ANYTIME_PLANS,
     BOTH,
     DTYPES,
     EXPORT_PLANS,
     FIRST,
+    FIRST_HOSTS,
     FORMATS,
     FUSED,
     ITEMSIZE,
@@ -570,10 +570,9 @@ class Manifest:
                     )
                 if [o.name for o in group[0].outputs] != ["logits"]:
                     raise BundleError(f"manifest: {group[0].path} outputs {[o.name for o in group[0].outputs]}; expected ['logits']")
-                hosts = [p for p in ANYTIME_PLANS if p != FUSED]  # plans whose first call is leaf 0 alone
-                if not any((fmt, p, precision) in variants for p in hosts):
+                if not any((fmt, p, precision) in variants for p in FIRST_HOSTS):
                     raise BundleError(f"manifest: {label} is an add-on to a full plan; expected "
-                                      f"{' or '.join(variant_label(fmt, p, precision) for p in hosts)} beside it")  # fmt: skip
+                                      f"{' or '.join(variant_label(fmt, p, precision) for p in FIRST_HOSTS)} beside it")  # fmt: skip
             elif plan in (SUBTREES, FUSED):
                 pass  # _check_units above
             elif plan == NODES:

@@ -30,6 +30,7 @@ __all__ = [
     "BOTH",
     "ALL",
     "PLAN_GROUPS",
+    "FIRST_HOSTS",
     "FORMATS",
     "PRECISIONS",
     "DTYPES",
@@ -59,24 +60,29 @@ class Plan:
     # "if present" (bigger steps it takes when the bundle has them); None: no part
     mixed: str | None = None
     both: bool = False  # in `export --plan both` (the two plans there were at first)
+    # its run reaches leaf 0 before any other leaf, so the first-leaf file (plan "first") can stand in for its
+    # first steps: "first" is written and accepted only beside such a plan (the fused plan's one call is every leaf)
+    hosts_first: bool = False
     omitted_by: str | None = None  # written by every export unless this `export` flag is given
     has_files: bool = True  # False: a runtime plan over other plans' files
 
 
 # In the manifest's order (which is also `export --plan all`'s). A runner's default comes first in ANYTIME_PLANS.
 PLAN_TABLE: dict[str, Plan] = {p.name: p for p in (
-    Plan(NODES, "one file per tree node", "one call per tree node", unit="node", key="node", anytime=True, both=True),
+    Plan(NODES, "one file per tree node", "one call per tree node", unit="node", key="node", anytime=True, both=True,
+         hosts_first=True),
     Plan(SEGMENTS, "one file per leaf (its chain from the last shared node)", "leaf by leaf", unit="segment", key="leaf",
-         anytime=True, mixed="base", both=True),
+         anytime=True, mixed="base", both=True, hosts_first=True),
     # leaf 0's chain, then each later whole subtree as one fused (grouped-convolution) call (TreeSpec.subtree_units):
     # the tree in B + 1 calls, stopping at n = 1, 2, 4, ..., N
     Plan(SUBTREES, "leaf 0's chain, then one file per whole subtree (B+1 calls)",
          "a whole subtree per call (stops at 1, 2, 4, ... leaves)", unit="subtree", key="unit", anytime=True,
-         mixed="needed"),
+         mixed="needed", hosts_first=True),
     # image -> every leaf's logits: the one-call baseline
     Plan(FUSED, "the whole tree in one file", "the whole tree in one call", unit="tree", anytime=True, mixed="if present"),
     # leaf 0's chain (image -> logits) without the exported activations, which a run that stops after the first
-    # leaf never reads and which cost up to ~10% (layout reorders, no fusion across them); beside a full plan
+    # leaf never reads and which cost up to ~10% (layout reorders, no fusion across them); beside a plan of
+    # FIRST_HOSTS
     Plan(FIRST, "leaf 0's chain without the activations later leaves read", unit="segment", key="leaf",
          omitted_by="--no-first-leaf"),
     Plan(WEIGHTS, "torch/model.pt, the fused state_dict (the PyTorch backend)", omitted_by="--no-torch-weights"),
@@ -94,6 +100,7 @@ MIXED_PLANS = tuple(name for name, p in PLAN_TABLE.items() if p.mixed)  # whose 
 MIXED_BASE = next(name for name in MIXED_PLANS if PLAN_TABLE[name].mixed == "base")  # its walk, leaf by leaf
 MIXED_NEEDS = tuple(name for name in MIXED_PLANS if PLAN_TABLE[name].mixed in ("base", "needed"))  # what it must have
 RUNNER_PLANS = ANYTIME_PLANS + tuple(name for name, p in PLAN_TABLE.items() if not p.has_files)
+FIRST_HOSTS = tuple(name for name in ANYTIME_PLANS if PLAN_TABLE[name].hosts_first)  # the plans "first" is an add-on to
 EXPORT_PLANS = tuple(name for name in PLANS if PLAN_TABLE[name].anytime)  # what `export --plan` names, one by one
 PLAN_GROUPS = {BOTH: tuple(name for name in PLANS if PLAN_TABLE[name].both), ALL: EXPORT_PLANS}
 

@@ -6,8 +6,11 @@ so ``hne-edge --help`` is instant and ``hne-edge run`` needs no torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+import warnings
+from typing import Iterator
 
 import click
 
@@ -54,7 +57,8 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with warnings_as_lines():
+                return super().invoke(ctx)
         except click.UsageError as exc:  # a bad option: one line too, naming the command's --help
             if ctx.obj and ctx.obj.get("debug"):
                 raise
@@ -78,6 +82,20 @@ class LazyGroup(click.Group):
             click.echo(f"Error: {one_line(exc)}", err=True)
             sys.exit(2)
         # anything else is a bug in hne-edge: Python's traceback and exit 1, never dressed up as a user error
+
+
+@contextlib.contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """Python warnings (the runtime's: a dropped profile, a machine too busy for its budgets; a library's) as one
+    ``warning: ...`` line each on stderr, when they happen, in every command: not Python's ``file:line:
+    UserWarning: ...`` and the source line that warned. Which warnings show is Python's filters' call, as ever."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        click.echo(f"warning: {printable(' '.join(str(message).split()))}", err=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def printable(text: object) -> str:

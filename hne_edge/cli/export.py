@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import ALL, BOTH, MIXED, MIXED_PLANS, NODES, PLAN_GROUPS, PLAN_TABLE, PRECISIONS, WEIGHTS
-from ..exporters.base import PLAN_CHOICES
+from ..bundle import ALL, BOTH, FIRST_HOSTS, MIXED, MIXED_PLANS, NODES, PLAN_GROUPS, PLAN_TABLE, PRECISIONS, WEIGHTS
+from ..exporters.base import DEFAULT_OPSET, PLAN_CHOICES
 from ..exporters.checkpoint import EXPORT_FORMATS
-from ..exporters.onnx import EXPORTERS  # torch-free at import, like .tensorrt
+from ..exporters.onnx import DYNAMO_MIN_OPSET, EXPORTERS, exporter_opset  # torch-free at import, like .tensorrt
 from ..exporters.tensorrt import HARDWARE_LEVELS
 from ..progress import progress_for
 from . import printable
@@ -29,7 +29,9 @@ from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
 @click.option("--batch-range", "batch", default="1:1:16", show_default=True, metavar="MIN:OPT:MAX",
               help="Batch sizes the bundle is built and verified for (engines: the optimization profile).")
 @click.option("--batch", "batch_alias", default=None, hidden=True)  # deprecated spelling of --batch-range
-@click.option("--opset", type=int, default=None, help="ONNX opset (default 17, parsed by TensorRT 8.6+ and 10).")
+@click.option("--opset", type=int, default=None,
+              help=f"ONNX opset (default {DEFAULT_OPSET}, parsed by TensorRT 8.6+ and 10; {DYNAMO_MIN_OPSET} with "
+                   f"--exporter dynamo, which writes no older one).")
 @click.option("--plan", default=BOTH, show_default=True, metavar="|".join(PLAN_CHOICES),
               help="; ".join(f"{p}: {PLAN_TABLE[p].files}" for p in PLAN_GROUPS[ALL])
                    + f"; comma-separate several ({','.join(MIXED_PLANS)} for run --plan {MIXED}); "
@@ -38,9 +40,10 @@ from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
 @click.option("--no-verify", is_flag=True, help="Skip the comparison with PyTorch (not recommended).")
 @click.option("--no-torch-weights", is_flag=True, help="Do not write torch/model.pt (PyTorch runtime backend).")
 @click.option("--no-first-leaf", is_flag=True,
-              help="Do not write the export-free first-leaf file (frames that stop after leaf 0 then run its segment).")
+              help="Do not write the export-free first-leaf file (written beside a plan that runs leaf 0 first: "
+                   f"{', '.join(FIRST_HOSTS)}; frames that stop after leaf 0 then run that plan's first steps).")
 @click.option("--exporter", type=click.Choice(EXPORTERS), default="torchscript", show_default=True,
-              help="torch.onnx exporter path.")
+              help="torch.onnx exporter path (dynamo: fp32 only, opset 18 or later).")
 @click.option("--workspace-mb", type=int, default=None, help="TensorRT builder workspace limit.")
 @click.option("--hardware-compat", type=click.Choice(HARDWARE_LEVELS),
               default="none", show_default=True, help="TensorRT hardware compatibility level.")
@@ -57,9 +60,13 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
     from ..bundle import read_manifest, variant_label
     from ..exporters.base import parse_batch, parse_plan, parse_precisions
 
-    parse_plan(plan)  # a bad --plan is one line and exit 2 before anything is read
-    precisions = parse_precisions(list(precision) or ["fp32"])
-    batch_range = parse_batch(batch_alias or batch)
+    # each option checked before anything is read, its error naming the flag typed (the library's say "plan must be")
+    with flag_names({"plan": "--plan", "precision": "--precision", "opset": "--opset",
+                     "batch": "--batch" if batch_alias else "--batch-range"}):  # fmt: skip
+        parse_plan(plan)
+        precisions = parse_precisions(",".join(precision) or "fp32")
+        batch_range = parse_batch(batch_alias or batch)
+        opset = exporter_opset(exporter, opset, precisions)  # what the exporter cannot write
     trt_options = dict(workspace_mb=workspace_mb, hardware_compatibility=hardware_compat,
                        version_compatible=version_compatible)  # fmt: skip
     if source.is_dir():
@@ -105,10 +112,11 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
               help="Verify on these images (x: N,H,W,C uint8 or N,C,H,W float; one batch) instead of random ones.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random images.")
 @click.option("--atol", type=click.FloatRange(min=0), default=None,
-              help="Absolute bound: max |ONNX - reference| <= atol + rtol * max |reference| per output "
-                   "[default: 1e-4 for fp32, 1e-3 for fp16].")
+              help="Absolute bound. Given --atol or --rtol, every element must have |ONNX - reference| <= atol + "
+                   "rtol * |reference| (numpy.allclose, Polygraphy); neither: max |ONNX - reference| <= atol + rtol * "
+                   "max |reference| per output [default: 1e-4 for fp32, 1e-3 for fp16].")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None,
-              help="Relative bound, times the output's largest |reference| [default: 0 for fp32, 5e-3 for fp16].")
+              help="Relative bound, times each element's |reference| [default: 0 for fp32, 5e-3 for fp16].")
 @quiet_option
 def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] | None, frames: str | None, seed: int,
            atol: float | None, rtol: float | None, quiet: bool) -> None:  # fmt: skip

@@ -20,6 +20,7 @@ import copy
 import functools
 import os
 import re
+from pathlib import Path
 from typing import Callable, Iterator
 
 import click
@@ -45,6 +46,32 @@ class BundlePath(click.Path):
         error = not_a_bundle(value) if isinstance(value, (str, os.PathLike)) else None
         if error is not None:
             raise error
+        return super().convert(value, param, ctx)
+
+
+class CheckpointPath(click.Path):
+    """A checkpoint argument: a file. A folder is named as what it is, with what to run instead: a bundle
+    (``eval BUNDLE`` said only "File '...' is a directory", issue 42) or a training run's folder (its checkpoint)."""
+
+    name = "checkpoint"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(dir_okay=False, **kwargs)
+
+    def convert(self, value, param, ctx):
+        from ..bundle import MANIFEST_NAME
+        from ..errors import InputError
+
+        if isinstance(value, (str, os.PathLike)) and os.path.isdir(value):
+            command = f"hne-edge {ctx.info_name}" if ctx is not None else "this command"
+            if os.path.isfile(os.path.join(value, MANIFEST_NAME)):
+                raise InputError(f"{value}: received a bundle folder; expected a checkpoint file ({command} takes the "
+                                 "checkpoint the bundle was exported from)", cli_hint=f"for the bundle itself run "
+                                 f"hne-edge bench {value} --frames FRAMES.npz (accuracy and latency of every level) or "
+                                 f"hne-edge verify {value} (its files and numerics)")  # fmt: skip
+            found = sorted(Path(value).glob("*.pt"))
+            raise InputError(f"{value}: received a folder; expected a checkpoint file (what hne-edge train writes into "
+                             "its --out folder)", cli_hint=f"pass {found[0]}" if len(found) == 1 else None)  # fmt: skip
         return super().convert(value, param, ctx)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import warnings
 from pathlib import Path
@@ -15,6 +14,7 @@ from ..fileio import atomic_write_json, staged_output
 from ..limits import MAX_REPLAY_FRAMES, THREADS_PER_CPU, check_replay
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
+from ..runtime.bench import DURATION_S, MAX_SAMPLES, MIN_SAMPLES
 from ..runtime.inputs import check_labels
 from ..runtime.streams import GUARD_MS, MAX_GUARD_MS
 from . import printable
@@ -43,12 +43,15 @@ def _runner_options(f):
 
 
 def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
+    from ..limits import check_threads
     from ..runtime import AnytimeRunner
     from ..runtime.devices import resolve_device
 
+    threads = check_threads(threads or None, "--threads")  # named as typed (the backends' bound says "threads:")
+
     options = {} if cuda_graph is None else {"cuda_graph": cuda_graph == "on"}  # CPU backends refuse it with a clear error
     return AnytimeRunner(bundle, backend=backend, device=resolve_device(backend, device), plan=plan, precision=precision,
-                         threads=threads or None, **options)  # fmt: skip
+                         threads=threads, **options)  # fmt: skip
 
 
 @click.command()
@@ -88,7 +91,12 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @click.argument("bundle", type=BundlePath())
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
-@click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1))
+@click.option("--duration", type=click.FloatRange(min=0, max=86_400), default=DURATION_S, show_default=True,
+              help="Measure for at least this many seconds of timed runs (as trtexec's --duration) ...")
+@click.option("--min-samples", type=click.IntRange(min=1, max=MAX_SAMPLES), default=MIN_SAMPLES, show_default=True,
+              help="... and at least this many runs of every level (their p99 is the 99th percentile of these).")
+@click.option("--repeats", default=None, type=click.IntRange(min=1, max=MAX_SAMPLES),
+              help="Exactly this many runs of every level instead of --duration and --min-samples.")
 @click.option("--frames", "frames", type=click.Path(exists=True, dir_okay=False), metavar="PATH.npz",
               help="Frames with labels (x: N,H,W,C uint8 or N,C,H,W float; y: N) for accuracy per level.")
 @click.option("--data", "frames_alias", type=click.Path(exists=True, dir_okay=False), hidden=True)  # old --frames
@@ -97,8 +105,8 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @_runner_options
 @quiet_option
-def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out, as_json, backend, device, plan, precision,
-          threads, cuda_graph, quiet):  # fmt: skip
+def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, frames_alias, limit, out, as_json, backend,
+          device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
     """Latency of every anytime level n = 1..N (mean, median, p90, p95, p99) and its throughput; JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
 
@@ -116,7 +124,8 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             if x.dtype == np.uint8:
                 x = runner.preprocess(x)
             y = check_labels(y, len(x), runner.num_classes, str(data))
-        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats, progress=progress)
+        levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats, progress=progress,
+                                 min_samples=min_samples, duration_s=duration)  # fmt: skip
         accuracy = None
         if data:
             accuracy = level_accuracy(runner, x, y, progress=progress)
@@ -131,7 +140,10 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             "precision": precision,
             "threads": threads,
             "batch_size": batch_size,
-            "repeats": repeats,
+            "repeats": levels[0]["samples"],  # runs of every level, each level's statistics are of
+            "min_samples": repeats or min_samples,
+            "duration_s": 0.0 if repeats else duration,
+            "measured_s": sum(level["mean_ms"] * level["samples"] for level in levels) / 1e3,  # of timed runs
             "samples": None if accuracy is None else int(len(y)),
             "levels": levels,
         }
@@ -147,7 +159,8 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
-    click.echo(f"{result['model']}  {backend}/{result['device']}  plan={plan}  {precision}  batch={batch_size}  ({repeats} repeats)")
+    click.echo(f"{result['model']}  {backend}/{result['device']}  plan={plan}  {precision}  batch={batch_size}  "
+               f"({result['repeats']} samples per level in {result['measured_s']:.1f} s)")
     head = (f"{'n':>3}  {'MMACs':>8}  {'mean ms':>8}  {'median ms':>9}  {'p90 ms':>8}  {'p95 ms':>8}  {'p99 ms':>8}  "
             f"{'samples/s':>9}" + ("  accuracy" if accuracy else ""))  # fmt: skip
     click.echo(head)
@@ -158,16 +171,6 @@ def bench(bundle, batch_size, warmup, repeats, frames, frames_alias, limit, out,
             line += f"  {level['accuracy']:8.2%}"
         click.echo(line)
     click.echo(f"wrote {out_dir / 'bench.json'}" + (f" and {png}" if png else " (matplotlib not installed: no PNG)"))
-
-
-@contextlib.contextmanager
-def _warnings_as_lines():
-    """The runtime's warnings (a dropped profile, a machine too busy for its budgets) as one ``warning:`` line each
-    on stderr, when they happen, instead of Python's two-line ``file:line: UserWarning`` form."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("default")
-        warnings.showwarning = lambda message, *args, **kwargs: click.echo(f"warning: {message}", err=True)
-        yield
 
 
 def _load_inputs(paths, runner):
@@ -216,7 +219,7 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
 
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
     records, results = [], []
-    with _warnings_as_lines(), _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         lo, _, hi = runner.input_spec.batch
         if not lo <= batch_size <= hi:  # what the user asked, not the size of the frame it made of their samples
             raise click.BadParameter(f"received {batch_size}; expected {lo}..{hi} (the batch range the bundle was "
@@ -342,10 +345,10 @@ def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods
         click.echo(json.dumps({"bundle": str(Path(bundle).resolve()), "backend": backend, "plan": plan, "guard_ms": guard_ms,
                                "rows": rows}, indent=1))
         return
-    value = "exp. acc" if record else "mean leaves in time"
+    value, shown = ("exp. acc", ">19.2%") if record else ("mean leaves in time", ">19.2f")  # accuracy: a percentage
     click.echo(f"{'K':>3} {'method':<9} {'frames':>6} {'rejected':>8} {'misses':>12} {'leaves':>6} {value:>19} "
                f"{'p50 ms':>8} {'p99 ms':>8} {'busy':>5}")  # fmt: skip
     for r in rows:
         click.echo(f"{r['streams']:>3} {r['method']:<9} {r['frames']:>6} {r['rejected']:>8} "
-                   f"{r['misses']:>5} ({r['miss_rate']:>5.1%}) {r['mean_leaves']:>6.2f} {r['expected_accuracy']:>19.4f} "
+                   f"{r['misses']:>5} ({r['miss_rate']:>5.1%}) {r['mean_leaves']:>6.2f} {r['expected_accuracy']:{shown}} "
                    f"{r['latency_ms']['p50']:>8.2f} {r['latency_ms']['p99']:>8.2f} {r['busy']:>5.0%}")  # fmt: skip

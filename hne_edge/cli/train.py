@@ -13,7 +13,7 @@ import click
 from ..train.config import (DATASETS, DEFAULT_PRESET, HOLDOUTS, LOSSES, NORMALIZATIONS, POINTWISE, PRESETS,  # torch-free:
                             WEIGHTINGS)  # --help stays instant
 from ..tree import TREE_PRESETS
-from .options import config_device_option, device_option, names_typed_flags, quiet_option, threads_option, typed_flags
+from .options import CheckpointPath, config_device_option, device_option, names_typed_flags, quiet_option, threads_option, typed_flags
 
 # config keys whose flag is not "--" + the key's last part with "-" for "_" (errors name the flag the user typed)
 FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss", "loss.temperature_squared": "--t-squared"}
@@ -178,7 +178,7 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
 
 
 @click.command("eval")
-@click.argument("checkpoint", type=click.Path(dir_okay=False))
+@click.argument("checkpoint", type=CheckpointPath())
 @click.option("--out", default=None, help="Folder for metrics.json and the PNGs (default: the checkpoint's folder).")
 @click.option("--split", type=click.Choice(["val", "test"]), default=None,
               help="val (default): the run's seeded hold-out; test: the official test set (cifar10/100, imagefolder val/).")

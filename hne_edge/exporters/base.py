@@ -64,7 +64,9 @@ class OutputMismatchError(ExportError):
 
 @dataclass(frozen=True)
 class Tolerance:
-    """``max |y - ref| <= atol + rtol * max |ref|`` (one number per output tensor).
+    """``max |y - ref| <= atol + rtol * max |ref|`` (one number per output tensor); ``per_element``:
+    ``|y - ref| <= atol + rtol * |ref|`` for each element, as ``numpy.allclose`` and Polygraphy compare (what
+    ``verify --atol/--rtol`` ask for).
 
     fp32 files must match PyTorch to ``atol = 1e-4``. fp16 files compute in
     half precision end to end (10-bit mantissa: relative step ~1e-3) through
@@ -79,9 +81,14 @@ class Tolerance:
 
     atol: float
     rtol: float = 0.0
+    per_element: bool = False
 
     def bound(self, ref_scale: float) -> float:
         return self.atol + self.rtol * ref_scale
+
+    def describe(self) -> str:
+        """The bound as a formula (a report's note)."""
+        return f"{self.atol:g} + {self.rtol:g} x " + ("|ref| per element" if self.per_element else "max|ref|")
 
 
 TOLERANCES = {"fp32": Tolerance(atol=1e-4), "fp16": Tolerance(atol=1e-3, rtol=5e-3)}

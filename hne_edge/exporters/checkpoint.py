@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..bundle import BOTH, PLAN_GROUPS, sha256_file
-from .base import DEFAULT_OPSET, package_version, parse_batch, parse_plan, parse_precisions
+from .base import package_version, parse_batch, parse_plan, parse_precisions
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..progress import Progress
@@ -84,7 +84,7 @@ def export_checkpoint(
         precisions=precisions,
         plan=plan,
         batch=batch,
-        opset=opset or DEFAULT_OPSET,
+        opset=opset,
         force=force,
         verify=verify,
         torch_weights=torch_weights,

@@ -31,6 +31,7 @@ side file.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import os
@@ -38,12 +39,13 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..bundle import (
     BOTH,
     DTYPE_OF,
     FIRST,
+    FIRST_HOSTS,
     FUSED,
     NODES,
     SEGMENTS,
@@ -88,11 +90,56 @@ __all__ = [
     "export_module",
     "fold_batchnorm",
     "EXPORTERS",
+    "exporter_opset",
 ]
 
 EXPORTERS = ("torchscript", "dynamo")
+# what the dynamo exporter cannot write (module docstring): opsets under 18 (its down-conversion of a leaf's
+# ReduceMean fails) and fp16 (that ReduceMean is outside the fp16 conversion's ops)
+DYNAMO_MIN_OPSET = 18
 BATCH_DIM = "batch"
 EXAMPLE_BATCH = 2  # > 1, so an exporter that specialised the batch dim would be caught by the check below
+
+
+def exporter_opset(exporter: str, opset: int | None, precisions: str | Sequence[str] = ("fp32",)) -> int:
+    """The opset ``exporter`` writes the files in: ``opset``, or the exporter's own default when None (17, or 18
+    for the dynamo exporter). What the exporter cannot write is refused here, before any work: the dynamo
+    exporter's failures came only after its first file (20 s each), or after the whole export."""
+    if exporter not in EXPORTERS:
+        raise InputError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
+    if exporter != "dynamo":
+        return check_opset(DEFAULT_OPSET if opset is None else opset)
+    if "fp16" in parse_precisions(precisions):
+        raise InputError("the dynamo exporter cannot write fp16 files: the fp16 conversion does not handle the "
+                         "ReduceMean it writes for the head's pooling", hint="pass exporter='torchscript' for fp16",
+                         cli_hint="pass --exporter torchscript (the default) for --precision fp16")  # fmt: skip
+    if opset is None:
+        return DYNAMO_MIN_OPSET
+    if check_opset(opset) < DYNAMO_MIN_OPSET:
+        raise InputError(f"opset: received {opset}; the dynamo exporter writes {DYNAMO_MIN_OPSET} or later (its "
+                         "conversion of these models to older ones fails)",
+                         hint=f"pass opset={DYNAMO_MIN_OPSET} or leave it unset, or exporter='torchscript'",
+                         cli_hint=f"pass --opset {DYNAMO_MIN_OPSET} or leave it out (--exporter dynamo's default), "
+                                  f"or --exporter torchscript")  # fmt: skip
+    return opset
+
+
+@contextlib.contextmanager
+def _exporter_logs_silenced() -> Iterator[None]:
+    """The exporters' own log records (torch.onnx's "Setting ONNX exporter to use operator set version 18",
+    onnxscript's tracebacks of a failed version conversion) held back while they run, whatever ``--quiet`` says:
+    every file is checked afterwards and a failure is raised as one :class:`ExportError`."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 # -- torch side -------------------------------------------------------------------------------------
@@ -134,7 +181,7 @@ def export_module(
     if exporter not in EXPORTERS:
         raise InputError(f"exporter must be one of {list(EXPORTERS)}; received {exporter!r}")
     path = Path(path)
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), _exporter_logs_silenced(), torch.no_grad():
         warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer notices
         if exporter == "torchscript":
             buffer = io.BytesIO()  # in memory: the one write below goes through fileio (a full disk names the file)
@@ -290,7 +337,7 @@ def _check_request(model: "HNE", class_names, normalization, precisions, plan, b
                    torch_weights) -> _Request:  # fmt: skip
     config = model.config
     precisions, plans, batch = parse_precisions(precisions), parse_plan(plan), parse_batch(batch)
-    check_opset(opset)
+    opset = exporter_opset(exporter, opset, precisions)
     if class_names is None:
         class_names = [str(i) for i in range(config.num_classes)]
     if len(class_names) != config.num_classes:
@@ -427,8 +474,11 @@ _UNITS_OF = {NODES: _node_units, SEGMENTS: _segment_units, SUBTREES: _subtree_un
 
 
 def _units(tree: "TreeSpec", t: _Tensors, request: _Request) -> list[_Unit]:
-    """Every ONNX file the request writes, per precision, in the manifest's order of plans."""
-    plans = request.plans + ((FIRST,) if request.first_leaf else ())
+    """Every ONNX file the request writes, per precision, in the manifest's order of plans. The first-leaf file
+    stands in for a plan's first steps: it is written beside a plan of :data:`FIRST_HOSTS` (not ``fused`` alone,
+    whose one call is every leaf)."""
+    hosted = request.first_leaf and any(p in FIRST_HOSTS for p in request.plans)
+    plans = request.plans + ((FIRST,) if hosted else ())
     return [unit for precision in request.precisions for plan in plans for unit in _UNITS_OF[plan](tree, t, precision)]
 
 
@@ -497,7 +547,7 @@ def export_onnx(
     precisions: str | Sequence[str] = ("fp32",),
     plan: str = BOTH,
     batch: str | tuple[int, int, int] = (1, 1, 16),
-    opset: int = DEFAULT_OPSET,
+    opset: int | None = None,
     force: bool = False,
     verify: bool = True,
     torch_weights: bool = True,
@@ -524,7 +574,7 @@ def export_onnx(
             one file), a comma-separated list of those, ``"both"`` (nodes and segments) or ``"all"``
             (:data:`hne_edge.bundle.PLAN_TABLE`).
         batch: ``(min, opt, max)`` batch sizes the bundle is meant for (the files have a symbolic batch).
-        opset: ONNX opset of every file.
+        opset: ONNX opset of every file (None: the exporter's default, :func:`exporter_opset`).
         verify: compare every file and every anytime prefix with the PyTorch model before publishing.
         torch_weights: also write ``torch/model.pt`` (the fused state_dict) for the PyTorch backend.
         exporter: ``"torchscript"`` (default, see module docstring) or ``"dynamo"``.
@@ -534,7 +584,8 @@ def export_onnx(
             published (the TensorRT path builds its engines there, so they are atomic too).
         progress: counts the files as they are written (a total, a rate and an ETA: big trees take minutes),
             then the verification's steps (:func:`~hne_edge.exporters.verify.verify_bundle`); None: silent.
-        first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision):
+        first_leaf: also write leaf 0's chain without exports (plan ``"first"``, one file per precision)
+            beside a plan that runs leaf 0 first (``nodes``, ``segments``, ``subtrees``; not ``fused`` alone):
             the runtime runs it when a frame stops after the first leaf, at the cost of a standalone
             network instead of the exporting segment's (up to ~10% more; BENCHMARKS.md).
         keep: paths ``force`` must never delete (the CLI passes the source checkpoint).
@@ -584,7 +635,7 @@ def export_standalone_network(
     path: str | os.PathLike,
     *,
     precision: str = "fp32",
-    opset: int = DEFAULT_OPSET,
+    opset: int | None = None,
     exporter: str = "torchscript",
     verify: bool = True,
 ) -> Path:
@@ -601,7 +652,7 @@ def export_standalone_network(
     if len(precisions) != 1:
         raise InputError(f"export_standalone_network writes one precision; received {precision!r}")
     precision = precisions[0]
-    check_opset(opset)
+    opset = exporter_opset(exporter, opset, precision)
     model = copy.deepcopy(model).eval().float().cpu()
     if not 0 <= leaf < model.num_leaves:
         raise InputError(f"leaf must be in 0..{model.num_leaves - 1}; received {leaf}")

@@ -181,24 +181,34 @@ class Check:
 def compare_outputs(file: str, check: str, got: np.ndarray, ref: np.ndarray, precision: str,
                     tolerance: Tolerance | None = None) -> Check:
     """``max |got - ref|`` against the precision's bound (``tolerance``: another; shape mismatch is a
-    :class:`ShapeError`)."""
+    :class:`ShapeError`). A per-element tolerance reports the element furthest over (or least under) its own
+    bound: its difference and its bound."""
     got = np.asarray(got, dtype=np.float32)
     ref = np.asarray(ref, dtype=np.float32)
     if got.shape != ref.shape:
         raise ShapeError(f"{file} ({check}): received output shape {list(got.shape)}; expected {list(ref.shape)}")
+    tolerance = tolerance or TOLERANCES[precision]
     finite_ref = np.isfinite(ref)
     scale = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
-    bound = (tolerance or TOLERANCES[precision]).bound(scale)
+    bound = tolerance.bound(scale)
     if not finite_ref.all():  # no bound can say anything: name the cause, not "exceeds the bound nan"
         return Check(file, check, float("inf"), bound, False,
                      "the PyTorch reference itself is not finite (NaN/Inf): check the model's weights and BatchNorm statistics")  # fmt: skip
     if not np.all(np.isfinite(got)):
         return Check(file, check, float("inf"), bound, False, "non-finite values in the output")
+    if not got.size:
+        return Check(file, check, 0.0, bound, True)
     diff = np.abs(got - ref)
-    worst = float(diff.max()) if diff.size else 0.0
+    if tolerance.per_element:
+        bounds = tolerance.atol + tolerance.rtol * np.abs(ref)
+        k = int((diff - bounds).argmax())
+        worst, bound = float(diff.flat[k]), float(bounds.flat[k])
+    else:
+        k = int(diff.argmax())
+        worst = float(diff.flat[k])
     detail = ""
     if worst > bound:
-        where = np.unravel_index(int(diff.argmax()), diff.shape)
+        where = np.unravel_index(k, diff.shape)
         detail = f"at index {list(map(int, where))}: received {got[where]:.6g}, expected {ref[where]:.6g}"
     return Check(file, check, worst, bound, worst <= bound, detail)
 
@@ -272,8 +282,9 @@ def verify_bundle(
 
     The inputs are standard-normal images drawn with ``seed`` at ``batch_sizes``, or ``inputs``: the user's own
     batch (the manifest's input layout and dtype, as ``runner.preprocess`` returns it; one batch within the
-    bundle's range). ``atol`` / ``rtol`` replace the precisions' bounds (``max |y - ref| <= atol + rtol *
-    max |ref|`` per output tensor; :data:`~.base.TOLERANCES` where not given).
+    bundle's range). ``atol`` / ``rtol`` replace the precisions' bounds (:data:`~.base.TOLERANCES`, ``max |y - ref|
+    <= atol + rtol * max |ref|`` per output tensor) with ``|y - ref| <= atol + rtol * |ref|`` for every element,
+    as ``numpy.allclose`` and Polygraphy compare; the one not given keeps the precision's value.
 
     ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
     ``progress`` counts steps: each file of a variant run through the runtime (which loads and runs them all),
@@ -284,8 +295,9 @@ def verify_bundle(
     progress = progress or NULL_PROGRESS
     manifest = read_manifest(bundle_dir, verify_files=True)
     report = VerifyReport(bundle_dir)
-    bounds = {q: Tolerance(t.atol if atol is None else _bound(atol, "atol"), t.rtol if rtol is None else _bound(rtol, "rtol"))
-              for q, t in TOLERANCES.items()}  # fmt: skip
+    given = atol is not None or rtol is not None  # then per element, as numpy.allclose and Polygraphy
+    bounds = {q: Tolerance(t.atol if atol is None else _bound(atol, "atol"), t.rtol if rtol is None else _bound(rtol, "rtol"),
+                           per_element=given) for q, t in TOLERANCES.items()}  # fmt: skip
     if inputs is not None:
         from ..runtime.inputs import check_input
 
@@ -295,8 +307,8 @@ def verify_bundle(
         given, top = len(inputs), manifest.input.batch[2]
         inputs = check_input(np.asarray(inputs)[:top], manifest.input)
         batch_sizes = [len(inputs)]
-        if given > top:
-            report.notes.append(f"inputs: the first {top} of the {given} given images (the bundle's largest batch)")
+        report.notes.append(f"inputs: the first {top} of the {given} given images (one batch: the bundle's largest)"
+                            if given > top else f"inputs: {given} given images (one batch)")  # fmt: skip
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
             f"the reference model ({model.config.name}) is not the architecture of the bundle "
@@ -331,14 +343,14 @@ def verify_bundle(
     rng = np.random.default_rng(seed)
     # in the bundle's input dtype (float16 for an fp16-only bundle), as a user would feed it; PyTorch gets float32
     if inputs is not None:
-        images = {len(inputs): inputs}
-        report.notes.append(f"inputs: {len(inputs)} given images (one batch)")
+        images = {len(inputs): inputs}  # its note said above which images
     else:
         images = {b: rng.standard_normal((b, *manifest.input.shape[1:]), dtype=np.float32).astype(manifest.input.dtype)
                   for b in batch_sizes}  # fmt: skip
         report.notes.append(f"inputs: standard-normal images (seed {seed}) at batch sizes {list(batch_sizes)}")
-    if atol is not None or rtol is not None:
-        report.notes.append("bounds: " + "; ".join(f"{q} {t.atol:g} + {t.rtol:g} x max|ref|" for q, t in bounds.items()))
+    if given:
+        report.notes.append("bounds: " + "; ".join(f"{q} {t.describe()}" for q, t in bounds.items())
+                            + " (the table shows each check's worst element)")
     chains, firsts, stops = {}, {}, {}
     for p, q in sorted(variants, key=lambda v: PLANS.index(v[0])):  # the manifest's order: leaf 0 of "nodes" first
         progress.set(note=f"running onnx/{q}/{p} through the runtime")

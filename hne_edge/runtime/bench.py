@@ -21,35 +21,59 @@ from ..progress import NULL_PROGRESS, Progress
 from .profile_file import summarize
 from .inputs import check_labels
 from .runner import AnytimeRunner
+from .session import check_count
 
 __all__ = ["level_latencies", "level_accuracy", "load_arrays", "frame_oracles", "Arrival", "camera_arrivals",
            "replay_streams", "summarize_streams", "STREAM_METHODS"]
 
 
-def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int = 30, seed: int = 0,
-                    progress: Progress | None = None) -> list[dict]:
-    """Wall time of ``runner.run(x, max_leaves=n)`` for every stop n of its plan: median, p90, p95, p99 and mean
-    (ms), and the throughput that mean gives (``samples_per_s``: batch / mean, what trtexec and Polygraphy call
-    throughput).
+MIN_SAMPLES, DURATION_S = 100, 3.0  # bench's defaults: a p99 of at least 100 samples, and trtexec's 3 s
+MAX_SAMPLES = 10**6  # per level, whatever the duration asks
 
-    Levels are interleaved within each repetition so load changes hit every level alike. ``progress`` counts
-    the repetitions (warm-up ones included).
+
+def level_latencies(runner: AnytimeRunner, batch: int = 1, warmup: int = 5, repeats: int | None = None, seed: int = 0,
+                    progress: Progress | None = None, *, min_samples: int = MIN_SAMPLES,
+                    duration_s: float = DURATION_S) -> list[dict]:  # fmt: skip
+    """Wall time of ``runner.run(x, max_leaves=n)`` for every stop n of its plan: median, p90, p95, p99 and mean
+    (ms), the throughput that mean gives (``samples_per_s``: batch / mean, what trtexec and Polygraphy call
+    throughput) and how many ``samples`` each level's statistics are of.
+
+    As trtexec's ``--iterations`` and ``--duration``: repetitions go on until there are at least ``min_samples``
+    and their timed runs add up to at least ``duration_s`` seconds (a p99 of 30 samples is their second largest);
+    ``repeats``: exactly that many instead. Levels are interleaved within each repetition so load changes hit
+    every level alike. ``progress`` counts the repetitions (warm-up ones included); its total grows with the
+    estimate of the repetitions the duration takes.
     """
+    if repeats is not None:
+        min_samples, duration_s = check_count(repeats, "repeats", 1, MAX_SAMPLES), 0.0
+    check_count(min_samples, "min_samples", 1, MAX_SAMPLES)
+    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not 0 <= duration_s <= 86_400:
+        raise InputError(f"duration_s: received {duration_s!r}; expected seconds in 0..86400")
     progress = progress or NULL_PROGRESS
-    progress.restart(warmup + repeats, "bench", "repetition")
+    progress.restart(warmup + min_samples, "bench", "repetition")
     spec = runner.input_spec
     x = np.random.default_rng(seed).standard_normal((batch, spec.channels, *spec.spatial)).astype(spec.dtype)
     clock = runner.backend.clock
     stops = runner.stops
     times: list[list[float]] = [[] for _ in stops]
-    for rep in range(warmup + repeats):
+    rep, timed, done = 0, 0.0, False  # repetitions run; seconds of the timed ones
+    while not done:
         for k, n in enumerate(stops):
             t0 = clock()
             runner.run(x, max_leaves=n)
             t = clock() - t0
             if rep >= warmup:
                 times[k].append(t)
-        progress.update(note="warm-up" if rep < warmup else "")
+                timed += t
+        rep += 1
+        samples = len(times[0])
+        # MAX_SAMPLES: enough for any quantile (a clock too coarse to count the runs would never reach the duration)
+        done = samples >= min_samples and timed >= duration_s or samples >= MAX_SAMPLES
+        if done:
+            progress.total = rep  # the last line reads 100%
+        elif samples and timed < duration_s:  # the total: what the rest of the duration takes at this pace
+            progress.total = warmup + max(min_samples, samples + math.ceil((duration_s - timed) * samples / max(timed, 1e-9)))
+        progress.update(note="warm-up" if rep <= warmup else "")
     macs = runner.manifest.prefix_macs()
     return [{"n": n, "macs": macs[n - 1], **_stats(t, batch)} for n, t in zip(stops, times)]
 
@@ -59,6 +83,7 @@ def _stats(seconds: list[float], batch: int) -> dict[str, float]:
     stats = summarize(seconds)
     stats["p99_ms"] = float(np.quantile(np.asarray(seconds, dtype=np.float64) * 1e3, 0.99))
     stats["samples_per_s"] = batch * 1e3 / stats["mean_ms"] if stats["mean_ms"] > 0 else float("inf")
+    stats["samples"] = len(seconds)
     return stats
 
 

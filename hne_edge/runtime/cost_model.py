@@ -184,7 +184,7 @@ def entries_unlike_their_peers(base: Sequence[float], macs: Sequence[int],
 def _warn_doubtful(doubtful: dict[int, float], base: Sequence[float], name: str, batch: int) -> None:
     shown = "; ".join(f"step {i}: {base[i] * 1e3:.3g} ms, its peers {m * 1e3:.3g} ms" for i, m in sorted(doubtful.items())[:4])
     warnings.warn(
-        f"saved profile {name} (batch {batch}): {len(doubtful)} entr{'y' if len(doubtful) == 1 else 'ies'} more than "
+        f"{name} (batch {batch}): {len(doubtful)} entr{'y' if len(doubtful) == 1 else 'ies'} more than "
         f"{PROFILE_TOLERANCE:g} times off the steps that add the same MACs ({shown}); predicted as their peers until "
         "measured here (run `hne-edge profile` again on this machine)", stacklevel=3,
     )  # fmt: skip
@@ -400,9 +400,9 @@ class _BatchModel:
         self.full = _INF  # every prediction is refreshed with the new base
         if leaf == 0:  # the other steps' anchors were leaf 0's wrong entry: they follow its measurement from now
             self.anchor[:] = [max(seconds, MIN_LEAF_SECONDS)] * self.n
-        name = self.cm.profile.filename if self.cm.profile is not None else "the profile"
+        name = self.cm.profile.label if self.cm.profile is not None else "the profile"
         self.entry_warnings.append(
-            f"saved profile {name}: step {leaf} measured {seconds * 1e3:.3g} ms here, {max(ratio, 1 / ratio):.3g} times "
+            f"{name}: step {leaf} measured {seconds * 1e3:.3g} ms here, {max(ratio, 1 / ratio):.3g} times "
             f"{'slower' if ratio > 1 else 'faster'} than its entry ({entry * 1e3:.3g} ms); learns it from measurements "
             "(run `hne-edge profile` again on this machine)"
         )  # fmt: skip
@@ -447,9 +447,9 @@ class _BatchModel:
         self.pred = pred
         for i, t, _ in audit:
             self.observe(i, t)
-        name = self.cm.profile.filename if self.cm.profile is not None else "the profile"
+        name = self.cm.profile.label if self.cm.profile is not None else "the profile"
         warnings.warn(
-            f"saved profile {name} predicts {max(ratio, 1 / ratio):.3g} times {'faster' if ratio > 1 else 'slower'} than "
+            f"{name} predicts {max(ratio, 1 / ratio):.3g} times {'faster' if ratio > 1 else 'slower'} than "
             f"the first {len(audit)} measurements here; dropped it and learns from measurements (run `hne-edge profile` "
             "again on this machine)", stacklevel=2,
         )  # fmt: skip
@@ -571,7 +571,7 @@ class CostModel:
         times = [[t / 1e3 * k for t in leaf.get("samples_ms", ())] for leaf, k in zip(leaves, scale)]
         doubtful = entries_unlike_their_peers(base, self.step_macs)
         if doubtful:  # predicted as their peers, their own samples (and ratios) left out
-            _warn_doubtful(doubtful, base, self.profile.filename, batch)
+            _warn_doubtful(doubtful, base, self.profile.label, batch)
             base = [doubtful.get(i, b) for i, b in enumerate(base)]
             times = [[] if i in doubtful else ts for i, ts in enumerate(times)]
             seeds = [r for k, r in enumerate(seeds) if k % len(leaves) not in doubtful]

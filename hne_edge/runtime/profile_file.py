@@ -169,10 +169,17 @@ class Profile:
     backend_info: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
     created: str = ""
+    # the file it was read from or last saved to; None while it lives in memory only (measured with save=False)
+    path: Path | None = field(default=None, compare=False, repr=False)
 
     @property
     def filename(self) -> str:
         return profile_filename(self.device, self.backend, self.plan, self.precision)
+
+    @property
+    def label(self) -> str:
+        """How a warning names it: its file, or an in-memory profile, for which no file of its name exists."""
+        return f"saved profile {self.path}" if self.path is not None else "in-memory profile (measured here, in no file)"
 
     def leaf_medians_s(self, batch: int) -> list[float]:
         return [leaf["median_ms"] / 1e3 for leaf in self.batches[batch]["leaves"]]
@@ -277,11 +284,13 @@ def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path,
     if why is None:
         try:
             atomic_write_json(target, profile.to_dict())
+            profile.path = target
             return target, False
         except OSError as exc:
             why = f"bundle directory {bundle_dir} is not writable ({exc.strerror or exc})"
     fallback = cache_profile_path(profile)
     atomic_write_json(fallback, profile.to_dict())
+    profile.path = fallback
     warnings.warn(f"{why}; saved the profile to {fallback}", stacklevel=2)
     return fallback, True
 
@@ -294,7 +303,9 @@ def read_profile(path: Path, num_leaves: int | None = None, batch_range: Sequenc
         data = parse_json(read_bounded(path, "a saved profile"), "profile", "a saved profile")
     except (BundleError, InputError) as exc:
         raise ProfileError(str(exc).removeprefix(f"{path}: ").removeprefix("profile: ")) from None
-    return Profile.from_dict(data, num_leaves, batch_range)
+    profile = Profile.from_dict(data, num_leaves, batch_range)
+    profile.path = path
+    return profile
 
 
 _SAID: set[tuple[str, str, str]] = set()  # (path, its manifest sha256, the bundle's): stale profiles already named

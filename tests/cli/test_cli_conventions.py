@@ -323,12 +323,13 @@ def test_verify_takes_tolerances_and_inputs_as_polygraphy_users_expect(tiny_bund
     """Issue 28: users from trtexec/Polygraphy pass --atol/--rtol and their own input file or a seed."""
     b, ckpt, frames = str(work / "b"), str(tiny_bundle.checkpoint_path), str(work / "frames.npz")
     proc = run_cli("verify", b, "--checkpoint", ckpt, "--frames", frames, "--atol", "1", "--quiet", check=True)
-    assert "note: inputs: 4 given images (one batch)" in proc.stdout and "bounds: fp32 1 + 0 x max|ref|" in proc.stdout
+    assert "note: inputs: 4 given images (one batch)" in proc.stdout and "bounds: fp32 1 + 0 x |ref| per element" in proc.stdout
     err = one_line_error(run_cli("verify", b, "--checkpoint", ckpt, "--seed", "5", "--atol", "1e-12", "--quiet"),
                          "bundle verification failed: ", "exceeds the bound 1e-12", after_progress=True)  # fmt: skip
     assert "max abs difference" in err
     proc = run_cli("verify", b, "--seed", "5", "--rtol", "0.5", "--quiet", check=True)
-    assert "standard-normal images (seed 5)" in proc.stdout and "fp32 0.0001 + 0.5 x max|ref|" in proc.stdout
+    # issue 42: per element, as numpy.allclose and Polygraphy (was times the output's largest |reference|)
+    assert "standard-normal images (seed 5)" in proc.stdout and "fp32 0.0001 + 0.5 x |ref| per element" in proc.stdout
     one_line_error(run_cli("verify", b, "--frames", frames, "--batch-sizes", "1"), "pass --batch-sizes or --frames, not both")
     one_line_error(run_cli("verify", b, "--atol", "nan"), "--atol")
 
@@ -342,3 +343,72 @@ def test_a_machine_without_a_gpu_is_not_told_to_install_gpu_packages(work):
         err = one_line_error(run_cli("run", str(work / "b"), str(work / "frames.npz"), "--backend", backend,
                                       "--device", "cuda"), "this machine has no NVIDIA GPU", "--device cpu")  # fmt: skip
         assert "install" not in err and "onnxruntime-gpu" not in err and "fallback_to_cpu" not in err, err
+
+
+def test_python_warnings_are_one_warning_line_in_every_command(tiny_bundle, tmp_path):
+    """Issue 42: outside `run`, a runtime warning printed Python's two lines ("path.py:315: UserWarning: ..." and the
+    source line that warned) in the middle of the command's output. Every command prints it in the CLI's voice."""
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "b")
+    (bundle / "profiles").mkdir()
+    (bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json").write_text("{not json")
+    proc = run_cli("bench", str(bundle), "--warmup", "0", "--repeats", "1", "--out", str(tmp_path / "bench"), "--quiet",
+                   check=True)  # fmt: skip
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("warning: ignoring saved profile ") and "fp32.json: not valid JSON (" in line, proc.stderr
+    assert "UserWarning" not in proc.stderr and "warnings.warn" not in proc.stderr
+
+
+def test_errors_name_the_flag_typed_for_threads_precision_batch_and_plan(tiny_bundle, work, tmp_path):
+    """Issue 42: `run --threads 99` said "threads: received 99", `export --precision fp8` "precision must be ...",
+    `export --batch-range 4:2:1` "batch must be ...": the library's names, not the flags the user typed."""
+    b, frames, ckpt = str(work / "b"), str(work / "frames.npz"), str(tiny_bundle.checkpoint_path)
+    for command in (("run", b, frames), ("bench", b, "--out", str(tmp_path / "bench")), ("profile", b),
+                    ("bench-streams", b)):  # fmt: skip
+        one_line_error(run_cli(*command, "--threads", "99"), "Error: --threads: received 99; expected an int in 1..")
+    out = str(tmp_path / "never")
+    for args, fragment in ((("--precision", "fp8"), "Error: --precision must be one or more of ['fp32', 'fp16']; "
+                                                    "received 'fp8'"),
+                           (("--batch-range", "4:2:1"), "Error: --batch-range must be MIN:OPT:MAX"),
+                           (("--batch", "4:2:1"), "Error: --batch must be MIN:OPT:MAX"),  # the old spelling, typed
+                           (("--plan", "trees"), "Error: --plan must be one or more of")):  # fmt: skip
+        one_line_error(run_cli("export", ckpt, "--out", out, *args), fragment)
+    assert not (tmp_path / "never").exists()
+
+
+def test_eval_given_a_bundle_says_it_takes_a_checkpoint_and_what_runs_a_bundle(tiny_bundle, work, tmp_path):
+    """Issue 42: `eval BUNDLE` said only "File '...' is a directory"."""
+    b = str(work / "b")
+    one_line_error(run_cli("eval", b), f"{b}: received a bundle folder; expected a checkpoint file",
+                   "hne-edge eval takes the checkpoint the bundle was exported from", f"hne-edge bench {b} --frames",
+                   f"hne-edge verify {b}")  # fmt: skip
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(tiny_bundle.checkpoint_path, run / "checkpoint.pt")  # a training run's folder: its checkpoint named
+    one_line_error(run_cli("eval", str(run)), f"{run}: received a folder; expected a checkpoint file",
+                   f"pass {run / 'checkpoint.pt'}")  # fmt: skip
+
+
+def test_tensorrt_on_a_machine_without_a_gpu_is_not_told_to_install_tensorrt(tiny_bundle, work, tmp_path):
+    """Issue 42: `--backend tensorrt` (and `export --format tensorrt`) on a machine without an NVIDIA driver said to
+    pip install TensorRT and run on a machine with a GPU; installing cannot help there."""
+    from hne_edge.runtime.backends.cuda import no_gpu_here
+
+    if no_gpu_here() is None:
+        pytest.skip("this machine may have an NVIDIA GPU (a driver device node exists)")
+    for args in (("run", str(work / "b"), str(work / "frames.npz"), "--backend", "tensorrt"),
+                 ("bench", str(work / "b"), "--backend", "tensorrt", "--out", str(tmp_path / "bench")),
+                 ("export", str(tiny_bundle.checkpoint_path), "--format", "tensorrt", "--out", str(tmp_path / "t"))):  # fmt: skip
+        err = one_line_error(run_cli(*args), "TensorRT runs on an NVIDIA GPU, and this machine has no NVIDIA GPU",
+                             "--backend onnxruntime")  # fmt: skip
+        assert "install" not in err and "whl" not in err, err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "bench").exists()
+
+
+def test_verify_frames_past_the_batch_range_say_once_which_were_used(work, tmp_path):
+    """Issue 42: `verify --frames` with more images than the bundle's largest batch printed "inputs: the first 8 of
+    the 20 given images" and then "inputs: 8 given images (one batch)"."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "f20.npz", x=rng.integers(0, 256, (20, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 20))
+    proc = run_cli("verify", str(work / "b"), "--frames", str(tmp_path / "f20.npz"), "--quiet", check=True)
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note: inputs")]
+    assert notes == ["note: inputs: the first 8 of the 20 given images (one batch: the bundle's largest)"], proc.stdout

@@ -4,6 +4,7 @@ runtime-only install (no torch), and exit 1 naming a backend broken on purpose."
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -60,6 +61,8 @@ def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
         assert 0 <= c["max_error"] <= c["bound"] and c["full_tree_ms"] > 0
         assert c["first_leaf_ms"] > 0 if c["plan"] != "fused" else c["first_leaf_ms"] is None  # fused: 16 or nothing
         assert c["cancel"].startswith("ok") and "/16 leaves" in c["budget"]
+        # issue 42: "1/16 leaves, 0.12 of 0.04 ms" beside ok; now within, or over and why
+        assert re.fullmatch(r"\d+/16 leaves in [0-9.]+ ms, (within [0-9.]+ ms|over [0-9.]+ ms \(.+\))", c["budget"]), c
     # the fresh export is fp32; the shipped bundle's fp32 files are checked too, so the asset cannot rot
     assert {c["bundle"] for c in report["checks"] if c["precision"] == "fp32" and c["backend"] == "onnxruntime"} == {"fresh", "shipped"}
     absent = {(a["backend"], a["device"]): a for a in report["absent"]}

@@ -111,3 +111,13 @@ def test_a_gpu_backend_that_is_present_but_fails_is_a_failure(here, fake_gpu, mo
     assert len(torch_rows) == len(PRECISIONS) * len(RUNNER_PLANS)
     assert all("driver too old" in failed[label] for label in torch_rows)
     assert all(c.ok for c in report.checks if c.backend == "onnxruntime")
+
+
+def test_the_budget_column_says_whether_the_budget_was_kept_and_why_not():
+    """Issue 42: the column read "1/16 leaves, 0.12 of 0.04 ms" beside "ok": over the budget, unexplained. The
+    budgeted session checks stopping and resuming, not times (never judged): the cell says which it was."""
+    assert checks.budget_cell(6, 16, 0.41, 0.52, met=True, forced=False) == "6/16 leaves in 0.41 ms, within 0.52 ms"
+    assert checks.budget_cell(16, 16, 0.12, 0.04, met=False, forced=True) == (
+        "16/16 leaves in 0.12 ms, over 0.04 ms (its first step is forced)")
+    assert checks.budget_cell(7, 16, 0.60, 0.52, met=False, forced=False) == (
+        "7/16 leaves in 0.60 ms, over 0.52 ms (a late step; not judged)")

@@ -333,3 +333,19 @@ def test_verify_checks_every_stop_of_the_plans_of_several_leaves(steps_bundle, t
     bad = verify_bundle(steps_bundle, model=other, batch_sizes=[1])
     assert any(c.file == "onnx/fp32/subtrees/unit04.onnx" for c in bad.failures)
     assert any(c.file == "onnx/fp32/subtrees" and "each stop" in c.check for c in bad.failures)
+
+
+def test_a_given_rtol_bounds_each_element_as_numpy_and_polygraphy_do():
+    """Issue 42: `verify --rtol` was relative to the output's largest |reference|, so a logit near 0 could be off by
+    rtol times the largest logit; as numpy.allclose and Polygraphy: |got - ref| <= atol + rtol * |ref| per element."""
+    from hne_edge.exporters import Tolerance
+
+    ref = np.array([[100.0, 0.01]], np.float32)
+    got = ref + np.array([[0.0, 0.005]], np.float32)  # 50% off on the small element
+    per_element = Tolerance(atol=0.0, rtol=0.1, per_element=True)
+    check = compare_outputs("f.onnx", "logits", got, ref, "fp32", per_element)
+    assert not check.ok and check.bound == pytest.approx(0.001) and check.max_abs_diff == pytest.approx(0.005)
+    assert "at index [0, 1]" in check.detail
+    assert compare_outputs("f.onnx", "logits", got, ref, "fp32", Tolerance(atol=0.0, rtol=0.1)).ok  # by the maximum
+    assert compare_outputs("f.onnx", "logits", ref * 1.05, ref, "fp32", per_element).ok  # 5% everywhere: within
+    assert np.allclose(ref * 1.05, ref, rtol=0.1, atol=0) and not np.allclose(got, ref, rtol=0.1, atol=0)

@@ -71,10 +71,19 @@ def test_device_support_follows_nvidias_support_matrix():
     assert "older than hne-edge supports (>= 10.0)" in device_support("8.6.1", "8.7")
 
 
-def test_build_without_tensorrt_is_a_clear_error(tiny_bundle, monkeypatch):
+def test_build_without_tensorrt_is_a_clear_error(tiny_bundle, monkeypatch, tmp_path):
+    import hne_edge.runtime.backends.cuda as cuda
+
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt -> ImportError, whatever is installed
+    monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path),))  # a machine with an NVIDIA driver
     with pytest.raises(BackendUnavailable, match=r"TensorRT is not available: install it .*pip install 'hne_edge-0\.1\.0-py3-none-any\.whl\[tensorrt\]'"):
         build_engines(tiny_bundle.bundle_dir)
+    if sys.platform.startswith("linux"):  # issue 42: without a driver, installing TensorRT cannot help
+        monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path / "nvidia0"),))
+        with pytest.raises(BackendUnavailable, match=r"^TensorRT runs on an NVIDIA GPU, and this machine has no NVIDIA GPU"
+                                                     r" .*run on the CPU with backend 'onnxruntime'") as caught:  # fmt: skip
+            build_engines(tiny_bundle.bundle_dir)
+        assert "install" not in str(caught.value)
 
 
 def test_engine_entries_make_a_valid_manifest(tiny_bundle, tmp_path):

@@ -258,3 +258,30 @@ def test_cost_model_options_out_of_range_are_input_errors():
 
     with pytest.raises(InputError, match=r"quantile must be in \[0.5, 1\]; received 1.5"):
         CostModel([1, 2], quantile=1.5)
+
+
+def test_a_warning_names_an_in_memory_profile_as_one_not_as_a_file(tmp_path):
+    """Issue 42: `bench-streams` measures its profile without saving it (``profile(save=False)``), and the cost
+    model's warnings named it "saved profile cpu-onnxruntime-segments-fp32.json", a file that does not exist."""
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2, 2), classes=4)  # leaves 1, 3, 5, 7: one node each
+    m = read_manifest(b)
+
+    def open_runner():
+        return AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), load_profile=False, warmup=0)
+
+    def doubtful_warning(profile) -> str:
+        leaf = profile.batches[1]["leaves"][3]  # 1000x its peers: the cost model says so when it loads the profile
+        leaf["median_ms"] *= 1000
+        leaf["samples_ms"] = [t * 1000 for t in leaf["samples_ms"]]
+        runner = open_runner()
+        runner.use_profile(profile)
+        with pytest.warns(UserWarning, match="more than 10 times off") as caught:
+            runner.predicted_ms(1)
+        return str(caught[0].message)
+
+    message = doubtful_warning(open_runner().profile(warmup=0, repeats=3, save=False))
+    assert not (b / "profiles").exists()
+    assert message.startswith("in-memory profile (measured here, in no file) (batch 1)") and ".json" not in message, message
+    saved = open_runner()
+    message = doubtful_warning(saved.profile(warmup=0, repeats=3))
+    assert message.startswith(f"saved profile {saved.profile_path} (batch 1)"), message
