@@ -9,66 +9,41 @@ compare a subtree in one call with the leaves it replaces. Below, "leaf
 times every step (and every unit) after warm-up and saves a :class:`Profile`; a new runner loads the one that
 matches its bundle and variant, and the model below starts from it.
 
-**Prediction.** Leaf ``i`` is predicted to cost
-``min(base[i] * scale, tail[i], full + base[i]) * base[0] / anchor[i]`` where
+**Prediction.** Step ``i`` is predicted to cost ``base[i] * noise + allowance(base[i])``, from the stall model
+shared by every step and batch size (:mod:`.stalls`: how fast the machine runs now, and how often and how long it
+stalls - a stall is an event, never a cost):
 
-* ``base[i]`` is the leaf's median (from the profile, then an EWMA of
-  observed times, alpha 0.05, so it follows slow drift). Bounded influence:
-  one observation moves it by at most ``alpha`` x itself, so a 40 ms stall
-  on a 0.05 ms leaf moves it by 5%, not 40x.
-* ``scale`` is the ``quantile`` (default 0.99) of the last ``window`` (128)
-  observed ``time / base`` ratios, pooled over all leaves (nearest rank,
-  kept in a sorted window: an index lookup per observation), each ratio
-  capped at ``max_ratio`` (16).
-* ``full`` is the whole tree's median (the sum of the bases of the steps of
-  the plan's base walk: a mixed runner's alternatives are not added twice):
-  no leaf is predicted above the full tree plus itself, so a budget of twice
-  the full tree fits every next leaf unless the frame already stalled.
-* ``tail[i]`` is the largest of the leaf's own last ``tail_window`` (256)
-  times (each capped the same way), once it has ``1 / (1 - quantile)``
-  (100) of them: no leaf is predicted above what its own observed tail
-  justifies, whatever the other leaves did. (With fewer, the max is below
-  the leaf's quantile and would under-predict the rarely run last leaves.)
-* ``base[0] / anchor[i]``: ``anchor[i]`` is leaf 0's base when leaf ``i``
-  was last observed. Leaf 0 runs in every frame, so a leaf the budget has
-  not let run for a while follows the machine's current speed instead of
-  keeping what it learned during a slow spell. Applied only outside
-  [0.8, 1.25]: within, it is leaf 0's own noise, and following it starts
-  rarely run leaves when leaf 0 happened to be fast (measured: +0.6 points
-  of misses).
-* Re-probe: a leaf not run for ``probe_after`` (500) frames whose base is
-  over twice its own fastest recent time (it learned a slow spell of its
-  own) is predicted at that fastest time until it runs once; that time then
-  replaces what it had learned. At most one risky start per such leaf per
-  500 frames; leaves that are merely rarely reached are not probed.
+* ``base[i] = steady[i] * slow``: ``steady[i]`` is the step's cost at full speed (from the profile, then an EWMA of
+  its calls that were not stalls, alpha 0.05, each moving it by at most ``alpha`` x itself); ``slow`` is the
+  machine's current slowdown, the lower quartile of the last 16 calls' ratios over their steady costs, pooled
+  over every step: contention or a throttled clock moves it within 12 calls for every step at once (steps the
+  budget has not let run since included), stalls cannot move it unless three calls in four stall.
+* ``noise``: the ``quantile`` (default 0.99) of the recent calls' ratios over their base that were not stalls
+  (the last ``window``, 128, pooled): the spread a budget must fit on a quiet machine (1.0-2x on a CPU).
+* ``allowance``: a call more than ``STALL_RATIO`` (3) times its base is a stall, its excess a stall's size. The
+  allowance is the smallest slack that keeps the chance of a stall longer than it, striking a call of this
+  step's length, within ``1 - quantile`` (the miss rate promised): 0 while stalls are isolated (fewer than two
+  in a second, decayed) or rare enough for this step's length.
+* Re-probe: a step not run for ``probe_after`` (500) frames whose base is over twice its own fastest recent time
+  (it learned a slow spell of its own) is predicted at that fastest time until it runs once; that time then
+  replaces what it had learned. At most one risky start per such step per 500 frames; steps that are merely
+  rarely reached are not probed.
 
-Why a pooled ratio quantile: on a shared CPU the noise is mostly common to
-all leaves (other processes, frequency changes), so pooling gives 16x the
-samples of a per-leaf quantile and reacts within a few frames; a quantile
-(not the mean) is what bounds deadline misses. The scheduler starts a leaf
-only if ``now + prediction <= deadline``; a miss needs that leaf to run past
-the predicted quantile *and* the slack left to be smaller than the excess.
-Why 0.99 and not 0.95: measured on hne_resnet_small (benchmarks/bench_runtime.py,
-budgets uniform over the anytime range, 1000 frames), p95 gave 1.6-1.9%
-misses with 95-98% of an oracle's leaves; p99 gave 0.5% misses at batch 1
-with 92-96% of the oracle's leaves, meeting both targets (<= 1%, >= 90%).
+**A step's own cost change** is told from stalls by the run it makes: its calls stall ``k`` times in a row, each
+within 1.5x of the others, where ``k`` makes such a run improbable (1 in 1,000) at the chance that a call of its
+length stalls lately (2 on a quiet machine, 5 when one call in four stalls; at least as many as one in four would
+take while other steps stall meanwhile); it is then learned (:meth:`_BatchModel._relearn`, with a warning when a
+profile's entry goes) and re-probed after 16 frames without a run, twice as long each time it proves as slow. A
+call far *faster* than its base (a third) is proof at once: a stall only adds time.
 
-Why the cap: on a loaded machine the process is pre-empted for 4-44 ms at a
-time, hundreds of times a 0.05 ms leaf. Such a stall strikes whatever runs;
-predicting it in full does not avoid it, it stops every leaf but the forced
-first one from starting (issue 15: an uncapped p99 of 500x held a 16-leaf,
-0.8 ms tree at one leaf under a 5 ms budget, and, with only leaf 0 left to
-observe, never recovered). Capped, the model keeps using a budget a few
-times the full tree, forgets a burst of stalls within ``window``
-observations (it keeps learning from the leaves that do run), and is the
-uncapped quantile under ordinary noise (whose p99 is 1.2-2x). Why 16 and
-not 4 or 8: measured side by side on hne_resnet_small at batch 1 and normal
-priority on a busy 2-core machine (benchmarks/bench_runtime.py --max-ratios
-4,8, benchmarks/results/runtime_load.md), budgets U[first leaf, full tree]:
-4 ran 88% of the oracle's leaves with 21% misses, 8 65% / 11%, 16 52% /
-6.7%, the uncapped model 31% / 3.1%; under one busy loop per core with a
-budget of twice the full tree every cap ran 100% of them, the uncapped
-model 26%.
+Why a stall model and not a quantile of every ratio: a stall strikes whatever runs, and predicting one in full
+for every step stops every leaf but the forced first one from starting (issue 15), while capping the ratios (16x,
+the model before issue 39) still let two stalls in 128 calls raise every prediction 16-fold: an H200 stream
+scheduler learned `step 0: 1.34 s` (1,870 times its entry) from one CUDA graph capture and rejected 85 % of the
+frames one FIFO runner served; a right profile entry whose first run met a 40 ms stall was learned at 41 ms.
+Why 0.99: measured on hne_resnet_small (benchmarks/bench_runtime.py, budgets uniform over the anytime range,
+1000 frames), p95 gave 1.6-1.9% misses with 95-98% of an oracle's leaves; p99 gave 0.5% misses at batch 1 with
+92-96% of the oracle's leaves, meeting both targets (<= 1%, >= 90%).
 
 **Batch sizes** (:func:`profile_at_batch`, the batch rule): a profile predicts a batch size only from the
 sizes it measured (``AnytimeRunner.profile()`` measures the bundle's min and opt by default): their medians,
@@ -79,7 +54,7 @@ other by 10x or more.
 
 **A run's own work before its first step** (the input check, the image's upload: a synchronous copy of ~0.07 ms
 on an H200) is in a ``run()``'s budget but in no step. :attr:`_BatchModel.entry` is the ``quantile`` of the last
-``window`` of them, and the forced first step is judged with it (whether an overrun was forced). The next steps
+``window`` of them that were not stalls (:class:`~.stalls.SteadyWindow`), and the forced first step is judged with it (whether an overrun was forced). The next steps
 need no such term: each is decided at the time it would start.
 
 **A run's own work after its last step** (that step's cost-model update, :meth:`_BatchModel.observe`, and the
@@ -108,8 +83,8 @@ is caught three ways (issue 29), each with a warning:
   the tree) cost alike, so an entry more than ``PROFILE_TOLERANCE`` (10) times off the median of at least
   two such peers is replaced by that median until the step is measured here;
 * on its first measurement here once the whole profile passed its audit (:meth:`_BatchModel._check_entry`):
-  an entry more than 10 times off what is measured is learned afresh from the measurement (not unlearned
-  5% per observation);
+  an entry more than 10 times above what is measured is learned afresh from the measurement (not unlearned
+  5% per observation); one far below is a stall until the step's next runs say it is its cost (above);
 * a step the budget has kept from running for ``probe_after`` frames, never measured here, whose entry is
   over twice what its peers (or, alone at its depth, its MACs at the other steps' speed) say, is re-probed
   at that estimate once (:meth:`_BatchModel._peer_estimate`).
@@ -117,7 +92,7 @@ is caught three ways (issue 29), each with a warning:
 **Without a profile** no frame is spent measuring: the first leaf is always
 evaluated (``min_leaves >= 1``), so its time calibrates seconds-per-MAC and
 unseen leaves are predicted from the manifest's MACs; each leaf's own time
-replaces that estimate once observed. Until 8 observations exist the scale
+replaces that estimate once observed. Until 8 observations exist the noise
 is at least ``cold_margin`` (1.5). Before any observation the prediction is
 infinite: a budgeted first frame evaluates only the forced leaves.
 """
@@ -125,12 +100,14 @@ infinite: a budgeted first frame evaluates only the forced leaves.
 from __future__ import annotations
 
 import bisect
-from collections import deque
 import math
+import time
 import warnings
-from typing import Sequence
+from collections import deque
+from typing import Callable, Sequence
 
 from ..errors import InputError
+from .stalls import STALL_RATIO, Speed, Stalls, SteadyWindow
 from .profile_file import (  # noqa: F401 - the profile's names, importable from here as before
     Profile,
     ProfileError,
@@ -160,6 +137,7 @@ __all__ = [
 
 _INF = math.inf
 MIN_LEAF_SECONDS = 1e-9  # a coarse or virtual clock may time a fast leaf at 0 s: later ratios divide by it
+PROBE_SOON = 16  # frames after which a step relearned from stalls in a row is re-probed (doubling while as slow)
 AUDIT_SAMPLES = 8  # a profile's first measurements here, whose median ratio decides whether it is kept
 PROFILE_TOLERANCE = 10.0  # a profile off by more than this factor (either way) is dropped, not slowly unlearned
 
@@ -190,33 +168,15 @@ def _warn_doubtful(doubtful: dict[int, float], base: Sequence[float], name: str,
     )  # fmt: skip
 
 
-class _RecentQuantile:
-    """The ``q`` quantile (nearest rank) of the last ``window`` values pushed: a ring and a sorted copy, so a push is
-    a bisect, not a sort (a run's entry and exit times, :class:`_BatchModel`)."""
-
-    __slots__ = ("q", "window", "ring", "sorted")
-
-    def __init__(self, q: float, window: int) -> None:
-        self.q, self.window = q, window
-        self.ring: deque[float] = deque()
-        self.sorted: list[float] = []
-
-    def push(self, value: float) -> float:
-        """Add ``value`` (the oldest leaves a full window); return the quantile."""
-        ring, srt = self.ring, self.sorted
-        if len(ring) == self.window:
-            del srt[bisect.bisect_left(srt, ring.popleft())]
-        ring.append(value)
-        bisect.insort(srt, value)
-        return srt[min(len(srt) - 1, math.ceil(self.q * len(srt)) - 1)]
-
-
 class _BatchModel:
     """Predictions and online updates for one batch size. Hot path: ``observe`` (a few us) and ``pred``.
 
-    The ratio window is a ring (for eviction) plus a sorted list (bisect), so the
-    quantile is an index lookup instead of a numpy call per observation.
-    ``pred`` is updated in place (the scheduler holds a reference to it).
+    ``steady[i]``: step ``i``'s steady cost at full speed (``speed.slow == 1``), the lower quartile of its calls that
+    were not stalls (the speed is the pooled ratios' lower quartile: the same statistic, so the two never drift
+    apart); ``base[i] = steady * slow * mid``: its median at the current speed (what the scheduler adds up and
+    ``choose`` compares by). ``base`` and ``pred`` are updated in place (the session and the scheduler hold
+    references to them): ``pred = steady * slow * noise + allowance``.
+    The speed, the noise and the stalls are the cost model's, shared by every batch size (:mod:`.stalls`).
     """
 
     def __init__(
@@ -230,257 +190,275 @@ class _BatchModel:
         n = len(macs)
         self.n = n
         self.cm = cm
-        # a profile's first AUDIT_SAMPLES measurements here decide whether it describes this machine at all
+        self.speed, self.stalls = cm.speed, cm.stalls
+        # a profile's first AUDIT_SAMPLES measurements here decide whether it describes this machine at all; until
+        # then they wait (the profile predicts), then they are learned in order
         self.audit: list[tuple[int, float, float]] | None = [] if base is not None else None
         self.macs = [float(m) for m in macs]
-        self.path = cm.path if cm.path is not None else tuple(range(n))  # the steps whose sum is the whole tree
         self.known = [base is not None] * n
         self.unknown = [] if base is not None else list(range(n))  # predicted from MACs until observed
-        self.base = list(base) if base is not None else [0.0] * n
+        self.steady = list(base) if base is not None else [0.0] * n
+        self.base = list(self.steady)  # (times the speed: set by _refresh)
         self.q = cm.quantile
+        self.miss_rate = 1.0 - cm.quantile  # what the stall allowance is sized to
         self.alpha = cm.alpha
-        self.min_samples = cm.min_samples
-        self.cold_margin = cm.cold_margin
-        self.max_ratio = cm.max_ratio
-        self.window = cm.window
-        self.tail_window = cm.tail_window
-        self.ring: list[float] = []
-        self.sorted: list[float] = []
-        self.count = 0
         self.pred: list[float] = [math.inf] * n
-        self.scale = 1.0
-        self.seen_t = 0.0  # sum of base over known leaves, and their MACs: seconds per MAC for unknown leaves
+        self.seen_t = 0.0  # sum of base over known steps, and their MACs: seconds per MAC for unknown steps
         self.seen_m = 0.0
-        # each leaf's own recent times (each capped at max_ratio x its base), and their max: its observed tail
-        self.times: list[deque[float]] = [deque() for _ in range(n)]
-        self.tail = [math.inf] * n
-        self.anchor = [self.base[0]] * n  # leaf 0's base when leaf i was last observed
-        self.frames = 0  # observations of leaf 0 (one per frame), and that count when leaf i was last observed
+        self.times: list[deque[float]] = [deque(maxlen=cm.tail_window) for _ in range(n)]  # each step's own times
+        self.slow_runs: list[list[tuple]] = [[] for _ in range(n)]  # its stalls in a row: (time, size, serial)
+        self.relearned = [False] * n  # its base was learned here in place of a profile entry
+        self.unconfirmed: dict[int, str] = {}  # a relearned entry's warning, said once its next call confirms it
+        self.frames = 0  # observations of step 0 (one per frame), and that count when step i was last observed
         self.seen = [0] * n
         self.probe_after = cm.probe_after
+        self.probe_in = [cm.probe_after] * n  # frames without a run after which step i is re-probed
         self.probing = [False] * n
         # a profile's entries as loaded (what the audit compares with) and those not yet measured here (each is
         # checked against its first measurement: _check_entry, whose warnings wait for the audit's verdict)
-        self.loaded = list(self.base)
+        self.loaded = list(self.steady)
         self.unchecked: list[bool] | None = [True] * n if base is not None else None
         self.entry_warnings: list[str] = []
         self.peers = [[j for j in range(n) if j != i and self.macs[j] == self.macs[i]] for i in range(n)]
-        self.b0_ref = self.base[0]  # leaf 0's base at the last full refresh
-        self.full = _INF  # the whole tree's median cost (sum of the bases), once every leaf is known
         # a run()'s own work before its first step (input check, the image's upload) and after its last one (that
-        # step's update here, the wrap-up): in the budget, in no step; their predicted quantiles (seconds; 0 until observed)
+        # step's update here, the wrap-up): in the budget, in no step; their steady quantiles (seconds; 0 until observed)
         self.entry = self.exit = 0.0
-        self.entries, self.exits = _RecentQuantile(self.q, self.window), _RecentQuantile(self.q, self.window)
-        # the max of n samples estimates about the 1 - 1/n quantile: it bounds a q-quantile prediction
-        # only from 1 / (1 - q) samples on (100 for 0.99); fewer would under-predict rarely run leaves
-        self.tail_min = max(self.min_samples, math.ceil(1 / (1 - self.q)) if self.q < 1 else 10**9)
-        for r in list(seed_ratios)[-cm.window :]:
-            self._push(min(float(r), self.max_ratio))
+        self.entries, self.exits = SteadyWindow(self.q, cm.window, self.stalls), SteadyWindow(self.q, cm.window, self.stalls)
+        if seed_ratios and not cm.seeded:
+            cm.seeded = True
+            self.speed.seed(list(seed_ratios)[-cm.window :])
         for i, ts in enumerate(seed_times or ()):
-            self.times[i].extend(min(float(t), self.max_ratio * self.base[i]) for t in list(ts)[-self.tail_window :])
-            if len(self.times[i]) >= self.tail_min:
-                self.tail[i] = max(self.times[i])
+            self.times[i].extend(float(t) for t in ts)
+        self._synced = (-1, -1)
+        self._refreshed_at = -math.inf
         self._refresh()
 
-    def _push(self, ratio: float) -> None:
-        ring, srt = self.ring, self.sorted
-        if len(ring) == self.window:
-            old = ring[self.count % self.window]
-            del srt[bisect.bisect_left(srt, old)]
-            ring[self.count % self.window] = ratio
-        else:
-            ring.append(ratio)
-        bisect.insort(srt, ratio)
-        self.count += 1
-
-    def _quantile(self) -> float:
-        srt = self.sorted
-        if not srt:
-            return 1.0
-        scale = srt[min(len(srt) - 1, math.ceil(self.q * len(srt)) - 1)]  # nearest rank
-        return max(scale, self.cold_margin) if self.count < self.min_samples else scale
-
+    # -- the run's own work ------------------------------------------------------------------------------------
     def observe_entry(self, seconds: float) -> None:
         """A run()'s time from its call to its first step (input check, upload): :attr:`entry` becomes the
-        ``quantile`` of the last ``window`` of them (nearest rank). The forced first step is judged with it:
-        on a GPU the upload is a synchronous copy of ~0.05 ms, as much as a budget near the first leaf has
-        to spare (measured in virtual-clock replays: 2% misses at 0.05 ms when ignored)."""
+        ``quantile`` of the recent ones that were not stalls. The forced first step is judged with it: on a GPU the
+        upload is a synchronous copy of ~0.05 ms, as much as a budget near the first leaf has to spare (measured in
+        virtual-clock replays: 2% misses at 0.05 ms when ignored)."""
         self.entry = self.entries.push(seconds)
 
     def observe_exit(self, seconds: float) -> None:
         """A run()'s time from the end of its last step to its end (that step's :meth:`observe`, the session's
-        wrap-up): :attr:`exit` becomes the ``quantile`` of the last ``window`` of them. Every start decision leaves
-        room for it (the step started may be the frame's last)."""
+        wrap-up): :attr:`exit` becomes the steady quantile of them. Every start decision leaves room for it (the
+        step started may be the frame's last)."""
         self.exit = self.exits.push(seconds)
 
+    # -- a step's time -----------------------------------------------------------------------------------------
     def observe(self, leaf: int, seconds: float) -> None:
-        base = self.base[leaf]
-        if self.audit is not None and self._audit(leaf, seconds):
-            return  # the profile was dropped and these measurements learned afresh
+        if self.audit is not None:
+            self._audit(leaf, seconds)
+            return
         if self.unchecked is not None and self.unchecked[leaf]:
-            self._check_entry(leaf, seconds)  # an entry 10x off is learned afresh below, as a first observation
-        if self.known[leaf] and not self.probing[leaf]:  # the hot path
-            ratio = seconds / base
-            if ratio > self.max_ratio:
-                ratio = self.max_ratio
-                seconds = ratio * base
-            # bounded influence: one observation moves the base by at most alpha x base
-            delta = self.alpha * base * ((ratio if ratio < 2.0 else 2.0) - 1.0)
-            self.base[leaf] = base = base + delta
-            self.seen_t += delta
-        elif not self.known[leaf]:
+            self._check_entry(leaf, seconds)  # an entry 10x above is learned afresh below, as a first observation
+        seconds = max(seconds, MIN_LEAF_SECONDS)
+        speed = self.speed
+        slow = speed.slow
+        if not self.known[leaf]:  # its first measurement: learned at once
             self.known[leaf] = True
             self.unknown.remove(leaf)
-            seconds = max(seconds, MIN_LEAF_SECONDS)
-            self.base[leaf] = base = seconds
-            self.seen_t += seconds
+            self.steady[leaf] = base = seconds / slow
+            self.seen_t += base
             self.seen_m += self.macs[leaf]
-            ratio = 1.0
-        else:  # a re-probe: learn the leaf afresh
+            self.stalls.work(seconds)
+        elif self.probing[leaf]:  # a re-probe: learned afresh, unless it is as slow as what it had learned
             self.probing[leaf] = False
-            seconds = max(min(seconds, self.max_ratio * base), MIN_LEAF_SECONDS)
-            ratio = seconds / base
-            self.seen_t += seconds - base
-            self.base[leaf] = base = seconds
-            self.times[leaf].clear()
-            self.tail[leaf] = math.inf
-        # the leaf's own tail: the max of its recent times, kept incrementally
-        ts = self.times[leaf]
-        top = self.tail[leaf]
-        if len(ts) == self.tail_window:
-            if ts.popleft() >= top:  # the max left the window (rare)
-                ts.append(seconds)
-                self.tail[leaf] = top = max(ts)
-            else:
-                ts.append(seconds)
-                if seconds > top:
-                    self.tail[leaf] = top = seconds
+            base, new = self.steady[leaf], seconds / slow
+            if new * STALL_RATIO < base:  # its base was stalls (or a slow spell of its own)
+                self.steady[leaf] = new
+                self.seen_t += new - base
+                self.times[leaf].clear()
+                self.probe_in[leaf] = self.probe_after
+            else:  # it is that slow: probed again after twice as long
+                self.probe_in[leaf] = min(2 * self.probe_in[leaf], self.probe_after)
+            self.stalls.work(seconds)
         else:
-            ts.append(seconds)
-            if top == _INF:
-                if len(ts) >= self.tail_min:
-                    self.tail[leaf] = top = max(ts)
-            elif seconds > top:
-                self.tail[leaf] = top = seconds
-        self.anchor[leaf] = self.base[0]
-        self._push(ratio)
-        scale = self._quantile()
+            base = self.steady[leaf]
+            u, stalled = speed.split(seconds, base)
+            runs = self.slow_runs[leaf]
+            if stalled:
+                runs.append((seconds / slow, seconds - base * slow, speed.serial))
+                shared = runs[-1][2] - runs[0][2] >= len(runs)  # other steps stalled since this run of them began
+                need = speed.improbable_run(base * slow, shared)
+                if len(runs) >= need:
+                    last = runs[-need:]
+                    times = sorted(t for t, _, _ in last)
+                    if times[-1] <= 1.5 * times[0] and speed.steady():  # as slow each time: its cost, not stalls
+                        self._relearn(leaf, times[len(times) // 2], [z for _, z, _ in last], need)
+                    del runs[: len(runs) - need + 1]
+            elif u * STALL_RATIO < 1.0 and speed.steady():  # far faster than its base, alone: a stall only adds
+                runs.clear()  # time, so its base was wrong (learned from stalls in a row that were not its cost)
+                self.seen_t += seconds / slow - base
+                self.steady[leaf] = seconds / slow
+                self.unconfirmed.pop(leaf, None)
+            else:
+                if runs:
+                    runs.clear()
+                if self.unconfirmed:  # its relearned cost held on its next call: now it is worth saying
+                    message = self.unconfirmed.pop(leaf, None)
+                    if message is not None:
+                        self.entry_warnings.append(message)
+                        self._flush_entry_warnings()
+                # its lower quartile, tracked (Robbins-Monro): down 3/4 alpha below it, up 1/4 alpha above - bounded
+                # influence (one observation moves it by 3.75 % at most) and no drift against the speed's quartile
+                if abs(u - 1.0) > 1e-9:  # (a tie moves nothing: a deterministic cost stays exact)
+                    delta = self.alpha * base * (-0.75 if u < 1.0 else 0.25)
+                    self.steady[leaf] = base + delta
+                    self.seen_t += delta
+        self.times[leaf].append(seconds)
         if leaf == 0:
             self.frames += 1
-            moved = abs(base - self.b0_ref) > 0.005 * self.b0_ref  # leaf 0 moved every other leaf's prediction
-            if moved or not self.frames % 16:  # and every 16 frames: look for leaves to re-probe
+            if not self.frames % 16:  # every 16 frames: look for steps to re-probe
                 self.seen[0] = self.frames
                 self._refresh()
                 return
         self.seen[leaf] = self.frames
-        if self.full == _INF or abs(scale - self.scale) > 0.005 * self.scale:  # re-predict every leaf
-            self._refresh()
-        else:  # only this leaf changed (its anchor is leaf 0's base now: no factor)
-            p = min(base * self.scale, top, self.full + base)
-            self.pred[leaf] = p
-            if self.unknown:  # steps never run yet (a mixed runner's alternatives): seconds per MAC moved
-                per_mac = self.seen_t / self.seen_m
-                for i in self.unknown:
-                    self.pred[i] = self.macs[i] * per_mac * self.scale
+        if not self.sync():  # nothing shared moved: only this step's prediction did (and, early on, the unknown
+            if self.unknown:  # steps', predicted at the known ones' seconds per MAC)
+                self._refresh()
+            else:
+                self.base[leaf] = self.steady[leaf] * self.speed.slow * self.speed.mid
+                self.pred[leaf] = self._predict(leaf, self._rate)
+
+    def _relearn(self, leaf: int, seconds: float, sizes: list[float], runs: int) -> None:
+        """Step ``leaf`` took about ``seconds`` (at full speed) in ``runs`` calls in a row, each a stall by its base:
+        improbable as stalls at the rate they strike every step (:meth:`~.stalls.Speed.improbable_run`), so its cost.
+        Those stalls are forgotten; a profile's entry replaced so is said (as :meth:`_check_entry` says a fast one)."""
+        base = self.steady[leaf]
+        self.steady[leaf] = seconds
+        self.seen_t += seconds - base
+        self.stalls.forget(sizes)
+        # stalls in a row that only looked like its cost (a burst's first ones) would keep it from ever running
+        # again: kept from running, it is re-probed soon (16 frames), then after twice as long each time it is as slow
+        self.probe_in[leaf] = min(PROBE_SOON, self.probe_after)
+        if self.cm.profile is not None and not self.relearned[leaf]:
+            entry = self.loaded[leaf]
+            name = self.cm.profile.label
+            self.unconfirmed[leaf] = (  # said once the step's next call confirms it (not a burst's first stalls)
+                f"{name}: step {leaf} measured {seconds * self.speed.slow * 1e3:.3g} ms here "
+                f"{runs} times in a row, {seconds / entry:.3g} times slower than its entry ({entry * 1e3:.3g} ms); "
+                "learns it from measurements (run `hne-edge profile` again on this machine)"
+            )  # fmt: skip
+        self.relearned[leaf] = True
 
     def _check_entry(self, leaf: int, seconds: float) -> None:
-        """The first measurement here of a profile's step: an entry more than PROFILE_TOLERANCE times off it is
-        forgotten (the step becomes unknown, so :meth:`observe` learns it from this measurement), with a warning."""
+        """The first measurement here of a profile's step: an entry more than PROFILE_TOLERANCE times above it (a
+        stall only adds time: a measurement far *faster* is proof) is forgotten - the step becomes unknown, so
+        :meth:`observe` learns it from this measurement - with a warning. A measurement far slower is a stall until
+        the step's next runs say otherwise (:meth:`_relearn`): a right entry whose first run met a 40 ms stall was
+        learned at 41 ms, and budgets stopped frames before it until a re-probe."""
         self.unchecked[leaf] = False
         if not any(self.unchecked):
             self.unchecked = None  # every entry measured: off the hot path
-        entry = self.base[leaf]
+        entry = self.steady[leaf] * self.speed.slow
         ratio = max(seconds, MIN_LEAF_SECONDS) / entry
-        if 1 / PROFILE_TOLERANCE <= ratio <= PROFILE_TOLERANCE:
+        if ratio >= 1 / PROFILE_TOLERANCE:
             return
         self.known[leaf], self.probing[leaf] = False, False
         self.unknown.append(leaf)
+        self.seen_t -= self.steady[leaf] if self.seen_m > 0 else 0.0
         self.times[leaf].clear()  # the profile's samples of it too
-        self.tail[leaf] = math.inf
-        self.full = _INF  # every prediction is refreshed with the new base
-        if leaf == 0:  # the other steps' anchors were leaf 0's wrong entry: they follow its measurement from now
-            self.anchor[:] = [max(seconds, MIN_LEAF_SECONDS)] * self.n
+        self.relearned[leaf] = True
         name = self.cm.profile.label if self.cm.profile is not None else "the profile"
         self.entry_warnings.append(
-            f"{name}: step {leaf} measured {seconds * 1e3:.3g} ms here, {max(ratio, 1 / ratio):.3g} times "
-            f"{'slower' if ratio > 1 else 'faster'} than its entry ({entry * 1e3:.3g} ms); learns it from measurements "
+            f"{name}: step {leaf} measured {seconds * 1e3:.3g} ms here, {1 / ratio:.3g} times "
+            f"faster than its entry ({entry * 1e3:.3g} ms); learns it from measurements "
             "(run `hne-edge profile` again on this machine)"
         )  # fmt: skip
-        if self.audit is None:  # else the audit says whether they matter: the whole profile may go instead
-            self._flush_entry_warnings()
+        self._flush_entry_warnings()
 
     def _flush_entry_warnings(self) -> None:
         for message in self.entry_warnings:
-            warnings.warn(message, stacklevel=4)
+            warnings.warn(message, stacklevel=5)
         self.entry_warnings.clear()
 
     def _peer_estimate(self, i: int) -> float:
         """What step ``i`` should cost by the others: the median base of the steps that add the same MACs, or, alone
         at its depth, its MACs at the median speed (seconds per MAC) of the other known steps; inf when neither."""
-        base, known = self.base, self.known
+        base, known = self.steady, self.known
         peers = sorted(base[j] for j in self.peers[i] if known[j])
         if peers:
             return peers[len(peers) // 2]
         speeds = sorted(base[j] / self.macs[j] for j in range(self.n) if j != i and known[j] and self.macs[j] > 0)
         return self.macs[i] * speeds[len(speeds) // 2] if speeds and self.macs[i] > 0 else _INF
 
-    def _audit(self, leaf: int, seconds: float) -> bool:
-        """Check the profile against the first measurements; drop it (True) when it is off by PROFILE_TOLERANCE.
+    def _audit(self, leaf: int, seconds: float) -> None:
+        """Check the profile against the first measurements; drop it when it is off by PROFILE_TOLERANCE.
 
         One observation moves a base by at most ``alpha`` (5%), so a profile off by a factor of 1e300
         would take thousands of frames to unlearn, each one missing its budget. The median of the first
         AUDIT_SAMPLES ratios (robust to a stall or two) is compared instead; within the tolerance the
-        profile stays and the usual bounded learning takes over.
+        profile stays and the measurements are learned as usual, in order.
         """
         audit = self.audit
-        audit.append((leaf, seconds, max(seconds, MIN_LEAF_SECONDS) / self.loaded[leaf]))  # vs the profile as loaded
+        audit.append((leaf, seconds, max(seconds, MIN_LEAF_SECONDS) / (self.loaded[leaf] * self.speed.slow)))
         if len(audit) < AUDIT_SAMPLES:
-            return False
+            return
         self.audit = None
         ratio = sorted(r for _, _, r in audit)[len(audit) // 2]
-        if 1 / PROFILE_TOLERANCE <= ratio <= PROFILE_TOLERANCE:
-            self._flush_entry_warnings()  # the profile stays: the entries found off on their own are worth saying
-            return False
-        pred = self.pred  # the scheduler holds this list: keep it, refill it
-        self.__init__(self.macs, None, (), self.cm)
-        pred[:] = self.pred
-        self.pred = pred
+        if not 1 / PROFILE_TOLERANCE <= ratio <= PROFILE_TOLERANCE:
+            pred, base = self.pred, self.base  # the session and the scheduler hold these lists: keep them, refill them
+            self.__init__(self.macs, None, (), self.cm)
+            pred[:], base[:] = self.pred, self.base
+            self.pred, self.base = pred, base
+            name = self.cm.profile.label if self.cm.profile is not None else "the profile"
+            warnings.warn(
+                f"{name} predicts {max(ratio, 1 / ratio):.3g} times {'faster' if ratio > 1 else 'slower'} "
+                f"than the first {len(audit)} measurements here; dropped it and learns from measurements (run "
+                "`hne-edge profile` again on this machine)", stacklevel=3,
+            )  # fmt: skip
         for i, t, _ in audit:
             self.observe(i, t)
-        name = self.cm.profile.label if self.cm.profile is not None else "the profile"
-        warnings.warn(
-            f"{name} predicts {max(ratio, 1 / ratio):.3g} times {'faster' if ratio > 1 else 'slower'} than "
-            f"the first {len(audit)} measurements here; dropped it and learns from measurements (run `hne-edge profile` "
-            "again on this machine)", stacklevel=2,
-        )  # fmt: skip
+
+    # -- predictions --------------------------------------------------------------------------------------------
+    def _predict(self, i: int, rate: float) -> float:
+        """Step ``i``'s prediction: its steady cost at the current speed times the noise, plus the stall allowance."""
+        steady = (self.steady[i] if self.known[i] else self.macs[i] * self._per_mac) * self.speed.slow
+        if not steady < _INF:
+            return _INF
+        return steady * self.speed.noise + (self.stalls.allowance_at(rate, steady, self.miss_rate) if rate else 0.0)
+
+    def sync(self) -> bool:
+        """Refresh every prediction if the shared speed, noise or stalls moved since they were made (and, while
+        stalls are not isolated, every ``HORIZON_S / 16`` of the clock: their rate decays); True if it did."""
+        key = (self.speed.version, self.stalls.version)
+        if key == self._synced:
+            if self.stalls.settled() and not self._rate:  # quiet, and so were the predictions
+                return False
+            now = self.stalls.clock()
+            if now - self._refreshed_at < self.stalls.horizon_s / 16:
+                return False
+        self._refresh()
         return True
 
     def _refresh(self) -> None:
-        scale = self.scale = self._quantile()
-        base, tail, anchor, known, seen = self.base, self.tail, self.anchor, self.known, self.seen
-        self.b0_ref = b0 = base[0]
-        self.full = full = sum(base[i] for i in self.path) if all(known[i] for i in self.path) else _INF
-        per_mac = self.seen_t / self.seen_m if self.seen_m > 0 else math.inf
-        pred, stale = self.pred, self.frames - self.probe_after
+        stalls, speed = self.stalls, self.speed
+        self._synced = (speed.version, stalls.version)
+        self._refreshed_at = stalls.clock()
+        self._rate = rate = stalls.rate()
+        self._per_mac = self.seen_t / self.seen_m if self.seen_m > 0 else math.inf
+        slow = speed.slow
+        base, known, seen, pred = self.steady, self.known, self.seen, self.pred
+        now, mid = self.base, speed.mid
         for i in range(self.n):
-            if not known[i]:
-                pred[i] = self.macs[i] * per_mac * scale
-                continue
-            p = min(base[i] * scale, tail[i], full + base[i])
-            if seen[i] < stale and self.unchecked is not None and self.unchecked[i]:
-                estimate = self._peer_estimate(i)  # kept from running for long, never measured here, and its
-                if base[i] > 2 * estimate:  # entry says far more than its peers: re-probe at what they say
-                    p = min(p, estimate)
-                    self.probing[i] = True
-            elif seen[i] < stale and self.times[i]:
-                fastest = min(self.times[i])
-                if base[i] > 2 * fastest:  # untested for long, and it learned a slow spell: re-probe at its best
-                    p = min(p, fastest)
-                    self.probing[i] = True
-            if i and anchor[i] > 0 and b0 > 0:  # untested since: follow leaf 0, which every frame runs,
-                drift = b0 / anchor[i]  # when it moved by more than its own noise (within, it would only
-                if not 0.8 <= drift <= 1.25:  # start rarely run leaves when leaf 0 happened to be fast)
-                    p *= drift
+            now[i] = base[i] * slow * mid
+        frames, probe_in = self.frames, self.probe_in
+        for i in range(self.n):
+            p = self._predict(i, rate)
+            if known[i] and seen[i] < frames - probe_in[i]:
+                if self.unchecked is not None and self.unchecked[i]:
+                    estimate = self._peer_estimate(i)  # kept from running for long, never measured here, and its
+                    if base[i] > 2 * estimate:  # entry says far more than its peers: re-probe at what they say
+                        p = min(p, estimate * slow)
+                        self.probing[i] = True
+                elif self.times[i]:
+                    fastest = min(self.times[i])
+                    if base[i] * slow > 2 * fastest:  # untested for long, and it learned a slow spell: re-probe at its best
+                        p = min(p, fastest)
+                        self.probing[i] = True
             pred[i] = p
 
 
@@ -491,15 +469,17 @@ class CostModel:
         step_macs: MACs each step adds (per sample), from the manifest (for plans "segments" and "nodes":
             each leaf's).
         profile: a matching saved :class:`Profile`, or None.
-        quantile: ratio quantile used for predictions (see the module docstring).
-        window: how many recent observations the quantile looks at.
-        alpha: EWMA weight of one observation in a leaf's base (median) estimate.
-        max_ratio: the most one observation may claim, as a multiple of its leaf's base
-            (a pre-emption stall is a risk, not a cost: see the module docstring).
-        tail_window: how many of a leaf's own recent times bound its prediction.
+        quantile: the noise quantile predictions fit, and ``1 - quantile`` the miss rate the stall allowance is
+            sized to (see the module docstring).
+        window: how many recent non-stall observations the noise is the quantile of.
+        alpha: EWMA weight of one observation in a step's steady cost.
+        min_samples, cold_margin: until ``min_samples`` observations the noise is at least ``cold_margin``.
+        tail_window: how many of a step's own recent times are kept (its fastest: the re-probe; its p90: whether
+            a miss was forced).
         probe_after: frames after which a leaf the budget kept from running is re-probed.
         path: the steps that make up the whole tree once (default: every step); a mixed runner's
             bigger steps are alternatives to some of them.
+        clock: the clock the stall rate decays by (the backend's).
     """
 
     def __init__(
@@ -511,15 +491,15 @@ class CostModel:
         alpha: float = 0.05,
         min_samples: int = 8,
         cold_margin: float = 1.5,
-        max_ratio: float = 16.0,
         tail_window: int = 256,
         probe_after: int = 500,
         path: Sequence[int] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if not 0.5 <= quantile <= 1.0:
-            raise InputError(f"quantile must be in [0.5, 1]; received {quantile!r}")
-        if not max_ratio >= cold_margin:
-            raise InputError(f"max_ratio must be >= cold_margin ({cold_margin}); received {max_ratio!r}")
+        if not 0.5 <= quantile < 1.0:
+            raise InputError(f"quantile must be in [0.5, 1); received {quantile!r}")
+        if not 1.0 <= cold_margin <= STALL_RATIO:
+            raise InputError(f"cold_margin must be in [1, {STALL_RATIO:g}]; received {cold_margin!r}")
         self.step_macs = list(step_macs)
         self.path = None if path is None else tuple(path)
         self.profile = profile
@@ -528,15 +508,19 @@ class CostModel:
         self.alpha = alpha
         self.min_samples = min_samples
         self.cold_margin = cold_margin
-        self.max_ratio = max_ratio
         self.tail_window = tail_window
         self.probe_after = probe_after
+        self.stalls = Stalls(clock)
+        self.speed = Speed(quantile, self.stalls, min_samples, cold_margin, window)
+        self.seeded = False  # the noise seeded from a profile's samples (once, by the first batch size built)
         self._models: dict[int, _BatchModel] = {}
 
     def for_batch(self, batch: int) -> _BatchModel:
         model = self._models.get(batch)
         if model is None:
             model = self._models[batch] = self._new_model(batch)
+        else:
+            model.sync()
         return model
 
     def predict(self, batch: int) -> list[float]:
@@ -550,23 +534,28 @@ class CostModel:
         return self.for_batch(batch).pred[step]
 
     def median_step(self, step: int, batch: int) -> float:
-        """Step ``step``'s current median estimate at ``batch`` (seconds; 0 while unmeasured): what speeds are
-        compared by."""
+        """Step ``step``'s current steady cost at ``batch`` (seconds, at the machine's current speed; 0 while
+        unmeasured): what speeds are compared by."""
         model = self.for_batch(batch)
-        return model.base[step] if model.known[step] else 0.0
+        return model.base[step] * self.speed.slow if model.known[step] else 0.0
 
     def _new_model(self, batch: int) -> _BatchModel:
         at = profile_at_batch(self.profile, batch)
         if at is None or len(at[0]) != len(self.step_macs):
             return _BatchModel(self.step_macs, None, (), self)
         base, nearest = at
-        base = [max(b, MIN_LEAF_SECONDS) for b in base]  # medians of 1e-320 ms underflow to 0 s
-        seeds = []
         leaves = self.profile.batches[nearest]["leaves"]
+        # the steady cost is a lower quartile (see _BatchModel): each entry's median times its samples' quartile over
+        # their median (1 without samples); the noise seeds are the samples over that quartile
+        # (within [0.5, 1]: an entry whose samples disagree with its median is the peers' check's to judge, below)
+        low = [min(1.0, max(0.5, _lower_quartile(leaf.get("samples_ms", ()), leaf["median_ms"]) / leaf["median_ms"]))
+               for leaf in leaves]  # fmt: skip
+        base = [max(b * f, MIN_LEAF_SECONDS) for b, f in zip(base, low)]  # medians of 1e-320 ms underflow to 0 s
+        seeds = []
         reps = min(len(leaf.get("samples_ms", ())) for leaf in leaves)
-        for r in range(reps):  # interleave leaves so the window's tail keeps every leaf
-            for leaf in leaves:
-                seeds.append(leaf["samples_ms"][r] / leaf["median_ms"])
+        for r in range(reps):  # interleave leaves so the window keeps every leaf
+            for leaf, f in zip(leaves, low):
+                seeds.append(leaf["samples_ms"][r] / (leaf["median_ms"] * f))
         scale = [b / (leaf["median_ms"] / 1e3) for b, leaf in zip(base, leaves)]  # samples at this batch size
         times = [[t / 1e3 * k for t in leaf.get("samples_ms", ())] for leaf, k in zip(leaves, scale)]
         doubtful = entries_unlike_their_peers(base, self.step_macs)
@@ -576,6 +565,13 @@ class CostModel:
             times = [[] if i in doubtful else ts for i, ts in enumerate(times)]
             seeds = [r for k, r in enumerate(seeds) if k % len(leaves) not in doubtful]
         return _BatchModel(self.step_macs, base, seeds, self, times)
+
+
+def _lower_quartile(samples: Sequence[float], default: float) -> float:
+    """The lower quartile of a profile entry's samples (``default``, its median, with fewer than 4 or a zero)."""
+    srt = sorted(samples)
+    q = srt[(len(srt) - 1) // 4] if len(srt) >= 4 else default
+    return q if q > 0 else default
 
 
 def profile_at_batch(profile: Profile | None, batch: int) -> tuple[list[float], int] | None:

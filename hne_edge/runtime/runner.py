@@ -288,7 +288,7 @@ class AnytimeRunner:
         )
 
     def _cost_model(self, profile: Profile | None) -> CostModel:
-        return CostModel(self.step_macs, profile, quantile=self.quantile, path=self._program.path)
+        return CostModel(self.step_macs, profile, quantile=self.quantile, path=self._program.path, clock=self.backend.clock)
 
     @property
     def first_leaf_file(self) -> str | None:

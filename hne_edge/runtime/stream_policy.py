@@ -13,11 +13,12 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
 1. *Admission.* A frame is admitted when its first leaf, and the first leaf of every admitted frame still
    waiting for one that would meet its deadline without it, end by their deadlines in earliest-deadline-first
    (EDF) order from when the device is next free (the running call's median end - or, past it, as far past it
-   again - its margin carried) and the late first leaves queued have run (they go first, see 3). The margin is
-   at least what the scheduler learned its first leaves run over the end it planned for them at the medians
-   (its quantile over the last 256; the worker measures it): one call's stall is not all a queue meets. That room falls gradually, never at once
-   (``OVERRUN_RELEASE_S``), and until 1 / (1 - quantile) first leaves have measured it, admission plans each
-   call at its prediction instead of its median (:mod:`.streams`). A frame
+   again - its margin carried) and the late first leaves queued have run (they go first, see 3). Every call is
+   planned at its steady cost (the cost model's median at the machine's current speed) and the queue carries
+   one margin: the largest of its calls' noise plus the stall allowance, which the runner's stall model sizes
+   to the miss rate promised from how often and how long stalls strike lately (:mod:`.stalls`; 0 while stalls
+   are isolated). A stall is an event, not a cost: it raises no median, so admission is as before from the
+   frame after an isolated stall, and a burst's allowance ends with the burst. A frame
    refused so, when no first leaf is waiting (they do not saturate the device) and it can still make it at
    the medians (:func:`late_fits`), is run late, flagged (``late=True``), before any refinement: rejected it
    is worth nothing for sure (a loaded machine's quantile can be 8x the median: bench_streams at 2 threads).

@@ -27,7 +27,6 @@ as for :meth:`AnytimeRunner.run`; ``budget_ms`` counts from the ``submit`` call.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import os
@@ -41,14 +40,15 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from ..errors import HNEError, InputError
-from .cost_model import PROFILE_TOLERANCE, profile_at_batch
+from .cost_model import profile_at_batch
 from .inputs import check_input
 from .program import Program
 from .result import AnytimeResult
 from .runner import AnytimeRunner
 from .session import RunnerClosedError, check_count, check_stop_at, step_together
-from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy,
-                            first_leaf_end, gain_curve, late_end, read_accuracy)  # fmt: skip
+from .stalls import SteadyWindow
+from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy, gain_curve,
+                            late_end, read_accuracy)  # fmt: skip
 
 __all__ = [
     "StreamScheduler",
@@ -69,10 +69,8 @@ INF = math.inf
 #: why a frame's evaluation stopped
 STOP_REASONS = ("complete", "deadline", "cancelled", "rejected")
 LATE = ("reject", "run")
-OVERHEAD_WINDOW = 128  # the worker's recent per-call times the plan's overhead is the quantile of
-OVERRUN_WINDOW = 256  # the recent first leaves whose overruns admission keeps room for ...
-OVERRUN_HORIZON_S = 1.0  # ... those that ended in the last second
-OVERRUN_RELEASE_S = 0.5  # where they say less, the room falls by a factor e every this many seconds
+LAG_WINDOW = 128  # the scheduler's own recent lags (its time per call, its hand-outs, its watcher's wake-ups) kept
+LAG_STALL_S = 2e-4  # a lag is a stall (the shared stall model's) only when this much over its median, as well
 GUARD_MS = 1.0  # see StreamScheduler's guard_ms
 MAX_GUARD_MS = 1000.0
 MAX_WAIT_S = 60.0  # the deadline watcher looks again at least this often: a far deadline is a long wait, not a
@@ -174,69 +172,9 @@ class FrameHandle(Future):
         return f"<FrameHandle stream={self.stream!r} frame={self.frame} {'done' if self.done() else 'pending'}>"
 
 
-class _AtLoad:
-    """A batch size's cost model as the policy reads it, its predictions no lower than its medians at the load the
-    smallest batch sees plus the stall that batch's calls meet: the cost model learns each batch size's tail from
-    that size's own calls, and a stacked size the scheduler runs now and then has too few of them to follow the
-    machine's load (its predictions stay at the profile's quiet-machine tail while the single-frame calls slow
-    down). See :class:`_Floor`."""
-
-    __slots__ = ("base", "known", "pred")
-
-    def __init__(self, model: Any, reference: Any) -> None:
-        self.base, self.known = model.base, model.known
-        self.pred = _Floor(model, reference)
-
-
-class _AtPrediction:
-    """A cost model whose medians are its predictions: how admission plans a queue of first leaves before the
-    scheduler has measured how far such a queue runs over its medians (see ``StreamScheduler._overrun``). Planned
-    at the medians with no room learned, an overload's first 10 ms admitted 57 first leaves; the first stacked
-    calls ran at 2-4x their predictions, each submit planning that queue held the interpreter from the worker
-    0.5-1 ms, its one-row calls took 10-30 ms, and every queued frame missed (bench_streams at 300 fps: 20-57
-    misses in the first 100 ms; planned at the predictions, 10-23 in three runs)."""
-
-    __slots__ = ("base", "known", "pred")
-
-    def __init__(self, model: Any) -> None:
-        self.base = self.pred = model.pred
-        self.known = model.known
-
-
-class _Floor:
-    """Step ``j`` of a stacked size at no less than its profiled median times the load the smallest batch's median shows
-    (its learned median over its profiled one, within the profile's tolerance; the stacked size's own learned median
-    where that is more), plus that batch's margin (prediction minus median): a slower machine stretches every call,
-    a stall is added to whichever call it strikes. Scaling the stacked median by the smallest batch's tail ratio
-    instead took a stall for a slowdown: under an overload a 0.6 ms one-row call that met a 10 ms stall now and then
-    had a ratio at the cost model's cap (16), a 16-row first leaf of 7 ms was predicted at 116 ms, no stack of first
-    leaves could wait for its call, and the worker ran them one by one (bench_streams at 300 fps: 54 of 1,660 calls
-    stacked, the device busy 63%)."""
-
-    __slots__ = ("model", "reference")
-
-    def __init__(self, model: Any, reference: Any) -> None:
-        self.model, self.reference = model, reference
-
-    def __getitem__(self, j: int) -> float:
-        model, ref = self.model, self.reference
-        p = model.pred[j]
-        if not (model.known[j] and ref.known[j] and ref.pred[j] < INF):
-            return p
-        entry = ref.loaded[j]  # 0 without a profile: the load is unknown, each size's learned median stands
-        load = ref.base[j] / entry if entry > 0 else 1.0
-        if load > PROFILE_TOLERANCE:  # the cost model forgot that entry as wrong: it says nothing of the load
-            load = 1.0
-        floor = max(model.base[j], model.loaded[j] * load) + max(0.0, ref.pred[j] - ref.base[j])
-        return p if p >= floor else floor
-
-    def __len__(self) -> int:
-        return len(self.model.pred)
-
-
 class _Frame:
     __slots__ = ("key", "stream", "sid", "handle", "image", "rows", "submitted", "deadline", "budget_ms", "late",
-                 "session", "batched", "last_leaf", "cancelled", "running", "promised", "answered")  # fmt: skip
+                 "session", "batched", "last_leaf", "cancelled", "running", "answered")  # fmt: skip
 
     def __init__(self, key, stream, sid, handle, image, rows, submitted, deadline, budget_ms, late) -> None:
         self.key, self.stream, self.sid, self.handle, self.image, self.rows = key, stream, sid, handle, image, rows
@@ -246,7 +184,6 @@ class _Frame:
         self.last_leaf = INF
         self.cancelled = False
         self.running = False
-        self.promised = INF  # its first leaf's end at the medians as admission planned it
         self.answered = False  # answered at its deadline by the watcher (maybe while its step runs)
 
     @property
@@ -341,20 +278,18 @@ class StreamScheduler:
         self._count = 0
         self._cancel_all = False
         self._error: BaseException | None = None
-        self._gaps = _Window(OVERHEAD_WINDOW)  # the worker's own seconds per call (see _run)
+        # the scheduler's own lags, steady parts only: a stall among them is the runner's stall model's (one model
+        # for the device, the host and the scheduler: runtime/stalls.py), not a lag every plan would carry
+        stalls, q = runner.cost.stalls, runner.quantile
+        self._gaps = SteadyWindow(q, LAG_WINDOW, stalls, LAG_STALL_S)  # the worker's own seconds per call (see _run)
         self._overhead = (0.0, 0.0)  # their median and quantile
-        self._overruns = _Window(OVERRUN_WINDOW)  # first leaves' real end minus the end admission planned at the medians
-        self._room = (0.0, -INF)  # what admission last kept free beyond the medians, and when (see _overrun)
-        # until this many first leaves have measured the room, admission plans every call at its prediction
-        self._overruns_needed = math.ceil(1 / (1 - runner.quantile)) if runner.quantile < 1 else OVERRUN_WINDOW
-        self._overruns_seen = 0
         self._busy_margin = 0.0  # the running call's prediction beyond its median
         self._ready_at = self._clock()  # when the worker last became free to work (a step ended, or it woke)
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
         self.calls = 0  # step calls run
         self.stacked_calls = 0  # of which for several frames
-        self._answer_lateness = _Window(OVERHEAD_WINDOW)  # how late the watcher's answers came (see _watch)
-        self._handout = _Window(OVERHEAD_WINDOW)  # the worker's: from deciding to deliver to handed out (see _work)
+        self._answer_lateness = SteadyWindow(q, LAG_WINDOW, stalls, LAG_STALL_S)  # how late the watcher's answers came
+        self._handout = SteadyWindow(q, LAG_WINDOW, stalls, LAG_STALL_S)  # the worker's: from deciding to handed out
         self._sids: dict[Hashable, int] = {}  # each stream id's number (see _stream_id)
         self._callbacks = _Callbacks()
         self._worker = threading.Thread(target=self._work, name="hne-edge-streams", daemon=True)
@@ -399,7 +334,7 @@ class StreamScheduler:
             frame = _Frame(key, stream, sid, handle, image, rows, t0, stop_at, budget, False)
             waiting, ahead = [], []
             queued_rows, own_queued = rows, False
-            lag = self._lag(self._handout, t0)  # planned to end by the deadline less the hand-out
+            lag = self._lag(self._handout)  # planned to end by the deadline less the hand-out
             for f in self._frames.values():
                 if f.leaves == 0 and not f.running:
                     (ahead if f.late else waiting).append(Pending(f.key, f.deadline - lag, 0, f.rows, f.late))
@@ -408,19 +343,12 @@ class StreamScheduler:
             now = self._clock()
             running = self._busy_until > -INF
             start, me = self._free_at(now), Pending(key, stop_at - lag, 0, rows, False)
-            at_medians = (self._model, self.max_rows, self.batching, self._overhead)
-            learned = self._overruns_seen >= self._overruns_needed  # else no room yet: every call at its prediction
-            planned = at_medians if learned else (self._model_at_prediction, self.max_rows, self.batching, (self._overhead[1],) * 2)
             if own_queued and queued_rows > self.max_rows:  # one call's worth waits (stream_policy, 1): refused unplanned
                 promise = None
             else:
-                promise = admission(start, waiting, me, self._program, *planned,
-                                    max(self._busy_margin if running else 0.0, self._overrun()), ahead)  # fmt: skip
-            if promise is not None and not learned:  # planned at the predictions; its promise is at the medians
-                promise = first_leaf_end(start, waiting, me, self._program, *at_medians, ahead)
-            if promise is not None:
-                frame.promised = promise
-            else:
+                promise = admission(start, waiting, me, self._program, self._model, self.max_rows, self.batching,
+                                    self._overhead, self._busy_margin if running else 0.0, ahead)  # fmt: skip
+            if promise is None:
                 queued = [f._replace(late=True) for f in (*waiting, *ahead)]  # every first leaf not yet started
                 end = late_end(start, queued, me, self._program, self._model, self._overhead)
                 if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or end > me.deadline)):
@@ -492,9 +420,10 @@ class StreamScheduler:
         return sid
 
     def _model(self, rows: int) -> Any:
-        model = self.runner.cost.for_batch(rows)
-        lo = self.runner.input_spec.batch[0]
-        return model if rows == lo else _AtLoad(model, self.runner.cost.for_batch(lo))
+        """The cost model at ``rows``, as the policy reads it. Every batch size follows the machine's speed and
+        stalls together (the stall model is shared), so a stacked size the scheduler runs now and then needs no
+        view of its own."""
+        return self.runner.cost.for_batch(rows)
 
     def _free_at(self, now: float) -> float:
         """When the device is next free, as admission plans it: the running call's median end; for a call already past
@@ -503,9 +432,6 @@ class StreamScheduler:
         admitted one after another, and every one missed (bench_streams at 300 fps)."""
         due = self._busy_until
         return now if due == -INF else due if now <= due else now + (now - due)
-
-    def _model_at_prediction(self, rows: int) -> "_AtPrediction":
-        return _AtPrediction(self._model(rows))
 
     def _cancel(self, key: int) -> bool:
         with self._cond:
@@ -554,7 +480,7 @@ class StreamScheduler:
                         break
                     if self._frames and not out:  # results first: a callback never delays a step already planned
                         now = self._clock()
-                        lag = self._lag(self._handout, now)  # every answer must be handed out by then
+                        lag = self._lag(self._handout)  # every answer must be handed out by then
                         decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
                                           self._overhead)  # fmt: skip
@@ -567,20 +493,13 @@ class StreamScheduler:
                             for f in run[1]:
                                 f.running = True
                             self._busy_until = now + (decision.median if decision.median < INF else 0.0)
-                            if decision.median < INF:  # a step no waiting first leaf's plan held: planned now, so
-                                # it is no overrun of the first leaves it delays: a refinement delays them all, first
-                                # leaves admitted later (an earlier deadline, or on time before late ones) the earlier
-                                ahead_of = INF if all(f.leaves for f in run[1]) else min(f.key for f in run[1])
-                                for f in self._frames.values():
-                                    if not f.running and not f.leaves and f.key < ahead_of:
-                                        f.promised += decision.median
                             self._busy_margin = max(0.0, decision.seconds - decision.median) if decision.seconds < INF else 0.0
                 decided = [v.finished for _, v in out if isinstance(v, StreamResult)]
                 _hand_out(out)
                 if decided:  # how long after its decision an answer is in the caller's hands (callbacks included)
                     end = self._clock()
                     with self._cond:
-                        self._handout.add(end - min(decided), end)
+                        self._handout.push(end - min(decided))
                 if run is not None:
                     self._run(*run, out)
         except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
@@ -616,8 +535,8 @@ class StreamScheduler:
             self.stacked_calls += len(frames) > 1
             if error is None:
                 self.runner.cost.for_batch(sum(f.rows for f in frames)).observe(j, seconds)
-                self._gaps.add(gap)
-                self._overhead = (self._gaps.quantile(0.5), self._gaps.quantile(self.runner.quantile))
+                self._gaps.push(gap)
+                self._overhead = (self._gaps.median(), self._gaps.quantile())
             if any(not f.batched for f in frames):  # a first leaf: a deadline the watcher now watches
                 self._cond.notify_all()
             for f in frames:
@@ -628,40 +547,10 @@ class StreamScheduler:
                     del self._frames[f.key]
                     out.append((f.handle, error))
                     continue
-                if not f.batched and f.promised < INF:
-                    self._overruns.add(now - f.promised, now)
-                    self._overruns_seen += 1
                 f.batched.append(len(frames))
                 f.last_leaf = now
                 if f.leaves >= self._program.num_leaves:
                     out.append(self._deliver(self._frames.pop(f.key), "complete", now))
-
-    def _overrun(self) -> float:
-        """What admission keeps free beyond the medians: the runner's quantile of how far the recent first leaves
-        ended after the end admission planned for them at the medians: of the last ``OVERRUN_WINDOW`` that ended
-        in the last ``OVERRUN_HORIZON_S`` (the largest while fewer than 1 / (1 - quantile); 0 with none). Without
-        the horizon one stall at the start (a 70 ms overrun) kept its room for the next 256 first leaves, and the
-        frames it rejected were first leaves it never measured: 4 cameras at 30 fps lost half their frames.
-
-        The cost model's margin is one call's stall; a queue of first leaves meets what no single call shows (a
-        garbage collection, the submitting threads' share of the interpreter, several stalls in a row): at 300 fps
-        the frames admitted at the edge of that margin missed by the hundred. Learned from the queue's own
-        outcomes, the room grows when the plans run over and shrinks when they do not.
-
-        It shrinks gradually (by e every ``OVERRUN_RELEASE_S``), never at once: the overruns it learned from
-        were measured under the queue that room allowed, and a shorter queue runs over less. When the overruns
-        of an overload's first stalls left the horizon together, the room fell from 116 ms to 3 ms in one
-        submit, admission let the queue of first leaves grow from 12 to 48 in 40 ms, each submit planning
-        the longer queue held the interpreter from the worker, its one-row first leaves took 13-33 ms instead
-        of 1.2, and every frame queued missed (bench_streams at 300 fps: a burst of 20-60 misses a second
-        after each stall). Falling gradually, the room meets the longer queue's own overruns on the way."""
-        now = self._clock()
-        self._overruns.expire(now - OVERRUN_HORIZON_S)
-        learned = max(0.0, self._overruns.quantile(self.runner.quantile))
-        room, since = self._room
-        room = max(learned, room * math.exp((since - now) / OVERRUN_RELEASE_S))
-        self._room = (room, now)
-        return room
 
     def _watch(self) -> None:
         """Answer at its deadline every frame with a leaf still pending (waiting for a step, or inside one): the
@@ -677,7 +566,7 @@ class StreamScheduler:
                         if self._closing and not self._frames:
                             return
                         now = self._clock()
-                        ahead = self._lag(self._answer_lateness, now)
+                        ahead = self._lag(self._answer_lateness)
                         due = min((f.deadline for f in self._frames.values() if f.leaves and not f.cancelled), default=INF)
                         if now >= due - ahead:
                             break
@@ -691,18 +580,16 @@ class StreamScheduler:
                 _hand_out(out)  # (callbacks included: the answer is in the caller's hands after them)
                 end = self._clock()
                 with self._cond:
-                    self._answer_lateness.add(max(0.0, end - (due - ahead)), end)
+                    self._answer_lateness.push(max(0.0, end - (due - ahead)))
         except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
             self._fail(exc, out)
 
-    def _lag(self, window: "_Window", now: float) -> float:
-        """How long before a deadline an answer must be decided: the runner's quantile of a lag ``window`` over
-        its samples of the last ``OVERRUN_HORIZON_S`` (one pause - a collection, the interpreter's lock held 5
-        ms - shifts the deadlines of the next second, not of the next ``OVERHEAD_WINDOW`` answers), plus
-        ``guard_ms``. The one home of that rule: admission, the worker and the watcher all plan by it. Under the
-        lock: both threads read both windows."""
-        window.expire(now - OVERRUN_HORIZON_S)
-        return window.quantile(self.runner.quantile) + self.guard_ms * 1e-3
+    def _lag(self, window: SteadyWindow) -> float:
+        """How long before a deadline an answer must be decided: the runner's quantile of a lag ``window``'s steady
+        values (its stalls are the stall model's: one pause - a collection, the interpreter's lock held 5 ms - is
+        an event of the machine, not a lag every later answer plans for), plus ``guard_ms``. The one home of that
+        rule: admission, the worker and the watcher all plan by it. Under the lock: both threads read both windows."""
+        return window.quantile() + self.guard_ms * 1e-3
 
     def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:
         """The watcher's :meth:`_deliver`: its leaves so far, the session left to a step that may be running."""
@@ -812,37 +699,6 @@ class _Callbacks:
         with self._cond:
             return self._cond.wait_for(lambda: all(self._threads[k] is me for k, q in self._lanes.items()
                                                    if q or k in self._running), timeout)  # fmt: skip
-
-
-class _Window:
-    """The last ``size`` values (added at clock time ``t``), kept sorted for their quantiles."""
-
-    def __init__(self, size: int) -> None:
-        self._ring: deque[tuple[float, float]] = deque()
-        self._sorted: list[float] = []
-        self._size = size
-
-    def __len__(self) -> int:
-        return len(self._ring)
-
-    def add(self, value: float, t: float = 0.0) -> None:
-        if len(self._ring) == self._size:
-            self._drop()
-        self._ring.append((t, value))
-        bisect.insort(self._sorted, value)
-
-    def expire(self, before: float) -> None:
-        """Forget the values added before clock time ``before``."""
-        while self._ring and self._ring[0][0] < before:
-            self._drop()
-
-    def _drop(self) -> None:
-        del self._sorted[bisect.bisect_left(self._sorted, self._ring.popleft()[1])]
-
-    def quantile(self, q: float) -> float:
-        """The ``q`` quantile (the value at rank ceil(q * n)); 0 when empty."""
-        srt = self._sorted
-        return srt[min(len(srt) - 1, max(0, math.ceil(q * len(srt)) - 1))] if srt else 0.0
 
 
 def _hand_out(out: list) -> None:

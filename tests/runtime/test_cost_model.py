@@ -53,40 +53,65 @@ def frame():
     return np.zeros((1, C, H, W), np.float32)
 
 
+PERIOD_S = 1 / 30  # a camera's frame period: the virtual clock moves on to the next frame's arrival
+
+
+def camera_frame(runner, budget_ms):
+    """One frame of a 30 fps camera: run under ``budget_ms``, then the clock moves on to the next arrival."""
+    clock = runner.backend.clock
+    start = clock.t
+    r = runner.run(frame(), budget_ms=budget_ms)
+    clock.t = max(clock.t, start + PERIOD_S)
+    return r
+
+
 @pytest.mark.parametrize("budget_ms", [5.0, 2 * 31 * NODE_S * 1e3])
-def test_leaves_recover_within_a_few_frames_after_a_burst_of_stalls(bundle16, budget_ms):
+def test_leaves_recover_within_a_stated_time_after_a_burst_of_stalls(bundle16, budget_ms):
+    """A burst of stalls (16-44 ms on about one node call in 20, 40 frames of a 30 fps camera) keeps optional steps
+    from starting while it lasts (any of them would likely miss); once it is over the stalls' decayed count falls
+    below MIN_STALLS within HORIZON_S * ln(count / MIN_STALLS) (here ~7 stalls: 1.2 s; measured 41 frames) and
+    every leaf runs again: within 50 frames (1.7 s)."""
     runner, stalls = stalled_runner(bundle16)
     for _ in range(30):  # quiet: learn the costs
         stalls.draw(0.0)
-        assert runner.run(frame(), budget_ms=budget_ms).leaves == 16
+        assert camera_frame(runner, budget_ms).leaves == 16
     for _ in range(40):  # a burst: about one stall in every frame
         stalls.draw(0.05)
-        runner.run(frame(), budget_ms=budget_ms)
-    k = 8  # the quantile forgets a burst once 128 newer observations (8 frames of 16 leaves) filled its window
+        camera_frame(runner, budget_ms)
+    k = 50
     leaves = []
     for _ in range(60):  # quiet again
         stalls.draw(0.0)
-        leaves.append(runner.run(frame(), budget_ms=budget_ms).leaves)
+        leaves.append(camera_frame(runner, budget_ms).leaves)
     assert leaves[k:] == [16] * (60 - k), leaves
 
 
 @pytest.mark.parametrize("budget_ms", [5.0, 2 * 31 * NODE_S * 1e3])
-def test_sustained_stalls_keep_a_generous_budget_in_use(bundle16, budget_ms):
-    """Stalls keep coming (1 in 50 node calls); a budget of 2x-6x the full tree runs >= 90% of the oracle's leaves."""
+def test_sustained_stalls_longer_than_the_budget_cost_only_the_forced_leaves_misses(bundle16, budget_ms):
+    """Stalls keep coming (16-44 ms on 1 node call in 50) against budgets of 2x-6x the full tree: any step started
+    meets one ~2-10 % of the time, and then misses whatever its slack. The runner starts an optional step only
+    while the chance that a stall longer than its slack strikes it is under 1 % (the stall allowance), so its
+    misses are those of the forced first leaf (its 5 nodes stall ~10 % of the time) plus at most 2 points
+    (measured: 1.5, from the frames in which the stalls' decayed count dipped below MIN_STALLS). The
+    cost model before the stall model ran 90 % of the clairvoyant oracle's leaves here and missed ~40 % of the
+    frames: the expected accuracy of those answers was lower than one leaf on time."""
     runner, stalls = stalled_runner(bundle16)
     for _ in range(20):
         stalls.draw(0.0)
-        runner.run(frame(), budget_ms=budget_ms)
-    leaves = oracle = 0
-    for _ in range(400):
+        camera_frame(runner, budget_ms)
+    forced = [seg.nodes for seg in runner.tree.segments][0]
+    misses = forced_misses = 0
+    frames = 400
+    for _ in range(frames):
         stalls.draw(0.02)
-        leaves += runner.run(frame(), budget_ms=budget_ms).leaves
-        oracle += stalls.oracle(budget_ms)
-    assert leaves >= 0.9 * oracle, (leaves, oracle)
-    # a stall is not a cost: no leaf is predicted above the full tree plus itself (bases drift up a little)
-    pred = np.array(runner.predicted_ms(1))
-    leaf_ms = np.array([len(seg.nodes) for seg in runner.tree.segments]) * NODE_S * 1e3
-    assert (pred <= 1.25 * (leaf_ms.sum() + leaf_ms)).all(), pred / leaf_ms
+        r = camera_frame(runner, budget_ms)
+        misses += not r.met_budget
+        forced_misses += any(n in stalls.extra for n in forced)
+    assert misses <= forced_misses + 0.02 * frames, (misses, forced_misses)
+    # a stall is not a cost: every step's steady cost stays what it was (bases drift up a little at most)
+    model = runner.cost.for_batch(1)
+    leaf_s = np.array([len(seg.nodes) for seg in runner.tree.segments]) * NODE_S
+    assert (np.array(model.base) <= 1.25 * leaf_s).all(), np.array(model.base) / leaf_s
 
 
 def test_a_leaf_kept_out_by_a_slow_spell_is_re_probed(tmp_path):
@@ -256,7 +281,7 @@ def test_cost_model_options_out_of_range_are_input_errors():
     from hne_edge.errors import InputError
     from hne_edge.runtime.cost_model import CostModel
 
-    with pytest.raises(InputError, match=r"quantile must be in \[0.5, 1\]; received 1.5"):
+    with pytest.raises(InputError, match=r"quantile must be in \[0.5, 1\); received 1.5"):
         CostModel([1, 2], quantile=1.5)
 
 

@@ -237,9 +237,8 @@ def test_a_loaded_machine_misses_budgets_that_fit_the_first_leaf_without_calling
     load["on"] = True
     for budget in (full, 2 * full, 4 * full):
         results = [runner.run(images(1), budget_ms=budget) for _ in range(200)]
-        assert sum(not r.met_budget for r in results) > 0, budget  # the load misses some
+        # (the stall model keeps these budgets now: issue 39; a miss, where one comes, is the load's)
         assert sum(r.overran_min_leaves for r in results) == 0, budget  # none of them for want of budget
-    assert runner.predicted_ms(1)[0] > full  # the first leaf's prediction: over the budget, with its tail margin
     short = [runner.run(images(1), budget_ms=first / 2) for _ in range(20)]
     assert all(r.overran_min_leaves for r in short)  # shorter than the first leaf itself: forced, every one
 
