@@ -623,3 +623,25 @@ def test_without_a_profile_a_batch_size_is_predicted_from_the_calls_that_ran(bun
             r = streams.submit("pair", np.concatenate([frame(10 + k), frame(20 + k)])).result(10)
             assert r.stopped_by == "complete" and r.leaves == 16, r
         assert runner.cost.for_batch(1).known[0] and runner.cost.for_batch(2).known[0]
+
+
+@pytest.mark.parametrize("stall_s", [0.05, 1.5])
+def test_a_stall_inside_a_first_leaf_rejects_no_later_frame(bundle, stall_s):
+    """One call of a first leaf meets a 50 ms or 1.5 s stall (a capture on a GPU, a pre-emption, a collection); the
+    frames after it, each with room for a few first leaves, are admitted on time and meet their deadlines: an
+    isolated stall changes no prediction and no admission (runtime/stalls.py)."""
+    hit = {"left": 1}
+
+    def cost(node, batch):
+        if node == "b4.0" and hit["left"]:  # a node of leaf 0, once
+            hit["left"] = 0
+            return stall_s
+        return batch_cost(node, batch)
+
+    streams, runner, backend = scheduler(bundle, cost=cost, batching=False)
+    with streams:
+        assert streams.submit("warm", frame(0), budget_ms=1e3).result(10).stopped_by == "complete"
+        stalled = streams.submit("s", frame(1), budget_ms=5e3).result(10)
+        assert not hit["left"] and stalled.stopped_by == "complete"
+        results = [streams.submit(k % 4, frame(k), budget_ms=20.0).result(10) for k in range(12)]
+    assert all(r.stopped_by != "rejected" and r.met_deadline and not r.late for r in results), results
