@@ -240,6 +240,9 @@ class FakeTorchCuda:
     def timer(self):
         return (lambda: None), (lambda: 0.001)
 
+    def memory_reserved(self) -> int:
+        return 0
+
     def _in_phase(self, phase: str, fn):
         self.phase = phase
         try:
@@ -259,6 +262,87 @@ class FakeTorchCuda:
                 o.copy_(v)
 
         return replay, outs
+
+
+class SimulatedGpu(FakeTorchCuda):
+    """A :class:`FakeTorchCuda` whose calls cost what an NVIDIA H200 charges, on a virtual clock (issue 39): the real
+    ``TorchCudaBackend`` / ``TorchCudaRunner`` run the tiny model on CPU tensors, and each unit call advances
+    :attr:`clock` by the device time it would take there, so a CPU machine's tests see the GPU's stalls.
+
+    * a graph's replay: ``floor_s`` (the per-call launch floor) plus ``replay_s`` per row-scaled call
+      (``1 + row_cost * (rows - 1)``: a small batch is launch-bound, about flat);
+    * an eager call: ``eager_factor`` (4) times the replay;
+    * the first eager call of a (unit, shape): cuDNN's autotuning, ``first_call_s`` (0.1 s); a capture:
+      ``capture_s`` (0.2-1.4 s, drawn): together the 100-1,500 ms a new shape cost on the H200 (2026-11-28).
+
+    ``calls`` counts each kind; :meth:`install` makes the backend read this clock and charge every unit call."""
+
+    kind = "simulated-h200"
+
+    def __init__(self, device_id: int = 0, *, floor_s: float = 20e-6, replay_s: float = 60e-6, row_cost: float = 0.02,
+                 eager_factor: float = 4.0, first_call_s: float = 0.1, capture_s: tuple[float, float] = (0.2, 1.4),
+                 seed: int = 0) -> None:  # fmt: skip
+        super().__init__(device_id)
+        self.clock = FakeClock()
+        self.floor_s, self.replay_s, self.row_cost = floor_s, replay_s, row_cost
+        self.eager_factor, self.first_call_s, self.capture_s = eager_factor, first_call_s, capture_s
+        self.rng = np.random.default_rng(seed)
+        self.seen: set = set()
+        self.calls = {"eager": 0, "first": 0, "capture": 0, "replay": 0}
+        self.log: list[tuple[str, int, float]] = []  # (phase, rows, seconds) of every unit call
+
+    def gpu_name(self) -> str:
+        return "SimulatedGpu (an H200's costs on CPU tensors)"
+
+    def replay_cost(self, rows: int) -> float:
+        return self.floor_s + self.replay_s * (1 + self.row_cost * (rows - 1))
+
+    def charge(self, module, x) -> None:
+        """Advance the clock by what this unit call costs on the simulated device, by the phase it is part of."""
+        rows, phase, t0 = int(x.shape[0]), self.phase, self.clock.t
+        if phase == "replay":
+            self.clock.t += self.replay_cost(rows)
+        elif phase == "capture":
+            self.clock.t += float(self.rng.uniform(*self.capture_s))
+        else:
+            key = (id(module), tuple(x.shape))
+            if key not in self.seen:
+                self.seen.add(key)
+                self.calls["first"] += 1
+                self.clock.t += self.first_call_s
+            self.clock.t += self.eager_factor * self.replay_cost(rows)
+        self.calls[phase] += 1
+        self.log.append((phase, rows, self.clock.t - t0))
+
+    def timer(self):
+        t0 = {}
+        return (lambda: t0.setdefault("t", self.clock.t)), (lambda: self.clock.t - t0["t"])
+
+    def memory_reserved(self) -> int:
+        return 4096 * self.captures  # a graph's share of the pool, 4 KiB each: the warm-up report has a figure
+
+    @staticmethod
+    def install(monkeypatch) -> list["SimulatedGpu"]:
+        """``TorchCudaBackend`` builds SimulatedGpu devices, reads their clock, and charges every unit call."""
+        import hne_edge.runtime.backends.torch_cuda as tc
+
+        devices: list[SimulatedGpu] = []
+
+        def make(device_id=0):
+            devices.append(SimulatedGpu(device_id))
+            return devices[-1]
+
+        call = tc.TorchCudaRunner._call_unscoped
+
+        def charged(runner, x):
+            runner._backend.cuda.charge(runner.module, x)
+            return call(runner, x)
+
+        monkeypatch.setattr(tc, "require_cuda", lambda backend, device_id, torch: None)
+        monkeypatch.setattr(tc, "TorchCuda", make)
+        monkeypatch.setattr(tc.TorchCudaRunner, "_call_unscoped", charged)
+        monkeypatch.setattr(tc.TorchCudaBackend, "clock", property(lambda self: self.cuda.clock), raising=False)
+        return devices
 
 
 class FakeDevice(CudaDevice):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import warnings
 from collections import deque
 from pathlib import Path
@@ -259,16 +260,44 @@ class AnytimeRunner:
         self._load_watch = _LoadWatch()
         self._said_stops = False
         self._closed = False
+        self.warmup_report: dict[str, Any] | None = None
         if warmup:
-            spec = self.input_spec
-            x = np.zeros((spec.batch[1], spec.channels, *spec.spatial), dtype=spec.dtype)
-            for _ in range(warmup):
+            lo, opt, hi = self.input_spec.batch
+            sizes = sorted(set(self.backend.warm_batch_sizes(lo, opt, hi)) | {opt})
+            self._warm({b: (warmup if b == opt else 1) for b in sizes})
+
+    def warmup(self, batch_sizes: Sequence[int] | None = None) -> dict[str, Any]:
+        """Run every step of the program once at each of ``batch_sizes`` (default: what the backend warms at open,
+        :meth:`~.backends.base.Backend.warm_batch_sizes`), so no frame of those sizes pays a first call (a GPU's graph
+        capture and autotuning: 100-1,500 ms on an H200). Not recorded by the cost model. Returns (and keeps as
+        :attr:`warmup_report`) ``{"batch_sizes", "seconds", "device_bytes"}``: the device memory it added (None where
+        the backend does not say)."""
+        lo, opt, hi = self.input_spec.batch
+        sizes = self.backend.warm_batch_sizes(lo, opt, hi) if batch_sizes is None else batch_sizes
+        sizes = sorted({check_count(b, "batch_sizes", lo, hi) for b in sizes})
+        self._acquire()
+        try:
+            return self._warm({b: 1 for b in sizes})
+        finally:
+            self._release()
+
+    def _warm(self, passes: dict[int, int]) -> dict[str, Any]:
+        spec = self.input_spec
+        before, t0 = self.backend.device_bytes(), time.perf_counter()
+        for batch, count in passes.items():
+            x = np.zeros((batch, spec.channels, *spec.spatial), dtype=spec.dtype)
+            for _ in range(count):
                 for route in self._program.routes():  # every step of a mixed program, once each
                     self._session(self._upload(x), len(x), UNOBSERVED, route).advance(
                         self._clock(), None, None, self.num_leaves, self.num_leaves
                     )
                 if self._first_runner is not None:
                     self._to_host(self._first_runner.run_logits_impl((self._upload(x),)))
+        self.backend.warmed()
+        after = self.backend.device_bytes()
+        self.warmup_report = {"batch_sizes": sorted(passes), "seconds": time.perf_counter() - t0,
+                              "device_bytes": None if before is None or after is None else after - before}  # fmt: skip
+        return self.warmup_report
 
     # -- construction ----------------------------------------------------------
     def _session(self, handle: Any, batch: int, model: Any = None, program: Program | None = None) -> AnytimeSession:

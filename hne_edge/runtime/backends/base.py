@@ -366,6 +366,22 @@ class Backend(ABC):
         """``handle``'s rows cut into consecutive parts of ``rows`` rows each, each safe to keep after later calls."""
         return np.split(handle, np.cumsum(rows)[:-1])
 
+    def warm_batch_sizes(self, lo: int, opt: int, hi: int) -> list[int]:
+        """The row counts a runner warms when it opens (``AnytimeRunner.warmup``), of the bundle's batch range: the
+        first call of a shape must never be a frame's. A CPU backend's first call of a new shape costs little more
+        than its others: the optimal batch size only. A GPU backend that captures a graph per shape says every
+        size it will run (:class:`~.torch_cuda.TorchCudaBackend`: its capture sizes)."""
+        return [opt]
+
+    def warmed(self) -> None:
+        """Called once a runner's warm-up ran every size of :meth:`warm_batch_sizes`: what it built is kept for the
+        runner's life (a GPU backend keeps every graph it captured: nothing is evicted while serving)."""
+
+    def device_bytes(self) -> int | None:
+        """Device memory this backend's process holds now (bytes; None: not a device that says), for the warm-up's
+        report."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Versions and settings, recorded in saved profiles."""
         return {"backend": self.name, "device": self.device}

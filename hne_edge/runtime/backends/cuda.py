@@ -238,6 +238,11 @@ class TorchCuda(CudaDevice):
         self.device = torch.device("cuda", device_id)
         self.stream = torch.cuda.Stream(device=self.device)  # a real (non-default) stream: ORT ignores stream 0
         self.stream_handle = int(self.stream.cuda_stream)
+        self._pool: Any = None  # one memory pool for every graph captured (vLLM's practice): see capture()
+
+    def memory_reserved(self) -> int:
+        """Bytes torch's caching allocator holds on this device (graphs' pools included)."""
+        return int(self.torch.cuda.memory_reserved(self.device))
 
     def malloc(self, nbytes: int) -> tuple[int, Any]:
         t = self.torch.empty(max(int(nbytes), 1), dtype=self.torch.uint8, device=self.device)
@@ -298,10 +303,16 @@ class TorchCuda(CudaDevice):
         return replay, held["out"]
 
     def capture(self, launch: Callable[[], None]) -> Callable[[], None]:
+        """Capture ``launch`` as a CUDA graph on the backend's stream. Every graph shares one memory pool: a graph's
+        temporaries are dead once it ends, so the next graph's may reuse them (all replays are on one stream, one at
+        a time), and what a graph returns stays held by its owner. Not yet run on hardware with the shared pool
+        (issue 39: the GPU acceptance stage owes it)."""
         torch = self.torch
         graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         self.stream.synchronize()
-        with torch.cuda.graph(graph, stream=self.stream):
+        with torch.cuda.graph(graph, pool=self._pool, stream=self.stream):
             launch()
         self.stream.synchronize()
 
@@ -560,9 +571,10 @@ class CudaIO:
 class GraphCache:
     """Captured graphs per key (input shape / batch size); a new key captures, an old key replays.
 
-    Bounded: beyond ``max_graphs`` keys the least recently used graph is
-    dropped (re-captured if its shape comes back). ``capture(key)`` returns a
-    replay callable; tests pass fakes.
+    Bounded: beyond ``max_graphs`` keys not pinned (:meth:`pin`: the graphs a
+    runner captured when it opened, kept for its life) the least recently
+    used is dropped (re-captured if its shape comes back). ``capture(key)``
+    returns a replay callable; tests pass fakes.
     """
 
     def __init__(self, capture: Callable[[Hashable], Callable[[], Any]], max_graphs: int = 4) -> None:
@@ -571,7 +583,12 @@ class GraphCache:
         self._capture = capture
         self.max_graphs = max_graphs
         self.graphs: dict[Hashable, Callable[[], Any]] = {}
+        self.pinned: set[Hashable] = set()
         self.captures = 0
+
+    def pin(self) -> None:
+        """Keep every graph captured so far, whatever comes later."""
+        self.pinned.update(self.graphs)
 
     def find(self, key: Hashable) -> Callable[[], Any] | None:
         """The graph of ``key`` if captured (now the most recently used), else None; never captures."""
@@ -585,13 +602,15 @@ class GraphCache:
         if replay is None:
             replay = self._capture(key)
             self.captures += 1
-            while len(self.graphs) >= self.max_graphs:
-                self.graphs.pop(next(iter(self.graphs)))
+            loose = [k for k in self.graphs if k not in self.pinned]  # least recently used first
+            for k in loose[: max(0, len(loose) - self.max_graphs + 1)]:
+                del self.graphs[k]
         self.graphs[key] = replay  # most recently used last
         return replay
 
     def clear(self) -> None:
         self.graphs.clear()
+        self.pinned.clear()
 
 
 # -- backend mixin --------------------------------------------------------------------------------

@@ -18,18 +18,24 @@ moved to the GPU:
   the process's own torch settings are left alone outside the backend's calls.
 * everything on **one stream** (a torch ``Stream`` of the backend); no
   synchronization until ``to_host`` (the leaf's logits).
-* ``cuda_graph=True`` (the default): per runner, one CUDA graph per input
-  shape (shape, dtype, strides). The first call of a shape runs eagerly (that
-  run is the warm-up: cuDNN autotuning, lazy allocations) and the graph is
-  captured right after it, so no call computes a unit twice; later calls copy
-  the input into the graph's static input and replay. The capture replays
-  the new graph once (off any frame: a graph's first launch also uploads it
-  to the device, so it is slower than the later ones; issue 26). ``AnytimeRunner``'s
-  construction warm-up is such a first call at the bundle's optimal batch
-  size, so real frames of that size replay from the first one. At most
-  ``max_graphs`` shapes are kept (least recently used dropped). If a paused
-  session still holds a graph's outputs, that call runs eagerly instead (see
-  :class:`~.cuda.SlotPool`). ``cuda_graph=False`` runs every call eagerly.
+* ``cuda_graph=True`` (the default): per runner, one CUDA graph per **capture
+  size** (vLLM's rule: 1, 2, 4, then multiples of 8 up to the bundle's max batch,
+  and the max itself; ``capture_sizes`` chooses others). A call of ``r`` rows
+  replays the graph of the smallest capture size ``>= r``: its rows are copied
+  into the graph's static input (the rows beyond them keep what they held:
+  every layer is per row), and the first ``r`` rows of each output are copied
+  out, device to device, into tensors of the call's own - so a paused session
+  holds its own outputs, never the graph's, and no call ever runs eagerly
+  because one is paused (an eager call costs ~4 replays on an H200). The runner
+  captures every capture size when it opens (``AnytimeRunner.warmup``: one eager
+  call at the size - cuDNN autotuning, lazy allocations - the capture, and one
+  replay, since a graph's first launch also uploads it: issue 26), and
+  those graphs are kept for the runner's life: nothing is captured or evicted
+  while serving (a capture cost 100-1,500 ms on an H200, and the stream scheduler
+  took one for the cost of a step: issue 39). A shape never warmed is captured
+  at its first call, after running it eagerly, and at most ``max_graphs`` such
+  shapes are kept (least recently used dropped). ``cuda_graph=False`` runs every
+  call eagerly.
 
 Hardware: ran on an NVIDIA H200 with torch 2.11 (issue 12: fp32 then failed
 on TF32 and fp16 on unconverted weights, both fixed here without a GPU; the
@@ -45,10 +51,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from .base import Handle, LoadedPlan, Runner, Unit
-from .cuda import CudaTimingMixin, GraphCache, Slot, TorchCuda, require_cuda
+from .cuda import CudaTimingMixin, GraphCache, TorchCuda, require_cuda
 from .torch import TorchBackend, TorchRunner
 
-__all__ = ["Fp32Policy", "TorchCudaBackend", "TorchCudaRunner"]
+__all__ = ["Fp32Policy", "TorchCudaBackend", "TorchCudaRunner", "capture_sizes"]
 
 
 class Fp32Policy:
@@ -93,13 +99,20 @@ class Fp32Policy:
 
 
 class _Graph:
-    """One captured graph of a unit: static input, replay, and its outputs as a pool slot."""
+    """One captured graph of a unit: its static input (``rows`` rows), replay, and its static outputs."""
 
     def __init__(self, static_in: Any, replay: Any, outputs: tuple[Any, ...]) -> None:
         self.static_in = static_in
+        self.rows = static_in.shape[0]
         self.replay = replay
-        self.slot = Slot(outputs)
-        self.slot.mark_baseline()
+        self.outputs = outputs
+
+
+def capture_sizes(lo: int, hi: int) -> list[int]:
+    """The batch sizes graphs are captured for, in ``[lo, hi]``: 1, 2, 4, then multiples of 8, and ``hi`` (vLLM's
+    ``cudagraph_capture_sizes``): a call is padded to the next one, so a few graphs serve every row count."""
+    sizes = {b for b in (1, 2, 4, *range(8, hi + 1, 8)) if lo <= b <= hi}
+    return sorted(sizes | {hi})
 
 
 class TorchCudaRunner(TorchRunner):
@@ -124,7 +137,9 @@ class TorchCudaRunner(TorchRunner):
         with self._torch.inference_mode(), self._stream_context():
             if self._graphs is None:
                 return self._call(x)
-            key = (tuple(x.shape), x.dtype, tuple(x.stride()))
+            rows = x.shape[0]
+            size = self._backend.padded(rows)
+            key = (size, tuple(x.shape[1:]), x.dtype, x.is_contiguous(memory_format=self._torch.channels_last))
             graph = self._graphs.find(key)
             if graph is None:  # first call of this shape: computed once, eagerly; captured after it
                 outs = self._call(x)
@@ -134,16 +149,19 @@ class TorchCudaRunner(TorchRunner):
                 finally:
                     self._pending = None
                 return outs
-            if graph.slot.in_use():  # a paused session still holds the static outputs
-                return self._call(x)
-            graph.static_in.copy_(x)
+            graph.static_in[:rows].copy_(x)
             graph.replay()
-            return graph.slot.handles
+            return tuple(o[:rows].clone() for o in graph.outputs)  # the call's own: the next replay overwrites them
 
     def _capture(self, key: Any) -> _Graph:
-        """Capture this unit for the pending input's shape; the caller's eager run was the first warm-up."""
-        static_in = self._pending.clone()  # keeps the memory format (channels-last strides)
-        for _ in range(self._backend.graph_warmup - 1):
+        """Capture this unit at the key's size from the pending input (its rows, the rest zeros); the caller's eager
+        run was the first warm-up when it had that size, else one runs here first."""
+        x, size = self._pending, key[0]
+        static_in = x.new_zeros((size, *x.shape[1:]))
+        if x.dim() == 4 and key[3]:
+            static_in = static_in.contiguous(memory_format=self._torch.channels_last)
+        static_in[: x.shape[0]].copy_(x)
+        for _ in range(self._backend.graph_warmup - (1 if size == x.shape[0] else 0)):
             self._call(static_in)
         with self._policy:  # the kernels captured are chosen under the same flags as the eager runs
             replay, outputs = self._backend.cuda.capture_outputs(lambda: self._call_unscoped(static_in))
@@ -160,8 +178,11 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
     """Args:
     device: "cuda" or "cuda:N".
     channels_last: NHWC memory format for weights and activations (default True).
-    cuda_graph: capture a CUDA graph per unit and input shape after its first (eager) call (default True).
-    max_graphs: graphs kept per unit; the least recently used is dropped.
+    cuda_graph: a CUDA graph per unit and capture size, captured when the runner opens (default True).
+    capture_sizes: the batch sizes graphs are captured for (default :func:`capture_sizes` of the bundle's range);
+        a call is padded to the smallest that holds its rows.
+    max_graphs: graphs kept per unit beyond those captured when the runner opened (shapes never warmed); the
+        least recently used is dropped.
     graph_warmup: eager runs of a new shape before its capture, the call's own run included (>= 1).
     allow_tf32: TF32 for fp32 convolutions (default False: fp32 computes in fp32), inside the backend's
         calls only.
@@ -183,6 +204,7 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         *,
         channels_last: bool = True,
         cuda_graph: bool = True,
+        capture_sizes: Sequence[int] | None = None,
         max_graphs: int = 4,
         graph_warmup: int = 1,
         allow_tf32: bool = False,
@@ -198,6 +220,10 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         self.cuda = TorchCuda(self.device_id)
         self.channels_last = bool(channels_last)
         self.cuda_graph = bool(cuda_graph)
+        if capture_sizes is not None and not (capture_sizes and all(type(b) is int and b >= 1 for b in capture_sizes)):
+            raise ValueError(f"capture_sizes: received {capture_sizes!r}; expected batch sizes (ints >= 1)")
+        self.capture_sizes = None if capture_sizes is None else sorted(set(capture_sizes))
+        self._runners: list[TorchCudaRunner] = []
         self.max_graphs = int(max_graphs)
         self.graph_warmup = int(graph_warmup)
         self.allow_tf32 = bool(allow_tf32)
@@ -210,8 +236,38 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
             module = module.to(memory_format=self.torch.channels_last)
         return module
 
+    def load(self, manifest: Any, bundle_dir: Any, plan: str, precision: str) -> LoadedPlan:
+        if self.capture_sizes is None:
+            lo, _, hi = manifest.input.batch
+            self.capture_sizes = capture_sizes(lo, hi)
+        return super().load(manifest, bundle_dir, plan, precision)
+
     def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
-        return TorchCudaRunner(unit, self, loaded)
+        runner = TorchCudaRunner(unit, self, loaded)
+        self._runners.append(runner)
+        return runner
+
+    def padded(self, rows: int) -> int:
+        """The capture size a call of ``rows`` rows replays (``rows`` itself beyond the largest)."""
+        for size in self.capture_sizes or ():
+            if size >= rows:
+                return size
+        return rows
+
+    def warm_batch_sizes(self, lo: int, opt: int, hi: int) -> list[int]:
+        """With graphs, every capture size in the range: the runner captures them all when it opens."""
+        if not self.cuda_graph:
+            return [opt]
+        return [b for b in (self.capture_sizes or capture_sizes(lo, hi)) if lo <= b <= hi] or [opt]
+
+    def warmed(self) -> None:
+        """Keep every graph captured so far for the runners' life (no eviction while serving)."""
+        for r in self._runners:
+            if getattr(r, "_graphs", None) is not None:
+                r._graphs.pin()
+
+    def device_bytes(self) -> int | None:
+        return self.cuda.memory_reserved()
 
     def from_host(self, array: np.ndarray) -> Handle:
         torch = self.torch
@@ -250,6 +306,7 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
             "channels_last": self.channels_last,
             "fold_batchnorm": self.fold_batchnorm,
             "cuda_graph": self.cuda_graph,
+            "capture_sizes": self.capture_sizes,
             "allow_tf32": self.allow_tf32,
             "cudnn_benchmark": self.cudnn_benchmark,
             "compile": self.compile,
