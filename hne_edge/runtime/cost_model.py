@@ -421,6 +421,11 @@ class _BatchModel:
             return _INF
         return steady * self.speed.noise + (self.stalls.allowance_at(rate, steady, self.miss_rate) if rate else 0.0)
 
+    def allowance(self, seconds: float) -> float:
+        """The stall allowance of ``seconds`` of calls at their medians (a sequence: the stream scheduler's plans),
+        at the stall rate of the last refresh."""
+        return self.stalls.allowance_at(self._rate, seconds, self.miss_rate) if self._rate else 0.0
+
     def sync(self) -> bool:
         """Refresh every prediction if the shared speed, noise or stalls moved since they were made (and, while
         stalls are not isolated, every ``HORIZON_S / 16`` of the clock: their rate decays); True if it did."""
