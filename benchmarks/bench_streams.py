@@ -58,6 +58,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -97,6 +98,32 @@ def load() -> str:
         return "n/a"
 
 
+class BusyNeighbours:
+    """``count`` processes that spin (``while True: pass``) beside the benchmark, unpinned, as the neighbours every
+    real system has (issue 39: six of them on a 2-core machine); started by ``with``, stopped on its exit, whatever
+    happens."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.procs = count, []
+
+    def __enter__(self) -> "BusyNeighbours":
+        for _ in range(self.count):
+            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        time.sleep(0.5 if self.count else 0.0)  # the load average notices them
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs.clear()
+
+
+def _fps(fps) -> str:
+    return f"{fps:g}" if isinstance(fps, (int, float)) else str(fps)
+
+
 def row_markdown(r: dict) -> str:
     s = r["summary"]
     stacked = f"{r['stacked_calls']}/{r['calls']}" if "calls" in r else "-"
@@ -104,7 +131,7 @@ def row_markdown(r: dict) -> str:
     each_miss = r.get("each_miss_rate")
     acc = f"{s['expected_accuracy']:.4f}" + (f" ({', '.join(f'{a:.4f}' for a in each_acc)})" if each_acc and len(each_acc) > 1 else "")
     miss = f"{s['misses']} ({s['miss_rate']:.1%}" + (f"; {'/'.join(f'{m:.1%}' for m in each_miss)})" if each_miss and len(each_miss) > 1 else ")")
-    return (f"| {r['threads']} | {r.get('cores', '-')} | {r['streams']} | {r['fps']:g} | {r['method']} | {s['frames']} | {s['rejected']} | "
+    return (f"| {r['threads']} | {r.get('cores', '-')} | {r['streams']} | {_fps(r['fps'])} | {r['method']} | {s['frames']} | {s['rejected']} | "
             f"{miss} | {s['mean_leaves']:.2f} | {acc} | "
             f"{s['latency_ms']['p50']:.2f} | {s['latency_ms']['p99']:.2f} | {s['busy']:.0%} | {stacked} | {r['load']} |")  # fmt: skip
 
@@ -148,7 +175,7 @@ def verdicts(rows: list[dict]) -> list[str]:
             continue
         s = m["scheduler"]
         on = f" (cores {cores})" if cores != "-" else ""
-        where = f"threads {threads}{on}, K {k}, {fps:g} fps"
+        where = f"threads {threads}{on}, K {k}, {_fps(fps)} fps"
         if s["rejected"] == 0:
             ok = s["miss_rate"] <= TARGET_MISS_RATE
             out.append(f"{where}: scheduler admits the load, misses {s['miss_rate']:.1%} {'<=' if ok else '>'} 1%: "
@@ -175,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=None,
                     help="the device's cores for every thread count (default: as many as its threads)")
     ap.add_argument("--fps", type=float, default=30.0)
+    ap.add_argument("--rates", default=None,
+                    help="cameras of different rates: camera k at RATES[k %% len(RATES)] fps (e.g. 30,60,120), each "
+                         "frame's deadline one period of its camera; the rows' fps column shows them")
+    ap.add_argument("--burst", type=int, default=1, help="the last camera delivers its frames this many at a time")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="start this many busy loops (unpinned processes) for the runs, after profiling, and stop "
+                         "them after: busy neighbours (issue 39)")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--deadline-ms", type=float, default=None, help="default: one frame period")
     ap.add_argument("--jitter-ms", type=float, default=2.0)
@@ -219,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = "python benchmarks/bench_streams.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        text = [f"# Streams (issue 27): {args.model}, {backend} {args.device}, plan {args.plan}", "",
+        busy = f", beside {args.busy} busy loops" if args.busy else ""
+        text = [f"# Streams (issue 27): {args.model}, {backend} {args.device}, plan {args.plan}{busy}", "",
                 f"`{cmd.strip()}` - {started}, {machine}; medians of {args.repeats} runs per row.", "", HEADER,
                 *(row_markdown(r) for r in rows), "", "Targets:", "", *(f"- {v}" for v in verdicts(rows)), ""]  # fmt: skip
         out.write_text("\n".join(text))
@@ -242,20 +277,25 @@ def main(argv: list[str] | None = None) -> int:
             runner.profile(batch_sizes=(1, 2, 4, 8), warmup=5, repeats=30 if not args.smoke else 5)
             spec = runner.input_spec
         frames = np.random.default_rng(0).standard_normal((64, spec.channels, *spec.spatial)).astype(spec.dtype)
-        configs = [(k, args.fps, args.seconds) for k in (int(s) for s in args.streams.split(","))]
+        rates = [float(r) for r in args.rates.split(",")] if args.rates else None
+        configs = [(k, args.fps, args.seconds, rates, args.burst) for k in (int(s) for s in args.streams.split(","))]
         if args.overload_fps:
-            configs.append((8, args.overload_fps, args.overload_seconds))
-        deadline_ms = args.deadline_ms if args.deadline_ms is not None else 1e3 / args.fps  # overload rows too
-        for k, fps, seconds in configs:
-            arrivals = camera_arrivals(k, fps, seconds, deadline_ms, args.jitter_ms, seed=k)
+            configs.append((8, args.overload_fps, args.overload_seconds, None, 1))
+        for k, fps, seconds, k_rates, burst in configs:
+            # deadlines: one period of each frame's camera (or --deadline-ms), overload rows too
+            arrivals = camera_arrivals(k, fps, seconds, args.deadline_ms, args.jitter_ms, seed=k, rates=k_rates, burst=burst)
+            if k_rates:
+                fps = "/".join(f"{r:g}" for r in k_rates[:k]) + (f" (burst {burst})" if burst > 1 else "")
             runs: dict[str, list[dict]] = {m: [] for m in methods}
             for rep in range(args.repeats):  # the methods in turn, each repeat: side by side under the same load
                 for method in methods:
-                    before = load()  # before the collection: the load the run meets
                     gc.collect()
                     gc.freeze()  # what setup left (torch's import: 200,000 objects) is never scanned again mid-row
                     name, options = method_options(method)
-                    run = replay_streams(name, open_runner, frames, arrivals, device_cores=device, host_cores=host, **options)
+                    with BusyNeighbours(args.busy):
+                        before = load()  # the load the run meets (its neighbours started)
+                        run = replay_streams(name, open_runner, frames, arrivals, device_cores=device, host_cores=host,
+                                             **options)  # fmt: skip
                     run = {"summary": summarize_streams(run, accuracy), "load": before,
                            **{key: run[key] for key in ("calls", "stacked_calls") if key in run}}  # fmt: skip
                     runs[method].append(run)

@@ -218,20 +218,28 @@ class Arrival(NamedTuple):
 
 
 def camera_arrivals(streams: int, fps: float, seconds: float, deadline_ms: float | None = None, jitter_ms: float = 0.0,
-                    seed: int = 0) -> list[Arrival]:  # fmt: skip
-    """``streams`` cameras at ``fps`` for ``seconds``, each with its own phase (uniform over a period) and every frame
-    jittered uniformly by +-``jitter_ms``; a frame's deadline is its arrival plus ``deadline_ms`` (default: one
-    period). Sorted by arrival. At most :data:`~hne_edge.limits.MAX_REPLAY_FRAMES` frames, at least one a camera
-    (:func:`~hne_edge.limits.check_replay`)."""
-    check_replay(streams, fps, seconds)
+                    seed: int = 0, rates: Sequence[float] | None = None, burst: int = 1) -> list[Arrival]:  # fmt: skip
+    """``streams`` cameras at ``fps`` (or camera ``k`` at ``rates[k % len(rates)]``) for ``seconds``, each with its own
+    phase (uniform over a period) and every frame jittered uniformly by +-``jitter_ms``; a frame's deadline is its
+    arrival plus ``deadline_ms`` (default: one period of its camera). ``burst`` > 1: the last camera delivers its
+    frames ``burst`` at a time, each group when its last frame is due (a camera behind a link that batches), each
+    frame's deadline one period after that. Sorted by arrival. At most :data:`~hne_edge.limits.MAX_REPLAY_FRAMES`
+    frames, at least one a camera (:func:`~hne_edge.limits.check_replay`)."""
+    rates = [float(fps)] * streams if not rates else [float(rates[k % len(rates)]) for k in range(streams)]
+    for rate in set(rates):
+        check_replay(streams, rate, seconds)
+    if not (type(burst) is int and burst >= 1):
+        raise InputError(f"burst: received {burst!r}; expected frames per burst, an int >= 1")
     rng = np.random.default_rng(seed)
-    period = 1.0 / fps
-    budget = period if deadline_ms is None else deadline_ms / 1e3
-    phases = rng.uniform(0, period, streams)
     out = []
-    for k in range(streams):
-        for i in range(int(seconds * fps)):
-            t = max(0.0, phases[k] + i * period + rng.uniform(-jitter_ms, jitter_ms) / 1e3)
+    for k, rate in enumerate(rates):
+        period = 1.0 / rate
+        budget = period if deadline_ms is None else deadline_ms / 1e3
+        phase = rng.uniform(0, period)
+        group = burst if k == streams - 1 else 1
+        for i in range(int(seconds * rate)):
+            due = phase + (i - i % group + group - 1) * period  # a burst arrives when its last frame is due
+            t = max(0.0, due + rng.uniform(-jitter_ms, jitter_ms) / 1e3)
             out.append(Arrival(t, k, i, t + budget))
     return sorted(out)
 

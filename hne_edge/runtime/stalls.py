@@ -300,7 +300,13 @@ class SteadyWindow:
         return srt[len(srt) // 2] if srt else 0.0
 
     def quantile(self, q: float | None = None) -> float:
-        """The ``q`` quantile (default the window's) of the steady values (nearest rank); 0 when empty."""
+        """The ``q`` quantile (default the window's) of the steady values (nearest rank); 0 when empty. Values over
+        the stall bar of the median now are left out too: the first 8 entered before there was a median to judge
+        them by (a start-up's 4 ms hand-out held every deadline 4 ms early for 128 hand-outs)."""
         srt = self.sorted
+        if not srt:
+            return 0.0
+        median = srt[len(srt) // 2]
+        srt = srt[: bisect.bisect_right(srt, max(STALL_RATIO * median, median + self.floor))]
         q = self.q if q is None else q
-        return srt[min(len(srt) - 1, max(0, math.ceil(q * len(srt)) - 1))] if srt else 0.0
+        return srt[min(len(srt) - 1, max(0, math.ceil(q * len(srt)) - 1))]
