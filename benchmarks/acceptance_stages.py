@@ -73,6 +73,11 @@ STAGES = (
           "benchmarks/ship_reference.py OUT makes it the package's pretrained model (hne_edge/assets/); RESULTS.md "
           "'CIFAR-10: the reference HNE_small on a GPU' and docs/results.md: the GPU row (held-out accuracy by n, epochs, "
           "images seen, the budget); BENCHMARKS.md: the trainer's throughput over a whole run", min_s=240),
+    Stage("streams", "bench_streams.py on the GPU: cameras of 30/60/120 fps, one bursty, deadline one period, plans mixed "
+          "and segments: the stream scheduler beside K runners and FIFO", 60,
+          "BENCHMARKS.md 'How well does the stream scheduler serve K cameras': the GPU rows (rejected, misses, leaves, "
+          "expected accuracy, p99, busy) and issue 39's targets (rejections <= 1% where FIFO misses <= 2%, misses <= 1%, "
+          "expected accuracy >= both baselines)", default=False),
     Stage("losses", "L^I vs L^HD (and the normalised objective) scored on the test set", None,
           "RESULTS.md (docs/results.md) 'CIFAR-10: L^I vs L^D vs L^HD': a GPU row per objective (hne_resnet_small, "
           "the epochs used, test set, n = 1..16), and issue 22 item 3's question for GPU budgets", default=False),
@@ -578,6 +583,37 @@ class StageRuns:
                 "files": [f"{where}{name}" for name in ("checkpoint.pt", "config.yaml", "record.json") if (folder / name).is_file()]}  # fmt: skip
 
     # 10 -------------------------------------------------------------------------------------------
+    def stage_streams(self, result: StageResult, budget: float) -> None:
+        """The stream scheduler where it matters (issue 39): several cameras of different rates on one GPU, one of
+        them bursty, each deadline one frame period, against K runners and one FIFO runner; plans mixed, then
+        segments, each with half the budget. The rows and the targets' verdicts come back."""
+        t_end = time.monotonic() + budget
+        plans = ("mixed", "segments")
+        rows, verdicts, statuses = {}, [], []
+        for i, plan in enumerate(plans):
+            md = self.raw(f"streams_{plan}.md")
+            cmd = [self.py, "benchmarks/bench_streams.py", "--workdir", str(self.work / "bundles"), "--out", str(md),
+                   "--plan", plan, "--overload-fps", "0"]  # fmt: skip
+            if self.args.smoke:
+                cmd += ["--smoke", "--device", "cpu", "--rates", "30,60", "--burst", "3"]
+            else:
+                cmd += ["--device", "cuda", "--streams", "3,6", "--rates", "30,60,120", "--burst", "4", "--seconds", "3",
+                        "--repeats", "1", "--methods", "runners,fifo,scheduler"]  # fmt: skip
+            timeout = max((t_end - time.monotonic()) / (len(plans) - i), 1)
+            code = self.command(result, cmd, timeout, log=f"streams-{plan}")
+            j = md.with_suffix(".json")
+            statuses.append("timeout" if code is None else ("ok" if code == 0 and j.is_file() else "failed"))
+            if j.is_file():
+                rows[plan] = json.loads(j.read_text())
+                verdicts += [f"{plan}: {line[2:]}" for line in md.read_text().splitlines() if line.startswith("- ")]
+        result.figures = {"rows": rows, "verdicts": verdicts}
+        result.status = "ok" if set(statuses) == {"ok"} else ("timeout" if "failed" not in statuses else "failed")
+        missed = [v for v in verdicts if v.endswith("MISSED")]
+        result.summary = (f"{sum(len(r) for r in rows.values())} rows ({', '.join(f'{p}: {s}' for p, s in zip(plans, statuses))}); "
+                          + (f"{len(missed)} of {len(verdicts)} targets missed: " + "; ".join(missed)[:500] if missed
+                             else f"every target of {len(verdicts)} met"))  # fmt: skip
+
+    # 11 -------------------------------------------------------------------------------------------
     def stage_losses(self, result: StageResult, budget: float) -> None:
         t_end = time.monotonic() + budget
         a = self.args

@@ -49,7 +49,11 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    ``OUT/record.json`` (a second objective: ``OUT/<objective>/checkpoint.pt`` and ``record.json``, its config in
    the record), which ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call
    (the CIFAR parts travel in two copies): ``--stages reference --cap-s 330``; OUT then holds at most 8 files.
-10. ``losses`` (whatever is left; only when named in ``--stages``, and only with CIFAR training data and a test
+10. ``streams`` (60; only when named in ``--stages``): ``benchmarks/bench_streams.py --device cuda`` for plans mixed
+   and segments: 3 and 6 cameras at 30/60/120 fps, the last one delivering its frames 4 at a time, each deadline one
+   period of its camera, 3 s a row; the stream scheduler beside K runners and one FIFO runner, and issue 39's
+   targets (rejections <= 1 % where FIFO misses <= 2 %, misses <= 1 %, expected accuracy >= both baselines).
+11. ``losses`` (whatever is left; only when named in ``--stages``, and only with CIFAR training data and a test
    set): ``benchmarks/cifar_losses.py``, one run per objective of ``--objectives`` for ``--loss-epochs`` epochs,
    each scored on the test set; each objective gets an equal share of the time left.
 

@@ -41,11 +41,12 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
     report = json.loads((out / "acceptance.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
     assert list(stages) == ["doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "mobilenet", "ort-gpu", "bench-train",
-                            "reference", "losses"]  # fmt: skip
-    ran = {k: s for k, s in stages.items() if k not in ("ort-gpu", "losses")}
+                            "reference", "streams", "losses"]  # fmt: skip
+    ran = {k: s for k, s in stages.items() if k not in ("ort-gpu", "streams", "losses")}
     assert all(s["status"] == "ok" for s in ran.values()), {k: (s["status"], s["summary"]) for k, s in stages.items()}
     assert stages["ort-gpu"]["status"] == "skipped" and "--ort-gpu-parts" in stages["ort-gpu"]["summary"]
     assert stages["losses"]["status"] == "skipped"  # not a default stage any more: `reference` covers it
+    assert stages["streams"]["status"] == "skipped"  # named when wanted (test below)
     assert report["smoke"] is True and report["elapsed_s"] <= report["cap_s"]
     assert all(c["ok"] for c in stages["doctor"]["figures"]["checks"])
     tests = stages["gpu-tests"]["figures"]
@@ -79,6 +80,23 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
         names = tar.getnames()
     assert {"logs/doctor.log", "raw/doctor.json", "raw/bench_gpu.md", "logs/bench-train.log", "raw/bench_train.json",
             "logs/reference.log"} <= set(names), names
+
+
+def test_the_streams_stage_replays_cameras_of_different_rates_for_both_plans_and_says_which_targets_held(tmp_path):
+    """Issue 39, item 5: `--stages streams` runs bench_streams on the GPU (here: its --smoke on the CPU) for plans mixed
+    and segments, with cameras of different rates and a bursty one; its figures are the rows and the verdicts."""
+    out = tmp_path / "acceptance"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--stages", "streams", "--out", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    stage = {s["name"]: s for s in json.loads((out / "acceptance.json").read_text())["stages"]}["streams"]
+    assert stage["status"] == "ok", stage["summary"]
+    rows = stage["figures"]["rows"]
+    assert set(rows) == {"mixed", "segments"}
+    for plan_rows in rows.values():
+        assert {r["method"] for r in plan_rows} == {"runners", "fifo", "scheduler"}
+        assert any("30/60 (burst 3)" == str(r["fps"]) for r in plan_rows)
+    assert stage["figures"]["verdicts"] and "targets" in stage["summary"]
 
 
 def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export_accept(tmp_path):
