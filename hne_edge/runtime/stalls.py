@@ -26,8 +26,8 @@ with slack ``a`` it misses only if it meets one longer than ``a``. The allowance
 P(size > a) <= miss_rate`` - the miss rate promised (``1 - quantile``: 1 %): 0 while ``p <= miss_rate`` or fewer
 than ``MIN_STALLS`` stalls were seen lately (an isolated stall, however long, is not a pattern), else the
 ``1 - miss_rate / p`` quantile of the recent sizes. A budget starts a step when its steady cost times the noise,
-plus this allowance, fits; admission keeps the same allowance once for a queue of first leaves (one stall
-strikes a sequence, not each call).
+plus this allowance, fits; the stream scheduler charges a queue of calls the allowance of its whole length, once
+(a sequence meets a stall in proportion to its length; one stall, not one a call).
 
 Recovery, stated: an isolated stall of any length changes no prediction (it is one event: no allowance; not a
 ratio in the noise window; one of ``SHIFT_WINDOW`` ratios in the median), so budgets and admission are as before
@@ -44,14 +44,17 @@ import math
 from collections import deque
 from typing import Callable
 
-__all__ = ["STALL_RATIO", "SHIFT_WINDOW", "HORIZON_S", "MIN_STALLS", "Speed", "Stalls", "SteadyWindow"]
+__all__ = ["STALL_RATIO", "STALL_FLOOR_S", "SHIFT_WINDOW", "HORIZON_S", "MIN_STALLS", "Speed", "Stalls", "SteadyWindow"]
 
 STALL_RATIO = 3.0  # a call over this many times its steady cost (at the current speed) is a stall, not a cost
+STALL_FLOOR_S = 2e-4  # a lag that is no step (SteadyWindow) is a stall only when this much over its median as well
 SHIFT_WINDOW = 64  # the pooled ratios whose lower quartile is the current speed: about 4 frames of 16 steps (a
 # frame's steps are slow together - one frame's worth of calls read one slow frame as a slowdown, and a speed that
 # followed each such frame shifted every step the budget had not run since, a random walk)
 NOISE_WINDOW = 128  # the non-stall ratios whose quantile is the noise
-HORIZON_S = 1.0  # the time constant (clock seconds) of the stall rate's decay
+HORIZON_S = 1.5  # the time constant (clock seconds) of the stall rate's decay: 1 s let a camera's stall every 0.3 s
+# (2 % of node calls pre-empted, little work a frame) read as isolated a fifth of the time; 2 s held a burst's
+# allowance 4 s after it ended
 MIN_STALLS = 2.0  # the decayed count of stalls below which they are isolated: no allowance
 MAX_SIZES = 256  # the recent stall sizes the allowance is a quantile of
 _ENDED = math.log(1e3)  # a quiet run of steady work this many times the mean gap between stalls ends a burst
@@ -118,7 +121,7 @@ class Stalls:
 
     def rate(self) -> float:
         """Stalls per second of steady work, lately; 0 while they are isolated (fewer than ``MIN_STALLS`` in the
-        decayed count: one stall a second or rarer), and once a burst ended (below)."""
+        decayed count: a stall every second or so, or rarer), and once a burst ended (below)."""
         self._decay()
         k = self.count
         if k < MIN_STALLS or self.exposure <= 0:

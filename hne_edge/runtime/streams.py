@@ -46,7 +46,7 @@ from .program import Program
 from .result import AnytimeResult
 from .runner import AnytimeRunner
 from .session import RunnerClosedError, check_count, check_stop_at, step_together
-from .stalls import SteadyWindow
+from .stalls import STALL_FLOOR_S, SteadyWindow
 from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy, gain_curve,
                             late_end, read_accuracy)  # fmt: skip
 
@@ -70,7 +70,6 @@ INF = math.inf
 STOP_REASONS = ("complete", "deadline", "cancelled", "rejected")
 LATE = ("reject", "run")
 LAG_WINDOW = 128  # the scheduler's own recent lags (its time per call, its hand-outs, its watcher's wake-ups) kept
-LAG_STALL_S = 2e-4  # a lag is a stall (the shared stall model's) only when this much over its median, as well
 GUARD_MS = 1.0  # see StreamScheduler's guard_ms
 MAX_GUARD_MS = 1000.0
 MAX_WAIT_S = 60.0  # the deadline watcher looks again at least this often: a far deadline is a long wait, not a
@@ -281,15 +280,15 @@ class StreamScheduler:
         # the scheduler's own lags, steady parts only: a stall among them is the runner's stall model's (one model
         # for the device, the host and the scheduler: runtime/stalls.py), not a lag every plan would carry
         stalls, q = runner.cost.stalls, runner.quantile
-        self._gaps = SteadyWindow(q, LAG_WINDOW, stalls, LAG_STALL_S)  # the worker's own seconds per call (see _run)
+        self._gaps = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # the worker's own seconds per call (see _run)
         self._overhead = (0.0, 0.0)  # their median and quantile
         self._busy_margin = 0.0  # the running call's prediction beyond its median
         self._ready_at = self._clock()  # when the worker last became free to work (a step ended, or it woke)
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
         self.calls = 0  # step calls run
         self.stacked_calls = 0  # of which for several frames
-        self._answer_lateness = SteadyWindow(q, LAG_WINDOW, stalls, LAG_STALL_S)  # how late the watcher's answers came
-        self._handout = SteadyWindow(q, LAG_WINDOW, stalls, LAG_STALL_S)  # the worker's: from deciding to handed out
+        self._answer_lateness = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # how late the watcher's answers came
+        self._handout = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # the worker's: from deciding to handed out
         self._sids: dict[Hashable, int] = {}  # each stream id's number (see _stream_id)
         self._callbacks = _Callbacks()
         self._worker = threading.Thread(target=self._work, name="hne-edge-streams", daemon=True)
