@@ -45,13 +45,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from harness import machine, paired, write_report  # first: it puts this checkout on sys.path
 
 MODELS = ("hne_resnet_small", "hne_resnet")
 BATCHES = (1, 16)
@@ -84,21 +83,6 @@ def available_backends() -> list[str]:
     except ImportError:
         pass
     return out
-
-
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def paired(fa, fb, repeats: int) -> tuple[float, float]:
-    """Medians (ms) of two calls alternated ABBA, so each follows the same work."""
-    ta, tb = [], []
-    for k in range(repeats):
-        for which in ((0, 1) if k % 2 == 0 else (1, 0)):
-            (ta if which == 0 else tb).append(timed(fa if which == 0 else fb))
-    return statistics.median(ta) * 1e3, statistics.median(tb) * 1e3
 
 
 # -- baselines ------------------------------------------------------------------------------------
@@ -413,9 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.warmup, args.repeats, args.profile_repeats, args.frames = 1, 3, 2, 3
     if args.device == "cpu":
-        import platform
-
-        where = f"CPU ({platform.machine()}, torch CPU backend{', smoke run: not figures' if args.smoke else ''})"
+        where = f"CPU ({machine()}, torch CPU backend{', smoke run: not figures' if args.smoke else ''})"
         backends = ["torch"]
     else:
         ok, gpu = cuda_status()
@@ -434,11 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def write(done: list[dict]) -> None:  # after every row: a run stopped by a time cap keeps what it measured
-        if args.out:
-            from hne_edge.fileio import atomic_write_json, atomic_write_text
-
-            atomic_write_text(args.out, to_markdown(done, where))
-            atomic_write_json(args.out.with_suffix(".json"), {"where": where, "rows": done}, allow_nan=True)
+        write_report(args.out, to_markdown(done, where), {"where": where, "rows": done})
 
     for name in args.models.split(","):
         before = list(rows)

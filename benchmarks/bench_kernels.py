@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from harness import machine, write_report  # first: it puts this checkout on sys.path
 
-HERE = Path(__file__).resolve().parent
 PLANS = ("segments", "subtrees", "fused")
 KERNEL_CLASSES = (("convolution", ("conv", "cudnn", "implicit", "xmma", "cutlass", "wgrad", "dgrad", "winograd", "gemm", "sm80",
                                    "sm90")),
@@ -152,7 +152,6 @@ def per_plan(bundle: Path, device: str, x: np.ndarray, fold: bool, torch) -> dic
 def time_unit(torch, backend, prepared, x: np.ndarray, repeats: int) -> float:
     """Median ms of one call of a prepared module as the runner makes it: upload, one graph replay (CUDA) or call,
     logits to the host."""
-    sys.path.insert(0, str(HERE))
     from bench_gpu import torch_call
 
     run = torch_call(backend, prepared, x, graph=backend.device != "cpu", prepared=True)
@@ -246,25 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.model, args.repeats = "hne_tiny", 3
-    import platform
-
     import torch
-
-    sys.path.insert(0, str(HERE))
     from bench_gpu import bundle_for
 
-    from hne_edge.fileio import atomic_write_json, atomic_write_text
     from hne_edge.models import create_model
 
     if args.device != "cpu" and not torch.cuda.is_available():
         print(f"bench_kernels: skipped - torch {torch.__version__} sees no CUDA device; pass --device cpu for the op counts")
         return 0
-    where = torch.cuda.get_device_name(0) if args.device != "cpu" else f"CPU ({platform.machine()}, torch {torch.__version__})"
+    where = torch.cuda.get_device_name(0) if args.device != "cpu" else f"CPU ({machine()})"
     data: dict = {"where": where + (" (smoke run: not figures)" if args.smoke else ""), "device": args.device, "model": args.model}
 
     def write() -> None:
-        atomic_write_text(args.out, to_markdown(data))
-        atomic_write_json(args.out.with_suffix(".json"), data, allow_nan=True)
+        write_report(args.out, to_markdown(data), data)
 
     torch.manual_seed(0)
     model = create_model(args.model).eval()

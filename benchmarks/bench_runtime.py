@@ -1,11 +1,15 @@
-"""Runtime performance targets (issue 5): scheduler overhead, first leaf, all leaves, deadlines.
+"""How fast is anytime against one network on a CPU, how well do budgets hold, how big and how long is an export:
+the runtime's targets on ONNX Runtime CPU (issues 4, 5, 15 and 21).
 
-    .venv/bin/python benchmarks/bench_runtime.py --out benchmarks/results/runtime.md
+    .venv/bin/python benchmarks/bench_runtime.py --out benchmarks/results/runtime.md        # the targets (make bench)
+    .venv/bin/python benchmarks/bench_runtime.py --plans --out benchmarks/results/plans.md  # plans subtrees, mixed
+    .venv/bin/python benchmarks/bench_runtime.py --load-seconds 240 --batches 1             # deadlines under load
+    .venv/bin/python benchmarks/bench_runtime.py --export --out benchmarks/results/export.md  # export time and size
+    .venv/bin/python benchmarks/bench_runtime.py --smoke [--plans | --export]               # proves it runs (hne_tiny)
 
-hne_resnet_small (randomized weights: latency does not depend on their
-values), ONNX Runtime CPU, batch 1 and 16. Every ratio is measured side by
-side in one process with the calls interleaved, and reported as a ratio of
-medians. Baselines:
+hne_resnet_small (``--models``; randomized weights: latency does not depend on their values), ONNX Runtime
+CPU, batch 1 and 16. Every ratio is measured side by side in one process with the calls interleaved
+(``harness.paired``, ``harness.rotation``), and reported as a ratio of medians. Baselines:
 
 * bare loop: the same 16 segment sessions called directly (``sess.run`` with
   a dict of cached activations), no scheduler;
@@ -24,14 +28,10 @@ medians. Baselines:
   under test) and fits as many leaves as their cumulative time allows
   (``program.best_leaves``).
 
-``--load-seconds S`` adds deadline frames under artificial CPU load: one
-busy-loop process per core (each ends by itself after S seconds, and is
-killed when the loaded frames are done), at normal priority (``--realtime``
-is dropped for them), budget 2x the full tree measured under that load.
-
-Every deadline row compares this package's cost model with the one before
-issue 15 (``benchmarks/cost_model_v1.py``), frame by frame on the same
-budgets, each model learning only from the leaves its own budget let run.
+``--load-seconds S`` adds deadline frames under artificial CPU load (``harness.cpu_load``: one busy-loop process
+per core, each ending by itself after S seconds, killed when the loaded frames are done), at normal priority
+(``--realtime`` is dropped for them), budget 2x the full tree measured under that load, with a cost model fresh
+from the quiet profile (it learns the load from the loaded frames alone).
 
 ``--realtime`` runs the process under SCHED_FIFO (what a deployed real-time
 inference process gets); Linux throttles real-time tasks that use more than
@@ -54,38 +54,37 @@ know every step's time in the frame (the run's own, the others from
 (the deadline rows above), the plan-achievable one over every schedule of
 the mixed program (whole subtrees and the whole tree included), and the
 even-split upper bound (a step's time spread over its leaves; issue 26).
+
+**Export (issue 4)** - ``--export``: per model, every plan of ``--export-plans`` in fp32 and fp16, exported
+``--export-repeats`` times (the median), each export verified against PyTorch as ``hne-edge export`` does
+(every file and every anytime prefix, batch sizes ``--verify-batch``): seconds, files and bytes (the first-leaf
+file included where the plan hosts it).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import platform
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from harness import (LoadRecord, command_line, cpu_load, machine, median_ms, normal_priority, paired, randomized_model,
+                     realtime, rotation, timed, write_report)  # fmt: skip  (first: it puts this checkout on sys.path)
 
+from hne_edge.bundle import EXPORT_PLANS  # noqa: E402
 
-def med(a):
-    return float(np.median(a))
+SMOKE = {"models": "hne_tiny", "batches": "1,2", "repeats": 3, "frames": 5, "profile_repeats": 3, "load_frames": 5,
+         "export_repeats": "1", "export_plans": "segments", "verify_batch": "1"}  # fmt: skip  (--smoke: runs, measures nothing)
 
 
 def export(workdir: Path, batch_max: int, name: str = "hne_resnet_small", plan: str = "segments"):
-    import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import randomize_
-
     from hne_edge.exporters import export_onnx, export_standalone_network
-    from hne_edge.models import create_model
 
-    torch.manual_seed(0)
-    model = randomize_(create_model(name))
+    model = randomized_model(name)
     bundle = workdir / f"{name}_{plan.replace(',', '+')}_b{batch_max}"
     if not (bundle / "manifest.json").exists():
         export_onnx(model, bundle, plan=plan, batch=(1, 1, batch_max), torch_weights=False, verify=False, force=True)
@@ -128,14 +127,7 @@ def bare_loop_fn(runner):
     return loop
 
 
-def timed(fn, *args):
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
-
-
-def bench_batch(runner, standalone, batch, repeats, frames, rng, frame_gap=0.2, runner_no_first=None, load_seconds=0,
-                load_frames=300, max_ratios=()):
+def bench_batch(runner, standalone, batch, args, rng, runner_no_first=None):
     spec = runner.input_spec
     x = rng.standard_normal((batch, spec.channels, *spec.spatial)).astype(np.float32)
     N = runner.num_leaves
@@ -144,39 +136,30 @@ def bench_batch(runner, standalone, batch, repeats, frames, rng, frame_gap=0.2, 
     sixteen = lambda: [standalone.run(["logits"], {"image": x}) for _ in range(N)]  # noqa: E731
     for _ in range(3):
         runner.run(x), bare(x), single(), sixteen()
-    t = {k: [] for k in ("run_all", "bare_all", "run_first", "single", "sixteen", "run_all_2", "run_first_segment", "single_2")}
-
-    def paired(a, fa, b, fb):
-        """Alternate the two calls (ABBA) so each follows the same work: fair caches and load."""
-        for k in range(repeats):
-            for name, fn in ((a, fa), (b, fb)) if k % 2 == 0 else ((b, fb), (a, fa)):
-                t[name].append(timed(fn))
-
-    paired("run_all", lambda: runner.run(x).logits, "bare_all", lambda: bare(x))
-    paired("run_first", lambda: runner.run(x, max_leaves=1).logits, "single", single)
-    paired("run_all_2", lambda: runner.run(x).logits, "sixteen", sixteen)
+    m = {}
+    m["run_all"], m["bare_all"] = paired(lambda: runner.run(x).logits, lambda: bare(x), args.repeats)
+    m["run_first"], m["single"] = paired(lambda: runner.run(x, max_leaves=1).logits, single, args.repeats)
+    m["run_all_2"], m["sixteen"] = paired(lambda: runner.run(x).logits, sixteen, args.repeats)
     if runner_no_first is not None:  # what the export-free first-leaf file buys: leaf 0 via its exporting segment
         runner_no_first.run(x, max_leaves=1)
-        paired("run_first_segment", lambda: runner_no_first.run(x, max_leaves=1).logits, "single_2", single)
-    m = {k: med(v) * 1e3 for k, v in t.items() if v}
+        m["run_first_segment"], m["single_2"] = paired(lambda: runner_no_first.run(x, max_leaves=1).logits, single,
+                                                       args.repeats)  # fmt: skip
     macs = runner.manifest.prefix_macs()
     path_macs = sum(runner.manifest.node_macs[n] for n in runner.tree.path(0))
     mac_ratio = N * path_macs / macs[-1]
 
-    # deadlines: profile, then frames with budgets uniform in [first leaf, full tree], this cost model vs the
-    # pre-issue-15 one (cost_model_v1.py) frame by frame on the same budgets
-    runner.profile(batch_sizes=(batch,), warmup=5, repeats=30, save=False)
+    # deadlines: profile, then frames with budgets uniform in [first leaf, full tree]
+    runner.profile(batch_sizes=(batch,), warmup=5, repeats=args.profile_repeats, save=False)
     lo, hi = m["run_first"], m["run_all"]
-    gap = frame_gap * hi / 1e3  # frames arrive periodically, not back to back
-    budgets = rng.uniform(lo, hi, frames)
-    quiet = deadline_frames(runner, x, fresh_models(runner, max_ratios), budgets, gap)
+    gap = args.frame_gap * hi / 1e3  # frames arrive periodically, not back to back
+    quiet = deadline_frames(runner, x, rng.uniform(lo, hi, args.frames), gap)
     loaded = None
-    if load_seconds:
-        with normal_priority(), cpu_load(os.cpu_count(), load_seconds) as still_loaded:  # the loops must not inherit SCHED_FIFO
-            models = fresh_models(runner, max_ratios)
-            full = med([timed(runner.run, x) for _ in range(30)]) * 1e3  # the full tree under this load
+    if args.load_seconds:
+        with normal_priority(), cpu_load(os.cpu_count(), args.load_seconds) as still_loaded:  # loops must not inherit SCHED_FIFO
+            runner.cost = fresh_cost_model(runner)
+            full = median_ms([timed(lambda: runner.run(x)) for _ in range(30)])  # the full tree under this load
             loaded = {"full_ms": full, "budget_ms": 2 * full, "processes": os.cpu_count()}
-            loaded.update(deadline_frames(runner, x, models, [2 * full] * load_frames, gap))
+            loaded.update(deadline_frames(runner, x, [2 * full] * args.load_frames, gap))
             loaded["load_ended_early"] = not still_loaded()  # then raise --load-seconds
     return {
         "batch": batch,
@@ -186,70 +169,44 @@ def bench_batch(runner, standalone, batch, repeats, frames, rng, frame_gap=0.2, 
         "first_segment_ratio": m["run_first_segment"] / m["single_2"] if "single_2" in m else None,
         "speedup": m["sixteen"] / m["run_all_2"],
         "mac_ratio": mac_ratio,
-        "frames": frames,
+        "frames": args.frames,
         "budget_range_ms": (lo, hi),
         "deadlines": quiet,
         "loaded": loaded,
     }
 
 
-def fresh_models(runner, max_ratios=()):
-    """This package's cost model (also with other ``max_ratio`` caps) and the pre-issue-15 one, from the runner's profile."""
-    from cost_model_v1 import LegacyCostModel
-
-    from hne_edge.runtime import CostModel
-
-    q, macs, prof = runner.quantile, runner.step_macs, runner.profile_data
-    models = {"new": CostModel(macs, prof, quantile=q)}
-    models.update({f"max_ratio={r:g}": CostModel(macs, prof, quantile=q, max_ratio=r) for r in max_ratios})
-    models["v1"] = LegacyCostModel(macs, prof, quantile=q)
-    return models
+def fresh_cost_model(runner):
+    """The cost model the runner builds from its profile, fresh: one that has not learned the frames before."""
+    return runner._cost_model(runner.profile_data)
 
 
-def model_label(name):
-    return {"new": "this cost model", "v1": "pre-issue-15 cost model (cost_model_v1.py)"}.get(name, f"this cost model, {name}")
-
-
-def deadline_frames(runner, x, models, budgets, gap):
-    """Each frame under each cost model (order alternating), then the plan-achievable oracle of that frame.
+def deadline_frames(runner, x, budgets, gap):
+    """Each frame under the runner's cost model, then the plan-achievable oracle of that frame.
 
     The oracle knows each step's true time (``hne_edge.runtime.bench.frame_oracles``): the budgeted run's own
-    steps, the others timed right after by ``runner.time_steps`` (unseen by any cost model, so the model under
-    test learns only from the leaves its own budget let it run, as in deployment), and pays the run's upload.
+    steps, the others timed right after by ``runner.time_steps`` (unseen by the cost model, so it learns only from
+    the leaves its own budget let it run, as in deployment), and pays the run's upload.
     """
     from hne_edge.runtime.bench import frame_oracles
 
-    stats = {k: {"misses": 0, "forced": 0, "leaves": 0, "oracle": 0} for k in models}
-    names = list(models)
-    for k, budget in enumerate(budgets):
-        for name in names if k % 2 == 0 else names[::-1]:
-            st = stats[name]
-            time.sleep(gap)
-            runner.cost = models[name]
-            r = runner.run(x, budget_ms=float(budget))
-            st["oracle"] += frame_oracles(runner, x, r, float(budget))["oracle"]  # time_steps: unseen by the model
-            st["leaves"] += r.leaves
-            st["forced"] += r.overran_min_leaves
-            st["misses"] += (not r.met_budget) and not r.overran_min_leaves
-    runner.cost = models[names[0]]
-    for st in stats.values():
-        st["miss_rate"] = st["misses"] / len(budgets)
-        st["leaves_vs_oracle"] = st["leaves"] / st["oracle"]
-        st["mean_leaves"] = st["leaves"] / len(budgets)
-    return stats
+    st = {"misses": 0, "forced": 0, "leaves": 0, "oracle": 0}
+    for budget in budgets:
+        time.sleep(gap)
+        r = runner.run(x, budget_ms=float(budget))
+        st["oracle"] += frame_oracles(runner, x, r, float(budget))["oracle"]  # time_steps: unseen by the model
+        st["leaves"] += r.leaves
+        st["forced"] += r.overran_min_leaves
+        st["misses"] += (not r.met_budget) and not r.overran_min_leaves
+    st["miss_rate"] = st["misses"] / len(budgets)
+    st["leaves_vs_oracle"] = st["leaves"] / st["oracle"]
+    st["mean_leaves"] = st["leaves"] / len(budgets)
+    return st
 
 
-def rotation(fns: dict, repeats: int) -> dict[str, float]:
-    """Medians (ms) of several calls run in rotation, the order shifted each repeat (each follows every other alike)."""
-    names, t = list(fns), {k: [] for k in fns}
-    for k in range(repeats):
-        for name in names[k % len(names):] + names[: k % len(names)]:
-            t[name].append(timed(fns[name]))
-    return {k: med(v) * 1e3 for k, v in t.items()}
-
-
-def bench_plans(runners, standalone, batch, repeats, frames, rng, frame_gap=0.2):
+def bench_plans(runners, standalone, batch, args, rng):
     """Issue 21's rows for one model and batch size (see the module docstring). ``runners``: plan -> AnytimeRunner."""
+    repeats, frames, frame_gap = args.repeats, args.frames, args.frame_gap
     from hne_edge.runtime.bench import frame_oracles
 
     mixed, segments = runners["mixed"], runners["segments"]
@@ -260,7 +217,7 @@ def bench_plans(runners, standalone, batch, repeats, frames, rng, frame_gap=0.2)
     for r in runners.values():
         r.run(x)
     # the mixed runner's own measurements: every step (what its choice reads)
-    prof = mixed.profile(batch_sizes=(batch,), warmup=3, repeats=max(10, repeats // 2), save=False)
+    prof = mixed.profile(batch_sizes=(batch,), warmup=3, repeats=max(min(10, args.profile_repeats), repeats // 2), save=False)
     step_ms = [leaf["median_ms"] for leaf in prof.batches[batch]["leaves"]]
     units = [{"leaves": s["leaves"], "ms": step_ms[j], "leaf_by_leaf_ms": sum(step_ms[s["leaves"][0]: s["leaves"][1]])}
              for j, s in enumerate(mixed.steps) if s["kind"] != "leaf"]  # fmt: skip
@@ -279,7 +236,7 @@ def bench_plans(runners, standalone, batch, repeats, frames, rng, frame_gap=0.2)
     }  # fmt: skip
     # deadlines: the mixed runner (profiled above) and plan segments (profiled too) on the same frames and budgets
     if frames:
-        segments.profile(batch_sizes=(batch,), warmup=3, repeats=max(10, repeats // 2), save=False)
+        segments.profile(batch_sizes=(batch,), warmup=3, repeats=max(min(10, args.profile_repeats), repeats // 2), save=False)
         lo, hi = first, m["segments"]
         gap = frame_gap * hi / 1e3
         st = {k: {"misses": 0, "leaves": 0} for k in ("mixed", "segments")}
@@ -349,158 +306,174 @@ def plans_table(model, rows, args) -> list[str]:
     return lines
 
 
-@contextlib.contextmanager
-def normal_priority():
-    """Drop SCHED_FIFO (--realtime) for the loaded frames: the busy loops compete with us as equals."""
-    policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
-    if policy is None or policy == os.SCHED_OTHER:
-        yield
-        return
-    param = os.sched_getparam(0)
-    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, policy, param)
+def targets_table(rows, args) -> list[str]:
+    ok = lambda c: "ok" if c else "MISSED"  # noqa: E731
+    lines = ["| batch | target | measured | |", "|---|---|---|---|"]
+    for r in rows:
+        m, b = r["ms"], r["batch"]
+        lo, hi = r["budget_range_ms"]
+        d = r["deadlines"]
+        lines += [
+            f"| {b} | scheduler overhead run(all)/bare loop <= 1.05 | {r['overhead_ratio']:.3f} ({m['run_all']:.2f} vs {m['bare_all']:.2f} ms) | {ok(r['overhead_ratio'] <= 1.05)} |",
+            f"| {b} | first leaf / standalone network <= 1.10 | {r['first_ratio']:.3f} ({m['run_first']:.3f} vs {m['single']:.3f} ms) | {ok(r['first_ratio'] <= 1.10)} |",
+            f"| {b} | (same, first_leaf=False: leaf 0 via its exporting segment) | {r['first_segment_ratio']:.3f} ({m['run_first_segment']:.3f} vs {m['single_2']:.3f} ms) | |",
+            f"| {b} | 16 independent / HNE >= 0.9 x MAC ratio ({r['mac_ratio']:.2f}) | {r['speedup']:.2f} = {r['speedup'] / r['mac_ratio']:.2f} x MAC ratio ({m['sixteen']:.2f} vs {m['run_all_2']:.2f} ms) | {ok(r['speedup'] >= 0.9 * r['mac_ratio'])} |",
+            f"| {b} | budget misses <= 1% (budgets U[{lo:.2f}, {hi:.2f}] ms, {r['frames']} frames) | {100 * d['miss_rate']:.2f}% (+{d['forced']} forced first-leaf overruns) | {ok(d['miss_rate'] <= 0.01)} |",
+            f"| {b} | leaves >= 90% of oracle | {100 * d['leaves_vs_oracle']:.1f}% (mean {d['mean_leaves']:.2f} leaves) | {ok(d['leaves_vs_oracle'] >= 0.9)} |",
+        ]  # fmt: skip
+        if r["loaded"]:
+            ld = r["loaded"]
+            lines.append(f"| {b} | under load ({ld['processes']} busy loops), budget 2x full tree ({ld['budget_ms']:.2f} ms): leaves >= 90% "
+                         f"of oracle | {100 * ld['leaves_vs_oracle']:.1f}% (mean {ld['mean_leaves']:.2f} leaves; misses {100 * ld['miss_rate']:.1f}%)"
+                         f"{' (LOAD ENDED EARLY)' if ld['load_ended_early'] else ''} | {ok(ld['leaves_vs_oracle'] >= 0.9)} |")  # fmt: skip
+    return lines
 
 
-@contextlib.contextmanager
-def cpu_load(processes, seconds):
-    """``processes`` busy loops (one per core), each ending by itself after ``seconds``; killed on exit."""
-    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(processes)]
-    try:
-        time.sleep(0.5)  # let them start
-        yield lambda: all(p.poll() is None for p in procs)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+# -- export (issue 4) ---------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def bench_export(name: str, work: Path, args) -> dict:
+    """Every plan of ``--export-plans`` x precision of model ``name``, exported and verified ``repeats`` times."""
+    from hne_edge.bundle import read_manifest
+    from hne_edge.exporters import export_onnx
+
+    model = randomized_model(name)
+    repeats = args.export_repeats[name]
+    res: dict = {"model": name, "params": sum(p.numel() for p in model.parameters()), "exports": []}
+    for plan in args.export_plans:
+        for precision in ("fp32", "fp16"):
+            out, times = work / f"{name}_{plan}_{precision}", []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                export_onnx(model, out, precisions=(precision,), plan=plan, batch=(1, 1, 8), force=True,
+                            torch_weights=False, verify=True, verify_batch_sizes=args.verify_batch)  # fmt: skip
+                times.append(time.perf_counter() - t)
+            files = read_manifest(out).files
+            row = {"plan": plan, "precision": precision, "files": len(files), "bytes": sum(f.bytes for f in files),
+                   "seconds": statistics.median(times), "runs": len(times)}  # fmt: skip
+            res["exports"].append(row)
+            print(f"{name} {plan}/{precision}: {row['files']} files {row['bytes'] / 1e6:.1f} MB {row['seconds']:.1f} s "
+                  f"(median of {len(times)})", flush=True)  # fmt: skip
+    return res
+
+
+def export_table(results: list[dict]) -> list[str]:
+    lines = ["| model | plan | precision | files | size (MB) | export + verification (s) | runs |",
+             "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in results:
+        for e in r["exports"]:
+            lines.append(f"| {r['model']} | {e['plan']} | {e['precision']} | {e['files']} | {e['bytes'] / 1e6:.1f} | "
+                         f"{e['seconds']:.1f} | {e['runs']} |")  # fmt: skip
+    return lines
+
+
+# -- main ---------------------------------------------------------------------------------------------------------
+
+
+def arguments(argv: list[str] | None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=100)
-    ap.add_argument("--frames", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (and torch's, for --export)")
+    ap.add_argument("--repeats", type=int, default=100, help="interleaved calls per measurement (medians)")
+    ap.add_argument("--frames", type=int, default=1000, help="deadline frames per batch size")
+    ap.add_argument("--profile-repeats", type=int, default=30, help="runs of each step in the runner's profile")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "hne_bench_runtime"))
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="markdown report (its rows as JSON beside it)")
     ap.add_argument("--nice", type=int, default=0, help="os.nice() increment for this process (e.g. -10: priority over background jobs, as a deployed real-time process would have)")
     ap.add_argument("--realtime", action="store_true", help="run under SCHED_FIFO priority 1 (Linux, root), as a deployed real-time process would; single-threaded, so other jobs keep the other cores")
     ap.add_argument("--frame-gap", type=float, default=0.2, help="idle time between deadline frames, as a fraction of the full-tree latency (frames arrive periodically)")
     ap.add_argument("--quantile", type=float, default=0.99, help="cost model prediction quantile")
     ap.add_argument("--load-seconds", type=float, default=0, help="also run deadline frames under artificial CPU load: one busy-loop process per core, each ending after this many seconds (0: no loaded rows)")
-    ap.add_argument("--load-frames", type=int, default=300, help="deadline frames per cost model under load (budget 2x the full tree measured under that load)")
-    ap.add_argument("--max-ratios", type=lambda v: tuple(float(r) for r in v.split(",") if r), default=(),
-                    help="also run the deadline frames with the cost model capped at these max_ratio values (e.g. 4,8)")
+    ap.add_argument("--load-frames", type=int, default=300, help="deadline frames under load (budget 2x the full tree measured under that load)")
     ap.add_argument("--plans", action="store_true", help="issue 21's rows instead: plans subtrees, fused and mixed per model")
-    ap.add_argument("--models", default="hne_resnet_small", help="--plans: comma list (e.g. hne_resnet_small,hne_mobilenetv2)")
-    args = ap.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    ap.add_argument("--export", action="store_true", help="issue 4's rows instead: export time and bundle size per plan and precision")
+    ap.add_argument("--models", default="hne_resnet_small", help="comma list (e.g. hne_resnet_small,hne_mobilenetv2)")
+    ap.add_argument("--export-plans", default=",".join(EXPORT_PLANS), help="--export: comma list of plans, each exported alone")
+    ap.add_argument("--export-repeats", default="3", help="--export: exports per model (comma list aligned with --models; the last repeats)")
+    ap.add_argument("--verify-batch", default="1,2", help="--export: batch sizes the verification runs")
+    ap.add_argument("--smoke", action="store_true", help="hne_tiny, a few calls and frames: proves the script runs, measures nothing")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.models = args.models.split(",")
+    repeats = [int(v) for v in args.export_repeats.split(",")]
+    args.export_repeats = {m: repeats[min(k, len(repeats) - 1)] for k, m in enumerate(args.models)}
+    args.export_plans = args.export_plans.split(",")
+    args.verify_batch = [int(v) for v in args.verify_batch.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     if args.nice:
         os.nice(args.nice)
     if args.realtime:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        realtime()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.plans:
-        return main_plans(args, batches, workdir)
-    bundle, standalone_path = export(workdir, max(batches))
+    loads = LoadRecord()
+    loads.note()
+    import onnxruntime  # noqa: F401  (machine() names its version)
+    import torch
 
-    from hne_edge.runtime import AnytimeRunner
+    torch.set_num_threads(args.threads)
+    setup = (f"fp32, intra-op threads {args.threads}, cost-model quantile {args.quantile}, nice {os.nice(0)}"
+             f"{', SCHED_FIFO' if args.realtime else ''}{'; smoke run: not figures' if args.smoke else ''}")  # fmt: skip
+    if args.export:
+        title, data = "Export time and bundle size (issue 4)", []
+        with tempfile.TemporaryDirectory(prefix="bench_export_", dir=workdir) as tmp:
+            for name in args.models:
+                data.append(bench_export(name, Path(tmp), args))
+        lines = export_table(data)
+        setup = (f"torch threads {args.threads}; verified against PyTorch at batch sizes {args.verify_batch} (every file, "
+                 f"every anytime prefix), as `hne-edge export` does; randomized weights{'; smoke run: not figures' if args.smoke else ''}")  # fmt: skip
+    elif args.plans:
+        title, data, lines = "Plans (issue 21): the tree in B + 1 calls, on ONNX Runtime CPU", [], []
+        from hne_edge.runtime import AnytimeRunner
 
-    rng = np.random.default_rng(0)
-    standalone = ort_session(standalone_path, args.threads)
-    rows = []
-    with AnytimeRunner(bundle, threads=args.threads, load_profile=False, quantile=args.quantile) as runner, \
-            AnytimeRunner(bundle, threads=args.threads, load_profile=False, first_leaf=False) as runner_no_first:  # fmt: skip
-        assert runner.first_leaf_file is not None and runner_no_first.first_leaf_file is None
-        for b in batches:
-            rows.append(bench_batch(runner, standalone, b, args.repeats, args.frames, rng, args.frame_gap, runner_no_first,
-                                    args.load_seconds, args.load_frames, args.max_ratios))
-            print(rows[-1], flush=True)
-    load = os.getloadavg()
-    import onnxruntime
+        for name in args.models:
+            bundle, standalone_path = export(workdir, max(args.batches), name, "segments,subtrees,fused")
+            standalone = ort_session(standalone_path, args.threads)
+            rng = np.random.default_rng(0)
+            runners = {p: AnytimeRunner(bundle, plan=p, threads=args.threads, load_profile=False, quantile=args.quantile)
+                       for p in ("fused", "subtrees", "mixed", "segments")}  # fmt: skip
+            rows = []
+            try:
+                for b in args.batches:
+                    rows.append(bench_plans(runners, standalone, b, args, rng))
+                    print(rows[-1], flush=True)
+            finally:
+                for r in runners.values():
+                    r.close()
+            loads.note()
+            data += [{"model": name, **r} for r in rows]
+            lines += plans_table(name, rows, args) + [""]
+    else:
+        title, name = "Runtime targets (issue 5): the anytime scheduler on ONNX Runtime CPU", args.models[0]
+        bundle, standalone_path = export(workdir, max(args.batches), name)
+        from hne_edge.runtime import AnytimeRunner
 
-    lines = [
-        "## Runtime (issue 5): anytime scheduler on ONNX Runtime CPU",
-        "",
-        f"`{' '.join(['python', 'benchmarks/bench_runtime.py'] + sys.argv[1:])}` - hne_resnet_small (16 leaves), plan segments, "
-        f"fp32, onnxruntime {onnxruntime.__version__}, intra-op threads {args.threads}, cost-model quantile {args.quantile}, nice {os.nice(0)}{', SCHED_FIFO' if args.realtime else ''}; {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs shared with other jobs (load average {load[0]:.1f} at the end), "
-        f"{args.repeats} interleaved repeats (medians), {args.frames} deadline frames per batch size (idle gap {args.frame_gap} x full-tree latency between frames).",
-        "",
-        "| batch | target | measured | |",
-        "|---|---|---|---|",
-    ]
-    for r in rows:
-        m = r["ms"]
-        lines += [
-            f"| {r['batch']} | scheduler overhead run(all)/bare loop <= 1.05 | {r['overhead_ratio']:.3f} ({m['run_all']:.2f} vs {m['bare_all']:.2f} ms) | {'ok' if r['overhead_ratio'] <= 1.05 else 'MISSED'} |",
-            f"| {r['batch']} | first leaf / standalone network <= 1.10 | {r['first_ratio']:.3f} ({m['run_first']:.3f} vs {m['single']:.3f} ms) | {'ok' if r['first_ratio'] <= 1.10 else 'MISSED'} |",
-            f"| {r['batch']} | (same, first_leaf=False: leaf 0 via its exporting segment) | {r['first_segment_ratio']:.3f} ({m['run_first_segment']:.3f} vs {m['single_2']:.3f} ms) | |",
-            f"| {r['batch']} | 16 independent / HNE >= 0.9 x MAC ratio ({r['mac_ratio']:.2f}) | {r['speedup']:.2f} = {r['speedup'] / r['mac_ratio']:.2f} x MAC ratio ({m['sixteen']:.2f} vs {m['run_all_2']:.2f} ms) | {'ok' if r['speedup'] >= 0.9 * r['mac_ratio'] else 'MISSED'} |",
-        ]
-        for name, d in r["deadlines"].items():
-            label = model_label(name)
-            lo, hi = r["budget_range_ms"]
-            lines += [
-                f"| {r['batch']} | {label}: budget misses <= 1% (budgets U[{lo:.2f}, {hi:.2f}] ms) | {100 * d['miss_rate']:.2f}% (+{d['forced']} forced first-leaf overruns) | {'ok' if d['miss_rate'] <= 0.01 else 'MISSED'} |",
-                f"| {r['batch']} | {label}: leaves >= 90% of oracle | {100 * d['leaves_vs_oracle']:.1f}% (mean {d['mean_leaves']:.2f} leaves) | {'ok' if d['leaves_vs_oracle'] >= 0.9 else 'MISSED'} |",
-            ]
-        if r["loaded"]:
-            ld = r["loaded"]
-            for name in r["deadlines"]:
-                d, label = ld[name], model_label(name)
-                lines.append(
-                    f"| {r['batch']} | under load ({ld['processes']} busy loops), budget 2x full tree ({ld['budget_ms']:.2f} ms), {label}: "
-                    f"leaves >= 90% of oracle | {100 * d['leaves_vs_oracle']:.1f}% (mean {d['mean_leaves']:.2f} leaves; misses "
-                    f"{100 * d['miss_rate']:.1f}%){' (LOAD ENDED EARLY)' if ld['load_ended_early'] else ''} | "
-                    f"{'ok' if d['leaves_vs_oracle'] >= 0.9 else 'MISSED'} |"
-                )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-
-
-def main_plans(args, batches, workdir) -> None:
-    import onnxruntime
-
-    from hne_edge.runtime import AnytimeRunner
-
-    lines = [
-        "## Plans (issue 21): the tree in B + 1 calls, on ONNX Runtime CPU",
-        "",
-        f"`{' '.join(['python', 'benchmarks/bench_runtime.py'] + sys.argv[1:])}` - fp32, onnxruntime {onnxruntime.__version__}, "
-        f"intra-op threads {args.threads}, cost-model quantile {args.quantile}{', SCHED_FIFO' if args.realtime else ''}; "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs shared with other jobs; {args.repeats} repeats in "
-        f"rotation (medians), {args.frames} deadline frames per batch size.",
-        "",
-    ]
-    for name in args.models.split(","):
-        bundle, standalone_path = export(workdir, max(batches), name, "segments,subtrees,fused")
-        standalone = ort_session(standalone_path, args.threads)
         rng = np.random.default_rng(0)
-        runners = {p: AnytimeRunner(bundle, plan=p, threads=args.threads, load_profile=False, quantile=args.quantile)
-                   for p in ("fused", "subtrees", "mixed", "segments")}  # fmt: skip
-        rows = []
-        try:
-            for b in batches:
-                rows.append(bench_plans(runners, standalone, b, args.repeats, args.frames, rng, args.frame_gap))
-                print(rows[-1], flush=True)
-        finally:
-            for r in runners.values():
-                r.close()
-        lines += plans_table(name, rows, args) + ["", f"(load average {os.getloadavg()[0]:.1f} at the end of {name})", ""]
-    text = "\n".join(lines) + "\n"
+        standalone = ort_session(standalone_path, args.threads)
+        data = []
+        with AnytimeRunner(bundle, threads=args.threads, load_profile=False, quantile=args.quantile) as runner, \
+                AnytimeRunner(bundle, threads=args.threads, load_profile=False, first_leaf=False) as runner_no_first:  # fmt: skip
+            assert runner.first_leaf_file is not None and runner_no_first.first_leaf_file is None
+            for b in args.batches:
+                data.append(bench_batch(runner, standalone, b, args, rng, runner_no_first))
+                print(data[-1], flush=True)
+        setup = (f"{name} (16 leaves), plan segments, {setup}; {args.repeats} interleaved repeats (medians), {args.frames} "
+                 f"deadline frames per batch size (idle gap {args.frame_gap} x full-tree latency between frames)")  # fmt: skip
+        lines = targets_table(data, args)
+    loads.note()
+    text = "\n".join([f"## {title}", "", f"`{command_line()}`", "",
+                      f"Machine: {machine()}; {loads}. {setup}.", "", *lines]) + "\n"  # fmt: skip
     print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    write_report(args.out, text, {"command": command_line(), "machine": machine(), "load": str(loads), "rows": data})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,9 +29,7 @@ rewritten after every figure, so a run stopped from outside still leaves what it
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -41,9 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path and "PYTHONPATH" not in os.environ:
-    sys.path.insert(0, str(REPO))
+from harness import REPO, cpu_name, load_average, write_json  # first: it puts this checkout on sys.path
 
 # dense bf16 tensor-core peak (TFLOP/s), from the vendors' data sheets; --peak-tflops overrides
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0,
@@ -55,13 +51,7 @@ def _device_name(device: str) -> str:
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 class GpuSampler:
@@ -276,13 +266,13 @@ def main() -> None:
     figures: dict = {
         "model": args.model, "batch": batch, "device": device, "device_name": name, "torch": torch.__version__,
         "compile": args.compile, "amp": cuda and not args.no_amp, "channels_last": cuda and not args.no_channels_last,
-        "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 1), "peak_tflops": peak,
+        "threads": torch.get_num_threads(), "load_average": load_average(), "peak_tflops": peak,
         "pointwise": modes, "loop": None, "step": {}, "not_measured": [],
     }  # fmt: skip
 
     def write() -> None:
         if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=1))
+            write_json(args.json, figures)
 
     def left() -> float:
         return float("inf") if args.budget_s is None else args.budget_s - (time.monotonic() - started)
@@ -357,7 +347,7 @@ def main() -> None:
         f"### Training throughput, {args.model}, batch {batch}, {device}",
         "",
         f"Device: {name}; torch {torch.__version__}; {', '.join(flags) or 'fp32'}; {figures['threads']} CPU threads; "
-        f"load average {os.getloadavg()[0]:.1f}. Loop: epoch {args.epochs} of {args.epochs}, {args.limit} images; "
+        f"load average {load_average() or float('nan'):.1f}. Loop: epoch {args.epochs} of {args.epochs}, {args.limit} images; "
         f"step alone: one device-resident batch, median of timed chunks. Wall {figures['wall_s']:.0f} s in all.",
         "",
         "| what | pointwise | images/s | TFLOP/s | % of peak | ops per step (non-view) | loop / step |",

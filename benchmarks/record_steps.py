@@ -19,13 +19,12 @@ written per batch size as soon as it is done).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from harness import command_line, load_average, machine, realtime, write_json  # first: it puts this checkout on sys.path
+
 MIN_FRAMES = 20  # recorded whatever --seconds says (a file with fewer frames tells nothing)
 
 
@@ -75,14 +74,12 @@ def main(argv: list[str] | None = None) -> int:
                          "machine the recording is then of the device, not of the other jobs' time slices")
     args = ap.parse_args(argv)
     if args.realtime:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        realtime()
     batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
     if args.smoke:
         args.frames, args.model = min(args.frames, 5), "hne_tiny" if args.model == "hne_resnet_small" else args.model
-    sys.path.insert(0, str(HERE))
     from bench_gpu import bundle_for
 
-    from hne_edge.fileio import atomic_write_json
     from hne_edge.runtime import AnytimeRunner
 
     t_start = time.monotonic()
@@ -90,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {"threads": args.threads} if args.device == "cpu" else {}
     with AnytimeRunner(bundle, backend=args.backend, device=args.device, plan="mixed", load_profile=False, **options) as runner:
         describe = runner.backend.describe()
-        where = describe.get("gpu") or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+        where = machine(describe.get("gpu"))
         steps = [{"name": step_name(s, runner.tree), "leaves": list(s["leaves"]), "kind": s["kind"]} for s in runner.steps]
         args.out.mkdir(parents=True, exist_ok=True)
         for i, batch in enumerate(batches):
@@ -99,13 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             got = record(runner, batch, args.frames, left / (len(batches) - i), warmup=2 if args.smoke else 10)
             tag = args.backend if args.device == "cpu" else f"{args.backend}_{args.device.replace(':', '')}"
             path = args.out / f"steps_{args.model}_{tag}_b{batch}.json"
-            atomic_write_json(path, {
-                "command": " ".join(["python", "benchmarks/record_steps.py", *(argv if argv is not None else sys.argv[1:])]),
+            write_json(path, {
+                "command": command_line([sys.argv[0], *argv] if argv is not None else None),
                 "model": args.model,
                 "backend": f"{args.backend} ({args.device}; {', '.join(f'{k} {v}' for k, v in describe.items() if k not in ('backend', 'device'))})"
                            + (", SCHED_FIFO" if args.realtime else ""),
                 "batch": batch,
-                "machine": f"{where}; load average {os.getloadavg()[0]:.1f} at the end, {time.monotonic() - t0:.0f} s"
+                "machine": f"{where}; load average {load_average() or float('nan'):.1f} at the end, {time.monotonic() - t0:.0f} s"
                            + (" (--smoke: not figures)" if args.smoke else ""),
                 "steps": steps,
                 **got,

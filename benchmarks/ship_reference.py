@@ -17,7 +17,18 @@ What it writes: the weights stored in float16 (``--weights-dtype``; readers load
 fp32 state dict of hne_resnet_small is 5.45 MiB, above the 5 MiB the repository's hook accepts), the held-out
 accuracy by ensemble size n = 1..16 of the stored weights (with standard errors) beside that of the float32 ones,
 the record of how it was made (command, commit, machine, the time budget's plan, throughput) and the training
-config as YAML. The CPU-trained ``cifar10_demo.pt`` stays beside it: ``hne-edge demo --pretrained tiny``.
+config as YAML.
+
+``--demo`` ships the other model the demo offers, the CPU-trained ``cifar10_demo.pt`` (``hne-edge demo --pretrained
+tiny``): a finished ``hne-edge train`` run, its final epoch whatever its figures (no selection on the hold-out)::
+
+    nice .venv/bin/python -m hne_edge train --config hne_edge/assets/cifar10_demo.yaml \
+        --data-dir ../shared/data/cifar10_train.npz --out runs/cifar10_demo              # ~10 min on 2 cores, 1 thread
+    python benchmarks/ship_reference.py --demo runs/cifar10_demo --command "<the command above>"
+
+Its record holds the command, the commit, the data file's fingerprint (the demo refuses another file: its seeded
+validation split could then hold training images), the machine, the training time and the held-out accuracy of
+the first n leaves with one standard error, and the gain over n = 1 with a paired standard error.
 """
 
 from __future__ import annotations
@@ -29,9 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from harness import REPO, machine  # first: it puts this checkout on sys.path
 
 NAME = "cifar10_reference"  # hne_edge.demo.REFERENCE is ASSETS / f"{NAME}.pt"
 
@@ -52,9 +61,71 @@ def _rows(model, data, norm, dtype=None):
         return ensemble_rows(logits, labels, sizes=tuple(range(1, logits.shape[1] + 1)))
 
 
+def commit() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def ship_demo(run: Path, command: str, note: str, out: Path) -> int:
+    """A finished ``hne-edge train`` run as the CPU-trained demo checkpoint: a lean copy of its final epoch (weights,
+    config, history; no optimizer state) at ``out`` and its record beside it (``out`` with suffix .json)."""
+    from hne_edge.demo import ensemble_rows
+    from hne_edge.fileio import atomic_write_json
+    from hne_edge.train import load_checkpoint, model_from_checkpoint
+    from hne_edge.train.checkpoint import save_release
+    from hne_edge.train.config import TrainConfig, upgrade_config
+    from hne_edge.train.data import BatchLoader, load_data, npz_fingerprint
+    from hne_edge.train.evaluation import predict
+
+    state = load_checkpoint(run / "checkpoint.pt")
+    config = TrainConfig.from_dict(upgrade_config(state["config"]))
+    history = state["extra"]["history"]
+    if state["epoch"] != config.optim.epochs:
+        raise SystemExit(f"{run}: epoch {state['epoch']} of {config.optim.epochs}; package a finished run")
+    model, _ = model_from_checkpoint(state)
+    save_release(out, state)
+    data = load_data(config.data, seed=config.seed)
+    norm = state["normalization"]
+    logits, labels = predict(model, BatchLoader(data.val, 256, mean=norm["mean"], std=norm["std"]))
+    rows = ensemble_rows(logits, labels)
+    loss = {"independent": "L^I", "hierarchical": "L^I + L^HD", "distill": "L^I + L^D"}.get(config.loss.kind, config.loss.kind)
+    first, last = rows[0], rows[-1]
+    record = {
+        "summary": (f"{config.model.name} (slim, {sum(p.numel() for p in model.parameters()) / 1e3:.0f}k parameters), "
+                    f"{loss}, {config.optim.epochs} epochs on {len(data.train):,} CIFAR-10 images; held out: "
+                    f"n=1 {first['accuracy']:.1%}, n={last['n']} {last['accuracy']:.1%} on {last['images']:,} images"),
+        "command": command,
+        "commit": commit(),
+        "config": state["config"],
+        "data": {
+            "file": config.data.data_dir,
+            "sha256": npz_fingerprint(config.data.data_dir),
+            "fingerprint": "sha256 of x's bytes then y's as int64",
+            "train_images": len(data.train),
+            "validation_images": len(data.val),
+            "split": f"seeded permutation (seed {config.seed}): the first {config.data.val_split:g} of it held out, "
+                     f"then the first --limit {config.data.limit} of each part",
+        },
+        "epochs": config.optim.epochs,
+        "seed": config.seed,
+        "train_seconds": round(sum(h["train_seconds"] for h in history), 1),
+        "machine": machine(),
+        "torch": __import__("torch").__version__,
+        "note": note,
+        "held_out": rows,
+        "history": [{k: v for k, v in h.items() if k != "val_acc_n"} for h in history],
+    }  # fmt: skip
+    atomic_write_json(out.with_suffix(".json"), record, indent=1)
+    print(record["summary"])
+    for r in rows:
+        print(f"n={r['n']:>2}: {r['accuracy']:.2%} ± {r['se']:.2%}   vs n=1 {100 * r['gain']:+.2f} ± {100 * r['gain_se']:.2f}")
+    print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) and {out.with_suffix('.json')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("folder", type=Path, help="the reference run's folder (checkpoint.pt, record.json)")
+    p.add_argument("folder", type=Path, help="the reference run's folder (checkpoint.pt, record.json); with --demo, "
+                                             "the training run's --out folder")
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "cifar10_train.npz",
                    help="the CIFAR-10 training file here (its fingerprint must be the record's)")
     p.add_argument("--assets", type=Path, default=REPO / "hne_edge" / "assets", help="where the shipped files go")
@@ -62,7 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=0.5, help="points of held-out accuracy the CPU may differ by")
     p.add_argument("--allow-partial", action="store_true", help="ship a run that was stopped after an epoch")
     p.add_argument("--note", default="", help="anything a reader of the record needs to know")
+    p.add_argument("--demo", action="store_true", help="ship a finished `hne-edge train` run as the CPU-trained demo "
+                                                       "checkpoint (cifar10_demo.pt) instead")  # fmt: skip
+    p.add_argument("--command", default=None, help="--demo: the exact training command, for the record")
+    p.add_argument("--out", type=Path, default=None, help="--demo: where the checkpoint goes (default: ASSETS/cifar10_demo.pt)")
     args = p.parse_args(argv)
+    if args.demo:
+        if not args.command:
+            p.error("--demo needs --command: the exact training command, for the record")
+        return ship_demo(args.folder, args.command, args.note, args.out or args.assets / "cifar10_demo.pt")
 
     import torch
 
@@ -111,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     machine = record.get("machine", {})
     loss = {"independent": "L^I", "hierarchical": "(1 - a) L^I + a L^HD, a 0.5, T 2"}.get(config.loss.kind, config.loss.kind)
     first, last = shipped[0], shipped[-1]
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     shipped_record = {
         "summary": (f"{config.model.name} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters), {loss}, "
                     f"{record.get('epochs', 0):.1f} epochs in a {record.get('time_budget_s', 0) / 60:.1f}-minute budget on "
@@ -121,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_command": record.get("command"),
         "commit": record.get("commit"),
         "shipped_by": {"command": " ".join(["python", "benchmarks/ship_reference.py", *(argv or sys.argv[1:])]),
-                       "commit": commit, "weights_dtype": args.weights_dtype},
+                       "commit": commit(), "weights_dtype": args.weights_dtype},
         "config": state["config"],
         "data": {**record["data"], "file": "../shared/data/cifar10_train.npz", "train_images": len(data.train),
                  "validation_images": len(data.val)},

@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / name for name in ("BENCHMARKS.md", "RESULTS.md", "CHANGELOG.md")]  # the figures and their history
 # [text](target) outside code; images too. External links (http:, mailto:) are not checked: no internet here.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
@@ -59,7 +60,7 @@ def anchors(path) -> set[str]:
     return {github_anchor(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, re.M)}
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("doc", DOCS + PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve(doc):
     text = FENCE.sub("", doc.read_text())
     broken = []
@@ -104,3 +105,46 @@ def test_the_guide_says_what_every_stopped_by_of_a_stream_frame_means():
     for value in (*meanings, "cancelled"):
         assert f"`{value}`" in said, (value, said)
     assert "no further step of it can end by its deadline" in said and "its next step adds nothing" in said, said
+
+
+# -- the figures' pages (issue 43): today's figures with how each was made, the history one link away ---------------
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """(heading, body) of every section at any depth, code blocks kept."""
+    parts = re.split(r"^(#+ .*)$", text, flags=re.M)
+    return [(parts[k], parts[k + 1]) for k in range(1, len(parts) - 1, 2)]
+
+
+@pytest.mark.parametrize("page", ["BENCHMARKS.md", "RESULTS.md"])
+def test_every_table_says_its_command_machine_and_date(page):
+    """A figure without the command, the machine and the date that made it cannot be rerun or weighed; each section
+    holding a table says all three (``*Command:*``, ``*Machine:*``, ``*Date:*`` with a commit)."""
+    bare = []
+    for heading, body in sections((REPO / page).read_text()):
+        if re.search(r"^\|[-|: ]+\|$", body, re.M):
+            date = re.search(r"\*Date:\*[^·]*?\b20\d\d-\d\d-\d\d\b[^·]*?\b[0-9a-f]{7}\b", body)
+            if not ("*Command:*" in body and "*Machine:*" in body and date):
+                bare.append(heading)
+    assert not bare, f"{page}: sections with a table but no *Command:* / *Machine:* / *Date:* (with a commit): {bare}"
+
+
+def test_the_figures_pages_name_only_scripts_that_exist_and_link_their_history():
+    """Today's pages run today's tools (a retired script lives in CHANGELOG.md, with the commit to get it back), and
+    the history is one link away."""
+    missing = {}
+    for doc in [*DOCS, *PAGES[:2]]:
+        for name in set(re.findall(r"benchmarks/(\w+\.py)\b", doc.read_text())):
+            if not (REPO / "benchmarks" / name).is_file():
+                missing.setdefault(doc.name, []).append(name)
+    assert not missing, f"retired or unknown scripts named outside CHANGELOG.md (name them with their commit there): {missing}"
+    for page in ("BENCHMARKS.md", "RESULTS.md"):
+        assert "(CHANGELOG.md" in (REPO / page).read_text(), f"{page} does not link CHANGELOG.md"
+
+
+def test_docs_results_holds_no_figures_of_its_own():
+    """One home per figure: speed in BENCHMARKS.md, accuracy in RESULTS.md; docs/results.md says what ran where and
+    what is open, and links to them."""
+    text = (REPO / "docs" / "results.md").read_text()
+    assert not re.search(r"^\|[-|: ]+\|$", text, re.M) and "```text" not in text, "docs/results.md holds a table"
+    assert "(../BENCHMARKS.md" in text and "(../RESULTS.md" in text

@@ -1,6 +1,6 @@
 """benchmarks/ship_reference.py: a reference run (train_reference.py's OUT) becomes the package's pretrained model, after
 its record, its data fingerprint and its held-out figures are checked; tested with a CPU-trained stand-in (hne_tiny on a
-synthetic CIFAR-shaped file), since no GPU-trained one exists yet."""
+synthetic CIFAR-shaped file). ``--demo``: a finished `hne-edge train` run becomes the CPU-trained demo checkpoint."""
 
 from __future__ import annotations
 
@@ -91,6 +91,30 @@ def test_what_is_not_the_run_is_refused_and_nothing_is_written(stand_in, tmp_pat
     proc = _ship(copy, "--data", data, "--assets", tmp_path / "assets")
     assert proc.returncode != 0 and "the record describes" in proc.stderr
     assert not (tmp_path / "assets").exists()
+
+
+def test_a_finished_training_run_ships_as_the_cpu_trained_demo(tmp_path):
+    """``--demo`` (was benchmarks/demo_checkpoint.py): the final epoch of an `hne-edge train` run, lean, with a record
+    of how it was made that the demo reads (the data file's fingerprint, the held-out accuracy by ensemble size)."""
+    from hne_edge.train import load_checkpoint
+    from hne_edge.train.data import npz_fingerprint
+
+    data = _cifar_like(tmp_path / "cifar10_train.npz")
+    run = tmp_path / "run"
+    command = ("train", "--config", "hne_edge/assets/cifar10_demo.yaml", "--data-dir", str(data), "--out", str(run),
+               "--epochs", "1", "--threads", "1")  # fmt: skip
+    run_cli(*command, check=True)
+    out = tmp_path / "assets" / "cifar10_demo.pt"
+    proc = _ship("--demo", run, "--out", out)
+    assert proc.returncode == 2 and "--demo needs --command" in proc.stderr and not out.parent.exists()
+    proc = _ship("--demo", run, "--command", "hne-edge " + " ".join(command), "--out", out, "--note", "a test")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cifar10_demo.json", "cifar10_demo.pt"]
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["command"].startswith("hne-edge train --config") and record["note"] == "a test"
+    assert record["data"]["sha256"] == npz_fingerprint(data) and record["epochs"] == 1
+    assert [r["n"] for r in record["held_out"]] == [1, 2, 4, 8, 16] and record["held_out"][0]["images"] == 30
+    assert not load_checkpoint(out).get("optimizer")
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""The code's shape, read from the source: files a reader can hold (at most 800 lines), a package without import
-circles, and each plan name spelled in one module (issue 28 §5: one home for the bundle's vocabulary)."""
+"""The code's shape, read from the source: files a reader can hold (at most 800 lines), a package and benchmarks/
+without import circles, and each plan name spelled in one module (issue 28 §5: one home for the bundle's vocabulary)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hne_edge.bundle import PLAN_GROUPS, PLAN_TABLE
 
 REPO = Path(hne_edge.__file__).resolve().parents[1]
 PACKAGE = REPO / "hne_edge"
+BENCHMARKS = REPO / "benchmarks"
 MAX_LINES = 800
 VOCABULARY = "hne_edge.bundle.vocabulary"  # the one home of the plan names
 
@@ -96,7 +97,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_python_file_is_longer_than_800_lines():
     files = [p for folder in ("hne_edge", "benchmarks", "examples", "tests") for p in sorted((REPO / folder).rglob("*.py"))]
-    assert len(files) > 100  # the scan sees the checkout
+    assert len(files) > 100 and any(p.parent == BENCHMARKS for p in files)  # the scan sees the checkout, benchmarks/ too
     long = {str(p.relative_to(REPO)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files over {MAX_LINES} lines (split them along their seams): {long}"
 
@@ -110,6 +111,33 @@ def test_the_package_has_no_import_cycle():
     assert "hne_edge.train.engine" not in graph["hne_edge.cli.train"]  # lazy imports inside functions are not module-level
     cycles = import_cycles(graph)
     assert not cycles, f"modules that import each other at module level (move what both need into a third): {cycles}"
+
+
+def script_imports(folder: Path) -> dict[str, set[str]]:
+    """benchmarks/: script -> the sibling scripts it imports (``from bench_gpu import ...``, found by name: each runs
+    with its own folder first on ``sys.path``), lazy imports inside functions included - a script that another imports
+    is its library either way, and two scripts that are each other's library are one tool cut in two."""
+    known = {p.stem for p in folder.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.split(".")[0])
+        graph[path.stem] = (found & known) - {path.stem}
+    return graph
+
+
+def test_benchmarks_have_no_import_cycle(tmp_path):
+    graph = script_imports(BENCHMARKS)
+    assert "acceptance_stages" in graph["gpu_acceptance"] and "bench_gpu" in graph["bench_kernels"]  # the scan sees them
+    cycles = import_cycles(graph)
+    assert not cycles, f"benchmark scripts that import each other (move what both need into harness.py): {cycles}"
+    (tmp_path / "a.py").write_text("def f():\n    from b import g\n")
+    (tmp_path / "b.py").write_text("import a\nimport numpy\n")
+    assert import_cycles(script_imports(tmp_path)) == [["a", "b"]]  # a lazy import closes a circle too
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -3,7 +3,7 @@
 
 Why the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) stays
 the default although PyTorch deprecates it (issue 20 item 11; measured side by
-side by ``benchmarks/bench_exporters.py``, ``benchmarks/results/exporters.md``,
+side by ``bench_exporters.py`` at 8691e0c, ``benchmarks/results/exporters.md``,
 torch 2.14.1, hne_tiny, every plan): the dynamo exporter
 
 * cannot write the bundle's default opset 17: it implements opset >= 18 and its

@@ -4,8 +4,8 @@ Traces (``tests/data/steps_*.json``, the format of ``benchmarks/record_steps.py`
 time of the mixed program of hne_resnet_small, and optionally ``entry_ms[r]``, a run()'s own time before its first
 step (input check, upload), ``update_ms[r]``, one update of the cost model (what a run() does after each step it
 times) and ``first_ms[r]``, the export-free first-leaf file. ``steps_hne_resnet_small_ort_cpu_b1.json`` was
-recorded on ONNX Runtime CPU; ``steps_hne_resnet_small_gpu_like_b1.json`` is built by
-``benchmarks/gpu_like_steps.py`` from the first H200 run's figures; ``steps_hne_resnet_small_torch_cuda_b{1,16}.json``
+recorded on ONNX Runtime CPU; ``steps_hne_resnet_small_gpu_like_b1.json`` was built by
+``gpu_like_steps.py`` (4aa8883, retired: CHANGELOG.md) from the first H200 run's figures; ``steps_hne_resnet_small_torch_cuda_b{1,16}.json``
 were recorded on an NVIDIA H200 by the acceptance run's ``record-steps`` stage (2026-11-26 23:38 UTC, commit 13a352c,
 load average 35-57 on its 16 CPUs; 224 and 20 frames). The fake backend computes the tree; each call costs its
 recorded time in frame ``k`` of the virtual clock, the upload the frame's entry and each cost-model update its

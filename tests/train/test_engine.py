@@ -429,7 +429,7 @@ def test_a_run_trains_at_the_scaled_rate_after_its_warm_up(tmp_path):
 
 
 # Step times (s) of `hne-edge train` on digits with torch's default 2 threads on this project's 2 cores at load
-# average 17-21 (issue 28; benchmarks/bench_threads.py runs the same): the first step holds the start-up, then
+# average 17-21 (issue 28; bench_threads.py at 7021848 measured the same): the first step holds the start-up, then
 # bursts of 3-5 s steps between runs of 0.2-1 s ones, as the threads wait for each other on busy cores.
 LOADED_STEPS = [18.42, 5.35, 5.04, 1.99, 0.25, 0.95, 0.26, 0.20, 0.31, 0.28, 0.21, 0.33, 0.14, 0.49, 3.59, 4.47, 3.47,
                 3.17, 5.53, 5.54, 3.15, 0.84, 0.56, 1.03, 0.45, 0.85, 0.31, 0.47, 0.68, 0.57, 2.43, 1.00, 0.71, 1.56, 1.03,

@@ -141,7 +141,7 @@ class OnnxRuntimeBackend(Backend):
 
     Why off for a chain: each session owns its intra-op pool, and after its call that pool's idle threads spin
     while the next session's threads need the same cores. hne_resnet_small, plan segments, 2 threads on a
-    2-core machine (benchmarks/bench_ort_spinning.py, medians of 3 rounds): a full pass took 111.7 ms spinning,
+    2-core machine (bench_ort_spinning.py at b5d69df, CHANGELOG.md; medians of 3 rounds): a full pass took 111.7 ms spinning,
     10.1 ms not (6.9 ms on one thread); the fused tree alone, one pool, ran faster spinning (3.4 ms against 5.0).
     """
 

@@ -1,0 +1,202 @@
+"""benchmarks/ as a few tools on one harness (issue 43): each script's smoke path runs in the suite, the folder keeps
+at most 12 entry points, benchmarks/results/ holds results only, and the harness (benchmarks/harness.py) times,
+records the load, pins and writes reports as every script relies on it to.
+
+Each script is run as a user runs it (a subprocess of this checkout, ``--smoke`` or its quickest equivalent); the
+figures of a smoke run mean nothing, so these tests check what the reports say, never a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+BENCH = REPO / "benchmarks"
+MAX_SCRIPTS = 12  # issue 43: the entry points a user or the acceptance run needs
+
+# Every file of benchmarks/ and the test that runs its smoke path (a module: the test that runs what imports it).
+SMOKE = {
+    "acceptance_stages.py": "tests/test_gpu_acceptance.py::test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report",
+    "bench_gpu.py": "tests/runtime/test_gpu_fakes.py::test_bench_gpu_runs_in_cpu_smoke_mode",
+    "bench_kernels.py": "tests/test_benchmarks.py::test_bench_kernels_smoke_counts_every_plans_ops",
+    "bench_runtime.py": "tests/test_benchmarks.py::test_bench_runtime_smoke_writes_every_target_row",
+    "bench_streams.py": "tests/runtime/test_streams_backends.py::test_bench_streams_runs_in_smoke_mode",
+    "bench_train.py": "tests/test_benchmarks.py::test_bench_train_smoke_times_the_loop_and_the_step",
+    "cifar_losses.py": "tests/train/test_cifar_losses_script.py::test_seeds_summary_and_normalised_runs",
+    "gpu_acceptance.py": "tests/test_gpu_acceptance.py::test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report",
+    "harness.py": "tests/test_benchmarks.py::test_paired_calls_alternate_abba_and_give_medians",
+    "ort_gpu_child.py": "tests/test_benchmarks.py::test_ort_gpu_child_probe_says_what_it_imported",
+    "record_steps.py": "tests/test_benchmarks.py::test_record_steps_smoke_writes_a_trace_the_deadline_tests_read",
+    "ship_reference.py": "tests/test_ship_reference.py::test_a_reference_run_ships_with_float16_weights_and_its_record",
+    "train_reference.py": "tests/test_gpu_acceptance.py::test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export_accept",
+    "wheel_parts.py": "tests/test_gpu_acceptance.py::test_wheel_parts_split_into_folders_and_join_byte_for_byte",
+}
+
+
+def entry_points() -> list[str]:
+    """The scripts of benchmarks/ a user runs (a ``__main__`` block); the others are modules they import."""
+    return sorted(p.name for p in BENCH.glob("*.py") if re.search(r'^if __name__ == "__main__":', p.read_text(), re.M))
+
+
+def run_script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python benchmarks/NAME ARGS`` from the checkout, as a user runs it (this checkout's package first)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)  # fmt: skip
+
+
+# -- the folder's shape ----------------------------------------------------------------------------------------
+
+
+def test_every_benchmark_file_has_a_test_that_runs_it():
+    assert sorted(p.name for p in BENCH.glob("*.py")) == sorted(SMOKE), "a script without a smoke test, or a stale entry"
+    for name, node in SMOKE.items():
+        path, _, test = node.partition("::")
+        assert re.search(rf"^def {test}\(", (REPO / path).read_text(), re.M), f"{name}: {node} is no test"
+        if path != "tests/test_benchmarks.py" and name not in ("harness.py", "acceptance_stages.py"):
+            assert name in (REPO / path).read_text(), f"{node} does not name {name}"
+
+
+def test_benchmarks_keep_at_most_12_entry_points_and_results_hold_no_code():
+    scripts = entry_points()
+    assert len(scripts) <= MAX_SCRIPTS, f"{len(scripts)} scripts in benchmarks/ (at most {MAX_SCRIPTS}): {scripts}"
+    code = sorted(str(p.relative_to(REPO)) for p in (BENCH / "results").rglob("*.py"))
+    assert not code, f"benchmarks/results/ holds results only; found {code}"
+    modules = sorted(set(SMOKE) - set(scripts))
+    assert modules == ["acceptance_stages.py", "harness.py"], modules  # the acceptance run's stages and the harness
+
+
+# -- the harness -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def harness():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import harness as module
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def test_paired_calls_alternate_abba_and_give_medians(harness):
+    order: list[str] = []
+    a_ms, b_ms = harness.paired(lambda: order.append("a"), lambda: order.append("b"), repeats=4)
+    assert "".join(order) == "abbaabba"  # each follows the other as often as itself
+    assert a_ms >= 0 and b_ms >= 0
+    ta, tb = harness.paired_times(lambda: None, lambda: None, repeats=3)
+    assert len(ta) == len(tb) == 3
+
+
+def test_rotation_shifts_the_order_each_repeat_after_its_warmup(harness):
+    order: list[str] = []
+    medians = harness.rotation({k: (lambda k=k: order.append(k)) for k in "abc"}, repeats=3, warmup=1)
+    assert "".join(order) == "abc" + "abc" + "bca" + "cab" and set(medians) == set("abc")
+
+
+def test_a_report_is_written_whole_with_its_figures_beside_it(harness, tmp_path):
+    out = harness.write_report(tmp_path / "deep" / "r.md", "# r\n", {"ms": float("nan"), "rows": [1]})
+    assert out.read_text() == "# r\n" and json.loads(out.with_suffix(".json").read_text().replace("NaN", "null"))["rows"] == [1]
+    assert harness.write_report(None, "x") is None and sorted(p.name for p in out.parent.iterdir()) == ["r.json", "r.md"]
+
+
+def test_the_load_record_states_the_range_it_saw(harness, monkeypatch):
+    record = harness.LoadRecord()
+    assert str(record) == "load average unknown"
+    for value in (2.04, 0.4, 3.71):
+        monkeypatch.setattr(harness, "load_average", lambda value=value: value)
+        record.note()
+    assert str(record) == "load average 0.4-3.7"
+    assert "CPUs" in harness.machine() and harness.machine(gpu="NVIDIA H200").startswith("NVIDIA H200; ")
+
+
+def test_the_command_line_names_the_script_in_the_checkout(harness):
+    assert harness.command_line([str(BENCH / "bench_runtime.py"), "--smoke"]) == "python benchmarks/bench_runtime.py --smoke"
+
+
+def test_a_script_that_imports_the_harness_runs_this_checkout(tmp_path):
+    """Run from elsewhere, with no PYTHONPATH: the checkout beside the script is what it measures, not an installed
+    hne_edge (a virtualenv's editable install may point at another checkout)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = f"import sys; sys.path.insert(0, {str(BENCH)!r}); import harness, hne_edge; print(hne_edge.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()).resolve().is_relative_to(REPO), proc.stdout
+
+
+# -- each script's smoke path (hne_tiny, a few calls: the code paths, not figures) ------------------------------
+
+
+def test_bench_runtime_smoke_writes_every_target_row(tmp_path):
+    """The runtime targets (make bench), with the deadline rows under load: every row for every batch size."""
+    out = tmp_path / "runtime.md"
+    proc = run_script("bench_runtime.py", "--smoke", "--load-seconds", "3", "--workdir", str(tmp_path / "w"), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text, data = out.read_text(), json.loads(out.with_suffix(".json").read_text())
+    assert "smoke run: not figures" in text and text.count("| 1 |") == text.count("| 2 |") == 7, text
+    assert data["command"].startswith("python benchmarks/bench_runtime.py --smoke") and "load average" in data["load"]
+    for row in data["rows"]:
+        assert row["overhead_ratio"] > 0 and 0 <= row["deadlines"]["miss_rate"] <= 1 and row["loaded"]["mean_leaves"] >= 1
+
+
+@pytest.mark.parametrize("mode, rows", [("--plans", 2), ("--export", 1)])  # a row per batch size; per model
+def test_bench_runtime_plans_and_export_smoke(tmp_path, mode, rows):
+    """--plans (issue 21's rows per batch size) and --export (a row per plan and precision) run as written."""
+    out = tmp_path / "r.md"
+    proc = run_script("bench_runtime.py", "--smoke", mode, "--workdir", str(tmp_path / "w"), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert len(data["rows"]) == rows
+    if mode == "--export":
+        exports = data["rows"][0]["exports"]
+        assert [(e["plan"], e["precision"]) for e in exports] == [("segments", "fp32"), ("segments", "fp16")]
+        assert all(e["bytes"] > 0 and e["files"] > 16 for e in exports)  # 16 segments + the first-leaf file
+    else:
+        assert all(0 <= r["deadlines"]["mixed_misses"] <= 1 for r in data["rows"])
+
+
+def test_bench_kernels_smoke_counts_every_plans_ops(tmp_path):
+    out = tmp_path / "kernels.md"
+    proc = run_script("bench_kernels.py", "--device", "cpu", "--smoke", "--workdir", str(tmp_path / "w"), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert set(data["per_plan"]) == {"segments", "subtrees", "fused"} and "smoke run: not figures" in data["where"]
+    assert [u["unit"] for u in data["units"]] == ["fused tree", "first leaf"]
+
+
+def test_record_steps_smoke_writes_a_trace_the_deadline_tests_read(tmp_path):
+    proc = run_script("record_steps.py", "--smoke", "--batches", "1,2", "--out", str(tmp_path), "--workdir",
+                      str(tmp_path / "w"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for batch in (1, 2):
+        trace = json.loads((tmp_path / f"steps_hne_tiny_onnxruntime_b{batch}.json").read_text())
+        assert trace["batch"] == batch and len(trace["frames_ms"]) == len(trace["entry_ms"]) == 5
+        assert all(len(frame) == len(trace["steps"]) for frame in trace["frames_ms"])
+        assert trace["command"].startswith("python benchmarks/record_steps.py --smoke") and "not figures" in trace["machine"]
+
+
+def test_bench_train_smoke_times_the_loop_and_the_step(tmp_path):
+    """The acceptance run's bench-train stage as its --smoke runs it: the loop against the step alone, each formulation."""
+    out = tmp_path / "train.json"
+    proc = run_script("bench_train.py", "--device", "cpu", "--model", "hne_tiny", "--batch", "16", "--limit", "32",
+                      "--epochs", "1", "--threads", "1", "--pairs", "1", "--step-seconds", "0.3", "--pointwise", "conv,bmm",
+                      "--data", "", "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["loop_vs_step"] > 0 and set(figures["step"]) == {"conv", "bmm"} and figures["not_measured"] == []
+    assert "| the loop (train_one_epoch), 1 pairs | conv |" in proc.stdout
+
+
+def test_ort_gpu_child_probe_says_what_it_imported(tmp_path):
+    out = tmp_path / "probe.json"
+    proc = run_script("ort_gpu_child.py", "--probe", str(out))
+    assert proc.returncode == 0, proc.stderr
+    probe = json.loads(out.read_text())
+    assert probe["onnxruntime_found"].endswith("__init__.py") and "CPUExecutionProvider" in probe["providers"]
