@@ -51,22 +51,22 @@ STAGES = (
           "docs/results.md 'Honest limits' (GPU): which backends passed their real-GPU tests, replacing "
           "'never ran on a GPU' for those that did"),
     Stage("bench-gpu", "bench_gpu.py (hne_resnet_small, every plan, graphs on, batch 1 and 16)", 45,
-          "BENCHMARKS.md 'GPU runtime': the target table (full/fused, first/standalone, 16 indep./HNE vs MACs, misses, "
+          "BENCHMARKS.md 'How fast is anytime against one network on a GPU': the target table (full/fused, first/standalone, 16 indep./HNE vs MACs, misses, "
           "leaves vs the plan-achievable oracle and the even-split bound) per plan, naming the GPU; the batch model "
           "(batch 8 predicted from the profile at 1 and 16 vs measured)"),
     Stage("record-steps", "record_steps.py: every step's time per frame, mixed program, batch 1 and 16", 20,
           "tests/data/ (steps_hne_resnet_small_torch_cuda_b*.json): tests/runtime/test_deadlines.py replays every GPU "
-          "trace there (misses <= 1% for subtrees and mixed); BENCHMARKS.md 'GPU runtime': the recorded step medians"),
+          "trace there (misses <= 1% for subtrees and mixed); BENCHMARKS.md 'How fast is anytime against one network on a GPU': the recorded step medians"),
     Stage("kernels", "bench_kernels.py: kernels per unit (fused tree, first leaf), eager and compiled", 25,
-          "BENCHMARKS.md 'Toward the launch floor': kernels per class and time of the fused tree and the first leaf, "
+          "BENCHMARKS.md 'Where the fused tree's time goes': kernels per class and time of the fused tree and the first leaf, "
           "graphs vs compiled units (targets on an H200: fused <= 0.6 ms, first leaf <= 0.3 ms)"),
     Stage("mobilenet", "bench_gpu.py (hne_mobilenetv2 224x224, every plan, batch 1 and 8)", 50,
-          "BENCHMARKS.md 'GPU runtime': the compute-bound rows (hne_mobilenetv2), next to hne_resnet_small's"),
+          "BENCHMARKS.md 'How fast is anytime against one network on a GPU': the compute-bound rows (hne_mobilenetv2), next to hne_resnet_small's"),
     Stage("ort-gpu", "ONNX Runtime CUDA from wheel parts (--ort-gpu-parts): its GPU tests and bench rows", 40,
           "docs/results.md 'Honest limits' and docs/gpu.md: whether ONNX Runtime CUDA has run on a GPU; BENCHMARKS.md "
           "'GPU runtime': its rows"),
     Stage("bench-train", "bench_train.py (hne_resnet_small, CUDA defaults: the loop vs the step alone, each formulation)", 35,
-          "BENCHMARKS.md 'Training throughput: the trainer's loop (issues 11 and 25)': the GPU rows (the loop, the step "
+          "BENCHMARKS.md 'How fast does it train': the GPU rows (the loop, the step "
           "alone and their ratio; conv vs bmm; ops per step; the trainer's images/s, TFLOP/s, % of peak, utilisation), "
           "the >= 12,000 img/s target (stretch 25,000) met or not"),
     Stage("reference", "the reference HNE_small trained to a time budget (train_reference.py)", None,

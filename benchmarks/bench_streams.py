@@ -53,12 +53,12 @@ the load (rejects nothing); its expected accuracy >= both baselines' at every K;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,24 +68,18 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from harness import cpu_load, randomized_model  # noqa: E402  (the benchmarks' harness, beside this file)
 from hne_edge.bundle import MIXED, MIXED_PLANS, SEGMENTS  # noqa: E402
 TARGET_MISS_RATE = 0.01
 
 
 def export(workdir: Path, name: str, plan: str, torch_weights: bool) -> Path:
-    import torch
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import randomize_
-
     from hne_edge.exporters import export_onnx
-    from hne_edge.models import create_model
 
     plans = ",".join(MIXED_PLANS) if plan == MIXED else plan
     bundle = workdir / f"{name}_{plans.replace(',', '+')}_streams"
     if not (bundle / "manifest.json").exists():
-        torch.manual_seed(0)
-        export_onnx(randomize_(create_model(name)), bundle, plan=plans, batch=(1, 1, 16), torch_weights=torch_weights,
+        export_onnx(randomized_model(name), bundle, plan=plans, batch=(1, 1, 16), torch_weights=torch_weights,
                     verify=False, force=True)  # fmt: skip
     return bundle
 
@@ -96,28 +90,6 @@ def load() -> str:
         return f"{os.getloadavg()[0]:.1f}"
     except OSError:
         return "n/a"
-
-
-class BusyNeighbours:
-    """``count`` processes that spin (``while True: pass``) beside the benchmark, unpinned, as the neighbours every
-    real system has (issue 39: six of them on a 2-core machine); started by ``with``, stopped on its exit, whatever
-    happens."""
-
-    def __init__(self, count: int) -> None:
-        self.count, self.procs = count, []
-
-    def __enter__(self) -> "BusyNeighbours":
-        for _ in range(self.count):
-            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-        time.sleep(0.5 if self.count else 0.0)  # the load average notices them
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.kill()
-        for p in self.procs:
-            p.wait()
-        self.procs.clear()
 
 
 def _fps(fps) -> str:
@@ -292,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                     gc.collect()
                     gc.freeze()  # what setup left (torch's import: 200,000 objects) is never scanned again mid-row
                     name, options = method_options(method)
-                    with BusyNeighbours(args.busy):
+                    # busy neighbours (issue 39): unpinned loops, started for the run and stopped after it
+                    with cpu_load(args.busy, seconds + 60) if args.busy else contextlib.nullcontext():
                         before = load()  # the load the run meets (its neighbours started)
                         run = replay_streams(name, open_runner, frames, arrivals, device_cores=device, host_cores=host,
                                              **options)  # fmt: skip

@@ -71,7 +71,8 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
     md = (out / "acceptance.md").read_text()
     assert "--smoke on the CPU: not figures" in md and "## Where each figure goes" in md
     assert "## bench-gpu: GPU runtime targets" in md and "## kernels: Kernels per unit" in md
-    assert "BENCHMARKS.md 'Training throughput" in proc.stdout and "BENCHMARKS.md 'GPU runtime" in proc.stdout
+    assert "BENCHMARKS.md 'How fast does it train'" in proc.stdout
+    assert "BENCHMARKS.md 'How fast is anytime against one network on a GPU'" in proc.stdout
     assert not list(out.rglob("*.npz"))  # the joined data sets stayed in the scratch folder, which is gone
     # what a GPU machine hands back: at most 8 files, at most 2 folders deep
     files = [p for p in out.rglob("*") if p.is_file()]
