@@ -64,7 +64,7 @@ STAGES = (
           "BENCHMARKS.md 'How fast is anytime against one network on a GPU': the compute-bound rows (hne_mobilenetv2), next to hne_resnet_small's"),
     Stage("ort-gpu", "ONNX Runtime CUDA from wheel parts (--ort-gpu-parts): its GPU tests and bench rows", 40,
           "docs/results.md 'Honest limits' and docs/gpu.md: whether ONNX Runtime CUDA has run on a GPU; BENCHMARKS.md "
-          "'GPU runtime': its rows"),
+          "'How fast is anytime against one network on a GPU': its rows"),
     Stage("bench-train", "bench_train.py (hne_resnet_small, CUDA defaults: the loop vs the step alone, each formulation)", 35,
           "BENCHMARKS.md 'How fast does it train': the GPU rows (the loop, the step "
           "alone and their ratio; conv vs bmm; ops per step; the trainer's images/s, TFLOP/s, % of peak, utilisation), "
