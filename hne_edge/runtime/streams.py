@@ -91,7 +91,7 @@ class StreamResult:
     ``stopped_by``: "complete" (every leaf), "deadline" (no further step could end by it, or add anything),
     "cancelled", "rejected" (admission control: its first leaf could not end in time). ``met_deadline``: it has
     a leaf and was answered by its deadline (``finished``, when the scheduler handed it to the handle, ``<=
-    deadline``; the scheduler plans for the time that takes, callbacks included, as ``AnytimeRunner.run``
+    deadline``; the scheduler plans for the time that takes (callbacks run after, on the stream's thread), as ``AnytimeRunner.run``
     returning by it). ``late``: its first leaf ran although predicted to miss
     (``late="run"``, or its prediction grew after admission). ``submitted`` / ``deadline`` / ``finished`` (its
     delivery) are clock seconds; ``batched``: how many frames each of its steps' calls ran for (1: alone).
@@ -370,7 +370,7 @@ class StreamScheduler:
             self._cancel_all = self._cancel_all or cancel
             self._cond.notify_all()
         worker = self._worker
-        if worker is None or worker is threading.current_thread():  # from a result's callback: the worker ends by itself
+        if worker is None or worker is threading.current_thread():  # from the worker itself: it ends by itself
             return
         start = time.monotonic()
         worker.join(timeout)
@@ -477,7 +477,7 @@ class StreamScheduler:
                         self._ready_at = self._clock()  # idle until now: the wait is not the worker's overhead
                     if not self._frames and self._closing and not out:
                         break
-                    if self._frames and not out:  # results first: a callback never delays a step already planned
+                    if self._frames and not out:  # results first: a hand-out never waits for a step planned after it
                         now = self._clock()
                         lag = self._lag(self._handout)  # every answer must be handed out by then
                         decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
@@ -495,7 +495,7 @@ class StreamScheduler:
                             self._busy_margin = max(0.0, decision.seconds - decision.median) if decision.seconds < INF else 0.0
                 decided = [v.finished for _, v in out if isinstance(v, StreamResult)]
                 _hand_out(out)
-                if decided:  # how long after its decision an answer is in the caller's hands (callbacks included)
+                if decided:  # how long after its decision an answer is in the caller's hands
                     end = self._clock()
                     with self._cond:
                         self._handout.push(end - min(decided))
@@ -519,7 +519,7 @@ class StreamScheduler:
                 if f.session is None:
                     f.session = runner._session(runner._upload(f.image), f.rows)
                     f.image = None
-            # the worker's own time since its last step ended (or it woke): results handed out (their callbacks),
+            # the worker's own time since its last step ended (or it woke): results handed out,
             # the lock, deciding, uploading. Counted from the decision only, it read a median of 0.5 ms at 300 fps
             # where the whole gap was 1.1 ms (bench_streams): the plans ran behind their predictions.
             gap = self._clock() - self._ready_at
@@ -555,8 +555,8 @@ class StreamScheduler:
         """Answer at its deadline every frame with a leaf still pending (waiting for a step, or inside one): the
         worker waits for the device and cannot. Wakes as far ahead of the deadline as its answers lately came
         after the time it woke for (waking, building them, handing them out: its quantile over the last
-        ``OVERHEAD_WINDOW`` rounds), so the answer is handed out by the deadline. A frame answered inside a step
-        leaves the worker's hands: the step's leaf is not part of its answer."""
+        ``LAG_WINDOW`` rounds that were not stalls), so the answer is handed out by the deadline. A frame answered
+        inside a step leaves the worker's hands: the step's leaf is not part of its answer."""
         out: list = []
         try:
             while True:
