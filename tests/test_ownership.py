@@ -244,6 +244,121 @@ def test_eval_and_bench_write_into_a_new_nested_folder(tiny_bundle, tmp_path, fr
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["bench", "eval"]
 
 
+# -- issue 42: eval, bench, profile and info --plot replace only their own files --------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _eval(ckpt: Path, frames: Path, *args: str):
+    return run_cli("eval", str(ckpt), "--test-data", str(frames), "--quiet", *args)
+
+
+def test_eval_replaces_only_its_own_metrics_and_figures(tiny_bundle, tmp_path, frames):
+    """Issue 42 (1): a user's metrics.json in --out, and a user's figure of a name eval draws in the checkpoint's
+    folder (the default --out), were replaced with exit 0 and nothing said before the fix."""
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    (ev / "metrics.json").write_text('{"mine": true}\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(tiny_bundle.checkpoint_path, run / "checkpoint.pt")
+    (run / "accuracy_vs_macs.png").write_bytes(PNG + b"my own figure")
+    before = tree_digest(tmp_path)
+    one_line_error(_eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev)), "refusing to replace",
+                   str(ev / "metrics.json"), "hne-edge-metrics", "--force")  # fmt: skip
+    one_line_error(_eval(run / "checkpoint.pt", frames), "refusing to replace", str(run / "accuracy_vs_macs.png"),
+                   "--force")  # fmt: skip
+    assert tree_digest(tmp_path) == before
+    proc = _eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev), "--force")  # the user says: replace it
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((ev / "metrics.json").read_text())["format"] == "hne-edge-metrics"
+    figures = {p.name: p.read_bytes() for p in ev.glob("*.png")}
+    assert sorted(figures) == ["accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png"]
+    proc = _eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev))  # its own files: replaced without --force
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in ev.iterdir()) == ["accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png",
+                                                    "metrics.json"]  # fmt: skip
+    (ev / "leaf_accuracy.png").write_bytes(figures["leaf_accuracy.png"] + b"\0")  # edited since: the user's now
+    before = tree_digest(tmp_path)
+    one_line_error(_eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev)), str(ev / "leaf_accuracy.png"))
+    assert tree_digest(tmp_path) == before
+
+
+def _bench(bundle: Path, out: Path, *args: str):
+    return run_cli("bench", str(bundle), "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet", *args)
+
+
+def test_bench_replaces_only_its_own_json_and_figure(tiny_bundle, tmp_path):
+    """Issue 42 (2): a user's bench.json and bench.png in --out were replaced with exit 0 before the fix."""
+    out = tmp_path / "be"
+    out.mkdir()
+    (out / "bench.json").write_text('{"format": "my-bench"}\n')
+    before = tree_digest(tmp_path)
+    one_line_error(_bench(tiny_bundle.bundle_dir, out), "refusing to replace", str(out / "bench.json"), "--force")
+    assert tree_digest(tmp_path) == before
+    (out / "bench.json").unlink()
+    (out / "bench.png").symlink_to(tmp_path / "mine.png")
+    before = tree_digest(tmp_path)
+    one_line_error(_bench(tiny_bundle.bundle_dir, out), "refusing to replace", str(out / "bench.png"), "symbolic link")
+    assert tree_digest(tmp_path) == before
+    proc = _bench(tiny_bundle.bundle_dir, out, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "bench.png").is_symlink() and not (tmp_path / "mine.png").exists()  # the link, not through it
+    assert json.loads((out / "bench.json").read_text())["format"] == "hne-edge-bench"
+    proc = _bench(tiny_bundle.bundle_dir, out)  # its own files
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.png"]
+
+
+def test_profile_replaces_only_a_profile_it_wrote(tiny_bundle, tmp_path, monkeypatch):
+    """Issue 42 (3): a user's file at the profile's name, without "format": "hne-edge-profile" (by the bundle's rule
+    not a profile the runtime wrote), was replaced by `hne-edge profile` with exit 0 before the fix."""
+    from hne_edge.runtime import AnytimeRunner
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    mine = bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json"
+    mine.parent.mkdir(exist_ok=True)
+    mine.write_text('{"my": "timings"}\n')
+    before = tree_digest(tmp_path)
+    args = ("profile", str(bundle), "--repeats", "2", "--warmup", "0", "--quiet")
+    one_line_error(run_cli(*args), "refusing to replace", str(mine), "hne-edge-profile", "--force")
+    assert tree_digest(tmp_path) == before
+    monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))  # the library: the user's file stays, the cache gets it
+    with pytest.warns(UserWarning, match="ignoring saved profile"):  # the user's file is not read as a profile
+        runner = AnytimeRunner(bundle, warmup=0)
+    with runner, pytest.warns(UserWarning, match="refusing to replace .* saved the profile to"):
+        runner.profile(batch_sizes=(1,), warmup=0, repeats=2)
+    assert str(runner.profile_path).startswith(str(tmp_path / "cache")) and mine.read_text() == '{"my": "timings"}\n'
+    proc = run_cli(*args, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(mine.read_text())["format"] == "hne-edge-profile"
+    proc = run_cli(*args)  # its own profile
+    assert proc.returncode == 0, proc.stderr
+    assert f"saved {mine}" in proc.stdout
+
+
+def test_info_plot_refuses_a_missing_folder_and_a_file_it_did_not_draw(tmp_path):
+    """Issue 42 (4): `info --plot` overwrote any FILE and made its missing parent folders, exit 0; `--plot
+    /proc/version` named an internal scratch file in its error."""
+    info = ("info", "hne_tiny", "--json", "--plot")
+    nowhere = tmp_path / "nonexistent" / "dir" / "x.png"
+    one_line_error(run_cli(*info, str(nowhere)), str(tmp_path / "nonexistent" / "dir"), "does not exist")
+    assert not (tmp_path / "nonexistent").exists()
+    plot = tmp_path / "tree.png"
+    plot.write_bytes(PNG + b"my own figure")
+    one_line_error(run_cli(*info, str(plot)), "refusing to replace", str(plot), "--force")
+    assert plot.read_bytes() == PNG + b"my own figure"
+    assert run_cli(*info, str(plot), "--force").returncode == 0
+    drawn = plot.read_bytes()
+    assert drawn.startswith(PNG) and drawn != PNG + b"my own figure"
+    assert run_cli(*info, str(plot)).returncode == 0  # its own figure: replaced without --force
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree.png"]
+    for extra in ((), ("--force",)):
+        err = one_line_error(run_cli(*info, "/proc/version", *extra), "/proc/version")
+        assert ".hne-" not in err and ".version" not in err, err
+
+
 # -- demo --------------------------------------------------------------------------------------------------
 
 DEMO = ("demo", "--data", "digits", "--epochs", "1", "--limit", "100", "--quiet")
