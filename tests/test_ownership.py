@@ -359,6 +359,15 @@ def test_info_plot_refuses_a_missing_folder_and_a_file_it_did_not_draw(tmp_path)
         assert ".hne-" not in err and ".version" not in err, err
 
 
+def test_train_on_a_full_disk_leaves_nothing(tmp_path):
+    """Issue 42 (minor): the new --out folder stayed behind, empty, when the first checkpoint could not be written."""
+    env = _full_disk_env(tmp_path)
+    before = tree_digest(tmp_path)
+    proc = run_cli(*TRAIN, "--out", str(tmp_path / "new" / "run"), env=env)
+    one_line_error(proc, "No space left on device", after_progress=True)
+    assert tree_digest(tmp_path) == before
+
+
 # -- demo --------------------------------------------------------------------------------------------------
 
 DEMO = ("demo", "--data", "digits", "--epochs", "1", "--limit", "100", "--quiet")
