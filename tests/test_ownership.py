@@ -507,8 +507,11 @@ def test_demo_refuses_its_own_folder_with_a_user_file_nested_inside(tiny_bundle,
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+PROFILE_NAME = "profiles/cpu-onnxruntime-segments-fp32.json"
+METRICS_FILES = ("metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png")
 _user_name = st.one_of(
-    st.sampled_from(["notes.txt", ".git", "manifest.json", "onnx", "profiles", "mine", "Documents", "a.png", "x.json"]),
+    st.sampled_from(["notes.txt", ".git", "manifest.json", "onnx", "profiles", "mine", "Documents", "a.png", "x.json",
+                     *METRICS_FILES, "bench.json", "bench.png", "tree.png"]),  # and the names the commands write
     st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=8).filter(
         lambda n: n not in (".", "..")),
 )
@@ -520,14 +523,13 @@ _user_tree = st.recursive(
 _user_trees = st.dictionaries(_user_name, _user_tree, min_size=2, max_size=4)
 
 
-def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> int:
+def _place(folder: Path, tree: dict) -> int:
     """Make ``tree`` in ``folder`` ({name: ("file", bytes) | ("link", target) | ("dir", {...})}), leaving alone what
-    is there already and the names in ``skip`` (what the command itself writes there); returns how many entries
-    it made."""
+    is there already; returns how many entries it made."""
     made = 0
     for name, (kind, value) in tree.items():
         path = folder / name
-        if name in skip or os.path.lexists(path):
+        if os.path.lexists(path):
             continue
         made += 1
         if kind == "file":
@@ -540,19 +542,27 @@ def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> int:
     return made
 
 
+# commands that must write nothing at all, wherever they run
+WRITES_NOTHING = ("run", "bench-streams", "verify", "inspect")
+
+
 def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[str], Path, bool, set[str]]:
-    """(arguments, --out, whether the user's files go inside it, what the command may write or replace there);
-    --out's folder is prepared here as a user would have it."""
+    """(arguments, --out, whether the user's files go inside it, the files it writes there: "*" for anything under
+    it, else paths relative to it); --out's folder is prepared here as a user would have it."""
     ckpt, out = str(tiny_bundle.checkpoint_path), work / "out"
-    if command in ("export --force", "export --force (the user's files inside)", "profile", "run"):
+    if command in ("export --force", "export --force (the user's files inside)", "profile", *WRITES_NOTHING):
         shutil.copytree(tiny_bundle.bundle_dir, out)
     elif command in ("eval", "bench", "info --plot", "train (the user's files inside)"):
         out.mkdir()
+    elif command == "eval (into the checkpoint's folder)":
+        out.mkdir()
+        ckpt = shutil.copy(tiny_bundle.checkpoint_path, out / "checkpoint.pt")
     elif command.startswith("demo (the user's"):
         out.mkdir()
         (out / ".hne-edge-demo").write_text("written by hne-edge demo\n")
         shutil.copytree(tiny_bundle.bundle_dir, out / "bundle")
     everything = {"*"}
+    streams = ("--streams", "1", "--seconds", "0.2", "--methods", "scheduler,fifo", "--json", "--quiet")
     return {
         "export": (["export", ckpt, "--out", str(out), *FAST_EXPORT], out, False, everything),
         "export --force": (["export", ckpt, "--out", str(out), "--force", *FAST_EXPORT], out, False, everything),
@@ -560,25 +570,41 @@ def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[s
                                                      True, set()),
         "train": ([*TRAIN, "--out", str(out)], out, False, everything),
         "train (the user's files inside)": ([*TRAIN, "--out", str(out)], out, True, set()),
-        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet"], out, True,
-                 {"metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png"}),
+        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet"], out, True, set(METRICS_FILES)),
+        "eval (into the checkpoint's folder)": (["eval", str(ckpt), "--test-data", str(frames), "--quiet"], out, True,
+                                                set(METRICS_FILES)),
         "bench": (["bench", str(tiny_bundle.bundle_dir), "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet"],
                   out, True, {"bench.json", "bench.png"}),
-        "profile": (["profile", str(out), "--repeats", "2", "--warmup", "0", "--quiet"], out, True,
-                    {"profiles", "profiles/cpu-onnxruntime-segments-fp32.json"}),
-        "info --plot": (["info", "hne_tiny", "--plot", str(out / "tree.png")], out, True, {"tree.png"}),
+        "profile": (["profile", str(out), "--repeats", "2", "--warmup", "0", "--quiet"], out, True, {PROFILE_NAME}),
+        "info --plot": (["info", "hne_tiny", "--json", "--plot", str(out / "tree.png")], out, True, {"tree.png"}),
         "run": (["run", str(out), str(frames), "--json"], out, True, set()),
+        "bench-streams": (["bench-streams", str(out), *streams], out, True, set()),
+        "verify": (["verify", str(out), "--quiet"], out, True, set()),
+        "inspect": (["inspect", str(out)], out, True, set()),
         "demo": ([*DEMO, "--out", str(out)], out, False, everything),
         "demo (the user's files inside its bundle)": ([*DEMO, "--out", str(out)], out / "bundle" / "onnx", True, set()),
     }[command]
+
+
+def _in_the_way(out: Path, files: set[str]) -> bool:
+    """Whether an entry of the user's stands where the command writes one of ``files`` (relative to ``out``): at the
+    file's path, or something other than a folder on the way to it."""
+    for rel in files - {"*"}:
+        parts = rel.split("/")
+        for k in range(1, len(parts) + 1):
+            path = out.joinpath(*parts[:k])
+            if os.path.lexists(path) and (k == len(parts) or path.is_symlink() or not path.is_dir()):
+                return True
+    return False
 
 
 def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examples: int) -> None:
     runs = iter(range(10**6))
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(inside=_user_trees, beside=_user_trees, above=_user_trees)
-    def check(inside, beside, above):
+    @given(inside=_user_trees, beside=_user_trees, above=_user_trees,
+           clash=st.none() | st.tuples(st.integers(0, 7), _user_tree))  # fmt: skip
+    def check(inside, beside, above, clash):
         top = tmp_path / f"example{next(runs)}"
         work = top / "work"
         work.mkdir(parents=True)
@@ -589,19 +615,26 @@ def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examp
             if not os.path.lexists(work / name):
                 (work / name).mkdir()
                 (work / name / "keep.txt").write_text("mine\n")
-        if into and not _place(out, inside, skip={w.split("/")[0] for w in writes}):
+        files = sorted(w for w in writes if w != "*")
+        if into and clash is not None and files:  # a user's entry at a path the command writes, or on the way to it
+            rel = files[clash[0] % len(files)].split("/")
+            rel = rel[: 1 + clash[0] // len(files) % len(rel)]
+            out.joinpath(*rel[:-1]).mkdir(parents=True, exist_ok=True)
+            _place(out.joinpath(*rel[:-1]), {rel[-1]: clash[1]})
+        if into and not _place(out, inside) and not _in_the_way(out, writes):
             writes = {"*"}  # every name was already there (the bundle's own): nothing of the user's inside to keep
+        if _in_the_way(out, writes):
+            writes = set()  # a user's file, link or folder where it writes: it refuses and changes nothing
         before = tree_digest(top)
         proc = run_cli(*args)
         after = tree_digest(top)
-        refused = not writes
-        if refused and command != "run":
+        if not writes and command not in WRITES_NOTHING:
             one_line_error(proc)
         else:
             assert proc.returncode == 0, (command, proc.stderr[-3000:])
         rel = str(out.relative_to(top))
         mine = lambda k: "*" in writes and (k == rel or k.startswith(rel + "/")) or any(  # noqa: E731
-            k == f"{rel}/{w}" for w in writes)
+            k == f"{rel}/{w}" or f"{rel}/{w}".startswith(k + "/") for w in writes)
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and not mine(k))
         assert not changed, (command, changed[:10])
 
@@ -611,18 +644,20 @@ def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examp
 _LOOK_ALIKES = lambda name: [f".{name}.{kind}-{tail}" for kind in ("tmp", "partial", "old")  # noqa: E731
                              for tail in ("2024-06", "31337-mine")]  # issue 29: taken for dead writers' scratch
 
-# every command that writes (and `run`, which must write nothing); `--out` is new where the command makes it,
-# an existing folder of the user's where it may write into one
+# every command that writes (and those that must write nothing); `--out` is new where the command makes it, an
+# existing folder of the user's where it may write into one
 WRITERS = ["export", "export --force", "export --force (the user's files inside)", "train (the user's files inside)",
-           "eval", "bench", "profile", "info --plot", "run", "demo (the user's files inside its bundle)",
-           pytest.param("train", marks=pytest.mark.slow), pytest.param("demo", marks=pytest.mark.slow)]  # fmt: skip
+           "eval", "eval (into the checkpoint's folder)", "bench", "profile", "info --plot", *WRITES_NOTHING,
+           "demo (the user's files inside its bundle)", pytest.param("train", marks=pytest.mark.slow),
+           pytest.param("demo", marks=pytest.mark.slow)]  # fmt: skip
 
 
 @pytest.mark.parametrize("command", WRITERS)
 def test_every_writing_command_leaves_a_users_files_inside_beside_and_above_alone(tiny_bundle, frames, tmp_path,
                                                                                  command):  # fmt: skip
-    """Issue 29: random trees of a user's files, folders and links (and names that look like our scratch) inside,
-    beside and above each command's output; the command writes only its own files (or refuses, in one line)."""
+    """Issues 29 and 42: random trees of a user's files, folders and links (and names that look like our scratch)
+    inside, beside and above each command's output, some at the very paths it writes; the command writes only its
+    own files (or refuses, in one line, and changes nothing)."""
     _every_writer(tiny_bundle, frames, tmp_path, command, examples=1)
 
 
