@@ -22,6 +22,13 @@ empty folder behind; a bundle is swapped in whole (:func:`swap_dir_into_place`).
 What a command may replace is decided by its owner's layout (a bundle's in
 ``bundle/folder.py``, a training run's in ``train/engine.py``, a demo's in ``demo.py``)
 through :func:`foreign_entry`, never by the presence of one file name.
+
+Files: a command that writes files of fixed names into a folder the user names (``eval``'s ``metrics.json``
+and figures, ``bench``'s, a profile, ``info --plot``) replaces a file there only when it is ours, by name and
+format (:func:`foreign_file`): a JSON record that says our ``"format"`` (:func:`json_record`) or a PNG that
+carries our seal (:func:`seal_png`: the sha256 of the rest of the file, so a figure edited since is the user's).
+Anything else at such a name (a file of the user's, a link, a folder) is refused unless the user passes
+``--force`` (a folder never is replaced).
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ import os
 import re
 import secrets
 import shutil
+import stat
+import struct
 import sys
+import zlib
 from pathlib import Path
 from typing import IO, Any, Callable, Container, Iterator, Mapping, Sequence
 
@@ -50,6 +60,13 @@ __all__ = [
     "foreign_entry",
     "is_scratch",
     "staged_output",
+    "new_folders",
+    "remove_new_folders",
+    "foreign_file",
+    "refuse_foreign",
+    "json_record",
+    "seal_png",
+    "sealed_png",
     "SCRATCH_KINDS",
 ]
 
@@ -189,7 +206,10 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target, ("tmp",))
     tmp = scratch_path(target, "tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        _raise_naming(exc, target, tmp)
     try:
         with os.fdopen(fd, mode, encoding=encoding if mode == "w" else None) as f:
             yield f
@@ -198,12 +218,18 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
         os.replace(tmp, target)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if exc.filename is None and exc.errno is not None:  # write()/fsync() (ENOSPC, EFBIG, EIO) name no file
-            raise type(exc)(exc.errno, exc.strerror, str(target)) from exc
-        raise
+        _raise_naming(exc, target, tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _raise_naming(exc: OSError, target: Path, tmp: Path) -> None:
+    """Raise ``exc`` again naming ``target``, the file the user knows, where it names no file (write()/fsync():
+    ENOSPC, EFBIG, EIO) or our scratch sibling (a folder that refuses new files, ``/proc``; a failed rename)."""
+    if exc.errno is None or exc.filename not in (None, str(tmp), os.fsencode(tmp), tmp):
+        raise exc
+    raise type(exc)(exc.errno, exc.strerror, str(target)) from exc
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -257,16 +283,19 @@ def swap_dir_into_place(tmp: Path, out: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_output(out_dir: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
+def staged_output(out_dir: str | os.PathLike, what: str = "output folder", *, ours: Mapping[str, Judge] | None = None,
+                  force: bool = False) -> Iterator[Path]:
     """Yield an empty scratch folder for a command's output files; they reach ``out_dir`` only if the block succeeds.
 
     On success each file replaces its namesake in ``out_dir`` (``os.replace``: atomic per file), or,
-    when ``out_dir`` is new, the whole folder appears in one rename. On an error the scratch folder,
-    and any parent folder this call created, are removed: a failed ``eval`` or ``bench`` leaves
-    ``out_dir`` as it was and no new empty folder behind.
+    when ``out_dir`` is new, the whole folder appears in one rename. A namesake is replaced only when it
+    is ours (``ours`` maps each name to its :data:`Judge`; :func:`refuse_foreign`, checked just before the
+    move; ``force``: any file or link), so a user's file that appeared while the command ran stays. On an
+    error the scratch folder, and any parent folder this call created, are removed: a failed ``eval`` or
+    ``bench`` leaves ``out_dir`` as it was and no new empty folder behind.
     """
     out = check_output_dir(out_dir, what).absolute()
-    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()][::-1]  # outermost first
+    created = new_folders(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         remove_stale(out)
@@ -275,6 +304,8 @@ def staged_output(out_dir: str | os.PathLike, what: str = "output folder") -> It
         try:
             yield stage
             if out.is_dir():
+                for entry in sorted(stage.iterdir()):
+                    refuse_foreign(out / entry.name, (ours or {}).get(entry.name, _no_rule), force=force, flag=what)
                 _move_into(stage, out)
                 stage.rmdir()
             else:
@@ -283,19 +314,144 @@ def staged_output(out_dir: str | os.PathLike, what: str = "output folder") -> It
             shutil.rmtree(stage, ignore_errors=True)
             raise
     except BaseException:
-        for parent in reversed(created):  # innermost first; a folder someone else filled meanwhile stays
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+        remove_new_folders(created)
         raise
 
 
 def _move_into(src: Path, dst: Path) -> None:
     for entry in sorted(src.iterdir()):
-        target = dst / entry.name
-        if entry.is_dir() and target.is_dir() and not target.is_symlink():
-            _move_into(entry, target)
-            entry.rmdir()
-        else:
-            os.replace(entry, target)
+        os.replace(entry, dst / entry.name)
+
+
+def new_folders(path: str | os.PathLike) -> list[Path]:
+    """``path`` and its parents that do not exist yet, outermost first: what a writer about to make ``path`` creates
+    (for :func:`remove_new_folders` after a failure)."""
+    path = Path(path).absolute()
+    return [p for p in (path, *path.parents) if not os.path.lexists(p)][::-1]
+
+
+def remove_new_folders(created: Sequence[Path]) -> None:
+    """Remove the folders of :func:`new_folders` that are empty, innermost first, stopping at the first that is not
+    (a folder someone filled meanwhile stays): a command that failed leaves no folder it made."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+# -- what is ours among a folder's files (see the module docstring) ---------------------------------------------------
+
+# why the regular file at a path is not ours, in words that follow "hne-edge did not write it"; None: it is ours
+Judge = Callable[[Path], "str | None"]
+MAX_OURS_BYTES = 64 << 20  # a record or a figure of ours is smaller; a bigger file is not read to find out
+_PNG = b"\x89PNG\r\n\x1a\n"
+_IEND = struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND"))
+_SEAL_KEY = b"hne-edge\0sha256:"  # a tEXt chunk: keyword "hne-edge", text "sha256:" + 64 hex digits
+_SEAL_CHUNK = 4 + 4 + len(_SEAL_KEY) + 64 + 4
+
+
+def _no_rule(path: Path) -> str:
+    return "no rule of this command says it is its own"
+
+
+def _read_small(path: Path, limit: int = MAX_OURS_BYTES) -> bytes | None:
+    """The bytes of ``path``, or None when it cannot be read or holds more than ``limit`` (not read to the end)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
+def json_record(fmt: str, parse: Callable[[bytes], Any] = json.loads, max_bytes: int = MAX_OURS_BYTES) -> Judge:
+    """The :data:`Judge` of a JSON record of ours: a JSON object (``parse``d) whose ``"format"`` is ``fmt``, of at
+    most ``max_bytes``."""
+
+    from .errors import HNEError  # a strict parser (the bundle's) raises its own
+
+    def judge(path: Path) -> str | None:
+        data = _read_small(path, max_bytes)
+        try:
+            record = parse(data) if data is not None else None
+        except (ValueError, RecursionError, HNEError):
+            record = None
+        if isinstance(record, dict) and record.get("format") == fmt:
+            return None
+        return f'it is not a JSON object saying "format": "{fmt}"'
+
+    return judge
+
+
+def seal_png(data: bytes) -> bytes:
+    """``data`` (a PNG) sealed as ours: a ``tEXt`` chunk ``hne-edge`` before its end that holds the sha256 of the
+    file without that chunk. A figure changed since (or a user's PNG) does not carry it (:func:`sealed_png`)."""
+    if not (data.startswith(_PNG) and data.endswith(_IEND)):
+        raise ValueError("seal_png: received bytes that are not a PNG ending in IEND")
+    body = _SEAL_KEY + hashlib.sha256(data).hexdigest().encode()
+    chunk = struct.pack(">I", len(body)) + b"tEXt" + body + struct.pack(">I", zlib.crc32(b"tEXt" + body))
+    return data[: -len(_IEND)] + chunk + _IEND
+
+
+def sealed_png(path: Path) -> str | None:
+    """The :data:`Judge` of a figure of ours: a PNG that carries :func:`seal_png`'s seal of its own bytes."""
+    data = _read_small(path)
+    if data is not None and data.startswith(_PNG) and data.endswith(_IEND) and len(data) > _SEAL_CHUNK + len(_IEND):
+        chunk = data[-len(_IEND) - _SEAL_CHUNK : -len(_IEND)]
+        rest = data[: -len(_IEND) - _SEAL_CHUNK] + _IEND
+        if chunk[4:8] == b"tEXt" and chunk[8 : 8 + len(_SEAL_KEY)] == _SEAL_KEY and \
+                chunk[8 + len(_SEAL_KEY) : -4] == hashlib.sha256(rest).hexdigest().encode():  # fmt: skip
+            return None
+    return "it is not a figure hne-edge drew, or it was changed since (no hne-edge seal of its bytes)"
+
+
+def foreign_file(path: str | os.PathLike, judge: Judge, *, force: bool = False, under: str | os.PathLike | None = None
+                 ) -> str | None:  # fmt: skip
+    """Why a command may not write its file at ``path``, replacing what is there (described for an error); None
+    when it may: nothing is there, or a regular file ``judge`` says is ours, or (``force``) any file or link.
+
+    A folder is never replaced. ``under``: the folders between it and ``path`` (a bundle's ``profiles/``) must
+    be real folders or not exist yet: a link there would send the file elsewhere.
+    """
+    path = Path(path)
+    if under is not None:
+        for folder in reversed(path.relative_to(under).parents[:-1]):
+            try:
+                mode = os.lstat(Path(under) / folder).st_mode
+            except FileNotFoundError:
+                break
+            if not stat.S_ISDIR(mode):
+                return f"{Path(under) / folder} is {'a symbolic link' if stat.S_ISLNK(mode) else 'not a folder'}"
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(mode):
+        return "it is a folder"
+    if force:
+        return None
+    if stat.S_ISLNK(mode):
+        return f"it is a symbolic link (to {os.readlink(path)})"
+    if not stat.S_ISREG(mode):
+        return "it is not a regular file"
+    why = judge(path)
+    return None if why is None else f"hne-edge did not write it ({why})"
+
+
+def refuse_foreign(path: str | os.PathLike, judge: Judge, *, force: bool = False, flag: str | None = None,
+                   under: str | os.PathLike | None = None) -> None:  # fmt: skip
+    """Raise :class:`~hne_edge.errors.InputError` naming ``path`` when :func:`foreign_file` says it is not ours to
+    replace. The fix names ``--force`` (``force=True``) where that would help, and another ``flag`` (the option that
+    chose the path, e.g. ``--out``; None: move the file away)."""
+    from .errors import InputError
+
+    why = foreign_file(path, judge, force=force, under=under)
+    if why is None:
+        return
+    other = f"choose another {flag}" if flag else "move it away"
+    if force or foreign_file(path, judge, force=True, under=under) is not None:  # --force would not help
+        raise InputError(f"refusing to replace {path}: {why}", hint="move it away, or write elsewhere",
+                         cli_hint="move it away" + (f", or {other}" if flag else ""))  # fmt: skip
+    raise InputError(f"refusing to replace {path}: {why}", hint="pass force=True to replace it, or write elsewhere",
+                     cli_hint=f"pass --force to replace it, or {other}")  # fmt: skip

@@ -9,6 +9,7 @@ in the caller's process, nothing left open.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from .fileio import atomic_file
+from .fileio import atomic_write_bytes, seal_png
 from .tree import TreeSpec
 
 if TYPE_CHECKING:
@@ -32,7 +33,11 @@ __all__ = [
     "plot_metrics",
     "bench_figure",
     "plot_bench",
+    "METRICS_FIGURES",
 ]
+
+# the figures plot_metrics draws (what `hne-edge eval` writes beside metrics.json)
+METRICS_FIGURES = ("accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png")
 
 
 def _figure(figsize: tuple[float, float], dpi: float = 110, nrows: int = 1, **subplots: Any):
@@ -132,10 +137,11 @@ def _fill(words: Sequence[str], chars: int) -> list[str]:
 
 
 def _save(fig, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    with atomic_file(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=fig.dpi)
-    return path
+    """Write ``fig`` to ``path`` as a PNG sealed as ours (:func:`~hne_edge.fileio.seal_png`: the next command that
+    draws it may replace it; a figure the user edited since, it may not)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=fig.dpi)
+    return atomic_write_bytes(path, seal_png(buffer.getvalue()))
 
 
 # -- the tree ------------------------------------------------------------------------------------------------------
@@ -324,8 +330,8 @@ def metrics_figures(
         _label_points(ax, x, y, [f"n={n}" if k == 0 else str(n) for k, n in enumerate(ns)], err)
         figures[name] = fig
 
-    curve("accuracy", "accuracy (%)", "accuracy_vs_macs.png", 100.0)
-    curve("diversity", "logit std across members", "diversity_vs_macs.png")
+    curve("accuracy", "accuracy (%)", METRICS_FIGURES[0], 100.0)
+    curve("diversity", "logit std across members", METRICS_FIGURES[1])
     fig, ax = _figure((6, 3.4), dpi=120)
     width = 0.8 / len(runs)
     for k, (run, label) in enumerate(zip(runs, labels)):
@@ -343,7 +349,7 @@ def metrics_figures(
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title=legend_title,
                   title_fontsize=8)  # fmt: skip
     _title_and_layout(ax, title, 9)
-    figures["leaf_accuracy.png"] = fig
+    figures[METRICS_FIGURES[2]] = fig
     return figures
 
 

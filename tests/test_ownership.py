@@ -244,6 +244,130 @@ def test_eval_and_bench_write_into_a_new_nested_folder(tiny_bundle, tmp_path, fr
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["bench", "eval"]
 
 
+# -- issue 42: eval, bench, profile and info --plot replace only their own files --------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _eval(ckpt: Path, frames: Path, *args: str):
+    return run_cli("eval", str(ckpt), "--test-data", str(frames), "--quiet", *args)
+
+
+def test_eval_replaces_only_its_own_metrics_and_figures(tiny_bundle, tmp_path, frames):
+    """Issue 42 (1): a user's metrics.json in --out, and a user's figure of a name eval draws in the checkpoint's
+    folder (the default --out), were replaced with exit 0 and nothing said before the fix."""
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    (ev / "metrics.json").write_text('{"mine": true}\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(tiny_bundle.checkpoint_path, run / "checkpoint.pt")
+    (run / "accuracy_vs_macs.png").write_bytes(PNG + b"my own figure")
+    before = tree_digest(tmp_path)
+    one_line_error(_eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev)), "refusing to replace",
+                   str(ev / "metrics.json"), "hne-edge-metrics", "--force")  # fmt: skip
+    one_line_error(_eval(run / "checkpoint.pt", frames), "refusing to replace", str(run / "accuracy_vs_macs.png"),
+                   "--force")  # fmt: skip
+    assert tree_digest(tmp_path) == before
+    proc = _eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev), "--force")  # the user says: replace it
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((ev / "metrics.json").read_text())["format"] == "hne-edge-metrics"
+    figures = {p.name: p.read_bytes() for p in ev.glob("*.png")}
+    assert sorted(figures) == ["accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png"]
+    proc = _eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev))  # its own files: replaced without --force
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in ev.iterdir()) == ["accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png",
+                                                    "metrics.json"]  # fmt: skip
+    (ev / "leaf_accuracy.png").write_bytes(figures["leaf_accuracy.png"] + b"\0")  # edited since: the user's now
+    before = tree_digest(tmp_path)
+    one_line_error(_eval(tiny_bundle.checkpoint_path, frames, "--out", str(ev)), str(ev / "leaf_accuracy.png"))
+    assert tree_digest(tmp_path) == before
+
+
+def _bench(bundle: Path, out: Path, *args: str):
+    return run_cli("bench", str(bundle), "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet", *args)
+
+
+def test_bench_replaces_only_its_own_json_and_figure(tiny_bundle, tmp_path):
+    """Issue 42 (2): a user's bench.json and bench.png in --out were replaced with exit 0 before the fix."""
+    out = tmp_path / "be"
+    out.mkdir()
+    (out / "bench.json").write_text('{"format": "my-bench"}\n')
+    before = tree_digest(tmp_path)
+    one_line_error(_bench(tiny_bundle.bundle_dir, out), "refusing to replace", str(out / "bench.json"), "--force")
+    assert tree_digest(tmp_path) == before
+    (out / "bench.json").unlink()
+    (out / "bench.png").symlink_to(tmp_path / "mine.png")
+    before = tree_digest(tmp_path)
+    one_line_error(_bench(tiny_bundle.bundle_dir, out), "refusing to replace", str(out / "bench.png"), "symbolic link")
+    assert tree_digest(tmp_path) == before
+    proc = _bench(tiny_bundle.bundle_dir, out, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "bench.png").is_symlink() and not (tmp_path / "mine.png").exists()  # the link, not through it
+    assert json.loads((out / "bench.json").read_text())["format"] == "hne-edge-bench"
+    proc = _bench(tiny_bundle.bundle_dir, out)  # its own files
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.png"]
+
+
+def test_profile_replaces_only_a_profile_it_wrote(tiny_bundle, tmp_path, monkeypatch):
+    """Issue 42 (3): a user's file at the profile's name, without "format": "hne-edge-profile" (by the bundle's rule
+    not a profile the runtime wrote), was replaced by `hne-edge profile` with exit 0 before the fix."""
+    from hne_edge.runtime import AnytimeRunner
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    mine = bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json"
+    mine.parent.mkdir(exist_ok=True)
+    mine.write_text('{"my": "timings"}\n')
+    before = tree_digest(tmp_path)
+    args = ("profile", str(bundle), "--repeats", "2", "--warmup", "0", "--quiet")
+    one_line_error(run_cli(*args), "refusing to replace", str(mine), "hne-edge-profile", "--force")
+    assert tree_digest(tmp_path) == before
+    monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))  # the library: the user's file stays, the cache gets it
+    with pytest.warns(UserWarning, match="ignoring saved profile"):  # the user's file is not read as a profile
+        runner = AnytimeRunner(bundle, warmup=0)
+    with runner, pytest.warns(UserWarning, match="refusing to replace .* saved the profile to"):
+        runner.profile(batch_sizes=(1,), warmup=0, repeats=2)
+    assert str(runner.profile_path).startswith(str(tmp_path / "cache")) and mine.read_text() == '{"my": "timings"}\n'
+    proc = run_cli(*args, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(mine.read_text())["format"] == "hne-edge-profile"
+    proc = run_cli(*args)  # its own profile
+    assert proc.returncode == 0, proc.stderr
+    assert f"saved {mine}" in proc.stdout
+
+
+def test_info_plot_refuses_a_missing_folder_and_a_file_it_did_not_draw(tmp_path):
+    """Issue 42 (4): `info --plot` overwrote any FILE and made its missing parent folders, exit 0; `--plot
+    /proc/version` named an internal scratch file in its error."""
+    info = ("info", "hne_tiny", "--json", "--plot")
+    nowhere = tmp_path / "nonexistent" / "dir" / "x.png"
+    one_line_error(run_cli(*info, str(nowhere)), str(tmp_path / "nonexistent" / "dir"), "does not exist")
+    assert not (tmp_path / "nonexistent").exists()
+    plot = tmp_path / "tree.png"
+    plot.write_bytes(PNG + b"my own figure")
+    one_line_error(run_cli(*info, str(plot)), "refusing to replace", str(plot), "--force")
+    assert plot.read_bytes() == PNG + b"my own figure"
+    assert run_cli(*info, str(plot), "--force").returncode == 0
+    drawn = plot.read_bytes()
+    assert drawn.startswith(PNG) and drawn != PNG + b"my own figure"
+    assert run_cli(*info, str(plot)).returncode == 0  # its own figure: replaced without --force
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree.png"]
+    for extra in ((), ("--force",)):
+        err = one_line_error(run_cli(*info, "/proc/version", *extra), "/proc/version")
+        assert ".hne-" not in err and ".version" not in err, err
+
+
+def test_train_on_a_full_disk_leaves_nothing(tmp_path):
+    """Issue 42 (minor): the new --out folder stayed behind, empty, when the first checkpoint could not be written."""
+    env = _full_disk_env(tmp_path)
+    before = tree_digest(tmp_path)
+    proc = run_cli(*TRAIN, "--out", str(tmp_path / "new" / "run"), env=env)
+    one_line_error(proc, "No space left on device", after_progress=True)
+    assert tree_digest(tmp_path) == before
+
+
 # -- demo --------------------------------------------------------------------------------------------------
 
 DEMO = ("demo", "--data", "digits", "--epochs", "1", "--limit", "100", "--quiet")
@@ -383,8 +507,11 @@ def test_demo_refuses_its_own_folder_with_a_user_file_nested_inside(tiny_bundle,
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+PROFILE_NAME = "profiles/cpu-onnxruntime-segments-fp32.json"
+METRICS_FILES = ("metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png")
 _user_name = st.one_of(
-    st.sampled_from(["notes.txt", ".git", "manifest.json", "onnx", "profiles", "mine", "Documents", "a.png", "x.json"]),
+    st.sampled_from(["notes.txt", ".git", "manifest.json", "onnx", "profiles", "mine", "Documents", "a.png", "x.json",
+                     *METRICS_FILES, "bench.json", "bench.png", "tree.png"]),  # and the names the commands write
     st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=8).filter(
         lambda n: n not in (".", "..")),
 )
@@ -396,14 +523,13 @@ _user_tree = st.recursive(
 _user_trees = st.dictionaries(_user_name, _user_tree, min_size=2, max_size=4)
 
 
-def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> int:
+def _place(folder: Path, tree: dict) -> int:
     """Make ``tree`` in ``folder`` ({name: ("file", bytes) | ("link", target) | ("dir", {...})}), leaving alone what
-    is there already and the names in ``skip`` (what the command itself writes there); returns how many entries
-    it made."""
+    is there already; returns how many entries it made."""
     made = 0
     for name, (kind, value) in tree.items():
         path = folder / name
-        if name in skip or os.path.lexists(path):
+        if os.path.lexists(path):
             continue
         made += 1
         if kind == "file":
@@ -416,19 +542,27 @@ def _place(folder: Path, tree: dict, skip: set[str] = frozenset()) -> int:
     return made
 
 
+# commands that must write nothing at all, wherever they run
+WRITES_NOTHING = ("run", "bench-streams", "verify", "inspect")
+
+
 def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[str], Path, bool, set[str]]:
-    """(arguments, --out, whether the user's files go inside it, what the command may write or replace there);
-    --out's folder is prepared here as a user would have it."""
+    """(arguments, --out, whether the user's files go inside it, the files it writes there: "*" for anything under
+    it, else paths relative to it); --out's folder is prepared here as a user would have it."""
     ckpt, out = str(tiny_bundle.checkpoint_path), work / "out"
-    if command in ("export --force", "export --force (the user's files inside)", "profile", "run"):
+    if command in ("export --force", "export --force (the user's files inside)", "profile", *WRITES_NOTHING):
         shutil.copytree(tiny_bundle.bundle_dir, out)
     elif command in ("eval", "bench", "info --plot", "train (the user's files inside)"):
         out.mkdir()
+    elif command == "eval (into the checkpoint's folder)":
+        out.mkdir()
+        ckpt = shutil.copy(tiny_bundle.checkpoint_path, out / "checkpoint.pt")
     elif command.startswith("demo (the user's"):
         out.mkdir()
         (out / ".hne-edge-demo").write_text("written by hne-edge demo\n")
         shutil.copytree(tiny_bundle.bundle_dir, out / "bundle")
     everything = {"*"}
+    streams = ("--streams", "1", "--seconds", "0.2", "--methods", "scheduler,fifo", "--json", "--quiet")
     return {
         "export": (["export", ckpt, "--out", str(out), *FAST_EXPORT], out, False, everything),
         "export --force": (["export", ckpt, "--out", str(out), "--force", *FAST_EXPORT], out, False, everything),
@@ -436,25 +570,41 @@ def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[s
                                                      True, set()),
         "train": ([*TRAIN, "--out", str(out)], out, False, everything),
         "train (the user's files inside)": ([*TRAIN, "--out", str(out)], out, True, set()),
-        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet"], out, True,
-                 {"metrics.json", "accuracy_vs_macs.png", "diversity_vs_macs.png", "leaf_accuracy.png"}),
+        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet"], out, True, set(METRICS_FILES)),
+        "eval (into the checkpoint's folder)": (["eval", str(ckpt), "--test-data", str(frames), "--quiet"], out, True,
+                                                set(METRICS_FILES)),
         "bench": (["bench", str(tiny_bundle.bundle_dir), "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet"],
                   out, True, {"bench.json", "bench.png"}),
-        "profile": (["profile", str(out), "--repeats", "2", "--warmup", "0", "--quiet"], out, True,
-                    {"profiles", "profiles/cpu-onnxruntime-segments-fp32.json"}),
-        "info --plot": (["info", "hne_tiny", "--plot", str(out / "tree.png")], out, True, {"tree.png"}),
+        "profile": (["profile", str(out), "--repeats", "2", "--warmup", "0", "--quiet"], out, True, {PROFILE_NAME}),
+        "info --plot": (["info", "hne_tiny", "--json", "--plot", str(out / "tree.png")], out, True, {"tree.png"}),
         "run": (["run", str(out), str(frames), "--json"], out, True, set()),
+        "bench-streams": (["bench-streams", str(out), *streams], out, True, set()),
+        "verify": (["verify", str(out), "--quiet"], out, True, set()),
+        "inspect": (["inspect", str(out)], out, True, set()),
         "demo": ([*DEMO, "--out", str(out)], out, False, everything),
         "demo (the user's files inside its bundle)": ([*DEMO, "--out", str(out)], out / "bundle" / "onnx", True, set()),
     }[command]
+
+
+def _in_the_way(out: Path, files: set[str]) -> bool:
+    """Whether an entry of the user's stands where the command writes one of ``files`` (relative to ``out``): at the
+    file's path, or something other than a folder on the way to it."""
+    for rel in files - {"*"}:
+        parts = rel.split("/")
+        for k in range(1, len(parts) + 1):
+            path = out.joinpath(*parts[:k])
+            if os.path.lexists(path) and (k == len(parts) or path.is_symlink() or not path.is_dir()):
+                return True
+    return False
 
 
 def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examples: int) -> None:
     runs = iter(range(10**6))
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(inside=_user_trees, beside=_user_trees, above=_user_trees)
-    def check(inside, beside, above):
+    @given(inside=_user_trees, beside=_user_trees, above=_user_trees,
+           clash=st.none() | st.tuples(st.integers(0, 7), _user_tree))  # fmt: skip
+    def check(inside, beside, above, clash):
         top = tmp_path / f"example{next(runs)}"
         work = top / "work"
         work.mkdir(parents=True)
@@ -465,19 +615,26 @@ def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examp
             if not os.path.lexists(work / name):
                 (work / name).mkdir()
                 (work / name / "keep.txt").write_text("mine\n")
-        if into and not _place(out, inside, skip={w.split("/")[0] for w in writes}):
+        files = sorted(w for w in writes if w != "*")
+        if into and clash is not None and files:  # a user's entry at a path the command writes, or on the way to it
+            rel = files[clash[0] % len(files)].split("/")
+            rel = rel[: 1 + clash[0] // len(files) % len(rel)]
+            out.joinpath(*rel[:-1]).mkdir(parents=True, exist_ok=True)
+            _place(out.joinpath(*rel[:-1]), {rel[-1]: clash[1]})
+        if into and not _place(out, inside) and not _in_the_way(out, writes):
             writes = {"*"}  # every name was already there (the bundle's own): nothing of the user's inside to keep
+        if _in_the_way(out, writes):
+            writes = set()  # a user's file, link or folder where it writes: it refuses and changes nothing
         before = tree_digest(top)
         proc = run_cli(*args)
         after = tree_digest(top)
-        refused = not writes
-        if refused and command != "run":
+        if not writes and command not in WRITES_NOTHING:
             one_line_error(proc)
         else:
             assert proc.returncode == 0, (command, proc.stderr[-3000:])
         rel = str(out.relative_to(top))
         mine = lambda k: "*" in writes and (k == rel or k.startswith(rel + "/")) or any(  # noqa: E731
-            k == f"{rel}/{w}" for w in writes)
+            k == f"{rel}/{w}" or f"{rel}/{w}".startswith(k + "/") for w in writes)
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and not mine(k))
         assert not changed, (command, changed[:10])
 
@@ -487,18 +644,20 @@ def _every_writer(tiny_bundle, frames: Path, tmp_path: Path, command: str, examp
 _LOOK_ALIKES = lambda name: [f".{name}.{kind}-{tail}" for kind in ("tmp", "partial", "old")  # noqa: E731
                              for tail in ("2024-06", "31337-mine")]  # issue 29: taken for dead writers' scratch
 
-# every command that writes (and `run`, which must write nothing); `--out` is new where the command makes it,
-# an existing folder of the user's where it may write into one
+# every command that writes (and those that must write nothing); `--out` is new where the command makes it, an
+# existing folder of the user's where it may write into one
 WRITERS = ["export", "export --force", "export --force (the user's files inside)", "train (the user's files inside)",
-           "eval", "bench", "profile", "info --plot", "run", "demo (the user's files inside its bundle)",
-           pytest.param("train", marks=pytest.mark.slow), pytest.param("demo", marks=pytest.mark.slow)]  # fmt: skip
+           "eval", "eval (into the checkpoint's folder)", "bench", "profile", "info --plot", *WRITES_NOTHING,
+           "demo (the user's files inside its bundle)", pytest.param("train", marks=pytest.mark.slow),
+           pytest.param("demo", marks=pytest.mark.slow)]  # fmt: skip
 
 
 @pytest.mark.parametrize("command", WRITERS)
 def test_every_writing_command_leaves_a_users_files_inside_beside_and_above_alone(tiny_bundle, frames, tmp_path,
                                                                                  command):  # fmt: skip
-    """Issue 29: random trees of a user's files, folders and links (and names that look like our scratch) inside,
-    beside and above each command's output; the command writes only its own files (or refuses, in one line)."""
+    """Issues 29 and 42: random trees of a user's files, folders and links (and names that look like our scratch)
+    inside, beside and above each command's output, some at the very paths it writes; the command writes only its
+    own files (or refuses, in one line, and changes nothing)."""
     _every_writer(tiny_bundle, frames, tmp_path, command, examples=1)
 
 

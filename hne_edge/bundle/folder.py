@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError
-from ..fileio import foreign_entry, is_scratch
+from ..fileio import foreign_entry, is_scratch, json_record
 from .layout import _ENGINE_DIR, _PROFILE_NAME, BUNDLE_LAYOUT, MANIFEST_NAME, MAX_PROFILE_BYTES, PROFILE_FORMAT, PROFILES_DIR
 from .reading import _parse_manifest
 from .schema import Manifest, parse_json
 
-__all__ = ["why_not_replaceable"]
+__all__ = ["why_not_replaceable", "not_a_profile"]
 
 
 def why_not_replaceable(folder: str | os.PathLike) -> str | None:
@@ -108,14 +108,20 @@ class _ProfileNames:
         return isinstance(name, str) and _PROFILE_NAME.fullmatch(name) is not None
 
 
+_PROFILE_RECORD = json_record(PROFILE_FORMAT, lambda data: parse_json(data, "profile"), MAX_PROFILE_BYTES)
+
+
+def not_a_profile(path: str | os.PathLike) -> str | None:
+    """Why the regular file at ``path`` (in a bundle's ``profiles/``) is not a profile the runtime wrote, or None:
+    one is named as :func:`profile_filename` names them, at most :data:`MAX_PROFILE_BYTES`, and its JSON says
+    ``"format": PROFILE_FORMAT`` (a :data:`~hne_edge.fileio.Judge`: what an export may delete with the bundle,
+    and what ``save_profile`` may replace)."""
+    path = Path(path)
+    if path.name not in _ProfileNames():
+        return f"{path.name!r} is not a profile's name"
+    return _PROFILE_RECORD(path)
+
+
 def _is_profile(entry: os.DirEntry) -> bool:
     """Whether ``entry`` (in ``profiles/``) is a profile the runtime wrote, or a killed writer's scratch of one."""
-    if is_scratch(entry.name, _ProfileNames(), ("tmp",)):
-        return True
-    if entry.name not in _ProfileNames() or entry.stat().st_size > MAX_PROFILE_BYTES:
-        return False
-    try:
-        data = parse_json(Path(entry.path).read_bytes(), entry.name)
-    except (BundleError, OSError):
-        return False
-    return isinstance(data, dict) and data.get("format") == PROFILE_FORMAT
+    return is_scratch(entry.name, _ProfileNames(), ("tmp",)) or not_a_profile(entry.path) is None

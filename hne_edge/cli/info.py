@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from ..tree import TREE_PRESETS
+from .options import force_option
 
 
 @click.command("info")
@@ -21,15 +23,27 @@ from ..tree import TREE_PRESETS
 )
 @click.option("--input-size", type=int, default=None, help="Square input side (default: the model's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Also draw the tree to this PNG.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the tree to this PNG, in an existing folder; a file there is replaced only if hne-edge "
+                   "drew it.")  # fmt: skip
+@force_option("a --plot FILE")
 def info(
-    model_name: str, num_classes: int | None, tree: str, input_size: int | None, as_json: bool, plot_path: str | None
+    model_name: str, num_classes: int | None, tree: str, input_size: int | None, as_json: bool, plot_path: str | None,
+    force: bool,
 ) -> None:
     """Print MODEL's tree, per-node MACs/params and the anytime cost curve."""
+    from ..errors import InputError
+    from ..fileio import refuse_foreign, sealed_png
     from ..models import create_model, tree_cost
     from ..models.cost import format_cost
     from ..tree import parse_tree
 
+    if plot_path:  # before any work: a folder is not made, nor a file of the user's replaced
+        folder = Path(plot_path).parent
+        if not folder.is_dir():
+            raise InputError(f"--plot {plot_path}: {folder} {'is not a folder' if folder.exists() else 'does not exist'};"
+                             " expected a PNG path in an existing folder (create the folder first)")  # fmt: skip
+        refuse_foreign(plot_path, sealed_png, force=force, flag="--plot FILE")
     overrides = {"tree": parse_tree(tree, "--tree")}
     if input_size is not None:
         overrides["input_size"] = input_size

@@ -8,6 +8,9 @@ Conventions (docs/cli.md, "Conventions"):
 * ``--threads N``: CPU threads; ``0`` (the default) leaves the library's default; at most 4 per CPU
   (:func:`hne_edge.limits.check_threads`, applied by the library each option reaches).
 * ``--quiet``: no progress output, on every command that prints progress.
+* ``--force``: replace what is in the way: ``export`` an existing bundle (never a folder of yours), ``demo`` a
+  demo's folder without its marker, ``eval``/``bench``/``profile``/``info --plot`` a file of a name they write that
+  hne-edge did not write, never a folder (:func:`force_option`). Without it they replace only their own files.
 * ``--debug``: tracebacks instead of one-line errors, before or after the command name.
 * Input files: a bundle and frames (``.npz``/``.npy``/images) are arguments of ``run``; elsewhere frames are
   ``--frames PATH.npz`` and a dataset is ``--data NAME`` (with ``--data-dir``).
@@ -91,6 +94,14 @@ def threads_option(what: str) -> Callable[[Callable], Callable]:
 
 def quiet_option(f: Callable, help: str = "No progress output.") -> Callable:
     return click.option("--quiet", is_flag=True, default=None, help=help)(f)
+
+
+def force_option(what: str) -> Callable[[Callable], Callable]:
+    """``--force`` of a command that writes files of fixed names where the user says: without it, it replaces only
+    files it wrote (:func:`hne_edge.fileio.foreign_file`: a record saying its format, a figure carrying its seal)."""
+    return click.option("--force", is_flag=True,
+                        help=f"Also replace {what} that hne-edge did not write (yours, or an older version's); "
+                             "never a folder.")  # fmt: skip
 
 
 def parse_sizes(value: str | None, param: str) -> tuple[int, ...] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -9,8 +10,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..bundle import DEFAULT_PLAN, MIXED, PLAN_TABLE, PRECISIONS, RUNNER_PLANS, path_component
-from ..fileio import atomic_write_json, staged_output
+from ..bundle import DEFAULT_PLAN, MIXED, PLAN_TABLE, PRECISIONS, RUNNER_PLANS, path_component, profile_filename
+from ..fileio import atomic_write_json, check_output_dir, json_record, refuse_foreign, sealed_png, staged_output
 from ..limits import MAX_REPLAY_FRAMES, THREADS_PER_CPU, check_replay
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
@@ -18,7 +19,7 @@ from ..runtime.bench import DURATION_S, MAX_SAMPLES, MIN_SAMPLES
 from ..runtime.inputs import check_labels
 from ..runtime.streams import GUARD_MS, MAX_GUARD_MS
 from . import printable
-from .options import BundlePath, batch_sizes_option, device_option, flag_names, quiet_option, threads_option
+from .options import BundlePath, batch_sizes_option, device_option, flag_names, force_option, quiet_option, threads_option
 
 
 class _BackendChoice(click.Choice):
@@ -60,16 +61,25 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
                          "interpolates between profiled sizes).")
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=50, show_default=True, type=click.IntRange(min=1))
+@force_option("a file of the profile's name (profiles/DEVICE-BACKEND-PLAN-PRECISION.json in BUNDLE)")
 @_runner_options
 @quiet_option
-def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precision, threads, cuda_graph, quiet):
+def profile(bundle, batch_sizes, warmup, repeats, force, backend, device, plan, precision, threads, cuda_graph, quiet):
     """Measure each leaf step and model file; save the cost model next to the bundle."""
-    with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
+    from ..runtime.profile_file import check_profile_target, save_profile
+
+    # the runtime's warnings (a file at the profile's name that is no profile, ignored at load) are notes, once it
+    # is known that the command goes on
+    with warnings.catch_warnings(record=True) as caught, _open(bundle, backend, device, plan, precision, threads,
+                                                                cuda_graph) as runner:  # fmt: skip
+        warnings.simplefilter("always")
         lo, opt, _ = runner.input_spec.batch
         sizes = batch_sizes or tuple(sorted({lo, opt}))
-        with warnings.catch_warnings(record=True) as caught, progress_for(None, "profile", "pass", quiet=quiet) as progress:
-            warnings.simplefilter("always")
-            prof = runner.profile(batch_sizes=sizes, warmup=warmup, repeats=repeats, progress=progress)
+        name = profile_filename(runner.device, runner.backend.name, plan, precision)
+        check_profile_target(bundle, name, force)  # before it measures; checked again when it saves
+        with progress_for(None, "profile", "pass", quiet=quiet) as progress:
+            prof = runner.profile(batch_sizes=sizes, warmup=warmup, repeats=repeats, save=False, progress=progress)
+            saved, _ = save_profile(prof, bundle, force)  # a user's file that appeared meanwhile stays: the cache gets it
         for w in caught:
             click.echo(f"note: {w.message}")
         for b in sizes:
@@ -84,7 +94,11 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
                     f"{step['leaf']:>4}  {f'{lo}-{hi - 1}' if hi - lo > 1 else str(lo):>7}  {step['median_ms']:9.3f}  "
                     f"{step['p95_ms']:8.3f}  " + (f"{level['median_ms']:20.3f}  {level['p95_ms']:8.3f}" if level else "")
                 )
-        click.echo(f"saved {runner.profile_path}")
+        click.echo(f"saved {saved}")
+
+
+BENCH_FORMAT = "hne-edge-bench"  # bench.json's "format": a file that says it is ours to replace (fileio)
+_BENCH_FILES = {"bench.json": json_record(BENCH_FORMAT), "bench.png": sealed_png}  # what bench writes, and whose it is
 
 
 @click.command()
@@ -101,12 +115,15 @@ def profile(bundle, batch_sizes, warmup, repeats, backend, device, plan, precisi
               help="Frames with labels (x: N,H,W,C uint8 or N,C,H,W float; y: N) for accuracy per level.")
 @click.option("--data", "frames_alias", type=click.Path(exists=True, dir_okay=False), hidden=True)  # old --frames
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most this many of --frames.")
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder (default: bench-<model>).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output folder (default: bench-<model>); a bench.json or bench.png there is replaced only if "
+                   "hne-edge wrote it.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
+@force_option("bench.json and bench.png in --out")
 @_runner_options
 @quiet_option
-def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, frames_alias, limit, out, as_json, backend,
-          device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
+def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, frames_alias, limit, out, as_json, force,
+          backend, device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
     """Latency of every anytime level n = 1..N (mean, median, p90, p95, p99) and its throughput; JSON + PNG curve."""
     from ..runtime.bench import level_accuracy, level_latencies, load_arrays
 
@@ -114,6 +131,11 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
 
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner, \
             progress_for(None, "bench", "repetition", quiet=quiet) as progress:
+        out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
+        if check_output_dir(out_dir, "--out").is_dir():  # checked before anything is measured, and again at the move
+            for name, judge in _BENCH_FILES.items():  # no figure without matplotlib (the runtime install's)
+                if name != "bench.png" or importlib.util.find_spec("matplotlib") is not None:
+                    refuse_foreign(out_dir / name, judge, force=force, flag="--out")
         if data:  # checked before anything is measured
             x, y = load_arrays(data)
             if y is None:
@@ -132,6 +154,7 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
             for level, acc in zip(levels, accuracy):
                 level["accuracy"] = acc
         result = {
+            "format": BENCH_FORMAT,
             "model": runner.manifest.model_name,
             "bundle": str(Path(bundle).resolve()),
             "backend": backend,
@@ -147,8 +170,8 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
             "samples": None if accuracy is None else int(len(y)),
             "levels": levels,
         }
-        out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
-    with staged_output(out_dir, "--out") as stage:  # a failure (a full disk) leaves nothing, not even a new empty folder
+    # a failure (a full disk) leaves nothing, not even a new empty folder; a user's file that appeared meanwhile stays
+    with staged_output(out_dir, "--out", ours=_BENCH_FILES, force=force) as stage:
         atomic_write_json(stage / "bench.json", result)
         try:
             from ..plots import plot_bench

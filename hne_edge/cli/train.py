@@ -13,7 +13,8 @@ import click
 from ..train.config import (DATASETS, DEFAULT_PRESET, HOLDOUTS, LOSSES, NORMALIZATIONS, POINTWISE, PRESETS,  # torch-free:
                             WEIGHTINGS)  # --help stays instant
 from ..tree import TREE_PRESETS
-from .options import CheckpointPath, config_device_option, device_option, names_typed_flags, quiet_option, threads_option, typed_flags
+from .options import (CheckpointPath, config_device_option, device_option, force_option, names_typed_flags,
+                      quiet_option, threads_option, typed_flags)
 
 # config keys whose flag is not "--" + the key's last part with "-" for "_" (errors name the flag the user typed)
 FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss", "loss.temperature_squared": "--t-squared"}
@@ -179,7 +180,8 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
 
 @click.command("eval")
 @click.argument("checkpoint", type=CheckpointPath())
-@click.option("--out", default=None, help="Folder for metrics.json and the PNGs (default: the checkpoint's folder).")
+@click.option("--out", default=None, help="Folder for metrics.json and the PNGs (default: the checkpoint's folder); "
+              "files there of these names are replaced only if hne-edge wrote them.")
 @click.option("--split", type=click.Choice(["val", "test"]), default=None,
               help="val (default): the run's seeded hold-out; test: the official test set (cifar10/100, imagefolder val/).")
 @click.option("--test-data", type=click.Path(dir_okay=False), default=None,
@@ -188,8 +190,9 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @device_option
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@force_option("metrics.json and the PNGs in --out")
 @functools.partial(quiet_option, help="No progress output; print only the output path.")
-def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_plots, quiet):
+def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_plots, force, quiet):
     """Accuracy, NLL, ECE, logit diversity and MACs for every ensemble size n = 1..N."""
     from ..errors import InputError
     from ..progress import progress_for
@@ -200,7 +203,7 @@ def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_pl
     with progress_for(None, "eval", "image", quiet=quiet) as progress:
         metrics = evaluate_checkpoint(
             checkpoint, out, split=split or "val", test_data=test_data, data={"data_dir": data_dir} if data_dir else None,
-            batch_size=batch_size, device=device, plots=not no_plots, progress=progress,
+            batch_size=batch_size, device=device, plots=not no_plots, progress=progress, force=force,
         )
     out_dir = Path(out) if out else Path(checkpoint).parent
     if not quiet:

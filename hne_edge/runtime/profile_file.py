@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bundle import PROFILE_FORMAT, PROFILES_DIR, profile_filename  # a bundle's profiles/ entries: the bundle's rule
+from ..bundle import PROFILE_FORMAT, PROFILES_DIR, not_a_profile, profile_filename  # a bundle's profiles/: its rule
 from ..bundle.schema import parse_json
 from ..errors import BundleError, HNEError, InputError
-from ..fileio import atomic_write_json
+from ..fileio import atomic_write_json, foreign_file, refuse_foreign
 from ..limits import read_bounded
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "ProfileError",
     "read_profile",
     "save_profile",
+    "check_profile_target",
     "find_profile",
     "profile_filename",
     "user_cache_dir",
@@ -272,15 +273,29 @@ def _outside(bundle_dir: str | os.PathLike, path: Path) -> str | None:
     return f"{path} resolves to {target}, outside the bundle {root} (a symlink)"
 
 
-def save_profile(profile: Profile, bundle_dir: str | os.PathLike) -> tuple[Path, bool]:
+def check_profile_target(bundle_dir: str | os.PathLike, filename: str, force: bool = False) -> Path:
+    """Where a profile named ``filename`` goes in the bundle, once nothing of the user's is there (``hne-edge
+    profile`` asks before it measures): raises :class:`~hne_edge.errors.InputError` naming the file when it is not
+    a profile the runtime wrote (:func:`~hne_edge.bundle.not_a_profile`), unless ``force``."""
+    target = Path(bundle_dir) / PROFILES_DIR / filename
+    refuse_foreign(target, not_a_profile, force=force, under=bundle_dir)
+    return target
+
+
+def save_profile(profile: Profile, bundle_dir: str | os.PathLike, force: bool = False) -> tuple[Path, bool]:
     """Write next to the bundle, else to the user cache. Returns (path, fell_back_to_cache).
 
-    Never writes through a symlink that leads out of the bundle (``profiles/`` or the file itself).
+    Never writes through a symlink that leads out of the bundle (``profiles/`` or the file itself), and never
+    over what is not a profile the runtime wrote (:func:`~hne_edge.bundle.not_a_profile`: a user's file of that
+    name, a link; ``force`` replaces those) nor over a folder: what is there stays, and the profile goes to the
+    user cache, with a warning.
     """
     if not profile.created:
         profile.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     target = Path(bundle_dir) / PROFILES_DIR / profile.filename
     why = _outside(bundle_dir, target)
+    if why is None and (foreign := foreign_file(target, not_a_profile, force=force, under=bundle_dir)) is not None:
+        why = f"refusing to replace {target}: {foreign}"
     if why is None:
         try:
             atomic_write_json(target, profile.to_dict())

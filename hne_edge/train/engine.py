@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, HNEError, InputError
-from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch
+from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch, new_folders, remove_new_folders
 from ..models import HNE, create_model, tree_cost
 from ..models.layers import set_pointwise
 from ..progress import NULL_PROGRESS, Progress, format_duration, progress_for
@@ -370,6 +370,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     rank, world_size, local_rank = _distributed()
     # 1. refuse before anything is written
     out = check_run_folder(config.out, resume)
+    made = new_folders(out)  # removed again if the run fails before it saved anything there (a full disk)
     ckpt_path = out / CHECKPOINT_NAME
     device = torch_device(config.device)
     config = resolve_for_device(config, device.type)  # what depends on the device is fixed, and recorded so
@@ -578,6 +579,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                     break
     except BaseException:  # nothing more from this run: no heartbeat left printing after its error
         progress.close(final=False)
+        remove_new_folders(made)  # only the empty ones: a run that saved a checkpoint keeps it
         raise
     progress.close(final=not interrupt.requested)  # stopped: the last words are where it stopped and how to go on
     if interrupt.requested:

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, InputError
-from ..fileio import atomic_write_json, check_output_dir, staged_output
-from ..plots import plot_metrics  # its home is hne_edge.plots; importable from here as before
+from ..fileio import atomic_write_json, check_output_dir, json_record, refuse_foreign, sealed_png, staged_output
+from ..plots import METRICS_FIGURES, plot_metrics  # its home is hne_edge.plots; importable from here as before
 from ..progress import NULL_PROGRESS, Progress
 from .losses import ensemble_logits
 
@@ -44,7 +44,10 @@ __all__ = [
     "evaluate_checkpoint",
     "write_metrics",
     "plot_metrics",
+    "METRICS_FORMAT",
 ]
+
+METRICS_FORMAT = "hne-edge-metrics"  # metrics.json's "format": a file that says it is ours to replace (fileio)
 
 
 CHANCE_SE = 3  # accuracy "at chance": within this many standard errors of guessing
@@ -132,6 +135,7 @@ def evaluate_checkpoint(
     plots: bool = True,
     progress: "Progress | None" = None,
     predictions: dict[str, Any] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a training checkpoint on its validation split (or the test set) for every n.
 
@@ -149,6 +153,9 @@ def evaluate_checkpoint(
         progress: counts the images as they are evaluated (:func:`hne_edge.progress.progress_for`); None: silent.
         predictions: a dict that receives the evaluated ``logits`` (M, N, classes) and ``labels`` (M,), for a caller
             that computes more from them (the demo's paired standard errors) without a second pass.
+        force: replace a ``metrics.json`` or a figure in ``out_dir`` that hne-edge did not write. Without it, only
+            a ``metrics.json`` that says ``"format": "hne-edge-metrics"`` and figures that carry hne-edge's seal
+            (:func:`~hne_edge.fileio.sealed_png`) are replaced, and anything else is refused before the evaluation.
 
     Returns the metrics dict that is written to ``metrics.json``.
     """
@@ -158,12 +165,11 @@ def evaluate_checkpoint(
 
     if split not in ("val", "test"):
         raise InputError(f"split: received {split!r}; expected val or test")
-    if out_dir is not None:
-        check_output_dir(out_dir, "--out")
     path = Path(path)
+    out = _check_out(Path(out_dir) if out_dir is not None else path.parent, plots, force)
     model, state = model_from_checkpoint(path)
     if test_data is not None:
-        return _evaluate_on(model, state, path, test_data, out_dir, batch_size, device, plots, progress, predictions)
+        return _evaluate_on(model, state, path, test_data, out, batch_size, device, plots, progress, predictions, force)
     stored = state.get("config")
     if not stored and not data:
         raise CheckpointError(f"{path} records no training config, so its validation split cannot be rebuilt",
@@ -189,7 +195,7 @@ def evaluate_checkpoint(
         norm = state["normalization"]
         loader = BatchLoader(bundle.val, batch_size, mean=norm["mean"], std=norm["std"])
     return _measure(model, state, path, loader, {"data": data_cfg.name, "dataset": dataset_name(data_cfg), "split": split},
-                    out_dir, device, plots, progress, predictions)  # fmt: skip
+                    out, device, plots, progress, predictions, force)  # fmt: skip
 
 
 def dataset_name(data_cfg: Any) -> str:
@@ -200,8 +206,23 @@ def dataset_name(data_cfg: Any) -> str:
     return data_cfg.name
 
 
+def _outputs(plots: bool) -> dict[str, Any]:
+    """What an evaluation writes into its folder, each with the rule that says a file of that name is its own."""
+    return {"metrics.json": json_record(METRICS_FORMAT), **(dict.fromkeys(METRICS_FIGURES, sealed_png) if plots else {})}
+
+
+def _check_out(out: Path, plots: bool, force: bool) -> Path:
+    """``out``, once nothing there of the names an evaluation writes is the user's (checked again at the move, in
+    :func:`write_metrics`)."""
+    if check_output_dir(out, "--out").is_dir():
+        for name, judge in _outputs(plots).items():
+            refuse_foreign(out / name, judge, force=force, flag="--out")
+    return out
+
+
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
-                 progress: "Progress | None", predictions: dict[str, Any] | None = None) -> dict[str, Any]:
+                 progress: "Progress | None", predictions: dict[str, Any] | None = None, force: bool = False
+                 ) -> dict[str, Any]:  # fmt: skip
     """Metrics of the checkpoint's model on the images of ``test_data`` (an .npz), checked against the model first."""
     from .data import BatchLoader, load_npz  # noqa: PLC0415
 
@@ -223,11 +244,12 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
     loader = BatchLoader(dataset, batch_size, mean=norm["mean"], std=norm["std"])
     return _measure(model, state, path, loader, {"data": str(test_data), "dataset": Path(test_data).name,
                                                  "split": "test-data"}, out_dir, device, plots, progress,
-                    predictions)  # fmt: skip
+                    predictions, force)  # fmt: skip
 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,
-             progress: "Progress | None", predictions: dict[str, Any] | None = None) -> dict[str, Any]:
+             progress: "Progress | None", predictions: dict[str, Any] | None = None, force: bool = False
+             ) -> dict[str, Any]:  # fmt: skip
     """Predict ``loader`` with PyTorch and write ``metrics.json`` (+ plots, :func:`write_metrics`)."""
     from .device import torch_device  # noqa: PLC0415
 
@@ -242,18 +264,23 @@ def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, 
     if predictions is not None:
         predictions.update(logits=logits, labels=labels)
     return write_metrics(model.cpu(), state, path, logits, labels, {**source, "evaluated_with": f"torch on {dev}"},
-                         out_dir, plots)  # fmt: skip
+                         out_dir, plots, force=force)  # fmt: skip
 
 
 def write_metrics(model: nn.Module, state: dict[str, Any], path: str | os.PathLike, logits: torch.Tensor,
                   labels: torch.Tensor, source: dict[str, str], out_dir: str | os.PathLike | None,
-                  plots: bool = True, cost: Any = None) -> dict[str, Any]:
+                  plots: bool = True, cost: Any = None, force: bool = False) -> dict[str, Any]:
     """The metrics of leaf logits ``(M, N, classes)`` of checkpoint ``path``'s model (CPU) on ``labels``, written to
-    ``out_dir/metrics.json`` (+ the PNGs): what every evaluation writes, whatever ran the model.
+    ``out_dir/metrics.json`` (+ the PNGs; default folder: the checkpoint's): what every evaluation writes, whatever
+    ran the model.
 
     ``source`` says what was evaluated and how (``data``, ``dataset``, ``split``, ``evaluated_with``: the demo's
     evaluation runs the exported bundle on ONNX Runtime, 10x less CPU time than PyTorch's for hne_resnet_small).
     ``cost``: the model's :func:`~hne_edge.models.tree_cost` when the caller has it (9 s for hne_resnet_small at load 11).
+    The record says ``"format": "hne-edge-metrics"`` and the figures carry hne-edge's seal, so the next evaluation
+    may replace them; a file of these names in ``out_dir`` that hne-edge did not write (or that was changed since)
+    stays, and the evaluation is refused in one line naming it (:func:`~hne_edge.fileio.refuse_foreign`), unless
+    ``force`` (a file or a link; never a folder).
     """
     from ..models import tree_cost  # noqa: PLC0415
 
@@ -266,6 +293,7 @@ def write_metrics(model: nn.Module, state: dict[str, Any], path: str | os.PathLi
     for row, leaf_id, path_macs in zip(metrics["leaves"], model.tree.leaf_order, cost.path_macs):
         row["id"], row["path_macs"] = leaf_id, int(path_macs)
     metrics = {
+        "format": METRICS_FORMAT,
         "checkpoint": str(path),
         "model": model.config.name,
         "num_classes": model.config.num_classes,
@@ -280,7 +308,8 @@ def write_metrics(model: nn.Module, state: dict[str, Any], path: str | os.PathLi
         **metrics,
     }
     out = Path(out_dir) if out_dir is not None else path.parent
-    with staged_output(out, "--out") as stage:  # a failure (a full disk) leaves nothing, not even a new empty folder
+    with staged_output(out, "--out", ours=_outputs(plots), force=force) as stage:  # a failure (a full disk)
+        # leaves nothing, not even a new empty folder; a user's file that appeared meanwhile stays
         atomic_write_json(stage / "metrics.json", metrics, allow_nan=True)
         written = plot_metrics(metrics, stage) if plots else None
     if written is not None:

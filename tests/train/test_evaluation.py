@@ -94,3 +94,32 @@ def test_evaluate_checkpoint_writes_metrics_and_plots(tmp_path):
         evaluate_checkpoint(path, split="train")
     with pytest.raises(ValueError, match="has no official test set.*--test-data"):
         evaluate_checkpoint(path, split="test")
+
+
+def test_write_metrics_replaces_only_its_own_files_whoever_evaluated(tmp_path):
+    """write_metrics is what `hne-edge eval` and the demo (its ONNX Runtime evaluation) both write with: a user's
+    metrics.json or figure in its folder is refused, naming it, and left as it was; the record it writes says its
+    format, so the next evaluation replaces it; force replaces the user's file."""
+    from hne_edge.errors import InputError
+    from hne_edge.models import create_model
+    from hne_edge.train.evaluation import write_metrics
+
+    torch.manual_seed(0)
+    model = create_model("hne_tiny", in_chans=1, input_size=8)
+    logits, labels = torch.randn(12, model.tree.num_leaves, 10), torch.arange(12) % 10
+    source = {"data": "digits", "dataset": "digits", "split": "val", "evaluated_with": "ONNX Runtime on the CPU"}
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"mine": true}\n')
+    (out / "leaf_accuracy.png").write_bytes(b"\x89PNG\r\n\x1a\nmy own figure")
+    with pytest.raises(InputError, match="refusing to replace .*metrics.json.*hne-edge-metrics"):
+        write_metrics(model, {}, tmp_path / "checkpoint.pt", logits, labels, source, out, plots=False)
+    assert sorted(p.name for p in out.iterdir()) == ["leaf_accuracy.png", "metrics.json"]
+    assert (out / "metrics.json").read_text() == '{"mine": true}\n'
+    write_metrics(model, {}, tmp_path / "checkpoint.pt", logits, labels, source, out, plots=False, force=True)
+    assert json.loads((out / "metrics.json").read_text())["format"] == "hne-edge-metrics"
+    with pytest.raises(InputError, match="refusing to replace .*leaf_accuracy.png"):  # the figures' names too
+        write_metrics(model, {}, tmp_path / "checkpoint.pt", logits, labels, source, out)
+    assert (out / "leaf_accuracy.png").read_bytes().endswith(b"my own figure")
+    write_metrics(model, {}, tmp_path / "checkpoint.pt", logits, labels, source, out, plots=False)  # its own record
+    assert json.loads((out / "metrics.json").read_text())["evaluated_with"] == "ONNX Runtime on the CPU"
