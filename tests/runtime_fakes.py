@@ -407,6 +407,35 @@ def ort_values_on_cpu_backend(**options):
     return OrtValuesOnCpu("cuda", threads=1, **options)
 
 
+def cuda_provider_on_cpu(monkeypatch, version: str | None = None) -> list:
+    """The real ``OnnxRuntimeCudaBackend._open_cuda`` (the CUDA provider's options as the backend builds them) with
+    everything a GPU supplies faked: onnxruntime lists the CUDA provider, the stream is a :class:`FakeDevice`'s, and
+    every ``InferenceSession`` records the ``providers`` it was given, then opens on the CPU provider (which the
+    sessions must report first). Returns the recorded providers lists, one per session, in order. ``version``:
+    the onnxruntime version the backend sees (the CUDA provider's options depend on it)."""
+    import onnxruntime as ort
+
+    import hne_edge.runtime.backends.onnxruntime_cuda as ort_cuda
+
+    seen: list = []
+    real = ort.InferenceSession
+
+    def session(data, sess_options=None, providers=None):
+        seen.append(providers)
+        return real(data, sess_options=sess_options, providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    if version is not None:
+        monkeypatch.setattr(ort, "__version__", version)
+    cls = ort_cuda.OnnxRuntimeCudaBackend
+    monkeypatch.setattr(cls, "ort_device", "cpu")
+    monkeypatch.setattr(cls, "execution_provider", "CPUExecutionProvider")
+    monkeypatch.setattr(ort_cuda, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(ort_cuda, "open_device", lambda device_id, memory: FakeDevice())
+    return seen
+
+
 class OrtTensorRT:
     """A fake ``tensorrt`` module whose engines are the ONNX files they were built from, run by ONNX Runtime
     (CPU) on a :class:`FakeDevice`'s memory.

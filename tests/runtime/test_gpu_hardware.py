@@ -115,7 +115,7 @@ def test_gpu_onnxruntime_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cud
     with AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", plan=plan,
                        cuda_graph=cuda_graph, memory=memory, load_profile=False) as runner:  # fmt: skip
         info = runner.backend.describe()
-        assert info["device"] == "cuda" and info["stream_from"] == memory
+        assert info["device"] == "cuda" and info["stream_from"] == memory and info["allow_tf32"] is False
         _check_every_prefix(runner, x, ref, FP32)
 
 

@@ -12,6 +12,13 @@
   ``disable_synchronize_execution_providers=1``.
 * ``cudnn_conv_algo_search`` defaults to ``EXHAUSTIVE`` (best kernels; the
   search happens on the first run of each shape, i.e. during warm-up).
+* **fp32 means fp32**: the CUDA provider runs fp32 convolutions and GEMMs in
+  TF32 unless its ``use_tf32`` option says "0" (ONNX Runtime 1.18 and later;
+  default on). Every session gets "0" unless ``allow_tf32=True``. With TF32 on,
+  an H200 (2026-11-28, onnxruntime-gpu 1.31.1) put every prefix of hne_tiny's
+  real-GPU tests up to 1.7e-4 off the fp32 model, over their 1e-4 tolerance
+  (hne_resnet_small: within 1.9e-5 of float64). With TF32 off it has not yet
+  run on a GPU (the acceptance run's ``ort-gpu`` stage owes it).
 * ``cuda_graph=True``: ``enable_cuda_graph`` per session and one graph per
   (batch size, input address), selected with the run option ``gpu_graph_id``.
   A graph replays fixed addresses, so every buffer it binds stays put: the
@@ -31,11 +38,12 @@ CPU OrtValues (tests/runtime/test_gpu_fakes.py); the real GPU tests: tests/runti
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import BackendUnavailable, install_hint
+from ...errors import BackendUnavailable, InputError, install_hint
 from .base import Handle, LoadedPlan, Runner, Unit
 from .cuda import (
     CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, no_gpu_here, open_device, require_cuda,
@@ -46,6 +54,20 @@ __all__ = ["OnnxRuntimeCudaBackend", "OnnxRuntimeCudaRunner", "CUDA_EP"]
 
 CUDA_EP = "CUDAExecutionProvider"
 CONV_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
+#: the first onnxruntime whose CUDA provider takes ``use_tf32`` (pull requests 19357 and 19426; an older one
+#: refuses options it does not know, and computes fp32 convolutions in TF32 on Ampere and later)
+USE_TF32_SINCE = (1, 18)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``"1.31.1"`` -> (1, 31, 1); a suffix (``"1.18.0rc1"``, ``"+cu12"``) ends a part."""
+    out = []
+    for part in str(text).split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
 
 
 class OnnxRuntimeCudaRunner(Runner):
@@ -187,11 +209,15 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
     Args:
         device: "cuda" or "cuda:N".
         cudnn_conv_algo_search: "EXHAUSTIVE" (default), "HEURISTIC" or "DEFAULT".
+        allow_tf32: TF32 for fp32 convolutions and GEMMs (the CUDA provider's ``use_tf32``; default False: fp32
+            computes in fp32). True is faster on Ampere and later, and less exact: on an H200 the real-GPU tests'
+            prefixes came out up to 1.7e-4 off the fp32 model (hne_resnet_small: 1.9e-5 of float64).
         cuda_graph: capture one CUDA graph per model file and batch size (fixed shapes only).
         max_graphs: graphs kept per model file (batch sizes); the least recently used is dropped.
         memory: "auto" | "torch" | "cuda-python": who creates the shared stream.
         threads, spinning: the CPU provider's options (for the nodes ONNX Runtime places there).
-        provider_options: extra CUDA provider options (strings), e.g. {"arena_extend_strategy": "kSameAsRequested"}.
+        provider_options: extra CUDA provider options (strings), e.g. {"arena_extend_strategy": "kSameAsRequested"};
+            not ``use_tf32`` (``allow_tf32`` is its one switch).
     """
 
     name = "onnxruntime"
@@ -209,6 +235,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         device: str = "cuda",
         *,
         cudnn_conv_algo_search: str = "EXHAUSTIVE",
+        allow_tf32: bool = False,
         cuda_graph: bool = False,
         max_graphs: int = 4,
         memory: str = "auto",
@@ -222,6 +249,10 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         self.cuda_graph = bool(cuda_graph)
         self.max_graphs = int(max_graphs)
         self.conv_search = cudnn_conv_algo_search
+        self.allow_tf32 = bool(allow_tf32)
+        if "use_tf32" in (provider_options or {}):
+            raise InputError(f"provider_options: received 'use_tf32' ({provider_options['use_tf32']!r}); expected "
+                             "allow_tf32=True or False, the backend's one switch for TF32 (it sets use_tf32)")  # fmt: skip
         self.cuda, self.providers = self._open_cuda(memory, provider_options or {})
         self.run_config = {"disable_synchronize_execution_providers": "1"}
         self.run_options = self.run_options_for(self.run_config)
@@ -244,6 +275,14 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
                 f"expected {CUDA_EP} (install onnxruntime-gpu instead of onnxruntime: {install_hint('gpu')})"
             )
         require_cuda(self.name, self.device_id)
+        tf32_option = _version(ort.__version__) >= USE_TF32_SINCE
+        if not tf32_option and not self.allow_tf32:
+            raise BackendUnavailable(
+                f"backend 'onnxruntime' on device 'cuda': onnxruntime {ort.__version__} computes fp32 convolutions in TF32 "
+                f"on Ampere and later GPUs, with no option to turn it off (use_tf32 came in 1.18); expected onnxruntime-gpu "
+                f">= 1.18 for fp32 in fp32 ({install_hint('gpu')}), or pass allow_tf32=True to accept TF32 (up to 1.7e-4 "
+                "off the fp32 model on an H200)"
+            )
         cuda = open_device(self.device_id, memory)
         options = {
             "device_id": str(self.device_id),
@@ -251,6 +290,8 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
             "cudnn_conv_algo_search": self.conv_search,
             "do_copy_in_default_stream": "0",
         }
+        if tf32_option:
+            options["use_tf32"] = "1" if self.allow_tf32 else "0"
         if self.cuda_graph:
             options["enable_cuda_graph"] = "1"
         options.update({str(k): str(v) for k, v in extra.items()})
@@ -294,6 +335,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
                 "device": self.device,
                 "cuda_graph": self.cuda_graph,
                 "cudnn_conv_algo_search": self.conv_search,
+                "allow_tf32": self.allow_tf32,
                 "stream_from": self.cuda.kind,
             }
         )
