@@ -95,16 +95,20 @@ def frame_oracles(runner: AnytimeRunner, x: np.ndarray, result: Any, budget_ms: 
     * ``leaf_by_leaf``: the same restricted to the plan's leaf-by-leaf walk (a mixed plan's base);
     * ``split_bound``: the even-split upper bound (a step's time spread over its leaves, stopping anywhere).
 
-    Every step's true time in this frame: the steps ``result`` took, their own; the others from
-    ``runner.time_steps(x)`` right after (each route once, unbudgeted, unseen by the cost model). The oracles pay
+    Every step's true time in this frame: the steps ``result`` took, their own (but for a frame that ended after leaf
+    0, which may have run the first-leaf file); the others from ``runner.time_steps(x)`` right after (each route once, unbudgeted, unseen by the cost model). The oracles pay
     what the run paid outside its steps (input check, upload), so all count from the same call entry."""
     from .program import best_leaves
 
     seconds = runner.time_steps(x)
     by_range = {tuple(s["leaves"]): j for j, s in enumerate(runner.steps)}
+    # a frame that ended after leaf 0 may have run the first-leaf file: not the time of leaf 0's step, which going on
+    # needs (its exports), so that step keeps time_steps' time
+    first_file = result.leaves == 1 and runner.first_leaf_file is not None
     ran = 0.0
     for lo, hi, ms in result.step_ms:
-        seconds[by_range[(lo, hi)]] = ms / 1e3
+        if not (first_file and lo == 0):
+            seconds[by_range[(lo, hi)]] = ms / 1e3
         ran += ms
     budget_s = (budget_ms - max(0.0, result.elapsed_ms - ran)) / 1e3
     program = runner._program

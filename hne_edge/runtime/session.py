@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import HNEError, InputError
-from .program import Call, Program, Step, choose, step_io
+from .program import Call, Program, Step, choose, ends_after_leaf_0, step_io
 from .result import AnytimeResult
 
 __all__ = [
@@ -522,6 +522,16 @@ class AnytimeSession:
                    and t0 + entry_s + self._forced_cost(start, n_min) + exit_s > stop_at)  # fmt: skip
         self._status = (not missed, overran, budget_ms, reason)
 
+    def _fast(self, j: int) -> float:
+        """Seconds step ``j`` takes when it runs fast: the lower quartile of its own recent times in the cost model (its
+        median with fewer than 4 of them)."""
+        model = self._model
+        times = getattr(model, "times", None)
+        if times is not None and len(times[j]) >= 4:
+            own = sorted(times[j])
+            return own[(len(own) - 1) // 4]
+        return model.base[j]
+
     def _forced_cost(self, start: int, n_min: int) -> float:
         """Seconds the forced steps of a call from leaf ``start`` to ``n_min`` leaves take 9 times in 10: the p90 of each step's
         own recent times in the cost model (its median with fewer than 10 of them; its prediction for a step it
@@ -560,7 +570,9 @@ class AnytimeSession:
         The step at position ``n`` is the program's (mixed programs: :func:`~.program.choose`'s); it is
         started only if ``n < n_min`` (forced) or all of: not cancelled, ``stop_when`` does not fire, and
         ``now + predicted[step] + exit <= stop_at``, ``exit`` being the cost model's prediction of the frame's own
-        work after its last step (that step's update: the last decision comes before it).
+        work after its last step (that step's update: the last decision comes before it). A ``run()`` whose budget
+        holds no step after leaf 0 (:func:`~.program.ends_after_leaf_0`) runs leaf 0 as the export-free first-leaf
+        file and ends; that call's time is no sample of leaf 0's step (nor is a ``max_leaves=1`` frame's).
         """
         cache = self._cache
         if cache is None:
@@ -579,6 +591,9 @@ class AnytimeSession:
         pred, observe = self._model.pred, self._model.observe
         median, known = getattr(self._model, "base", None), getattr(self._model, "known", None)  # mixed programs
         decide_at = None if stop_at is None else stop_at - getattr(self._model, "exit", 0.0)  # room for the exit
+        # a run() that stops after leaf 0 whatever comes next (its budget holds no later step) runs that file too
+        first_only = (final and last != 1 and n_min <= 1 and program.first_leaf and decide_at is not None
+                      and median is not None and known is not None and self._next == 0)  # fmt: skip
         n = self._next
         now = clock()
         t_forced = now
@@ -598,16 +613,20 @@ class AnytimeSession:
                     reason = "budget"
                     break
             step = steps[j]
-            run_step(cache, step, step.hi == last)
+            alone = first_only and n == 0 and j == at[0] and ends_after_leaf_0(program, now, decide_at, self._fast(j), pred, known)
+            run_step(cache, step, alone or step.hi == last)
             logits = to_host(cache[logits_slot])
             t = clock()
             self._absorb(j, logits, t - now)
-            if j != unobserved:
+            if j != unobserved and not alone:
                 observe(j, t - now)
             now = t
             n = step.hi
             if step.lo < n_min <= n:
                 t_forced = now
+            if alone:  # the first-leaf file exports nothing: the frame ends here, as the budget said it would
+                reason = "budget"
+                break
         if self._cancelled and reason != "cancelled" and n < num_leaves and n >= n_min:
             reason = "cancelled"
         if n >= num_leaves:

@@ -182,13 +182,14 @@ def test_the_cause_a_run_pays_its_upload_before_the_forced_first_step(bundle16, 
     budget but were in no prediction, so the forced first step was judged to fit a budget just above the first
     leaf, overran by the upload, and counted as a miss (a budget the run could not meet whatever it chose). The
     same replay with the cost model's entry prediction off misses several times as often, nearly all of the
-    misses one-leaf frames; with it, what remains is the step predictions' own tail."""
+    misses one-leaf frames; with it, what remains is the step predictions' own tail. (Without the first-leaf file:
+    a one-leaf frame that runs it, issue 40, costs 12% less here, which hides part of what the entry does.)"""
     from hne_edge.runtime.cost_model import _BatchModel
 
     trace, frames = Trace(GPU_LIKE), 2000
-    with_entry = misses(replay(bundle16, "mixed", trace, frames, seed=1)[0])
+    with_entry = misses(replay(bundle16, "mixed", trace, frames, seed=1, first_leaf=False)[0])
     monkeypatch.setattr(_BatchModel, "observe_entry", lambda self, seconds: None)  # entry stays predicted at 0
-    results, _ = replay(bundle16, "mixed", trace, frames, seed=1)
+    results, _ = replay(bundle16, "mixed", trace, frames, seed=1, first_leaf=False)
     missed = [r for _, _, r in results if not r.met_budget and not r.overran_min_leaves]
     assert with_entry <= 0.01 * frames and len(missed) > max(0.005 * frames, 3 * with_entry), (len(missed), with_entry)
     assert sum(r.leaves == 1 for r in missed) >= 0.8 * len(missed)
@@ -212,9 +213,9 @@ def test_the_work_after_the_last_step_leaves_room_in_every_decision_on_the_h200_
     def over(results):  # (misses, frames over budget whether forced or not)
         return misses(results), sum(not r.met_budget for _, _, r in results)
 
-    fixed = over(replay(bundle16, "mixed", trace, frames)[0])
+    fixed = over(replay(bundle16, "mixed", trace, frames, first_leaf=False)[0])  # (the first-leaf file hides part of it)
     monkeypatch.setattr(_BatchModel, "observe_exit", lambda self, seconds: None)  # exit stays predicted at 0
-    before = over(replay(bundle16, "mixed", trace, frames)[0])
+    before = over(replay(bundle16, "mixed", trace, frames, first_leaf=False)[0])
     assert before[0] >= 0.025 * frames and fixed[0] <= 0.01 * frames, (before, fixed)
     assert fixed[1] < before[1], (before, fixed)
 
@@ -240,7 +241,8 @@ def test_the_exit_prediction_is_learned_from_runs_and_leaves_room_in_every_decis
     time fit, and a budget that holds the forced leaf but not the exit after it labels the overrun as forced."""
     m = read_manifest(bundle16)
     backend = FakeBackend(m.tree, m.num_classes, cost=lambda node, batch: 0.001)
-    runner = AnytimeRunner(bundle16, plan="segments", backend=backend, load_profile=False, warmup=0)
+    # leaf 0's exporting segment, not the first-leaf file: a frame ending after leaf 0 would run it and skip the update
+    runner = AnytimeRunner(bundle16, plan="segments", backend=backend, load_profile=False, warmup=0, first_leaf=False)
     x = np.zeros((1, C, H, W), np.float32)
     runner.run(x)  # every leaf measured, and the exit (0 here: nothing after the last step costs virtual time)
     model = runner.cost.for_batch(1)

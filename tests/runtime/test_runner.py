@@ -18,6 +18,7 @@ from hne_edge.runtime import (
     create_backend,
 )
 from hne_edge.runtime import profile_file
+from hne_edge.runtime.bench import frame_oracles
 from hne_edge.tree import TreeSpec
 from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle, reference_leaf_logits
 
@@ -77,6 +78,41 @@ def test_first_leaf_file_runs_frames_that_stop_after_leaf_0(tmp_path, plan):
     runner.run(x, max_leaves=1)
     assert "onnx/fp32/first/leaf00.onnx" not in backend.files and backend.active == len(runner._runners)
     assert runner.first_leaf_file is None
+
+
+def test_a_budget_that_holds_no_step_after_leaf_0_runs_the_first_leaf_file(tmp_path):
+    """Issue 40: a run() whose budget holds leaf 0 but no step after it stops after leaf 0 whatever it runs, so it
+    runs the export-free first-leaf file (here 3 ms against leaf 0's exporting segment's 4 ms): a budget between the
+    two is met, not overrun. Not while a step involved is unmeasured, nor for a session (it may go on), nor when
+    min_leaves forces more; and its time is no sample of leaf 0's segment."""
+    b = make_fake_bundle(tmp_path / "b", classes=CLASSES, plans=("segments", "first"))
+    x = images(1)
+    ref = reference_leaf_logits(TreeSpec((1, 2, 2)), x, CLASSES)
+    first = "onnx/fp32/first/leaf00.onnx"
+    runner, backend = fake_runner(b, cost=lambda node, batch: 0.001)
+    backend.call_cost = lambda unit, batch: 0.0 if unit.name == first else 0.001  # an exported output costs
+    backend.files.clear()
+    r = runner.run(x, budget_ms=3.5)  # nothing measured yet: leaf 0's segment, learned (a forced overrun)
+    assert first not in backend.files and (r.leaves, r.met_budget, r.overran_min_leaves) == (1, False, True)
+    for _ in range(5):
+        runner.run(x)
+    model = runner.cost.for_batch(1)
+    samples = len(model.times[0])
+    for budget in (3.5, 5.0):  # leaf 0's segment (4 ms) does not fit 3.5; after it, leaf 1 (2 ms) fits neither
+        backend.files.clear()
+        r = runner.run(x, budget_ms=budget)
+        assert backend.files == [first] and (r.leaves, r.met_budget, r.stopped_by) == (1, True, "budget"), budget
+        assert r.elapsed_ms == pytest.approx(3.0) and len(model.times[0]) == samples
+        np.testing.assert_allclose(r.logits, ref[0], rtol=1e-5, atol=1e-6)
+        # the benchmarks' oracle prices leaf 0's step at its own time, not the file's (which would fit leaf 1 in 5 ms)
+        assert frame_oracles(runner, x, r, budget)["oracle"] == 1
+    backend.files.clear()
+    assert runner.run(x, budget_ms=6.5).leaves == 2 and first not in backend.files  # leaf 1 fits: the segment
+    backend.files.clear()
+    r = runner.run(x, budget_ms=3.5, min_leaves=2)
+    assert r.leaves == 2 and first not in backend.files
+    backend.files.clear()
+    assert runner.start(x).refine(budget_ms=3.5).leaves == 1 and first not in backend.files  # a session may go on
 
 
 @pytest.mark.parametrize("plan", ["segments", "nodes"])

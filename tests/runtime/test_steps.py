@@ -219,6 +219,7 @@ def replay(bundle, plan, times, names, frames, seed=0):
     runner, backend = fake_runner(bundle, plan, cost=lambda node, batch: 0.0)
     column = {f"onnx/fp32/{name}": j for j, name in enumerate(names)}
     column.update({"onnx/fp32/subtrees/unit00.onnx": 0, "onnx/fp32/subtrees/unit01.onnx": 1})  # leaf 0, leaf 1
+    column["onnx/fp32/first/leaf00.onnx"] = 0  # not recorded: leaf 0's time (a frame ending after leaf 0 runs it)
     frame, draw, rng = {"k": 0}, np.random.default_rng(seed), np.random.default_rng(seed + 1)
     real = lambda unit, batch: times[frame["k"], column[unit.name]]  # noqa: E731
     backend.call_cost = lambda unit, batch: (frame.__setitem__("k", int(draw.integers(100))), real(unit, batch))[1]
