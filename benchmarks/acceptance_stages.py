@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import lzma
 import os
+import re
 import shlex
 import signal
 import shutil
@@ -42,7 +43,12 @@ class Stage:
     min_s: float = MIN_STAGE_S  # a stage that would get less than this is "not run"
 
 
-RUNTIME_GROUP = ("doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "mobilenet", "ort-gpu")  # <= 240 s together
+RUNTIME_GROUP = ("doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "mobilenet")  # <= 240 s together
+# the ONNX Runtime GPU tests the ort-gpu stage runs: both buffer modes and fp16 (all nine took more than its time on the
+# H200, 2026-11-28: 19 GPU tests in 121 s); the gpu-tests stage runs them all where onnxruntime-gpu is installed
+ORT_GPU_TESTS = tuple(f"tests/runtime/test_gpu_hardware.py::{t}" for t in (
+    "test_gpu_onnxruntime_cuda_every_prefix[torch-False-segments]", "test_gpu_onnxruntime_cuda_every_prefix[torch-True-segments]",
+    "test_gpu_onnxruntime_cuda_fp16"))  # fmt: skip
 STAGES = (
     Stage("doctor", "hne-edge doctor on this machine", 30,
           "docs/results.md 'Honest limits' and docs/gpu.md: which backends ran on which GPU (the doctor table's rows, "
@@ -62,7 +68,9 @@ STAGES = (
           "graphs vs compiled units (targets on an H200: fused <= 0.6 ms, first leaf <= 0.3 ms)"),
     Stage("mobilenet", "bench_gpu.py (hne_mobilenetv2 224x224, every plan, batch 1 and 8)", 50,
           "BENCHMARKS.md 'How fast is anytime against one network on a GPU': the compute-bound rows (hne_mobilenetv2), next to hne_resnet_small's"),
-    Stage("ort-gpu", "ONNX Runtime CUDA from wheel parts (--ort-gpu-parts): its GPU tests and bench rows", 40,
+    # not in the runtime group: it runs only with --ort-gpu-parts, in a call of its own on the H200 (its install ~12 s,
+    # 3 GPU tests ~30 s, an export and the mixed row ~45 s, the step recording ~25 s)
+    Stage("ort-gpu", "ONNX Runtime CUDA from wheel parts (--ort-gpu-parts): its GPU tests, bench rows and step times", 120,
           "docs/results.md 'Honest limits' and docs/gpu.md: whether ONNX Runtime CUDA has run on a GPU; BENCHMARKS.md "
           "'How fast is anytime against one network on a GPU': its rows"),
     Stage("bench-train", "bench_train.py (hne_resnet_small, CUDA defaults: the loop vs the step alone, each formulation)", 35,
@@ -222,10 +230,17 @@ def synthetic_cifar(path: Path, n: int, seed: int) -> Path:
     return path
 
 
-def junit_counts(junit: Path) -> dict:
-    """passed / failed / skipped, the failed tests' names and the skip reasons of a pytest --junitxml file."""
+def junit_counts(junit: Path, log: Path | None = None) -> dict:
+    """passed / failed / skipped, the failed tests' names and the skip reasons of a pytest --junitxml file; without
+    one (pytest cut off before it wrote it), what a ``-v`` run printed in ``log`` for each test that ended."""
     counts: dict = {"passed": 0, "failed": 0, "skipped": 0, "failed_tests": [], "skip_reasons": []}
     if not junit.is_file():
+        text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
+        for test, outcome in re.findall(r"^\S+::(\S+) (PASSED|FAILED|ERROR|SKIPPED)", text, re.M):
+            key = {"PASSED": "passed", "SKIPPED": "skipped"}.get(outcome, "failed")
+            counts[key] += 1
+            if key == "failed":
+                counts["failed_tests"].append(test)
         return counts
     reasons = set()
     for case in ET.parse(junit).getroot().iter("testcase"):
@@ -278,7 +293,24 @@ def install_wheel(python: str, wheel: Path, target: Path) -> str:
     return f"unzipped (pip failed: {why})"
 
 
-# -- the stages -----------------------------------------------------------------------------------
+def staged_wheel(python: str, folders: list[Path], work: Path) -> tuple[str, Path, str]:
+    """(the wheel's name, the folder it is installed in, how): onnxruntime-gpu from its parts (``wheel_parts.py``),
+    joined and installed into ``work/ort_gpu`` once: a later call with the same ``--work`` and the same wheel (its
+    sha256, from the parts' ``.sha256`` file) reuses it, without joining the 209 MiB stream again."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from wheel_parts import join_wheel, scan_parts
+
+    name, _, digest = scan_parts(folders)
+    target, stamp = work / "ort_gpu", work / "ort_gpu.installed.json"
+    staged = {"wheel": name, "sha256": digest}
+    if digest is not None and target.is_dir() and stamp.is_file() and json.loads(stamp.read_text()) == staged:
+        return name, target, "reused: installed by an earlier call"
+    stamp.unlink(missing_ok=True)
+    wheel = join_wheel(folders, work / "wheels")
+    how = install_wheel(python, wheel, target)
+    wheel.unlink()  # installed: the 255 MB file is not needed again
+    stamp.write_text(json.dumps(staged))
+    return name, target, how
 
 
 # -- the stages -----------------------------------------------------------------------------------
@@ -444,44 +476,61 @@ class StageRuns:
 
     # 7 --------------------------------------------------------------------------------------------
     def stage_ort_gpu(self, result: StageResult, budget: float) -> None:
-        """onnxruntime-gpu from wheel parts: join, install into scratch (first on the children's PYTHONPATH),
-        preload its CUDA libraries, then its real-GPU tests and bench rows (see the module docstring)."""
+        """onnxruntime-gpu from wheel parts, installed once (``staged_wheel``) and first on the children's PYTHONPATH;
+        every child started through ort_gpu_child.py (torch, then onnxruntime.preload_dlls()): a probe, a subset of the
+        real-GPU tests (ORT_GPU_TESTS), the mixed plan's bench row, then every step's time frame by frame (the trace
+        tests/runtime/test_deadlines.py replays, with the first-leaf file's time: raw/ort_steps/). Each part gets a share
+        of what is left, so a part that runs over leaves the next its time and the stage reports what ended."""
         if not self.args.ort_gpu_parts:
             result.status, result.summary = "skipped", "no --ort-gpu-parts given (onnxruntime-gpu is not installed here)"
             return
         t_end = time.monotonic() + budget
-        sys.path.insert(0, str(REPO / "benchmarks"))
-        from wheel_parts import join_wheel
-
-        wheel = join_wheel([Path(p) for p in self.args.ort_gpu_parts], self.work / "wheels")
-        target = self.work / "ort_gpu"
-        installed = install_wheel(self.py, wheel, target)
+        left = lambda: t_end - time.monotonic()  # noqa: E731
+        name, target, installed = staged_wheel(self.py, [Path(p) for p in self.args.ort_gpu_parts], self.work)
         env = {"PYTHONPATH": os.pathsep.join([str(target), str(REPO), os.environ.get("PYTHONPATH", "")])}
         child = [self.py, str(REPO / "benchmarks" / "ort_gpu_child.py")]
         probe_file = self.raw("ort_gpu_probe.json")
-        self.command(result, child + ["--probe", str(probe_file)], max(min(30.0, t_end - time.monotonic()), 1), env=env, log="ort-gpu-probe")
+        self.command(result, child + ["--probe", str(probe_file)], max(min(30.0, left()), 1), env=env, log="ort-gpu-probe")
         probe = json.loads(probe_file.read_text()) if probe_file.is_file() else {"error": _tail(self.out / "logs" / "ort-gpu-probe.log")}
         staged = str(probe.get("onnxruntime_found", "")).startswith(str(target))
         junit = self.raw("ort_gpu_tests.xml")
-        tests = [*child, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/runtime/test_gpu_hardware.py", "-m", "gpu",
-                 "-k", "onnxruntime", f"--junitxml={junit}"]  # fmt: skip
-        code = self.command(result, tests, max((t_end - time.monotonic()) * 0.5, 1), env=env, log="ort-gpu-tests")
-        counts = junit_counts(junit)
+        tests = [*child, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", *ORT_GPU_TESTS, f"--junitxml={junit}"]
+        code = self.command(result, tests, max(left() * 0.3, 1), env=env, log="ort-gpu-tests")
+        counts = junit_counts(junit, self.out / "logs" / "ort-gpu-tests.log")
         bench = StageResult("ort-gpu-bench", "")
-        extra = (["--device", "cpu", "--smoke", "--models", "hne_tiny", "--plans", "segments"] if self.args.smoke else
-                 ["--backends", "onnxruntime", "--models", "hne_resnet_small", "--plans", "mixed,segments", "--graphs", "on",
-                  "--warmup", "5", "--repeats", "20", "--profile-repeats", "5", "--frames", "100"])  # fmt: skip
-        self.bench_gpu_rows(bench, max(t_end - time.monotonic(), 1), "ort_gpu_bench", extra, env=env, prefix=child)
+        extra = (["--device", "cpu", "--smoke", "--models", "hne_tiny", "--plans", "segments", "--batches", "1"] if self.args.smoke else
+                 ["--backends", "onnxruntime", "--models", "hne_resnet_small", "--plans", "mixed", "--batches", "1", "--graphs", "on",
+                  "--warmup", "3", "--repeats", "10", "--profile-repeats", "5", "--frames", "100", "--no-batch-check"])  # fmt: skip
+        self.bench_gpu_rows(bench, max(left() * 0.6, 1), "ort_gpu_bench", extra, env=env, prefix=child)
         result.commands += bench.commands
         result.logs += [x for x in bench.logs if x not in result.logs]
-        result.figures = {"wheel": wheel.name, "installed_with": installed, "probe": probe, "staged_onnxruntime_imported": staged,
-                          "tests": counts, "bench": {"status": bench.status, "summary": bench.summary, **bench.figures}}  # fmt: skip
-        ok = staged and code == 0 and counts["failed"] == 0 and bench.status == "ok"
-        result.status = "ok" if ok else ("timeout" if code is None or bench.status == "timeout" else "failed")
-        result.summary = (f"{wheel.name} ({installed}); children import onnxruntime {probe.get('onnxruntime', '?')} from "
+        steps_dir = self.raw("ort_steps")  # in raw.tar.gz: a GPU machine hands back at most 8 files
+        steps_dir.mkdir(exist_ok=True)
+        record = [*child, "benchmarks/record_steps.py", "--backend", "onnxruntime", "--batches", "1", "--out", str(steps_dir),
+                  "--workdir", str(self.work / "bundles"), "--seconds", f"{max(left() - 12, 3):.0f}"]  # fmt: skip
+        record += ["--device", "cpu", "--smoke"] if self.args.smoke else ["--device", "cuda", "--frames", "300"]
+        code_steps = self.command(result, record, max(left(), 1), env=env, log="ort-gpu-steps")
+        traces = {}
+        for f in sorted(steps_dir.glob("steps_*.json")):
+            d = json.loads(f.read_text())
+            t = np.asarray(d["frames_ms"])
+            traces[f.name] = {"frames": len(t), "leaf0_ms": round(float(np.median(t[:, 0])), 4) if len(t) else None,
+                              "first_leaf_file_ms": round(float(np.median(d["first_ms"])), 4) if d.get("first_ms") else None}  # fmt: skip
+        result.figures = {"wheel": name, "installed_with": installed, "probe": probe, "staged_onnxruntime_imported": staged,
+                          "tests": counts, "bench": {"status": bench.status, "summary": bench.summary, **bench.figures},
+                          "steps": traces}  # fmt: skip
+        steps_ok = code_steps == 0 and bool(traces)
+        ok = staged and code == 0 and counts["failed"] == 0 and bench.status == "ok" and steps_ok
+        cut = code is None or bench.status == "timeout" or code_steps is None
+        result.status = "ok" if ok else ("timeout" if cut and staged and counts["failed"] == 0 else "failed")
+        result.summary = (f"{name} ({installed}); children import onnxruntime {probe.get('onnxruntime', '?')} from "
                           f"{'the staged wheel' if staged else probe.get('onnxruntime_found', '?')}, providers "
-                          f"{probe.get('providers', '?')}, preload_dlls {probe.get('preload_dlls', '?')}; tests: {counts['passed']} "
-                          f"passed, {counts['failed']} failed, {counts['skipped']} skipped; bench: {bench.summary[:300]}")  # fmt: skip
+                          f"{probe.get('providers', '?')}, preload_dlls {probe.get('preload_dlls', '?')}; tests"
+                          f"{' (cut off)' if code is None else ''}: {counts['passed']} passed, {counts['failed']} failed, "
+                          f"{counts['skipped']} skipped; bench: {bench.summary[:300]}; steps"
+                          f"{' (cut off)' if code_steps is None else ''}: "
+                          + ("; ".join(f"{k}: {v['frames']} frames, leaf 0's segment {v['leaf0_ms']} ms, first-leaf file "
+                                       f"{v['first_leaf_file_ms']} ms" for k, v in traces.items()) or "none"))  # fmt: skip
 
     # 8 --------------------------------------------------------------------------------------------
     def stage_bench_train(self, result: StageResult, budget: float) -> None:

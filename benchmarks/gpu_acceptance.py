@@ -3,10 +3,11 @@
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out runs/acceptance         # every default stage, 8 minutes at most
     make gpu-acceptance                                                              # the same
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --cap-s 270 \
-        --stages doctor,gpu-tests,bench-gpu,record-steps,kernels,mobilenet,ort-gpu,bench-train   # the runtime group + bench-train
+        --stages doctor,gpu-tests,bench-gpu,record-steps,kernels,mobilenet,bench-train   # the runtime group + bench-train
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --stages reference --cap-s 330 \
         --cifar-parts /tmp/stage_a runs/stage_b                                      # the reference HNE_small, its own call
-    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --stages ort-gpu --ort-gpu-parts runs/ort_a runs/ort_b ...
+    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --work /tmp/acceptance --stages ort-gpu \
+        --ort-gpu-parts runs/ort/a runs/ort/b ...                                     # ONNX Runtime CUDA, its own call
     python benchmarks/gpu_acceptance.py --smoke                                      # every stage's code path, on the CPU
 
 This file is the runner and its report; the stages (the table, what each runs and reads back) are in
@@ -16,7 +17,7 @@ Runs from the checkout with the machine's Python (``PYTHONPATH=.``, nothing to i
 subprocess of this checkout's own tools, so a crash or a hang in one stage is that stage's result, not the
 run's. Each stage writes its result into ``OUT/acceptance.md`` and ``OUT/acceptance.json`` the moment it ends,
 so a run cut off by the cap (or by the machine going away) still reports what it did. Stages, in this order,
-each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
+each with a fixed cap (seconds; the runtime group, 1-6, within 240 s together):
 
 1. ``doctor`` (30): ``hne-edge doctor --json`` on this machine (every backend present, every prefix vs float64).
 2. ``gpu-tests`` (30): ``pytest tests/runtime/test_gpu_hardware.py -m "gpu or tensorrt"`` (the real-GPU tests).
@@ -33,11 +34,14 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    machines: ``--stage-cap kernels=120`` gives it time in a separate call.
 6. ``mobilenet`` (50): ``bench_gpu.py`` on hne_mobilenetv2 at 224x224 (the compute-bound regime), every plan,
    batch 1 and 8 (60 deadline frames).
-7. ``ort-gpu`` (40; only with ``--ort-gpu-parts``, else "skipped"): onnxruntime-gpu from wheel parts: the parts
-   joined (``benchmarks/wheel_parts.py``), ``pip install --no-deps --target`` into scratch (unzipped where the
-   machine's Python has no pip), that folder put first on the children's ``PYTHONPATH``, and every child started
-   through ``benchmarks/ort_gpu_child.py`` (torch first, then ``onnxruntime.preload_dlls()``): a probe of what
-   the children import, the ONNX Runtime real-GPU tests, and bench_gpu rows with ``--backends onnxruntime``.
+7. ``ort-gpu`` (120, outside the runtime group; only with ``--ort-gpu-parts``, else "skipped"): onnxruntime-gpu from
+   wheel parts: the parts joined (``benchmarks/wheel_parts.py``), ``pip install --no-deps --target`` into
+   ``WORK/ort_gpu`` (unzipped where the machine's Python has no pip; a later call with the same ``--work`` and the
+   same wheel reuses it), that folder put first on the children's ``PYTHONPATH``, and every child started through
+   ``benchmarks/ort_gpu_child.py`` (torch first, then ``onnxruntime.preload_dlls()``): a probe of what the children
+   import, three of the ONNX Runtime real-GPU tests (``ORT_GPU_TESTS``: both buffer modes and fp16), bench_gpu's
+   mixed row at batch 1 with ``--backends onnxruntime``, and ``record_steps.py --backend onnxruntime`` (every step's
+   time and the first-leaf file's, frame by frame, in raw.tar.gz). Each part gets a share of what is left.
 8. ``bench-train`` (35): ``benchmarks/bench_train.py`` for hne_resnet_small at the trainer's CUDA defaults
    (batch 512, bf16, channels-last): the loop against its step alone on device-resident data (their ratio: the
    loop's overhead), each ``--pointwise`` formulation's step alone and operators per step, the trainer (``fit``)
@@ -62,9 +66,10 @@ The cap (``--cap-s``, default 480 s) is wall-clock for the whole run. A stage ru
 more than what is left; a stage that would start with less
 than 15 s left is reported "not run". The CIFAR set does not fit through a 64 MiB copy in one piece:
 ``npz_chunks.py split`` makes two ~60 MiB parts, which travel separately (one folder each, or both in one);
-``--cifar-parts`` takes those folders and joins them here. The onnxruntime-gpu wheel (cp312: ~255 MB, ~204 MB
-xz-packed) travels the same way in 4 parts: ``python3 benchmarks/wheel_parts.py split WHEEL runs/ort --folders 4``
-makes ``runs/ort/a`` .. ``runs/ort/d``, one per copy; ``--ort-gpu-parts`` takes the folders.
+``--cifar-parts`` takes those folders and joins them here. The onnxruntime-gpu wheel (1.31.1, cp312: ~255 MB, a
+209 MiB xz stream) travels the same way in 5 parts of 52 MiB, each beside a checkout in a 64 MiB copy:
+``python3 benchmarks/wheel_parts.py split WHEEL runs/ort --folders 5`` makes ``runs/ort/a`` .. ``runs/ort/e``, one
+per copy; ``--ort-gpu-parts`` takes the folders.
 
 What comes back stays small (a GPU machine returns at most 8 files): ``acceptance.md`` and ``acceptance.json``
 (every stage's figures and tables), ``raw.tar.gz`` (the logs and the stages' side files, repacked after every
@@ -101,6 +106,7 @@ from acceptance_stages import (  # noqa: E402  (the stages and the tools they sh
     DEFAULT_CAP_S,
     MIN_STAGE_S,
     OBJECTIVES,
+    ORT_GPU_TESTS,
     REFERENCE_OBJECTIVES,
     RUNTIME_GROUP,
     SMOKE_CAP_FACTOR,
@@ -112,13 +118,15 @@ from acceptance_stages import (  # noqa: E402  (the stages and the tools they sh
     data_file,
     install_wheel,
     join_npz_parts,
+    junit_counts,
     run_command,
     split_npz_parts,
+    staged_wheel,
     synthetic_cifar,
 )
 
-__all__ = ["Run", "main", "parse_args", "stages_for", "STAGES", "RUNTIME_GROUP", "join_npz_parts", "split_npz_parts",
-           "install_wheel"]
+__all__ = ["Run", "main", "parse_args", "stages_for", "STAGES", "RUNTIME_GROUP", "ORT_GPU_TESTS", "join_npz_parts",
+           "split_npz_parts", "install_wheel", "staged_wheel", "junit_counts"]
 
 
 class Run(StageRuns):

@@ -8,7 +8,10 @@ hne_resnet_small (seed 0 weights: latency does not depend on them), a bundle wit
 ``runner.time_steps(x)`` runs each route of the mixed program once (leaf by leaf, subtree by subtree, the whole
 tree), unbudgeted, as a frame pays it: row ``r`` of ``frames_ms`` is every step's time in frame ``r``. Then one
 ``run(x, max_leaves=1)``: its elapsed time minus its step is ``entry_ms[r]``, what a run() pays outside its steps
-(the input check, the image's upload: a synchronous copy on a GPU). One file per batch size,
+(the input check, the image's upload: a synchronous copy on a GPU), and its step's, ``first_ms[r]``: the export-free
+first-leaf file, which a frame stopping after leaf 0 runs (against leaf 0's exporting segment, ``frames_ms[r][0]``:
+about 0.5 ms less on ONNX Runtime CUDA as inferred from the H200's plans, issue 40; this measures it). One file per
+batch size,
 ``OUT/steps_<model>_<backend>_<device>_b<batch>.json``; steps are named by what they add, as the bundle's ONNX
 files are (``segments/leaf03.onnx``, ``subtrees/unit02.onnx``, ``fused/tree.onnx``) whatever the backend, so
 tests/runtime/test_deadlines.py replays any recording on its fake bundle. ``--seconds`` caps the recording
@@ -48,13 +51,18 @@ def record(runner, batch: int, frames: int, seconds: float, warmup: int = 10) ->
     for _ in range(warmup):  # graphs of this batch size captured and launched, buffers allocated
         runner.time_steps(x)
         runner.run(x, max_leaves=1)
-    rows, entry = [], []
+    rows, entry, first = [], [], []
     end = time.monotonic() + seconds
     while len(rows) < frames and (time.monotonic() < end or len(rows) < min(frames, MIN_FRAMES)):
         rows.append([round(t * 1e3, 4) for t in runner.time_steps(x)])
         r = runner.run(x, max_leaves=1)
-        entry.append(round(max(0.0, r.elapsed_ms - sum(ms for *_, ms in r.step_ms)), 4))
-    return {"frames_ms": rows, "entry_ms": entry}
+        ran = sum(ms for *_, ms in r.step_ms)
+        entry.append(round(max(0.0, r.elapsed_ms - ran), 4))
+        first.append(round(ran, 4))
+    out = {"frames_ms": rows, "entry_ms": entry}
+    if runner.first_leaf_file is not None:  # what that run's step was: the export-free first-leaf file
+        out["first_ms"] = first
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

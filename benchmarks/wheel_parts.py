@@ -3,12 +3,13 @@
     python3 benchmarks/wheel_parts.py split onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl runs/ort_parts
     python3 benchmarks/wheel_parts.py join runs/ort_a runs/ort_b --out /tmp/wheels     # (gpu_acceptance.py does this)
 
-``split`` xz-compresses the wheel (the cp312 onnxruntime-gpu wheel packs to ~204 MB) and cuts the stream into
-parts of at most ``--max-mib`` (default 59, so each travels in a 64 MiB copy), named
-``<wheel file name>.xz.part00``, ``.part01``, ... with ``<wheel file name>.sha256`` beside them; ``--folders N``
-puts them round-robin into ``OUT/a``, ``OUT/b``, ... (one per copy). The same parts, without Python:
+``split`` xz-compresses the wheel (onnxruntime-gpu 1.31.1's cp312 wheel packs to a 209 MiB stream) and cuts the
+stream into parts of at most ``--max-mib`` (default 52: five parts, each of which travels beside a checkout in a
+64 MiB copy), named ``<wheel file name>.xz.part00``, ``.part01``, ... with ``<wheel file name>.sha256`` beside
+them; ``--folders N`` puts them round-robin into ``OUT/a``, ``OUT/b``, ... (one per copy). The same parts, without
+Python:
 
-    xz -T0 -6 -c WHEEL | split -b 59M -d -a 2 - OUT/WHEEL.xz.part && sha256sum WHEEL > OUT/WHEEL.sha256
+    xz -T0 -6 -c WHEEL | split -b 52M -d -a 2 - OUT/WHEEL.xz.part && sha256sum WHEEL > OUT/WHEEL.sha256
 
 ``join`` finds the parts of exactly one wheel in the folders given (in any of them, each once, or twice with the
 same bytes), checks that they run from ``part00`` without a gap, decompresses the stream into ``OUT/<wheel>``
@@ -27,6 +28,8 @@ from pathlib import Path
 
 PART = re.compile(r"^(?P<wheel>.+\.whl)\.xz\.part(?P<index>\d{2,})$")
 CHUNK = 1 << 20
+XZ_STREAM_MIB = 209  # onnxruntime-gpu 1.31.1, cp312 (the H200 run of 2026-11-28 staged it)
+MAX_MIB = 52  # five parts of that stream; each beside a checkout (~6 MiB of tracked files) in a 64 MiB copy
 
 
 def sha256_file(path: Path) -> str:
@@ -37,7 +40,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def split_wheel(wheel: Path, out: Path, max_mib: float = 59.0, folders: int = 1, preset: int = 6) -> list[Path]:
+def split_wheel(wheel: Path, out: Path, max_mib: float = MAX_MIB, folders: int = 1, preset: int = 6) -> list[Path]:
     """xz-compress ``wheel`` and cut the stream into parts of at most ``max_mib`` MiB under ``out`` (or
     ``out/a``, ``out/b``, ... round-robin when ``folders`` > 1); returns the parts in order."""
     if not wheel.name.endswith(".whl") or not wheel.is_file():
@@ -71,6 +74,29 @@ def split_wheel(wheel: Path, out: Path, max_mib: float = 59.0, folders: int = 1,
 
 def join_wheel(folders: list[Path], out: Path) -> Path:
     """The wheel whose parts lie in ``folders``, decompressed into ``out`` (see the module docstring)."""
+    name, parts, digest = scan_parts(folders)
+    expected = list(range(max(parts) + 1))
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = out / name
+    dec = lzma.LZMADecompressor()
+    try:
+        with open(wheel, "wb") as f:
+            for i in expected:
+                with open(parts[i], "rb") as p:
+                    for block in iter(lambda: p.read(CHUNK), b""):
+                        f.write(dec.decompress(block))
+    except lzma.LZMAError as exc:
+        raise SystemExit(f"--ort-gpu-parts: {name}: the parts do not decompress ({exc}); expected an xz stream cut in order") from None
+    if not dec.eof:
+        raise SystemExit(f"--ort-gpu-parts: {name}: the xz stream ends early after part{expected[-1]:02d}; a last part is missing")
+    if digest is not None and sha256_file(wheel) != digest:
+        raise SystemExit(f"--ort-gpu-parts: {name}: sha256 {sha256_file(wheel)[:16]}... after joining; expected {digest[:16]}...")
+    return wheel
+
+
+def scan_parts(folders: list[Path]) -> tuple[str, dict[int, Path], str | None]:
+    """(the wheel's file name, its parts by index, its sha256 from the ``.sha256`` file or None) of the one wheel
+    whose parts lie in ``folders``, checked to run from part00 without a gap (nothing is decompressed)."""
     found: dict[str, dict[int, Path]] = {}
     digests: dict[str, str] = {}
     for folder in folders:
@@ -94,22 +120,7 @@ def join_wheel(folders: list[Path], out: Path) -> Path:
     if sorted(parts) != expected:
         missing = [f"part{i:02d}" for i in expected if i not in parts]
         raise SystemExit(f"--ort-gpu-parts: {name}: received parts {[f'part{i:02d}' for i in sorted(parts)]}; missing {missing}")
-    out.mkdir(parents=True, exist_ok=True)
-    wheel = out / name
-    dec = lzma.LZMADecompressor()
-    try:
-        with open(wheel, "wb") as f:
-            for i in expected:
-                with open(parts[i], "rb") as p:
-                    for block in iter(lambda: p.read(CHUNK), b""):
-                        f.write(dec.decompress(block))
-    except lzma.LZMAError as exc:
-        raise SystemExit(f"--ort-gpu-parts: {name}: the parts do not decompress ({exc}); expected an xz stream cut in order") from None
-    if not dec.eof:
-        raise SystemExit(f"--ort-gpu-parts: {name}: the xz stream ends early after part{expected[-1]:02d}; a last part is missing")
-    if name in digests and sha256_file(wheel) != digests[name]:
-        raise SystemExit(f"--ort-gpu-parts: {name}: sha256 {sha256_file(wheel)[:16]}... after joining; expected {digests[name][:16]}...")
-    return wheel
+    return name, parts, digests.get(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("split", help="WHEEL OUT: xz parts of at most --max-mib each")
     s.add_argument("wheel", type=Path)
     s.add_argument("out", type=Path)
-    s.add_argument("--max-mib", type=float, default=59.0)
+    s.add_argument("--max-mib", type=float, default=MAX_MIB)
     s.add_argument("--folders", type=int, default=1, help="spread the parts over OUT/a, OUT/b, ... (one per copy)")
     j = sub.add_parser("join", help="FOLDER... --out DIR: the wheel back, checked")
     j.add_argument("folders", type=Path, nargs="+")
