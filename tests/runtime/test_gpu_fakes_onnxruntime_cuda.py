@@ -171,15 +171,22 @@ def simulated_h200_ort(monkeypatch, seed: int = 0):
     def charge(seconds: float) -> None:
         clock.t += seconds * float(rng.lognormal(0.0, 0.03))
 
-    run = OnnxRuntimeCudaRunner.run_impl
-    monkeypatch.setattr(OnnxRuntimeCudaRunner, "run_impl", lambda runner, inputs: (charge(cost_ms(runner.name) / 1e3),
-                                                                                   run(runner, inputs))[1])  # fmt: skip
-    upload = backend.from_host
-    backend.from_host = lambda array: (charge(H200_ORT_ENTRY_MS / 1e3), upload(array))[1]
+    run, upload = OnnxRuntimeCudaRunner.run_impl, backend.from_host
+
+    def charged_run(runner, inputs):
+        charge(cost_ms(runner.name) / 1e3)
+        return run(runner, inputs)
+
+    def charged_upload(array):
+        charge(H200_ORT_ENTRY_MS / 1e3)
+        return upload(array)
+
     def timer():
         t0 = {}
         return (lambda: t0.setdefault("t", clock.t)), (lambda: clock.t - t0["t"])
 
+    monkeypatch.setattr(OnnxRuntimeCudaRunner, "run_impl", charged_run)  # the program binds run_impl when it compiles
+    backend.from_host = charged_upload
     backend.cuda.timer = timer
     return backend
 
