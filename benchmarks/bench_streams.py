@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     gc.freeze()  # what setup left (torch's import: 200,000 objects) is never scanned again mid-row
                     name, options = method_options(method)
                     # busy neighbours (issue 39): unpinned loops, started for the run and stopped after it
-                    with cpu_load(args.busy, seconds + 60) if args.busy else contextlib.nullcontext():
+                    with cpu_load(args.busy, seconds + 60, allowed or None) if args.busy else contextlib.nullcontext():
                         before = load()  # the load the run meets (its neighbours started)
                         run = replay_streams(name, open_runner, frames, arrivals, device_cores=device, host_cores=host,
                                              **options)  # fmt: skip

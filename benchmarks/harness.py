@@ -169,10 +169,14 @@ def normal_priority() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cpu_load(processes: int, seconds: float) -> Iterator[Callable[[], bool]]:
+def cpu_load(processes: int, seconds: float, cores: Sequence[int] | None = None) -> Iterator[Callable[[], bool]]:
     """``processes`` busy loops (one per core: artificial load), each ending by itself after ``seconds`` and killed on
-    exit. Yields a function that says whether they all still run (False: the measurement outlasted the load)."""
-    code = f"import time\nend = time.monotonic() + {float(seconds)!r}\nwhile time.monotonic() < end:\n    pass\n"
+    exit, free to run on ``cores`` (default: the calling process's; a script pinned to a device's cores passes the
+    machine's, or every loop lands on the device: six loops pinned with it ran its calls 31x slower, where busy
+    neighbours spread over a 2-core machine take a share of each core). Yields a function that says whether they
+    all still run (False: the measurement outlasted the load)."""
+    setaffinity = f"import os\nos.sched_setaffinity(0, {sorted(cores)!r})\n" if cores else ""
+    code = setaffinity + f"import time\nend = time.monotonic() + {float(seconds)!r}\nwhile time.monotonic() < end:\n    pass\n"
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(processes)]
     try:
         time.sleep(0.5)  # let them start

@@ -50,6 +50,7 @@ __all__ = [
     "free_cpus_threads",
     "max_threads",
     "check_threads",
+    "check_runners",
     "available_memory",
     "check_memory",
     "format_bytes",
@@ -120,6 +121,17 @@ def check_threads(value: Any, where: str = "threads", minimum: int = 1) -> int |
             f"(at most {THREADS_PER_CPU} per CPU: this machine has {cpu_count()} CPUs)"
         )
     return int(value)
+
+
+def check_runners(count: int, where: str) -> int:
+    """A camera replay's runners, a thread each (method ``runners``): at most :data:`THREADS_PER_CPU` per CPU of the
+    machine (``os.cpu_count()``, not this process's affinity: a benchmark pins itself to the device's cores while
+    its runners' threads are what it measures; pinned to one core, 8 runners were refused on a 2-CPU machine)."""
+    top = THREADS_PER_CPU * max(1, os.cpu_count() or 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= top:
+        raise InputError(f"{where}: received {count!r}; expected an int in 1..{top} (at most {THREADS_PER_CPU} per CPU: "
+                         f"this machine has {os.cpu_count()} CPUs)")  # fmt: skip
+    return count
 
 
 def _read_int(path: str) -> int | None:
@@ -234,11 +246,11 @@ def check_replay(streams: int, fps: float, seconds: float, runners: bool = False
     """The frames a camera replay holds (``streams`` cameras at ``fps`` for ``seconds``: ``int(fps * seconds)``
     each), refused (:class:`InputError` naming the three) when a camera has none or they exceed
     :data:`MAX_REPLAY_FRAMES`; with ``runners`` (a runner and a thread per camera) ``streams`` is a thread count
-    (:func:`check_threads`); their records (:data:`REPLAY_FRAME_BYTES` each) must fit the memory available
+    (:func:`check_runners`); their records (:data:`REPLAY_FRAME_BYTES` each) must fit the memory available
     (:func:`check_memory`). Checked before anything is allocated: 4 x 1e9 fps x 0.1 s grew to 1.8 GB."""
     asked = f"streams {streams} x fps {fps:g} x seconds {seconds:g}"
     if runners:
-        check_threads(streams, "streams (method 'runners': a runner and a thread per camera)")
+        check_runners(streams, "streams (method 'runners': a runner and a thread per camera)")
     each = fps * seconds  # floats: 1e300 x 1e300 is inf, not an OverflowError
     if not math.isfinite(each) or streams * each >= MAX_REPLAY_FRAMES + 1:
         total = f"{streams * each:,.0f}" if math.isfinite(streams * each) else "more than 1e308"

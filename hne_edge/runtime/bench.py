@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import InputError, ResourceExhausted
-from ..limits import check_memory, check_replay, check_threads, format_bytes, open_regular_file
+from ..limits import check_memory, check_replay, check_runners, format_bytes, open_regular_file
 from ..progress import NULL_PROGRESS, Progress
 from .profile_file import summarize
 from .inputs import check_labels
@@ -306,7 +306,7 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
         per_stream: dict[int, list[Arrival]] = {}
         for a in arrivals:
             per_stream.setdefault(a.stream, []).append(a)
-        check_threads(len(per_stream), "streams (method 'runners': a runner and a thread per camera)")
+        check_runners(len(per_stream), "streams (method 'runners': a runner and a thread per camera)")
         runners = [open_runner() for _ in per_stream]
         intervals: list[tuple[float, float]] = []
         _pin(host_cores)
