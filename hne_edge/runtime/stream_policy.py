@@ -202,6 +202,7 @@ class Decision(NamedTuple):
     median: float  # its median cost: when the device is likely free again (what admission plans from)
     finish: tuple[int, ...]  # frames to deliver now (no step of theirs can end by their deadline, or adds nothing)
     doomed: tuple[int, ...]  # frames whose first leaf can no longer make its deadline: run late, flagged
+    drop: tuple[int, ...] = ()  # with ``drop_late``: frames without a leaf that nothing can answer by their deadline
 
 
 class _Item:
@@ -359,18 +360,24 @@ def decide(
     max_rows: float = INF,
     batching: bool = True,
     overhead: float | tuple[float, float] = 0.0,
+    drop_late: bool = False,
 ) -> Decision:
     """The policy of the module docstring: which step runs now, for which frames; which frames are delivered.
 
     ``model_for(rows)``: the cost model at that many rows (``pred``, ``base``, ``known`` per step, as
     ``CostModel.for_batch``); ``gain``: :func:`gain_curve`; ``max_rows``: the most rows one call may stack;
     ``overhead``: the worker's own seconds per call (deciding, handing frames over, uploading), its median and
-    its quantile (a number: both), added to every call's median and prediction. Pure: nothing is changed,
-    nothing is run."""
+    its quantile (a number: both), added to every call's median and prediction. ``drop_late``: a frame without a
+    leaf that cannot make its deadline even at the medians, while other frames are pending, is dropped (``drop``:
+    the scheduler delivers it as rejected) instead of run late - its answer is worth nothing by then, and running
+    it delays every frame that can still make it (8 cameras beside busy neighbours: late frames starved behind
+    on-time ones, answered 200 ms after their deadlines, and the queue behind them missed). Pure: nothing is
+    changed, nothing is run."""
     n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
     overhead = _overheads(overhead)
     finish: list[int] = []
     doomed: list[int] = []
+    drop: list[int] = []
     late: list[_Item] = []
     by_step: dict[int, list[_M]] = {}
     model_for = _cached(model_for)
@@ -391,6 +398,9 @@ def decide(
             if now + p > deadline or gain[steps[j].hi] <= gain[n]:
                 finish.append(f.key)  # no step of it can end by its deadline, or the next adds nothing
                 continue
+        elif now + member.cost[1] > f.deadline and drop_late and len(frames) > 1:  # past saving, others wait
+            drop.append(f.key)
+            continue
         elif deadline < INF and now + member.cost[1] > deadline:  # past saving even at its median
             doomed.append(f.key)
             deadline = INF
@@ -442,14 +452,15 @@ def decide(
                     heapq.heappush(heap, (-value / max(m.cost[0], 1e-12), seq, alone))
                     seq += 1
     if not plan.items:
-        return Decision(-1, (), 0.0, 0.0, tuple(finish), tuple(doomed))
+        return Decision(-1, (), 0.0, 0.0, tuple(finish), tuple(doomed), tuple(drop))
     run = plan.items[0]
     for k, it in enumerate(plan.items):  # the first leaves as soon as the plan allows: frames that go on stay in step
         if it.step == at[0] and not it.value:
             if k and plan.fits(0, it, upto=k):
                 run = it
             break
-    return Decision(run.step, tuple(f.key for f in run.frames), run.cost, run.base, tuple(finish), tuple(doomed))
+    return Decision(run.step, tuple(f.key for f in run.frames), run.cost, run.base, tuple(finish), tuple(doomed),
+                    tuple(drop))
 
 
 class _Plan:

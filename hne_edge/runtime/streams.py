@@ -482,9 +482,11 @@ class StreamScheduler:
                         lag = self._lag(self._handout)  # every answer must be handed out by then
                         decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
-                                          self._overhead)  # fmt: skip
+                                          self._overhead, self.late == "reject")  # fmt: skip
                         for key in decision.doomed:
                             self._frames[key].late = True
+                        for key in decision.drop:  # admitted, and nothing can answer it in time now: taken back
+                            out.append(self._deliver(self._frames.pop(key), "rejected", now))
                         for key in decision.finish:
                             out.append(self._deliver(self._frames.pop(key), "deadline", now))
                         if decision.step >= 0 and not out:
@@ -638,49 +640,59 @@ def _check_stream(stream: Any) -> None:
                          "equal to itself (a str, an int, or a tuple of them)")  # fmt: skip
 
 
+class _Lane:
+    __slots__ = ("queue", "wake", "thread", "running")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.queue: deque = deque()
+        self.wake = threading.Condition(lock)  # its own: a put wakes its lane's thread only
+        self.thread: threading.Thread | None = None
+        self.running = False  # inside a callback now
+
+
 class _Callbacks:
     """Done-callbacks, run per stream (a *lane*) in the order its frames were answered, each lane on a daemon thread
     of its own, started with its first callback and ended once it has had nothing to run for ``LINGER_S`` (a camera's
     lane lives as long as the camera; a thread per callback cost ~0.1 ms each at 2,400 frames a second): a
-    callback that blocks holds its own stream's later callbacks only. Beyond ``MAX_CALLBACK_LANES`` lanes at once,
-    new ones share one. An exception in a callback is logged, as ``concurrent.futures`` does."""
+    callback that blocks holds its own stream's later callbacks only. A callback wakes its own lane's thread only
+    (one condition for all woke every lane's thread at each of 240 results a second). Beyond
+    ``MAX_CALLBACK_LANES`` lanes at once, new ones share one. An exception in a callback is logged, as
+    ``concurrent.futures`` does."""
 
     SHARED = -1
     LINGER_S = 1.0
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._lanes: dict[int, deque] = {}
-        self._threads: dict[int, threading.Thread] = {}
-        self._running: set[int] = set()  # lanes inside a callback now
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # close() waits on it for the lanes' callbacks
+        self._lanes: dict[int, _Lane] = {}
 
     def put(self, lane: int, fn: Callable[[Future], object], handle: Future) -> None:
-        with self._cond:
-            queue = self._lanes.get(lane)
-            if queue is None and len(self._lanes) >= MAX_CALLBACK_LANES:
+        with self._lock:
+            ln = self._lanes.get(lane)
+            if ln is None and len(self._lanes) >= MAX_CALLBACK_LANES:
                 lane = self.SHARED
-                queue = self._lanes.get(lane)
-            if queue is None:
-                queue = self._lanes[lane] = deque()
-                thread = self._threads[lane] = threading.Thread(target=self._drain, args=(lane,), daemon=True,
-                                                                name=f"hne-edge-streams-callbacks-{lane}")  # fmt: skip
-                thread.start()
-            queue.append((fn, handle))
-            self._cond.notify_all()
+                ln = self._lanes.get(lane)
+            if ln is None:
+                ln = self._lanes[lane] = _Lane(self._lock)
+                ln.thread = threading.Thread(target=self._drain, args=(lane, ln), daemon=True,
+                                             name=f"hne-edge-streams-callbacks-{lane}")  # fmt: skip
+                ln.thread.start()
+            ln.queue.append((fn, handle))
+            ln.wake.notify()
 
-    def _drain(self, lane: int) -> None:
-        cond = self._cond
+    def _drain(self, lane: int, ln: _Lane) -> None:
+        queue = ln.queue
         while True:
-            with cond:
-                self._running.discard(lane)
-                queue = self._lanes[lane]
+            with self._lock:
+                ln.running = False
                 if not queue:
-                    cond.notify_all()  # close() may wait for this lane's callbacks to be done
-                    if not cond.wait_for(lambda: queue, self.LINGER_S):
-                        del self._lanes[lane], self._threads[lane]
+                    self._idle.notify_all()  # close() may wait for this lane's callbacks to be done
+                    if not ln.wake.wait_for(lambda: queue, self.LINGER_S):
+                        del self._lanes[lane]
                         return
                 fn, handle = queue.popleft()
-                self._running.add(lane)
+                ln.running = True
             try:
                 fn(handle)
             except Exception:
@@ -688,16 +700,16 @@ class _Callbacks:
 
     def busy(self) -> int:
         """Lanes with callbacks to run or running."""
-        with self._cond:
-            return sum(1 for k, q in self._lanes.items() if q or k in self._running)
+        with self._lock:
+            return sum(1 for ln in self._lanes.values() if ln.queue or ln.running)
 
     def wait(self, timeout: float | None) -> bool:
         """Wait until every lane has run its callbacks, but the calling thread's own (close() from a callback);
         False on timeout."""
         me = threading.current_thread()
-        with self._cond:
-            return self._cond.wait_for(lambda: all(self._threads[k] is me for k, q in self._lanes.items()
-                                                   if q or k in self._running), timeout)  # fmt: skip
+        with self._lock:
+            return self._idle.wait_for(lambda: all(ln.thread is me for ln in self._lanes.values()
+                                                   if ln.queue or ln.running), timeout)  # fmt: skip
 
 
 def _hand_out(out: list) -> None:

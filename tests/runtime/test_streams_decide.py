@@ -133,6 +133,22 @@ def test_frames_are_delivered_when_no_step_fits_or_adds_value_and_first_leaves_p
     assert decide(0.0, [Pending(0, 9.0, 4, 1, False)], program, costs, flat).finish == (0,)
 
 
+def test_a_first_leaf_past_saving_is_dropped_while_others_wait_and_run_late_alone(program):
+    """``drop_late`` (the scheduler's default, late="reject"): a frame without a leaf that cannot make its deadline
+    even at its median, while other frames are pending, is dropped (delivered as rejected) - its answer is worth
+    nothing by then, and running it delays every frame that still can (8 cameras beside busy neighbours: late
+    frames answered 200 ms after their deadlines, the queue behind them missed). Alone it still runs late: it takes
+    nothing from anyone. Without drop_late (late="run") it runs late, flagged, as before."""
+    costs = Costs([1.0] * 16)
+    past, fine = Pending(0, 0.5, 0, 1, True), Pending(1, 3.0, 0, 1, False)
+    d = decide(0.0, [past, fine], program, costs, LEAVES, batching=False, drop_late=True)
+    assert d.drop == (0,) and d.frames == (1,)
+    d = decide(0.0, [past], program, costs, LEAVES, batching=False, drop_late=True)
+    assert d.drop == () and d.frames == (0,)  # alone: runs late
+    d = decide(0.0, [past, fine], program, costs, LEAVES, batching=False)
+    assert d.drop == () and d.frames == (0,)  # late="run": the late first leaf goes first, the other still fits
+
+
 def test_gain_curve_is_the_least_concave_majorant_and_records_are_read(tmp_path):
     g = gain_curve({1: 0.5, 2: 0.49, 4: 0.53, 16: 0.53}, 16)
     assert g[0] == 0.0 and g[1] == 0.5 and g[2] == pytest.approx(0.51) and g[4] == pytest.approx(0.53)
