@@ -660,7 +660,7 @@ class StageRuns:
         missed = [v for v in verdicts if v.endswith("MISSED")]
         result.summary = (f"{sum(len(r) for r in rows.values())} rows ({', '.join(f'{p}: {s}' for p, s in zip(plans, statuses))}); "
                           + (f"{len(missed)} of {len(verdicts)} targets missed: " + "; ".join(missed)[:500] if missed
-                             else f"every target of {len(verdicts)} met"))  # fmt: skip
+                             else f"all {len(verdicts)} targets met"))  # fmt: skip
 
     # 11 -------------------------------------------------------------------------------------------
     def stage_losses(self, result: StageResult, budget: float) -> None:

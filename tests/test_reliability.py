@@ -185,6 +185,9 @@ def test_eval_refuses_a_checkpoint_naming_a_huge_tree(tiny_bundle, tmp_path):
         (lambda d: d["files"][0].__setitem__("bytes", -5), r"files\[0\].bytes must be an int in 0..2\*\*50; received -5"),
         (lambda d: d["tree"]["nodes"][0].__setitem__("macs", -1), r"tree.nodes\[0\].macs must be an int in 0..2\*\*50; received -1"),
         (lambda d: d["model"].__setitem__("class_names", ["a", "b", "c", "d", "e"]),
+         r"model.config.num_classes is 10; model.class_names has 5 classes; expected them to agree"),
+        (lambda d: (d["model"].__setitem__("class_names", ["a", "b", "c", "d", "e"]),
+                    d["model"]["config"].__setitem__("num_classes", 5)),  # agrees with itself, not with its files
          r"outputs logits of shape \['batch', 10\]; model.class_names has 5 classes"),
         (lambda d: d.__setitem__("schema_version", True), r"schema_version True is not supported"),
     ],
@@ -217,6 +220,7 @@ def test_graph_disagreeing_with_the_manifest_fails_at_load_not_mid_frame(bundle_
 
     def edit(d):  # a consistent manifest that lies about the files: 32x32 images
         d["input"]["shape"] = ["batch", 3, 32, 32]
+        d["model"]["config"]["input_size"] = 32
         for f in d["files"]:
             for t in f["inputs"]:
                 if t["node"] is None:
