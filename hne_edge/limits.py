@@ -110,15 +110,17 @@ def max_threads() -> int:
     return THREADS_PER_CPU * cpu_count()
 
 
-def check_threads(value: Any, where: str = "threads", minimum: int = 1) -> int | None:
-    """``value`` (None: the library's default) as an int in ``minimum..max_threads()``; else :class:`InputError`."""
+def check_threads(value: Any, where: str = "threads", minimum: int = 1, cpus: int | None = None) -> int | None:
+    """``value`` (None: the library's default) as an int in ``minimum..`` :data:`THREADS_PER_CPU` per CPU (``cpus``:
+    this process's, :func:`cpu_count`, unless given); else :class:`InputError`."""
     if value is None:
         return None
-    top = max_threads()
+    cpus = cpu_count() if cpus is None else cpus
+    top = THREADS_PER_CPU * cpus
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= top:
         raise InputError(
             f"{where}: received {value!r}; expected an int in {minimum}..{top} "
-            f"(at most {THREADS_PER_CPU} per CPU: this machine has {cpu_count()} CPUs)"
+            f"(at most {THREADS_PER_CPU} per CPU: this machine has {cpus} CPUs)"
         )
     return int(value)
 
@@ -127,11 +129,7 @@ def check_runners(count: int, where: str) -> int:
     """A camera replay's runners, a thread each (method ``runners``): at most :data:`THREADS_PER_CPU` per CPU of the
     machine (``os.cpu_count()``, not this process's affinity: a benchmark pins itself to the device's cores while
     its runners' threads are what it measures; pinned to one core, 8 runners were refused on a 2-CPU machine)."""
-    top = THREADS_PER_CPU * max(1, os.cpu_count() or 1)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= top:
-        raise InputError(f"{where}: received {count!r}; expected an int in 1..{top} (at most {THREADS_PER_CPU} per CPU: "
-                         f"this machine has {os.cpu_count()} CPUs)")  # fmt: skip
-    return count
+    return check_threads(count, where, cpus=max(1, os.cpu_count() or 1))
 
 
 def _read_int(path: str) -> int | None:
