@@ -15,7 +15,9 @@ to serve the same arrivals and images (``hne_edge.runtime.bench.replay_streams``
 * **fifo**: one runner, frames first in first out, each ``run(x, deadline=...)`` (budget the time left);
 * **scheduler**: one :class:`~hne_edge.runtime.StreamScheduler` (admission, EDF over first leaves, slack by
   expected accuracy per ms, frames stacked across cameras where the profile says it pays);
-  ``scheduler-guard=0`` in ``--methods``: the same with ``guard_ms=0`` (a row of its own, beside the default).
+  ``scheduler-guard=0`` in ``--methods``: the same with ``guard_ms=0`` (a row of its own, beside the default);
+  ``scheduler-nice=none``: the same with its threads at the nice they were created with, not weighted as the
+  cameras it serves (``hne_edge/runtime/weight.py``).
 
 Each configuration runs ``--repeats`` (3) times, the three methods in turn each time (side by side under the
 same load); a row gives each number's median over its runs, and lists each run's miss rate and expected
@@ -131,9 +133,19 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def method_options(method: str) -> tuple[str, dict]:
-    """``"scheduler-guard=0.25"``: the scheduler with ``guard_ms=0.25`` (a row beside the default's); others as named."""
-    name, _, guard = method.partition("-guard=")
-    return (name, {"guard_ms": float(guard)}) if guard else (name, {})
+    """``"scheduler-guard=0.25"``: the scheduler with ``guard_ms=0.25``; ``"scheduler-nice=none"`` (or ``=-5``): with
+    that ``nice`` (None: its threads as created, the scheduler before issue 39's weight) - rows beside the default's;
+    others as named."""
+    name, _, option = method.partition("-")
+    if not option:
+        return name, {}
+    key, _, value = option.partition("=")
+    if name != "scheduler" or key not in ("guard", "nice") or not value:
+        raise SystemExit(f"--methods: received {method!r}; expected runners, fifo, scheduler, scheduler-guard=MS or "
+                         "scheduler-nice=streams|none|N")  # fmt: skip
+    if key == "guard":
+        return name, {"guard_ms": float(value)}
+    return name, {"nice": None if value == "none" else value if value == "streams" else int(value)}
 
 
 def verdicts(rows: list[dict]) -> list[str]:
@@ -188,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="8 cameras at this rate (0: no overload rows; default 300, in --smoke 0)")
     ap.add_argument("--overload-seconds", type=float, default=2.0)
     ap.add_argument("--methods", default="runners,fifo,scheduler",
-                    help="of runners, fifo, scheduler, scheduler-guard=MS (the scheduler with that guard_ms)")
+                    help="of runners, fifo, scheduler, scheduler-guard=MS (the scheduler with that guard_ms), "
+                         "scheduler-nice=streams|none|N (its threads' nice; default streams)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, methods in turn; rows give medians")
     ap.add_argument("--workdir", default=None, help="keep the exported bundle here between runs")
     ap.add_argument("--out", default=None, help="markdown file (and .json beside it)")

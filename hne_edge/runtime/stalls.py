@@ -272,18 +272,25 @@ class SteadyWindow:
     their median and more than ``floor`` seconds above it is a stall of the shared model, not a lag: a collection
     or a pre-emption during an upload once set every budget's entry to its length for 128 frames."""
 
-    __slots__ = ("q", "window", "ring", "sorted", "stalls", "floor")
+    __slots__ = ("q", "window", "ring", "sorted", "stalls", "floor", "every", "every_sorted")
 
     def __init__(self, q: float, window: int, stalls: Stalls, floor: float = 0.0) -> None:
         self.q, self.window, self.stalls, self.floor = q, window, stalls, floor
         self.ring: deque[float] = deque()
         self.sorted: list[float] = []
+        self.every: deque[float] = deque()  # the last ``window`` values, stalls included (see planned)
+        self.every_sorted: list[float] = []
 
     def __len__(self) -> int:
         return len(self.ring)
 
     def push(self, value: float) -> float:
         """Add ``value`` (the oldest leaves a full window) unless it is a stall; return the steady quantile."""
+        every, every_sorted = self.every, self.every_sorted
+        if len(every) == self.window:
+            del every_sorted[bisect.bisect_left(every_sorted, every.popleft())]
+        every.append(value)
+        bisect.insort(every_sorted, value)
         ring, srt = self.ring, self.sorted
         if len(srt) >= 8:
             median = srt[len(srt) // 2]
@@ -297,6 +304,17 @@ class SteadyWindow:
         ring.append(value)
         bisect.insort(srt, value)
         return self.quantile()
+
+    def planned(self) -> float:
+        """The lag to plan for when it comes once an answer: the larger of the steady quantile and the ``q`` quantile
+        of every recent value, stalls included - the stall model's allowance for a lag (the smallest ``a`` with
+        P(lag > a) <= 1 - q, where every answer meets it): an isolated stall is past the ``q`` quantile of the
+        window and changes nothing; stalls on more than ``1 - q`` of the answers (a thread woken 0-15 ms late
+        beside busy loops, 2 % of a scheduler's answers late) are planned for while they last in the window."""
+        srt = self.every_sorted
+        if not srt:
+            return 0.0
+        return max(self.quantile(), srt[min(len(srt) - 1, max(0, math.ceil(self.q * len(srt)) - 1))])
 
     def median(self) -> float:
         srt = self.sorted

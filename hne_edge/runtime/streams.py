@@ -32,6 +32,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from .session import RunnerClosedError, check_count, check_stop_at, step_togethe
 from .stalls import STALL_FLOOR_S, SteadyWindow
 from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy, gain_curve,
                             late_end, read_accuracy)  # fmt: skip
+from . import weight
+from .weight import MAX_NICE, MIN_NICE, nice_for_streams, set_thread_nice, supported, thread_nice
 
 __all__ = [
     "StreamScheduler",
@@ -216,6 +219,12 @@ class StreamScheduler:
         profile: when the runner's cost profile does not cover 1 row and ``max_rows`` rows, measure one first
             (``runner.profile(batch_sizes=(min batch, max_rows), warmup=3, repeats=20, save=False)``): a deadline
             needs a prediction, and a batch size nothing measured is never stacked.
+        nice: the weight of the scheduler's two threads (its worker, its deadline watcher) on a CPU shared with
+            other work (:mod:`.weight`). "streams" (default): the nice whose kernel weight is one ordinary thread's
+            per stream that submitted in the last second - the share of the CPU K runners would have had, followed
+            as cameras come and go; where a lower nice is not permitted (no ``CAP_SYS_NICE``, ``ulimit -e``) they
+            keep the nice they were created with, logged once. An int (-20 to 19): that nice for the scheduler's
+            life, warned when refused. None: left as created. Linux only (elsewhere nothing is changed).
     """
 
     def __init__(
@@ -229,6 +238,7 @@ class StreamScheduler:
         max_rows: int | None = None,
         guard_ms: float = GUARD_MS,
         profile: bool = True,
+        nice: int | str | None = "streams",
         **runner_options: Any,
     ) -> None:
         self._owns = not isinstance(runner, AnytimeRunner)
@@ -241,6 +251,10 @@ class StreamScheduler:
             check_stop_at(0.0, budget_ms, None)  # the one check of a budget
         if not (isinstance(guard_ms, (int, float)) and not isinstance(guard_ms, bool) and 0 <= guard_ms <= MAX_GUARD_MS):
             raise InputError(f"guard_ms: received {guard_ms!r}; expected a number of ms from 0 to {MAX_GUARD_MS}")
+        nice_int = isinstance(nice, int) and not isinstance(nice, bool) and MIN_NICE <= nice <= MAX_NICE
+        if not (nice is None or nice_int or isinstance(nice, str) and nice == "streams"):
+            raise InputError(f"nice: received {_shown(nice)}; expected \"streams\", None or an int from {MIN_NICE} to "
+                             f"{MAX_NICE}")  # fmt: skip
         self._closing = True  # until the worker runs
         self._worker: threading.Thread | None = None
         self._watcher: threading.Thread | None = None
@@ -290,6 +304,13 @@ class StreamScheduler:
         self._answer_lateness = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # how late the watcher's answers came
         self._handout = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # the worker's: from deciding to handed out
         self._sids: dict[Hashable, int] = {}  # each stream id's number (see _stream_id)
+        # the threads' weight (runtime/weight.py): "streams" follows the streams seen in the last ACTIVE_S seconds
+        self._nice_mode = nice if supported() else None
+        self._nice_base = thread_nice() if self._nice_mode is not None else 0
+        self.nice: int | None = None if self._nice_mode is None else self._nice_base  # its threads' (None: not set)
+        self.nice_refused: str | None = None  # why a lower nice was refused (the first time)
+        self._active: dict[int, float] = {}  # stream number -> its last submit, for "streams"
+        self._recount_at = -INF
         self._callbacks = _Callbacks()
         self._worker = threading.Thread(target=self._work, name="hne-edge-streams", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="hne-edge-streams-deadlines", daemon=True)
@@ -300,6 +321,9 @@ class StreamScheduler:
         self._closing = False
         self._worker.start()
         self._watcher.start()
+        if self._nice_mode is not None:  # its slice at once; a nice below the base for "streams" at their submits
+            with self._cond:
+                self._set_nice(self._nice_base if self._nice_mode == "streams" else self._nice_mode)
 
     # -- the API -----------------------------------------------------------------------------------------
     def submit(self, stream: Hashable, x: np.ndarray, deadline: float | None = None, *,
@@ -329,6 +353,8 @@ class StreamScheduler:
             key = self._count
             self._count += 1
             sid = self._stream_id(stream)
+            if self._nice_mode == "streams":
+                self._weigh(sid, t0)
             handle = FrameHandle(self, stream, key, sid)
             frame = _Frame(key, stream, sid, handle, image, rows, t0, stop_at, budget, False)
             waiting, ahead = [], []
@@ -417,6 +443,41 @@ class StreamScheduler:
             raise InputError(f"stream: received {_shown(stream)}, whose comparison with stream ids already seen raised "
                              f"{type(exc).__name__}; expected a hashable id (a str, an int, or a tuple of them)") from None  # fmt: skip
         return sid
+
+    def _weigh(self, sid: int, now: float) -> None:
+        """Note a submit of stream ``sid``; when the streams active in the last ``ACTIVE_S`` seconds changed in
+        number, give the threads their weight (counted again at a new stream, else at most every 0.25 s). Under
+        the lock."""
+        active = self._active
+        new = sid not in active
+        if new and len(active) < MAX_STREAM_IDS:
+            active[sid] = now
+        elif not new:
+            active[sid] = now
+        if not new and now < self._recount_at:
+            return
+        self._recount_at = now + 0.25
+        for s in [s for s, t in active.items() if t < now - weight.ACTIVE_S]:
+            del active[s]
+        nice = nice_for_streams(len(active), self._nice_base)
+        if nice != self.nice:
+            self._set_nice(nice)
+
+    def _set_nice(self, nice: int) -> None:
+        """Give the worker and the watcher ``nice``; a refusal is said once (logged for "streams", warned for an
+        int the caller asked for). Under the lock."""
+        if self.nice_refused is not None and nice < self.nice:
+            return  # refused before: asking again each recount would say nothing new
+        refused = set_thread_nice([t.native_id for t in (self._worker, self._watcher) if t is not None], nice)
+        if refused is None:
+            self.nice = nice
+            return
+        self.nice_refused = refused
+        if self._nice_mode == "streams":
+            LOGGER.info("StreamScheduler: %s; its threads keep nice %s", refused, self.nice)
+        else:
+            warnings.warn(f"StreamScheduler(nice={nice}): {refused}; its threads keep nice {self.nice}",
+                          RuntimeWarning, stacklevel=3)  # fmt: skip
 
     def _model(self, rows: int) -> Any:
         """The cost model at ``rows``, as the policy reads it. Every batch size follows the machine's speed and
@@ -586,11 +647,12 @@ class StreamScheduler:
             self._fail(exc, out)
 
     def _lag(self, window: SteadyWindow) -> float:
-        """How long before a deadline an answer must be decided: the runner's quantile of a lag ``window``'s steady
-        values (its stalls are the stall model's: one pause - a collection, the interpreter's lock held 5 ms - is
-        an event of the machine, not a lag every later answer plans for), plus ``guard_ms``. The one home of that
+        """How long before a deadline an answer must be decided: the lag ``window``'s planned value (its steady
+        quantile; its stalls are the stall model's - one pause, a collection or the interpreter's lock held 5 ms, is
+        an event of the machine, not a lag every later answer plans for - unless they come on more than 1 % of the
+        answers: :meth:`SteadyWindow.planned`), plus ``guard_ms``. The one home of that
         rule: admission, the worker and the watcher all plan by it. Under the lock: both threads read both windows."""
-        return window.quantile() + self.guard_ms * 1e-3
+        return window.planned() + self.guard_ms * 1e-3
 
     def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:
         """The watcher's :meth:`_deliver`: its leaves so far, the session left to a step that may be running."""

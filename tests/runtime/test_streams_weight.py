@@ -1,0 +1,164 @@
+"""The stream scheduler's weight on a shared CPU (issue 39): its worker and watcher run at the nice whose kernel
+weight is one ordinary thread's per active stream - the share the K runners it replaces would have had."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import pytest
+
+from hne_edge.errors import InputError
+from hne_edge.runtime import weight
+from hne_edge.runtime.streams import StreamScheduler
+from test_streams import bundle, frame, scheduler  # noqa: F401 - the module's bundle fixture
+
+__all__ = ["bundle"]
+
+# the kernel's CFS weights for nice -20..0 (kernel/sched/core.c, sched_prio_to_weight): the independent reference
+KERNEL_WEIGHT = {-20: 88761, -19: 71755, -18: 56483, -17: 46273, -16: 36291, -15: 29154, -14: 23254, -13: 18705,
+                 -12: 14949, -11: 11916, -10: 9548, -9: 7620, -8: 6100, -7: 4904, -6: 3906, -5: 3121, -4: 2501,
+                 -3: 1991, -2: 1586, -1: 1277, 0: 1024}  # fmt: skip
+
+
+def _may_lower_nice() -> str | None:
+    """None when this process may lower a thread's nice, else why not (the tests that need it skip)."""
+    if not weight.supported():
+        return "per-thread nice values are Linux's"
+    result = []
+
+    def probe():
+        tid = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) - 1)
+        except OSError as exc:
+            result.append(f"lowering a nice is not permitted here ({exc}): needs CAP_SYS_NICE or RLIMIT_NICE")
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return result[0] if result else None
+
+
+def _nices(streams: StreamScheduler) -> list[int]:
+    return [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in (streams._worker, streams._watcher)]
+
+
+@pytest.mark.parametrize("k", range(1, 101))
+def test_k_streams_get_the_nice_whose_kernel_weight_is_k_threads(k):
+    want = min(KERNEL_WEIGHT, key=lambda n: abs(math.log(KERNEL_WEIGHT[n] / (1024 * k))))
+    assert weight.nice_for_streams(k) == want
+
+
+def test_the_nice_counts_from_the_base_and_stays_in_the_kernels_range():
+    assert weight.nice_for_streams(8, base=5) == -4
+    assert weight.nice_for_streams(8, base=-15) == -20
+    assert weight.nice_for_streams(0) == weight.nice_for_streams(1) == 0
+
+
+@pytest.mark.skipif(_may_lower_nice() is not None, reason=str(_may_lower_nice()))
+def test_the_worker_and_watcher_weigh_as_many_threads_as_active_streams_and_go_back_when_they_leave(bundle):
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0)
+    with streams:
+        assert _nices(streams) == [base, base]  # no stream yet: one thread's weight, as created
+        for cam in range(4):
+            streams.submit(f"cam{cam}", frame(cam)).result(10)
+        assert streams.nice == base - 6 and _nices(streams) == [base - 6] * 2  # 4 threads' weight: 3906 / 1024
+        for cam in range(4, 8):
+            streams.submit(f"cam{cam}", frame(cam)).result(10)
+        assert _nices(streams) == [base - 9] * 2  # 8: 7620 / 1024
+        backend.clock.t += weight.ACTIVE_S + 0.5  # every camera silent for over a second; one comes back
+        streams.submit("cam0", frame(9)).result(10)
+        assert _nices(streams) == [base, base]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own thread untouched
+
+
+@pytest.mark.skipif(_may_lower_nice() is not None, reason=str(_may_lower_nice()))
+def test_an_int_nice_holds_for_the_schedulers_life_and_none_leaves_the_threads_alone(bundle):
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    streams, _, _ = scheduler(bundle, budget_ms=50.0, nice=max(-20, base - 2))
+    with streams:
+        for cam in range(8):
+            streams.submit(cam, frame(cam)).result(10)
+        assert _nices(streams) == [max(-20, base - 2)] * 2
+    streams, _, _ = scheduler(bundle, budget_ms=50.0, nice=None)
+    with streams:
+        for cam in range(8):
+            streams.submit(cam, frame(cam)).result(10)
+        assert _nices(streams) == [base, base] and streams.nice is None  # not the scheduler's to say
+
+
+def test_a_refused_nice_is_said_once_and_every_frame_is_still_served(bundle, monkeypatch, caplog):
+    if not weight.supported():
+        pytest.skip("per-thread nice values are Linux's")
+    calls = []
+
+    def refuse(tid, value):
+        calls.append(value)
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(weight, "_set", refuse)
+    with caplog.at_level("INFO", logger="hne_edge.runtime.streams"):
+        streams, _, _ = scheduler(bundle, budget_ms=50.0)
+    with streams, caplog.at_level("INFO", logger="hne_edge.runtime.streams"):
+        results = [streams.submit(f"cam{k}", frame(k)).result(10) for k in range(8)]
+    assert all(r.stopped_by == "complete" for r in results)
+    assert "CAP_SYS_NICE" in streams.nice_refused and len(calls) == 1  # asked once, not at every new stream
+    assert sum("CAP_SYS_NICE" in r.getMessage() for r in caplog.records) == 1
+    with pytest.warns(RuntimeWarning, match=r"StreamScheduler\(nice=-5\): setting its threads' nice to -5 was refused"):
+        streams, _, _ = scheduler(bundle, budget_ms=50.0, nice=-5)
+    with streams:
+        assert streams.submit("a", frame(0)).result(10).stopped_by == "complete"
+
+
+def _slice_ns(tid: int) -> int | None:
+    """The thread's time slice by sched_getattr (an independent read), or None where it cannot be read."""
+    import ctypes
+    import platform
+
+    number = {"x86_64": 315, "aarch64": 275}.get(platform.machine())
+    if number is None:
+        return None
+    buf = (ctypes.c_uint64 * 8)()
+    if ctypes.CDLL(None, use_errno=True).syscall(number, tid, buf, 48, 0) != 0:
+        return None
+    return buf[3]  # size+policy (8 bytes), flags (8), nice+priority (8), then sched_runtime
+
+
+@pytest.mark.skipif(_may_lower_nice() is not None, reason=str(_may_lower_nice()))
+def test_the_threads_ask_for_the_shortest_slice_and_a_real_time_thread_is_left_alone(bundle):
+    streams, _, _ = scheduler(bundle, budget_ms=50.0)
+    with streams:
+        slices = [_slice_ns(t.native_id) for t in (streams._worker, streams._watcher)]
+    if None in slices or slices[0] != weight.SLICE_NS and os.uname().release < "6.12":
+        pytest.skip(f"this kernel ({os.uname().release}) does not keep a fair thread's slice: read {slices}")
+    assert slices == [weight.SLICE_NS] * 2
+
+    made = {}
+
+    def make():  # a scheduler made from a SCHED_FIFO thread: its threads inherit the policy, and keep it
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        made["streams"] = scheduler(bundle, budget_ms=50.0)[0]
+
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError as exc:
+        pytest.skip(f"SCHED_FIFO not permitted here ({exc})")
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    with made["streams"] as streams:
+        for cam in range(8):
+            streams.submit(cam, frame(cam)).result(10)
+        assert [os.sched_getscheduler(t.native_id) for t in (streams._worker, streams._watcher)] == [os.SCHED_FIFO] * 2
+
+
+@pytest.mark.parametrize("nice", [-21, 20, True, 1.5, "high", "Streams", [0]])
+def test_a_nice_that_is_no_nice_is_refused_before_anything_starts(bundle, nice):
+    threads = threading.active_count()
+    with pytest.raises(InputError, match=r"nice: received .*; expected \"streams\", None or an int from -20 to 19"):
+        scheduler(bundle, budget_ms=50.0, nice=nice)
+    assert threading.active_count() == threads
