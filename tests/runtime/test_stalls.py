@@ -12,7 +12,7 @@ import pytest
 
 from hne_edge.bundle import read_manifest
 from hne_edge.runtime import AnytimeRunner
-from hne_edge.runtime.stalls import HORIZON_S, MIN_STALLS, SHIFT_WINDOW, STALL_RATIO, Speed, Stalls
+from hne_edge.runtime.stalls import HORIZON_S, MIN_STALLS, SHIFT_WINDOW, STALL_RATIO, Speed, Stalls, SteadyWindow
 from runtime_fakes import C, H, W, FakeBackend, FakeClock, make_fake_bundle
 
 NODE_S = 25e-6  # 31 nodes: the full tree of 16 leaves takes 0.775 ms
@@ -92,6 +92,29 @@ def test_stalls_on_up_to_half_the_calls_leave_the_speed_alone():
         u, was = speed.split(1e-3 * (1 + rng.uniform(0, 0.05)) + (0.02 if stalled else 0.0), 1e-3)
         assert was == stalled
     assert speed.slow < 1.1 and speed.noise < 1.1
+
+
+@pytest.mark.parametrize("share", [0.0, 0.005, 0.03, 0.2])
+def test_a_lag_is_planned_past_its_stalls_only_when_they_come_on_over_1_percent_of_the_answers(share):
+    """A lag met once an answer (a hand-out, a watcher's wake-up): planned at ``a``, the smallest recent value with
+    P(lag > a) <= 1 % - counted here over the window's values, stalls included, independently of the module."""
+    window = SteadyWindow(0.99, 128, Stalls(FakeClock()), floor=2e-4)
+    rng = np.random.default_rng(1)
+    values = []
+    for i in range(600):
+        stalled = rng.random() < share and i >= 8
+        v = 1e-4 * (1 + rng.uniform(0, 0.2)) + (rng.uniform(2e-3, 15e-3) if stalled else 0.0)
+        window.push(v)
+        values.append(v)
+    last = values[-128:]
+    want = min(a for a in last if sum(v > a for v in last) <= 0.01 * len(last))
+    steady = window.quantile()
+    assert steady < 2e-4  # the steady quantile never holds a stall
+    assert window.planned() == pytest.approx(max(steady, want))
+    if sum(v > 1e-3 for v in last) <= 1:  # isolated (at most one in the window): the steady quantile, as before
+        assert window.planned() == steady
+    if share >= 0.03:
+        assert window.planned() > 2e-3  # planned past the stalls while they come
 
 
 # -- the runner's budgets on a virtual clock --------------------------------------------------------------------
