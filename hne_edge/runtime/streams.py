@@ -450,9 +450,7 @@ class StreamScheduler:
         the lock."""
         active = self._active
         new = sid not in active
-        if new and len(active) < MAX_STREAM_IDS:
-            active[sid] = now
-        elif not new:
+        if not new or len(active) < MAX_STREAM_IDS:  # (beyond, the weight is -20's already)
             active[sid] = now
         if not new and now < self._recount_at:
             return
@@ -650,8 +648,8 @@ class StreamScheduler:
         """How long before a deadline an answer must be decided: the lag ``window``'s planned value (its steady
         quantile; its stalls are the stall model's - one pause, a collection or the interpreter's lock held 5 ms, is
         an event of the machine, not a lag every later answer plans for - unless they come on more than 1 % of the
-        answers: :meth:`SteadyWindow.planned`), plus ``guard_ms``. The one home of that
-        rule: admission, the worker and the watcher all plan by it. Under the lock: both threads read both windows."""
+        answers: :meth:`SteadyWindow.planned`), plus ``guard_ms``. The one home of that rule: admission, the worker
+        and the watcher all plan by it. Under the lock: both threads read both windows."""
         return window.planned() + self.guard_ms * 1e-3
 
     def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:

@@ -14,13 +14,14 @@ by default) however high its weight: beside six busy loops the watcher woke 0-15
 missed. So the threads also ask for the shortest slice, ``SLICE_NS`` (0.1 ms; ``sched_setattr``'s
 ``sched_runtime``, honoured since Linux 6.12, ignored before): a latency request, not a larger share - a woken
 thread with a short slice pre-empts at once, and runs in short turns. Measured beside six busy loops at 8 cameras
-(2026-11-28, 2 runs each way): 33 and 93 frames of 1,200 rejected with it, 79 and 152 without.
+(2026-11-28, a one-off replay of the scheduler alone, 5 s, 2 runs each way): 33 and 93 frames of 1,200 rejected
+with it, 79 and 152 without.
 
 Threads running under a real-time policy (a process started with ``chrt``) are left as they are: they are above
-every nice. A lower nice needs ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` that allows it (``ulimit -e``; root has both); refused,
-the threads keep their nice and the scheduler says so once. Linux only: elsewhere a nice is per process, not per
-thread, and nothing is changed. ONNX Runtime's own intra-op threads (``threads`` > 1) are not the scheduler's and
-keep theirs.
+every nice. A lower nice needs ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` that allows it (``ulimit -e``; root has
+both); refused, the threads keep their nice and the scheduler says so once. Linux only: elsewhere a nice is per
+process, not per thread, and nothing is changed. ONNX Runtime's own intra-op threads (``threads`` > 1) are not the
+scheduler's and keep theirs.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import os
 import platform
 import sys
 
-__all__ = ["MIN_NICE", "MAX_NICE", "ACTIVE_S", "SLICE_NS", "WEIGHTS", "nice_for_streams", "thread_nice", "set_thread_nice",
-           "supported"]
+__all__ = ["MIN_NICE", "MAX_NICE", "ACTIVE_S", "SLICE_NS", "WEIGHTS", "nice_for_streams", "thread_nice",
+           "set_thread_nice", "supported"]
 
 MIN_NICE, MAX_NICE = -20, 19
 ACTIVE_S = 1.0  # a stream counts while it submitted a frame this recently (a camera at 1 fps or more)
