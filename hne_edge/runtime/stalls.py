@@ -145,9 +145,7 @@ class Stalls:
         p = -math.expm1(-rate * seconds)
         if p <= miss_rate:
             return 0.0
-        srt = self.sorted
-        level = 1.0 - miss_rate / p
-        return srt[min(len(srt) - 1, max(0, math.ceil(level * len(srt)) - 1))]
+        return _nearest_rank(self.sorted, 1.0 - miss_rate / p)
 
     def settled(self) -> bool:
         """True while no allowance can be non-zero (the common, quiet case: predictions need no refresh)."""
@@ -255,7 +253,7 @@ class Speed:
 
     def _renoise(self) -> None:
         srt = self.noise_sorted
-        noise = srt[min(len(srt) - 1, math.ceil(self.q * len(srt)) - 1)] if srt else 1.0
+        noise = _nearest_rank(srt, self.q) if srt else 1.0
         noise = max(noise, 1.0)
         mid = max(srt[len(srt) // 2], 1.0) if srt else 1.0
         if self.count < self.min_samples:
@@ -314,7 +312,7 @@ class SteadyWindow:
         srt = self.every_sorted
         if not srt:
             return 0.0
-        return max(self.quantile(), srt[min(len(srt) - 1, max(0, math.ceil(self.q * len(srt)) - 1))])
+        return max(self.quantile(), _nearest_rank(srt, self.q))
 
     def median(self) -> float:
         srt = self.sorted
@@ -329,5 +327,10 @@ class SteadyWindow:
             return 0.0
         median = srt[len(srt) // 2]
         srt = srt[: bisect.bisect_right(srt, max(STALL_RATIO * median, median + self.floor))]
-        q = self.q if q is None else q
-        return srt[min(len(srt) - 1, max(0, math.ceil(q * len(srt)) - 1))]
+        return _nearest_rank(srt, self.q if q is None else q)
+
+
+def _nearest_rank(srt: list[float], q: float) -> float:
+    """The ``q`` quantile of the sorted, non-empty ``srt`` by nearest rank: the smallest value with at least a share
+    ``q`` of them at or below it (the one rule for every quantile of this module)."""
+    return srt[min(len(srt) - 1, max(0, math.ceil(q * len(srt)) - 1))]

@@ -50,8 +50,7 @@ from .session import RunnerClosedError, check_count, check_stop_at, step_togethe
 from .stalls import STALL_FLOOR_S, SteadyWindow
 from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy, gain_curve,
                             late_end, read_accuracy)  # fmt: skip
-from . import weight
-from .weight import MAX_NICE, MIN_NICE, nice_for_streams, set_thread_nice, supported, thread_nice
+from .weight import ACTIVE_S, MAX_NICE, MIN_NICE, nice_for_streams, set_thread_nice, supported, thread_nice
 
 __all__ = [
     "StreamScheduler",
@@ -455,7 +454,7 @@ class StreamScheduler:
         if not new and now < self._recount_at:
             return
         self._recount_at = now + 0.25
-        for s in [s for s, t in active.items() if t < now - weight.ACTIVE_S]:
+        for s in [s for s, t in active.items() if t < now - ACTIVE_S]:
             del active[s]
         nice = nice_for_streams(len(active), self._nice_base)
         if nice != self.nice:

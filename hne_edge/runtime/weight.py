@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import math
 import os
 import platform
@@ -91,7 +92,7 @@ def _set(tid: int, nice: int) -> None:
     kernel has no such call, ``setpriority`` (the nice alone)."""
     if _SCHED_SETATTR is not None:
         attr = _SchedAttr(ctypes.sizeof(_SchedAttr), os.SCHED_OTHER, 0, nice, 0, SLICE_NS, 0, 0)
-        if _syscall()(_SCHED_SETATTR, tid, ctypes.byref(attr), 0) == 0:
+        if _libc().syscall(_SCHED_SETATTR, tid, ctypes.byref(attr), 0) == 0:
             return
         code = ctypes.get_errno()
         if code not in (errno.ENOSYS, errno.EINVAL, errno.E2BIG):
@@ -99,11 +100,6 @@ def _set(tid: int, nice: int) -> None:
     os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
-_libc = None
-
-
-def _syscall():
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc.syscall
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
