@@ -150,8 +150,10 @@ class FrameHandle(Future):
 
     ``add_done_callback(fn)``: ``fn(handle)`` runs on a thread of the frame's stream (one per stream with callbacks
     to run, in the order its frames were answered), never on the scheduler's own threads: a callback that blocks
-    holds its own stream's later callbacks, not the other streams' frames. On a handle already done it runs at
-    once in the calling thread, as ``Future``'s. ``close()`` waits for the callbacks of the frames it answered."""
+    holds its own stream's later callbacks, not the other streams' frames. That thread is started by the thread
+    that registers (so it has that thread's nice, cores and policy: the user's, not the scheduler's weight). On a
+    handle already done it runs at once in the calling thread, as ``Future``'s. ``close()`` waits for the
+    callbacks of the frames it answered."""
 
     def __init__(self, scheduler: "StreamScheduler", stream: Hashable, frame: int, lane: int = -1) -> None:
         super().__init__()
@@ -166,7 +168,8 @@ class FrameHandle(Future):
         if self.done():
             super().add_done_callback(fn)  # at once, in this thread
             return
-        callbacks, lane = self._scheduler._callbacks, self._lane
+        callbacks = self._scheduler._callbacks
+        lane = callbacks.expect(self._lane)  # its thread started here, by the registering thread, if not running
         super().add_done_callback(lambda handle: callbacks.put(lane, fn, handle))
 
     def __repr__(self) -> str:
@@ -700,13 +703,14 @@ def _check_stream(stream: Any) -> None:
 
 
 class _Lane:
-    __slots__ = ("queue", "wake", "thread", "running")
+    __slots__ = ("queue", "wake", "thread", "running", "expected")
 
     def __init__(self, lock: threading.Lock) -> None:
         self.queue: deque = deque()
         self.wake = threading.Condition(lock)  # its own: a put wakes its lane's thread only
         self.thread: threading.Thread | None = None
         self.running = False  # inside a callback now
+        self.expected = 0  # callbacks registered and not yet put: the lane's thread waits for them
 
 
 class _Callbacks:
@@ -716,7 +720,12 @@ class _Callbacks:
     callback that blocks holds its own stream's later callbacks only. A callback wakes its own lane's thread only
     (one condition for all woke every lane's thread at each of 240 results a second). Beyond
     ``MAX_CALLBACK_LANES`` lanes at once, new ones share one. An exception in a callback is logged, as
-    ``concurrent.futures`` does."""
+    ``concurrent.futures`` does.
+
+    A lane's thread is started at the registration of a callback (:meth:`expect`, in the registering thread) and
+    lives while callbacks are expected: a thread inherits its creator's nice, cores and scheduling policy, and
+    started by the worker or the watcher at an answer, the users' callbacks ran at the scheduler's raised weight
+    on the worker's cores (issue 39: three of eight lanes at 300 fps, beside the worker)."""
 
     SHARED = -1
     LINGER_S = 1.0
@@ -726,7 +735,9 @@ class _Callbacks:
         self._idle = threading.Condition(self._lock)  # close() waits on it for the lanes' callbacks
         self._lanes: dict[int, _Lane] = {}
 
-    def put(self, lane: int, fn: Callable[[Future], object], handle: Future) -> None:
+    def expect(self, lane: int) -> int:
+        """A callback will be put on ``lane``: its thread started now, by the calling thread, unless running.
+        Returns the lane it goes to (the shared one beyond ``MAX_CALLBACK_LANES``)."""
         with self._lock:
             ln = self._lanes.get(lane)
             if ln is None and len(self._lanes) >= MAX_CALLBACK_LANES:
@@ -737,6 +748,14 @@ class _Callbacks:
                 ln.thread = threading.Thread(target=self._drain, args=(lane, ln), daemon=True,
                                              name=f"hne-edge-streams-callbacks-{lane}")  # fmt: skip
                 ln.thread.start()
+            ln.expected += 1
+            return lane
+
+    def put(self, lane: int, fn: Callable[[Future], object], handle: Future) -> None:
+        """Run ``fn(handle)`` on ``lane``, as :meth:`expect` said."""
+        with self._lock:
+            ln = self._lanes[lane]  # kept while expected
+            ln.expected -= 1
             ln.queue.append((fn, handle))
             ln.wake.notify()
 
@@ -747,9 +766,11 @@ class _Callbacks:
                 ln.running = False
                 if not queue:
                     self._idle.notify_all()  # close() may wait for this lane's callbacks to be done
-                    if not ln.wake.wait_for(lambda: queue, self.LINGER_S):
+                    if not ln.wake.wait_for(lambda: queue, self.LINGER_S) and not ln.expected:
                         del self._lanes[lane]
                         return
+                    if not queue:  # callbacks expected: waits on
+                        continue
                 fn, handle = queue.popleft()
                 ln.running = True
             try:

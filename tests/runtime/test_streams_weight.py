@@ -13,7 +13,7 @@ import pytest
 from hne_edge.errors import InputError
 from hne_edge.runtime import weight
 from hne_edge.runtime.streams import StreamScheduler
-from test_streams import bundle, frame, scheduler  # noqa: F401 - the module's bundle fixture
+from test_streams import batch_cost, bundle, frame, scheduler  # noqa: F401 - the module's bundle fixture
 
 __all__ = ["bundle"]
 
@@ -165,3 +165,38 @@ def test_a_nice_that_is_no_nice_is_refused_before_anything_starts(bundle, nice):
     with pytest.raises(InputError, match=r"nice: received .*; expected \"streams\", None or an int from -20 to 19"):
         scheduler(bundle, budget_ms=50.0, nice=nice)
     assert threading.active_count() == threads
+
+
+@pytest.mark.skipif(_may_lower_nice() is not None, reason=str(_may_lower_nice()))
+def test_done_callbacks_run_like_the_thread_that_registered_them_not_at_the_schedulers_weight(bundle):
+    """A stream's callback thread starts in the thread that registers its first callback, so it has that thread's nice
+    and cores. Started by the worker (or the watcher) when it answered, it had theirs: the users' callbacks ran at the
+    scheduler's raised weight, on the cores the worker was pinned to (at 300 fps beside the worker)."""
+    me = threading.get_native_id()
+    base = os.getpriority(os.PRIO_PROCESS, me)
+    cores = sorted(os.sched_getaffinity(0))
+    gate = threading.Event()
+    gate.set()
+
+    def cost(node, batch):  # the worker waits here while the frames' callbacks are registered
+        gate.wait(10)
+        return batch_cost(node, batch)
+
+    seen: list[tuple[int, set]] = []
+    try:
+        os.sched_setaffinity(0, cores[:1])  # the worker and the watcher start on the first core
+        streams, _, _ = scheduler(bundle, budget_ms=50.0, nice=max(-20, base - 3), cost=cost)
+        os.sched_setaffinity(0, cores[1:] or cores)  # the cameras' thread elsewhere
+        with streams:
+            gate.clear()
+            for cam in range(3):
+                handle = streams.submit(f"cam{cam}", frame(cam))
+                handle.add_done_callback(lambda h: seen.append((os.getpriority(os.PRIO_PROCESS, 0),
+                                                                 os.sched_getaffinity(0))))  # fmt: skip
+            gate.set()
+    finally:
+        gate.set()
+        os.sched_setaffinity(0, cores)
+    assert len(seen) == 3
+    assert all(nice == base for nice, _ in seen), seen  # not the worker's base - 3
+    assert all(where == set(cores[1:] or cores) for _, where in seen), seen
