@@ -49,7 +49,7 @@ from .runner import AnytimeRunner
 from .session import RunnerClosedError, check_count, check_stop_at, step_together
 from .stalls import STALL_FLOOR_S, SteadyWindow
 from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy, gain_curve,
-                            late_end, read_accuracy)  # fmt: skip
+                            late_end, read_accuracy, row_floor)  # fmt: skip
 from .weight import ACTIVE_S, MAX_NICE, MIN_NICE, nice_for_streams, set_thread_nice, supported, thread_nice
 
 __all__ = [
@@ -287,7 +287,13 @@ class StreamScheduler:
         self._program: Program = runner._program
         self._clock = runner.backend.clock
         self._concat, self._split = runner.backend.concat_rows, runner.backend.split_rows
-        self._cond = threading.Condition()
+        # one lock, two conditions: the worker waits on _cond (new frames, cancels, answers taken from its plan),
+        # the watcher on _watch_wake (first leaves done). One condition for both woke the watcher at every admitted
+        # frame: at 300 fps, raised in weight on the cameras' core, it pre-empted the submitting thread inside
+        # submit, with the interpreter's lock held, and the worker waited for that lock after its calls
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._watch_wake = threading.Condition(lock)
         self._frames: dict[int, _Frame] = {}
         self._busy_until = -INF
         self._count = 0
@@ -303,6 +309,7 @@ class StreamScheduler:
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
         self.calls = 0  # step calls run
         self.stacked_calls = 0  # of which for several frames
+        self._floor, self._floor_at = 0.0, -1  # admission's row floor, and the count of calls it was made at
         self._answer_lateness = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # how late the watcher's answers came
         self._handout = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # the worker's: from deciding to handed out
         self._sids: dict[Hashable, int] = {}  # each stream id's number (see _stream_id)
@@ -373,18 +380,19 @@ class StreamScheduler:
             if own_queued and queued_rows > self.max_rows:  # one call's worth waits (stream_policy, 1): refused unplanned
                 promise = None
             else:
+                margin = self._busy_margin if running else 0.0
                 promise = admission(start, waiting, me, self._program, self._model, self.max_rows, self.batching,
-                                    self._overhead, self._busy_margin if running else 0.0, ahead)  # fmt: skip
+                                    self._overhead, margin, ahead, self._row_floor())  # fmt: skip
             if promise is None:
-                queued = [f._replace(late=True) for f in (*waiting, *ahead)]  # every first leaf not yet started
-                end = late_end(start, queued, me, self._program, self._model, self._overhead)
-                if self.late == "reject" and (stop_at <= now or (self._frames or running) and (queued or end > me.deadline)):
+                queued = bool(waiting or ahead)  # a first leaf not yet started (then the frame's late end is moot)
+                if self.late == "reject" and (stop_at <= now or (self._frames or running) and (
+                        queued or late_end(start, (), me, self._program, self._model, self._overhead) > me.deadline)):
                     rejected = StreamResult(stream, key, "rejected", False, False, t0, stop_at, now)
                 else:  # late="run", no first leaf waits and it makes it at its median, or nothing else is pending
                     frame.late = True
             if rejected is None:
                 self._frames[key] = frame
-                self._cond.notify_all()
+                self._cond.notify()  # the worker (a frame without a leaf is nothing the watcher watches)
         if rejected is not None:
             handle.set_result(rejected)
         return handle
@@ -397,6 +405,7 @@ class StreamScheduler:
             self._closing = True
             self._cancel_all = self._cancel_all or cancel
             self._cond.notify_all()
+            self._watch_wake.notify_all()
         worker = self._worker
         if worker is None or worker is threading.current_thread():  # from the worker itself: it ends by itself
             return
@@ -485,6 +494,15 @@ class StreamScheduler:
         view of its own."""
         return self.runner.cost.for_batch(rows)
 
+    def _row_floor(self) -> float:
+        """:func:`~.stream_policy.row_floor` at the models now, made again after each call the worker ran (a call's
+        measurement is what moves a median, and the worker's time per call). Under the lock."""
+        if self._floor_at != self.calls:
+            self._floor_at = self.calls
+            self._floor = row_floor(self._program, self._model, self.runner.input_spec.batch[0], self.max_rows,
+                                    self._overhead)  # fmt: skip
+        return self._floor
+
     def _free_at(self, now: float) -> float:
         """When the device is next free, as admission plans it: the running call's median end; for a call already past
         it, as far past it again. How long a stall lasts no one knows; how far past its end it has run is the best
@@ -568,7 +586,7 @@ class StreamScheduler:
             self._fail(exc, out)
         finally:
             with self._cond:
-                self._cond.notify_all()  # the watcher: nothing is left to watch
+                self._watch_wake.notify_all()  # the watcher: nothing is left to watch
             runner._release()
             if self._owns:
                 runner.close()
@@ -600,7 +618,7 @@ class StreamScheduler:
                 self._gaps.push(gap)
                 self._overhead = (self._gaps.median(), self._gaps.quantile())
             if any(not f.batched for f in frames):  # a first leaf: a deadline the watcher now watches
-                self._cond.notify_all()
+                self._watch_wake.notify_all()
             for f in frames:
                 f.running = False
                 if f.answered:  # answered at its deadline while this step ran: the watcher delivered it
@@ -632,7 +650,7 @@ class StreamScheduler:
                         due = min((f.deadline for f in self._frames.values() if f.leaves and not f.cancelled), default=INF)
                         if now >= due - ahead:
                             break
-                        self._cond.wait(MAX_WAIT_S if due == INF else min(due - ahead - now, MAX_WAIT_S))
+                        self._watch_wake.wait(MAX_WAIT_S if due == INF else min(due - ahead - now, MAX_WAIT_S))
                     for key in [k for k, f in self._frames.items() if f.leaves and not f.cancelled and f.deadline - ahead <= now]:
                         frame = self._frames.pop(key)
                         frame.answered = True

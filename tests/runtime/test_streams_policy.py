@@ -494,3 +494,84 @@ def test_first_leaves_stacked_keep_their_plan_when_one_call_runs_out_of_time(pro
     frames = [Pending(k, 3.5e-3, 0, 1, False) for k in range(9)]
     d = decide(0.0, frames, program, model, gain_curve(None, 16), 4, True)
     assert len(d.doomed) == 1 and len(d.frames) == 4
+
+
+class Stacked:
+    """A cost model at ``rows`` rows: medians ``base * (1 + beta (rows - 1))``, quantiles ``ratio`` times that, and a
+    stall allowance of a sequence that grows with its length (0 below ``free`` seconds, then ``slope`` a second)."""
+
+    def __init__(self, n, rows, base, beta, ratio, free, slope):
+        median = base * (1 + beta * (rows - 1))
+        self.base, self.pred, self.known = [median] * n, [median * ratio] * n, [True] * n
+        self.free, self.slope = free, slope
+
+    def allowance(self, seconds):
+        return max(0.0, seconds - self.free) * self.slope
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_frame_refused_by_the_row_floor_is_one_that_admission_refuses(programs, data):
+    """The row floor refuses, without a plan, only frames that admission's plan refuses too (issue 39: at 300 fps a
+    full plan for every refused frame held the interpreter's lock in the submitting thread half the time). Random
+    queues whose waiting frames all keep their deadlines without the new one, random stacking costs, margins,
+    stall allowances and late frames ahead: whenever the floor says no, the plan says no."""
+    from hne_edge.runtime.stream_policy import _first_leaves, admission, beyond_floor, row_floor
+
+    program = programs["segments"]
+    n = len(program.steps)
+    base = data.draw(st.floats(1e-4, 2e-3))
+    beta = data.draw(st.sampled_from([0.1, 0.3, 1.0, 1.2]))
+    ratio = data.draw(st.floats(1.0, 4.0))
+    free, slope = data.draw(st.floats(0.0, 5e-3)), data.draw(st.floats(0.0, 2.0))
+    model = functools.lru_cache(None)(lambda rows: Stacked(n, rows, base, beta, ratio, free, slope))
+    max_rows = data.draw(st.integers(1, 8))
+    overhead = (data.draw(st.floats(0.0, 5e-4)),) * 2
+    start, margin = data.draw(st.floats(0.0, 3e-3)), data.draw(st.floats(0.0, 2e-3))
+    deadline = st.floats(1e-3, 40e-3)
+    queued = data.draw(st.integers(0, 12))
+    waiting = [Pending(k, data.draw(deadline), 0, data.draw(st.integers(1, 2)), False) for k in range(queued)]
+    ahead = [Pending(100 + k, 0.0, 0, 1, True) for k in range(data.draw(st.integers(0, 2)))]
+    me = Pending(99, data.draw(deadline), 0, data.draw(st.integers(1, min(2, max_rows))), False)
+    if any(f.rows > max_rows for f in waiting):
+        return
+    j = program.at[0]
+    from hne_edge.runtime.stream_policy import _M, _call, _overheads
+
+    ov = _overheads(overhead)
+    members = [_M(f.deadline, _call(model(f.rows), j, ov), model(f.rows).base[j], f) for f in waiting]
+    late_start = start + sum(_call(model(f.rows), j, ov)[1] for f in ahead)
+    late_margin = max([margin] + [_call(model(f.rows), j, ov)[0] - _call(model(f.rows), j, ov)[1] for f in ahead])
+    allow = model(me.rows).allowance
+    _, lost = _first_leaves(late_start, members, j, model, max_rows, True, ov, late_margin, True, allow)
+    if lost:  # the one case the floor is not exact for: a waiting frame already unable to make its deadline
+        return
+    floor = row_floor(program, model, 1, max_rows, overhead)
+    assert floor > 0
+    if beyond_floor(start, waiting, me, floor, model(me.rows).allowance, margin, ahead):
+        assert admission(start, waiting, me, program, model, max_rows, True, overhead, margin, ahead) is None
+    # and the floor changes nothing else: admission with and without it agree
+    assert (admission(start, waiting, me, program, model, max_rows, True, overhead, margin, ahead, floor)
+            == admission(start, waiting, me, program, model, max_rows, True, overhead, margin, ahead))  # fmt: skip
+
+
+def test_the_row_floor_is_tight_where_nothing_stacks_and_refuses_without_a_plan(programs, monkeypatch):
+    """Medians 1 ms a row whatever the stacking (beta 1), no margin, no allowance: four first leaves waiting and a new
+    frame end at 5 ms. Due at 5 ms it is admitted; due 1 us earlier the floor refuses it and no plan is made."""
+    from hne_edge.runtime import stream_policy
+    from hne_edge.runtime.stream_policy import admission, row_floor
+
+    program = programs["segments"]
+    n = len(program.steps)
+    model = functools.lru_cache(None)(lambda rows: Stacked(n, rows, 1e-3, 1.0, 1.0, INF, 0.0))
+    floor = row_floor(program, model, 1, 8)
+    assert floor == pytest.approx(1e-3)
+    waiting = [Pending(k, 4e-3, 0, 1, False) for k in range(4)]
+    fits, short = Pending(9, 5e-3 + 1e-9, 0, 1, False), Pending(9, 5e-3 - 1e-6, 0, 1, False)
+    assert admission(0.0, waiting, fits, program, model, 8, True, 0.0, 0.0, (), floor) is not None
+
+    def no_plan(*args, **kwargs):
+        raise AssertionError("planned a frame the row floor refuses")
+
+    monkeypatch.setattr(stream_policy, "_plan_first_leaves", no_plan)
+    assert admission(0.0, waiting, short, program, model, 8, True, 0.0, 0.0, (), floor) is None

@@ -200,3 +200,31 @@ def test_done_callbacks_run_like_the_thread_that_registered_them_not_at_the_sche
     assert len(seen) == 3
     assert all(nice == base for nice, _ in seen), seen  # not the worker's base - 3
     assert all(where == set(cores[1:] or cores) for _, where in seen), seen
+
+
+def test_admitting_a_frame_wakes_the_worker_and_not_the_deadline_watcher(bundle):
+    """The watcher answers frames with a leaf at their deadlines; a frame just admitted has none. Woken at every
+    admission (one condition for both threads), the watcher - raised in weight, on the cameras' core - pre-empted
+    the submitting thread inside ``submit`` with the interpreter's lock held (issue 39, 300 fps). It is woken when
+    a first leaf is done."""
+    gate = threading.Event()
+    gate.set()
+
+    def cost(node, batch):
+        gate.wait(10)
+        return batch_cost(node, batch)
+
+    streams, _, _ = scheduler(bundle, budget_ms=1e3, cost=cost)
+    woken = []
+    wake = streams._watch_wake.notify_all
+    streams._watch_wake.notify_all = lambda: (woken.append(1), wake())
+    with streams:
+        gate.clear()
+        try:
+            handles = [streams.submit(f"cam{k}", frame(k)) for k in range(5)]
+            quiet = not any(h.done() for h in handles) and not woken  # admitted, none with a leaf: it sleeps on
+        finally:
+            gate.set()
+        assert quiet
+        assert all(h.result(10).leaves > 0 for h in handles)
+    assert woken  # first leaves done (and the close): it was woken for them
