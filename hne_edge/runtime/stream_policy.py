@@ -33,10 +33,7 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    waiting for its first leaf is refused, unplanned, when the first leaves waiting (its own rows counted)
    exceed ``max_rows``: a full stacked call waiting keeps the device busy, a longer queue adds only waiting, and
    a stall strikes every frame in it (:class:`~.streams.StreamScheduler` counts; a stream with no frame waiting
-   is planned as above, so a camera at its nominal rate never meets the rule). *No plan where none can fit:* a
-   frame whose first leaf, behind those before it in EDF order and the late ones queued, would end after its
-   deadline even at the fewest seconds a row any call takes (:func:`row_floor`) plus the margin and allowance of
-   that much work is refused before any plan is made (:func:`beyond_floor`; a plan would refuse it too).
+   is planned as above, so a camera at its nominal rate never meets the rule).
 2. *First leaves first, in EDF order.* The first leaves of admitted frames are mandatory: a plan holds them
    in EDF order, and nothing enters the plan that would make one of them end after its deadline.
 3. *Slack to the highest value per millisecond.* The next step of every frame with a leaf (a leaf, or for
@@ -84,8 +81,7 @@ from ..errors import InputError
 from .program import Program, choose
 from .session import check_count
 
-__all__ = ["Pending", "Decision", "admit", "admission", "row_floor", "beyond_floor", "first_leaf_end",
-           "late_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
+__all__ = ["Pending", "Decision", "admit", "admission", "first_leaf_end", "late_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
 
 INF = math.inf
 
@@ -284,19 +280,13 @@ def admit(
 
 def admission(start: float, waiting: Sequence[Pending], frame: Pending, program: Program, model_for: Callable[[int], Any],
               max_rows: float = INF, batching: bool = True, overhead: float | tuple[float, float] = 0.0,
-              margin: float = 0.0, ahead: Sequence[Pending] = (), floor: float = 0.0) -> float | None:  # fmt: skip
+              margin: float = 0.0, ahead: Sequence[Pending] = ()) -> float | None:  # fmt: skip
     """:func:`admit` (same arguments) and, when it admits, when the frame's first leaf ends at the medians as
     :func:`first_leaf_end` plans it (INF: nothing measured); None: refused. One plan serves both unless the
     plan with room for a stall left a queued frame out or ran each alone where stacked calls left one out (then
-    the plan at the medians is another): planning twice cost ``submit`` 40% of its time with 30 frames queued.
-
-    ``floor``: :func:`row_floor` of these arguments (0: none). A frame that :func:`beyond_floor` says cannot fit
-    is refused without a plan."""
-    first = model_for(frame.rows)
-    if not first.pred[program.at[0]] < INF:
+    the plan at the medians is another): planning twice cost ``submit`` 40% of its time with 30 frames queued."""
+    if not model_for(frame.rows).pred[program.at[0]] < INF:
         return INF
-    if floor > 0 and beyond_floor(start, waiting, frame, floor, _allowance_of(first), margin, ahead):
-        return None
     plan, lost, dropped, how = _plan_first_leaves(start, waiting, frame, program, model_for, max_rows, batching,
                                                   overhead, margin, ahead, True)  # fmt: skip
     if lost:
@@ -305,34 +295,6 @@ def admission(start: float, waiting: Sequence[Pending], frame: Pending, program:
     if not dropped and how != "separate":  # what keeps every frame with room for a stall keeps it at the medians
         return begin + item.base
     return first_leaf_end(start, waiting, frame, program, model_for, max_rows, batching, overhead, ahead)
-
-
-def row_floor(program: Program, model_for: Callable[[int], Any], min_rows: int, max_rows: int,
-              overhead: float | tuple[float, float] = 0.0) -> float:  # fmt: skip
-    """The fewest seconds a row's first leaf takes in any call the plans may make: over every call size from
-    ``min_rows`` to ``max_rows``, the call's median (the worker's median time per call included, as :func:`_call`
-    counts it) over its rows. No plan of first leaves runs ``r`` rows in less than ``r`` times this."""
-    j, overhead = program.at[0], _overheads(overhead)
-    return min(_call(model_for(rows), j, overhead)[1] / rows for rows in range(min_rows, max_rows + 1))
-
-
-def beyond_floor(start: float, waiting: Sequence[Pending], frame: Pending, floor: float,
-                 allow: Callable[[float], float] | None, margin: float = 0.0,
-                 ahead: Sequence[Pending] = ()) -> bool:  # fmt: skip
-    """Whether ``frame``'s first leaf ends after its deadline even if every first leaf before it - the late ones
-    queued (``ahead``), the waiting ones with deadlines up to its own (EDF order), its own - ran at ``floor``
-    seconds a row (:func:`row_floor`), with the margin and the stall allowance of that much work that
-    :func:`admission`'s plan charges at least: then no plan admits it, and none need be made.
-
-    At an overload (8 cameras at 300 fps) four frames in five are refused; a full plan for each held the
-    interpreter's lock in the submitting thread half the time, and the worker waited for it after half its
-    calls (57 % of its step time; 4-8 % of the admitted frames late). Exact but for one case: a waiting frame
-    that can no longer make its own deadline, before the worker flags it late (then it is charged ahead
-    anyway), counts here where the plan leaves it out."""
-    rows = frame.rows + sum(f.rows for f in waiting if f.deadline <= frame.deadline)
-    work = rows * floor
-    wait = max(margin, allow(work) if allow is not None else 0.0)
-    return start + sum(f.rows for f in ahead) * floor + work + wait > frame.deadline
 
 
 def first_leaf_end(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,

@@ -49,7 +49,7 @@ from .runner import AnytimeRunner
 from .session import RunnerClosedError, check_count, check_stop_at, step_together
 from .stalls import STALL_FLOOR_S, SteadyWindow
 from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy, gain_curve,
-                            late_end, read_accuracy, row_floor)  # fmt: skip
+                            late_end, read_accuracy)  # fmt: skip
 from .weight import ACTIVE_S, MAX_NICE, MIN_NICE, nice_for_streams, set_thread_nice, supported, thread_nice
 
 __all__ = [
@@ -289,8 +289,7 @@ class StreamScheduler:
         self._concat, self._split = runner.backend.concat_rows, runner.backend.split_rows
         # one lock, two conditions: the worker waits on _cond (new frames, cancels, answers taken from its plan),
         # the watcher on _watch_wake (first leaves done). One condition for both woke the watcher at every admitted
-        # frame: at 300 fps, raised in weight on the cameras' core, it pre-empted the submitting thread inside
-        # submit, with the interpreter's lock held, and the worker waited for that lock after its calls
+        # frame (up to 2,400 a second at 300 fps) for nothing: a frame without a leaf is not the watcher's
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
         self._watch_wake = threading.Condition(lock)
@@ -309,7 +308,6 @@ class StreamScheduler:
         self.busy_seconds = 0.0  # time spent in steps (the device's busy time, as the worker sees it)
         self.calls = 0  # step calls run
         self.stacked_calls = 0  # of which for several frames
-        self._floor, self._floor_at = 0.0, -1  # admission's row floor, and the count of calls it was made at
         self._answer_lateness = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # how late the watcher's answers came
         self._handout = SteadyWindow(q, LAG_WINDOW, stalls, STALL_FLOOR_S)  # the worker's: from deciding to handed out
         self._sids: dict[Hashable, int] = {}  # each stream id's number (see _stream_id)
@@ -380,9 +378,8 @@ class StreamScheduler:
             if own_queued and queued_rows > self.max_rows:  # one call's worth waits (stream_policy, 1): refused unplanned
                 promise = None
             else:
-                margin = self._busy_margin if running else 0.0
                 promise = admission(start, waiting, me, self._program, self._model, self.max_rows, self.batching,
-                                    self._overhead, margin, ahead, self._row_floor())  # fmt: skip
+                                    self._overhead, self._busy_margin if running else 0.0, ahead)  # fmt: skip
             if promise is None:
                 queued = bool(waiting or ahead)  # a first leaf not yet started (then the frame's late end is moot)
                 if self.late == "reject" and (stop_at <= now or (self._frames or running) and (
@@ -493,15 +490,6 @@ class StreamScheduler:
         stalls together (the stall model is shared), so a stacked size the scheduler runs now and then needs no
         view of its own."""
         return self.runner.cost.for_batch(rows)
-
-    def _row_floor(self) -> float:
-        """:func:`~.stream_policy.row_floor` at the models now, made again after each call the worker ran (a call's
-        measurement is what moves a median, and the worker's time per call). Under the lock."""
-        if self._floor_at != self.calls:
-            self._floor_at = self.calls
-            self._floor = row_floor(self._program, self._model, self.runner.input_spec.batch[0], self.max_rows,
-                                    self._overhead)  # fmt: skip
-        return self._floor
 
     def _free_at(self, now: float) -> float:
         """When the device is next free, as admission plans it: the running call's median end; for a call already past
