@@ -33,9 +33,8 @@ class Callbacks:
     """Done-callbacks, run per stream (a *lane*) in the order its frames were answered, each lane on a daemon thread
     of its own, started when its first callback is registered and ended once it has had nothing to run or expect for
     ``LINGER_S`` (a camera's lane lives as long as the camera; a thread per callback cost ~0.1 ms each at 2,400
-    frames a second): a
-    callback that blocks holds its own stream's later callbacks only. A callback wakes its own lane's thread only
-    (one condition for all woke every lane's thread at each of 240 results a second). Beyond
+    frames a second): a callback that blocks holds its own stream's later callbacks only. A callback wakes its own
+    lane's thread only (one condition for all woke every lane's thread at each of 240 results a second). Beyond
     ``MAX_CALLBACK_LANES`` lanes at once, new ones share one. An exception in a callback is logged, as
     ``concurrent.futures`` does.
 

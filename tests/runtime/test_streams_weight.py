@@ -167,6 +167,19 @@ def test_a_nice_that_is_no_nice_is_refused_before_anything_starts(bundle, nice):
     assert threading.active_count() == threads
 
 
+def _gated_cost():
+    """(an open gate, a step cost that waits at it): with the gate cleared, the worker holds its step while the test
+    submits and registers."""
+    gate = threading.Event()
+    gate.set()
+
+    def cost(node, batch):
+        gate.wait(10)
+        return batch_cost(node, batch)
+
+    return gate, cost
+
+
 @pytest.mark.skipif(_may_lower_nice() is not None, reason=str(_may_lower_nice()))
 def test_done_callbacks_run_like_the_thread_that_registered_them_not_at_the_schedulers_weight(bundle):
     """A stream's callback thread starts in the thread that registers its first callback, so it has that thread's nice
@@ -175,13 +188,7 @@ def test_done_callbacks_run_like_the_thread_that_registered_them_not_at_the_sche
     me = threading.get_native_id()
     base = os.getpriority(os.PRIO_PROCESS, me)
     cores = sorted(os.sched_getaffinity(0))
-    gate = threading.Event()
-    gate.set()
-
-    def cost(node, batch):  # the worker waits here while the frames' callbacks are registered
-        gate.wait(10)
-        return batch_cost(node, batch)
-
+    gate, cost = _gated_cost()
     seen: list[tuple[int, set]] = []
     try:
         os.sched_setaffinity(0, cores[:1])  # the worker and the watcher start on the first core
@@ -206,13 +213,7 @@ def test_admitting_a_frame_wakes_the_worker_and_not_the_deadline_watcher(bundle)
     """The watcher answers frames with a leaf at their deadlines; a frame just admitted has none. It was woken at
     every admission (one condition for both threads: 2,400 times a second at 300 fps, each a wake-up on the
     cameras' core and a turn of the interpreter's lock). It is woken when a first leaf is done."""
-    gate = threading.Event()
-    gate.set()
-
-    def cost(node, batch):
-        gate.wait(10)
-        return batch_cost(node, batch)
-
+    gate, cost = _gated_cost()
     streams, _, _ = scheduler(bundle, budget_ms=1e3, cost=cost)
     woken = []
     wake = streams._watch_wake.notify_all
