@@ -365,7 +365,7 @@ class StreamScheduler:
             frame = _Frame(key, stream, sid, handle, image, rows, t0, stop_at, budget, False)
             waiting, ahead = [], []
             queued_rows, own_queued = rows, False
-            lag = self._lag(self._handout)  # planned to end by the deadline less the hand-out
+            lag, handout_stall = self._lags(self._handout)  # planned to end by the deadline less the hand-out
             for f in self._frames.values():
                 if f.leaves == 0 and not f.running:
                     (ahead if f.late else waiting).append(Pending(f.key, f.deadline - lag, 0, f.rows, f.late))
@@ -378,7 +378,8 @@ class StreamScheduler:
                 promise = None
             else:
                 promise = admission(start, waiting, me, self._program, self._model, self.max_rows, self.batching,
-                                    self._overhead, self._busy_margin if running else 0.0, ahead)  # fmt: skip
+                                    self._overhead, max(self._busy_margin if running else 0.0, handout_stall),
+                                    ahead)  # fmt: skip
             if promise is None:
                 queued = bool(waiting or ahead)  # a first leaf not yet started (then the frame's late end is moot)
                 if self.late == "reject" and (stop_at <= now or (self._frames or running) and (
@@ -545,10 +546,10 @@ class StreamScheduler:
                         break
                     if self._frames and not out:  # results first: a hand-out never waits for a step planned after it
                         now = self._clock()
-                        lag = self._lag(self._handout)  # every answer must be handed out by then
+                        lag, handout_stall = self._lags(self._handout)  # every answer must be handed out by then
                         decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
-                                          self._overhead, self.late == "reject")  # fmt: skip
+                                          self._overhead, self.late == "reject", handout_stall)  # fmt: skip
                         for key in decision.doomed:
                             self._frames[key].late = True
                         for key in decision.drop:  # admitted, and nothing can answer it in time now: taken back
@@ -633,7 +634,7 @@ class StreamScheduler:
                         if self._closing and not self._frames:
                             return
                         now = self._clock()
-                        ahead = self._lag(self._answer_lateness)
+                        ahead = sum(self._lags(self._answer_lateness))  # it runs no step: its lag's stall counts whole
                         due = min((f.deadline for f in self._frames.values() if f.leaves and not f.cancelled), default=INF)
                         if now >= due - ahead:
                             break
@@ -651,13 +652,16 @@ class StreamScheduler:
         except BaseException as exc:  # a bug: every pending frame gets it, no one waits forever
             self._fail(exc, out)
 
-    def _lag(self, window: SteadyWindow) -> float:
-        """How long before a deadline an answer must be decided: the lag ``window``'s planned value (its steady
-        quantile; its stalls are the stall model's - one pause, a collection or the interpreter's lock held 5 ms, is
-        an event of the machine, not a lag every later answer plans for - unless they come on more than 1 % of the
-        answers: :meth:`SteadyWindow.planned`), plus ``guard_ms``. The one home of that rule: admission, the worker
-        and the watcher all plan by it. Under the lock: both threads read both windows."""
-        return window.planned() + self.guard_ms * 1e-3
+    def _lags(self, window: SteadyWindow) -> tuple[float, float]:
+        """How long before a deadline an answer must be decided: (the lag ``window``'s steady quantile plus
+        ``guard_ms``, the stall it plans for beyond that). Its stalls are the stall model's - one pause, a collection
+        or the interpreter's lock held 5 ms, is an event of the machine, not a lag every later answer plans for -
+        unless they come on more than 1 % of the answers (:meth:`SteadyWindow.planned`); then the second part is
+        that stall: the worker and admission charge it as the plans' one stall (``decide``'s ``margin``), the
+        watcher, which runs no step, adds both. The one home of that rule. Under the lock: both threads read both
+        windows."""
+        steady = window.quantile()
+        return steady + self.guard_ms * 1e-3, max(0.0, window.planned() - steady)
 
     def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:
         """The watcher's :meth:`_deliver`: its leaves so far, the session left to a step that may be running."""

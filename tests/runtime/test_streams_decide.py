@@ -149,6 +149,25 @@ def test_a_first_leaf_past_saving_is_dropped_while_others_wait_and_run_late_alon
     assert d.drop == () and d.frames == (0,)  # late="run": the late first leaf goes first, the other still fits
 
 
+def test_a_hand_out_stall_is_one_more_margin_of_the_sequence(program):
+    """``margin`` (a stall the answer's hand-out may meet) is charged as one call's margin: a refinement runs when
+    its median plus the larger of its own margin and this one ends by the deadline; first leaves are planned
+    with it too. Not the sum: one stall strikes the sequence."""
+    costs = Costs([1.0] * 16)
+    go_on = Pending(0, 3.0, 1, 1, False)  # a refinement of 1 s, 3 s before its deadline
+    assert decide(0.0, [go_on], program, costs, LEAVES, margin=2.0).frames == (0,)
+    assert decide(0.0, [go_on], program, costs, LEAVES, margin=2.5).finish == (0,)
+    wider = Costs([1.0] * 16)
+    wider(1).pred = [2.5] * 16  # its own margin 1.5 s: the larger of the two counts, not their sum
+    assert decide(0.0, [go_on], program, wider, LEAVES, margin=1.5).frames == (0,)
+    assert decide(0.0, [go_on], program, wider, LEAVES, margin=2.5).finish == (0,)
+    firsts = [Pending(0, 3.0, 0, 1, False), Pending(1, 3.5, 0, 1, False)]  # at the medians: ends 1, 2
+    d = decide(0.0, firsts, program, costs, LEAVES, batching=False, margin=1.5)
+    assert d.frames == (0,) and d.doomed == ()
+    assert admit(0.0, firsts[:1], firsts[1], program, costs, batching=False, margin=1.5)
+    assert not admit(0.0, firsts[:1], firsts[1], program, costs, batching=False, margin=1.6)
+
+
 def test_gain_curve_is_the_least_concave_majorant_and_records_are_read(tmp_path):
     g = gain_curve({1: 0.5, 2: 0.49, 4: 0.53, 16: 0.53}, 16)
     assert g[0] == 0.0 and g[1] == 0.5 and g[2] == pytest.approx(0.51) and g[4] == pytest.approx(0.53)
