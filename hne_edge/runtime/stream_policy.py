@@ -377,8 +377,8 @@ def decide(
     changed, nothing is run. ``margin``: a stall the hand-out after the plan may meet (the scheduler's hand-out
     lags beyond their steady quantile): one stall strikes the sequence, the steps or the answer's hand-out, so it is
     charged as one more call's margin - not subtracted from every deadline on top of the steps' own allowance (beside
-    six busy loops, 13 ms of each 33 ms went to each and one camera's frames stopped at 2.5 leaves, 9 ms after they
-    came, where one runner took 9)."""
+    six busy loops 13 ms of each 33 ms went to the one and 12 ms to the other, and one camera's frames stopped at 2.5
+    leaves, 9 ms after they came, where one runner took 9)."""
     n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
     overhead = _overheads(overhead)
     finish: list[int] = []
