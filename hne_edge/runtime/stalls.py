@@ -309,10 +309,14 @@ class SteadyWindow:
         P(lag > a) <= 1 - q, where every answer meets it): an isolated stall is past the ``q`` quantile of the
         window and changes nothing; stalls on more than ``1 - q`` of the answers (a thread woken 0-15 ms late
         beside busy loops, 2 % of a scheduler's answers late) are planned for while they last in the window."""
+        return sum(self.planned_parts())
+
+    def planned_parts(self) -> tuple[float, float]:
+        """:meth:`planned` as (the steady quantile, the stall planned beyond it): the stream scheduler charges the
+        second as its plans' one stall rather than subtracting it from every deadline."""
+        steady = self.quantile()
         srt = self.every_sorted
-        if not srt:
-            return 0.0
-        return max(self.quantile(), _nearest_rank(srt, self.q))
+        return steady, (max(0.0, _nearest_rank(srt, self.q) - steady) if srt else 0.0)
 
     def median(self) -> float:
         srt = self.sorted

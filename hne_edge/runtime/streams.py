@@ -660,8 +660,8 @@ class StreamScheduler:
         that stall: the worker and admission charge it as the plans' one stall (``decide``'s ``margin``), the
         watcher, which runs no step, adds both. The one home of that rule. Under the lock: both threads read both
         windows."""
-        steady = window.quantile()
-        return steady + self.guard_ms * 1e-3, max(0.0, window.planned() - steady)
+        steady, stall = window.planned_parts()
+        return steady + self.guard_ms * 1e-3, stall
 
     def _answer(self, frame: _Frame, now: float) -> tuple[Future, Any]:
         """The watcher's :meth:`_deliver`: its leaves so far, the session left to a step that may be running."""
