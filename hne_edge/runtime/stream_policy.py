@@ -33,7 +33,20 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    waiting for its first leaf is refused, unplanned, when the first leaves waiting (its own rows counted)
    exceed ``max_rows``: a full stacked call waiting keeps the device busy, a longer queue adds only waiting, and
    a stall strikes every frame in it (:class:`~.streams.StreamScheduler` counts; a stream with no frame waiting
-   is planned as above, so a camera at its nominal rate never meets the rule).
+   is planned as above, so a camera at its nominal rate never meets the rule). *At saturation, one call's worth
+   waits from every stream:* when the rows submitted lately (:class:`ArrivalRate`, decayed over ``ARRIVAL_S``)
+   would keep the device busy on their own at its cheapest seconds a row (:func:`saturated`), a frame is refused,
+   unplanned, unless it and the first leaves waiting would run as one call (:func:`one_call`: stacked as rule 4
+   stacks them, on time), and no refinement runs while a first leaf waits (a refinement's milliseconds there are
+   a new frame's first leaf refused). Admission alone filled the queue until each new first leaf ended at its
+   deadline: every frame queued was at the edge of its own, so no stack could form (a stack delays its earliest
+   member) and the device served its dearest calls, one row at a time; and every frame queued was Python planned
+   at each submit and each call. At 8 cameras x 300 fps (bench_streams, this CPU) the worker waited for the
+   interpreter's lock 45-58 % of its call time and 5-12 % of the admitted frames ran late; with the rule it
+   stacks 2-16 rows a call, serves two to three times the frames, and 0.4-1.4 % run late (most in the overload's
+   first 80 ms, before the rate is read). On exact costs (tests/runtime/test_streams_policy.py) it serves 7 % more
+   frames where stacking pays and 5 % fewer where it saves nothing. Below saturation - a camera at its nominal
+   rate, a stall's backlog, a burst (40 rows at one instant read 400 a second) - nothing changes.
 2. *First leaves first, in EDF order.* The first leaves of admitted frames are mandatory: a plan holds them
    in EDF order, and nothing enters the plan that would make one of them end after its deadline.
 3. *Slack to the highest value per millisecond.* The next step of every frame with a leaf (a leaf, or for
@@ -81,9 +94,12 @@ from ..errors import InputError
 from .program import Program, choose
 from .session import check_count
 
-__all__ = ["Pending", "Decision", "admit", "admission", "first_leaf_end", "late_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]
+__all__ = ["Pending", "Decision", "ArrivalRate", "admit", "admission", "saturated", "one_call", "first_leaf_end", "late_end", "late_fits", "decide", "accuracy_by_n", "gain_curve", "read_accuracy", "expected_accuracy"]  # fmt: skip
 
 INF = math.inf
+ARRIVAL_S = 0.1  # the time constant of the rows-a-second estimate saturation reads (three frame periods at 30 fps): a
+# burst of frames at one instant is a count, not a rate (40 rows at once read 400 rows a second); an overload that
+# lasts is read within a few tenths of a second
 
 
 # -- what a leaf is worth ------------------------------------------------------------------------------
@@ -298,6 +314,61 @@ def admission(start: float, waiting: Sequence[Pending], frame: Pending, program:
     return first_leaf_end(start, waiting, frame, program, model_for, max_rows, batching, overhead, ahead)
 
 
+class ArrivalRate:
+    """The rows submitted a second lately: a count decayed with the time constant ``ARRIVAL_S`` (its expectation is
+    the rate times the constant)."""
+
+    __slots__ = ("count", "t")
+
+    def __init__(self, now: float) -> None:
+        self.count, self.t = 0.0, now
+
+    def rate(self, now: float) -> float:
+        """The rate at ``now`` (rows a second), nothing added."""
+        return self.add(now, 0)
+
+    def add(self, now: float, rows: int) -> float:
+        """``rows`` submitted at ``now``; returns the rate (rows a second), these rows counted."""
+        if now > self.t:
+            self.count *= math.exp((self.t - now) / ARRIVAL_S)
+            self.t = now
+        self.count += rows
+        return self.count / ARRIVAL_S
+
+
+def saturated(rate: float, program: Program, model_for: Callable[[int], Any], max_rows: float = INF,
+              batching: bool = True, overhead: float | tuple[float, float] = 0.0) -> bool:  # fmt: skip
+    """Whether first leaves arriving at ``rate`` rows a second would keep the device busy on their own: ``rate``
+    times the cheapest seconds a row - the largest call's median over its rows when frames stack (one row's when
+    they do not), the worker's median per call included - is at least 1. False while nothing measured says."""
+    j = program.at[0]
+    rows = int(max_rows) if batching and max_rows < INF else 1
+    model = model_for(rows)
+    if not (model.known[j] and model.pred[j] < INF):
+        return False
+    return rate * _call(model, j, _overheads(overhead))[1] >= rows
+
+
+def one_call(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
+             model_for: Callable[[int], Any], max_rows: float = INF, batching: bool = True,
+             overhead: float | tuple[float, float] = 0.0, ahead: Sequence[Pending] = ()) -> bool:  # fmt: skip
+    """Whether ``frame``'s first leaf and those ``waiting`` (admitted, not started) would run as one call from
+    ``start``: stacked as :func:`decide` stacks them (the call's prediction ends by the earliest of their
+    deadlines and its median, the worker's per call included, is below their separate calls'), within
+    ``max_rows``. Nothing waiting: True; a late first leaf queued (``ahead``: the device is behind) or a backend
+    that cannot stack with anything waiting: False. Rule 1's test at saturation (the module docstring)."""
+    if ahead:
+        return False
+    if not waiting:
+        return True
+    if not batching or frame.rows + sum(f.rows for f in waiting) > max_rows:
+        return False
+    j, overhead, model_for = program.at[0], _overheads(overhead), _cached(model_for)
+    members = [_member(f, f.deadline, j, model_for(f.rows), overhead) for f in (*waiting, frame)]
+    groups, singles = _batches(start, j, members, model_for, max_rows, overhead)
+    return not singles and len(groups) == 1
+
+
 def first_leaf_end(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,
                    model_for: Callable[[int], Any], max_rows: float = INF, batching: bool = True,
                    overhead: float | tuple[float, float] = 0.0, ahead: Sequence[Pending] = ()) -> float:  # fmt: skip
@@ -363,6 +434,7 @@ def decide(
     overhead: float | tuple[float, float] = 0.0,
     drop_late: bool = False,
     margin: float = 0.0,
+    overload: bool = False,
 ) -> Decision:
     """The policy of the module docstring: which step runs now, for which frames; which frames are delivered.
 
@@ -378,7 +450,8 @@ def decide(
     lags beyond their steady quantile): one stall strikes the sequence, the steps or the answer's hand-out, so it is
     charged as one more call's margin - not subtracted from every deadline on top of the steps' own allowance (beside
     six busy loops 13 ms of each 33 ms went to the one and 12 ms to the other, and one camera's frames stopped at 2.5
-    leaves, 9 ms after they came, where one runner took 9)."""
+    leaves, 9 ms after they came, where one runner took 9). ``overload``: the rows arriving keep the device busy on
+    their own (:func:`saturated`): no refinement runs while a first leaf waits (rule 1)."""
     n_leaves, at, alts, steps = program.num_leaves, program.at, program.alts, program.steps
     overhead = _overheads(overhead)
     finish: list[int] = []
@@ -441,7 +514,8 @@ def decide(
     waiting_late = False
     for it in late:  # first come, first served, as long as the on-time first leaves stay on time
         waiting_late |= not plan.insert(it)
-    if waiting_late:  # a late first leaf waits for the on-time ones, and no refinement goes before it
+    if waiting_late or overload and plan.items:  # a late first leaf waits for the on-time ones, and no refinement
+        # goes before it; at saturation none goes before any first leaf (rule 1: its milliseconds are a new frame's)
         for it in late:
             if it not in plan.items:
                 plan._put(len(plan.items), it)

@@ -48,8 +48,8 @@ from .result import AnytimeResult
 from .runner import AnytimeRunner
 from .session import RunnerClosedError, check_count, check_stop_at, step_together
 from .stalls import STALL_FLOOR_S, SteadyWindow
-from .stream_policy import (Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy, gain_curve,
-                            late_end, read_accuracy)  # fmt: skip
+from .stream_policy import (ArrivalRate, Decision, Pending, accuracy_by_n, admission, admit, decide, expected_accuracy,
+                            gain_curve, late_end, one_call, read_accuracy, saturated)  # fmt: skip
 from .weight import ACTIVE_S, MAX_NICE, MIN_NICE, nice_for_streams, set_thread_nice, supported, thread_nice
 
 __all__ = [
@@ -317,6 +317,7 @@ class StreamScheduler:
         self.nice_refused: str | None = None  # why a lower nice was refused (the first time)
         self._active: dict[int, float] = {}  # stream number -> its last submit, for "streams"
         self._recount_at = -INF
+        self._arrivals = ArrivalRate(self._clock())  # rows submitted a second lately (saturation: stream_policy, 1)
         self._callbacks = Callbacks()
         self._worker = threading.Thread(target=self._work, name="hne-edge-streams", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="hne-edge-streams-deadlines", daemon=True)
@@ -374,7 +375,10 @@ class StreamScheduler:
             now = self._clock()
             running = self._busy_until > -INF
             start, me = self._free_at(now), Pending(key, stop_at - lag, 0, rows, False)
+            rate = self._arrivals.add(t0, rows)
             if own_queued and queued_rows > self.max_rows:  # one call's worth waits (stream_policy, 1): refused unplanned
+                promise = None
+            elif self._beyond_one_call(rate, start, waiting, me, ahead):  # at saturation, from every stream: unplanned
                 promise = None
             else:
                 promise = admission(start, waiting, me, self._program, self._model, self.max_rows, self.batching,
@@ -485,6 +489,16 @@ class StreamScheduler:
             warnings.warn(f"StreamScheduler(nice={nice}): {refused}; its threads keep nice {self.nice}",
                           RuntimeWarning, stacklevel=3)  # fmt: skip
 
+    def _beyond_one_call(self, rate: float, start: float, waiting: list[Pending], frame: Pending,
+                         ahead: list[Pending]) -> bool:  # fmt: skip
+        """Whether, at saturation (``rate`` rows a second lately), ``frame`` would wait for more than the one call of
+        first leaves rule 1 lets wait from every stream (stream_policy's docstring): then it is refused, unplanned.
+        Under the lock."""
+        plan = (self._program, self._model, self.max_rows, self.batching, self._overhead)
+        if not (waiting or ahead) or not saturated(rate, *plan):
+            return False
+        return not one_call(start, waiting, frame, *plan, ahead)
+
     def _model(self, rows: int) -> Any:
         """The cost model at ``rows``, as the policy reads it. Every batch size follows the machine's speed and
         stalls together (the stall model is shared), so a stacked size the scheduler runs now and then needs no
@@ -547,9 +561,11 @@ class StreamScheduler:
                     if self._frames and not out:  # results first: a hand-out never waits for a step planned after it
                         now = self._clock()
                         lag, handout_stall = self._lags(self._handout)  # every answer must be handed out by then
+                        overload = saturated(self._arrivals.rate(now), self._program, self._model, self.max_rows,
+                                             self.batching, self._overhead)  # first leaves first (stream_policy, 1)
                         decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
-                                          self._overhead, self.late == "reject", handout_stall)  # fmt: skip
+                                          self._overhead, self.late == "reject", handout_stall, overload)  # fmt: skip
                         for key in decision.doomed:
                             self._frames[key].late = True
                         for key in decision.drop:  # admitted, and nothing can answer it in time now: taken back

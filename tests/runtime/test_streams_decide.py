@@ -10,6 +10,7 @@ import pytest
 from hne_edge.bundle import read_manifest
 from hne_edge.errors import InputError
 from hne_edge.runtime import AnytimeRunner
+from hne_edge.runtime.stream_policy import ARRIVAL_S, ArrivalRate, one_call, saturated
 from hne_edge.runtime.streams import Pending, accuracy_by_n, admit, decide, expected_accuracy, gain_curve, read_accuracy
 from conftest import REPO
 from runtime_fakes import FakeBackend, make_fake_bundle
@@ -74,6 +75,54 @@ def test_first_leaves_run_earliest_deadline_first_and_before_refinements_that_ca
     frames = [Pending(0, 1.5, 0, 1, False), Pending(2, 2.0, 3, 1, False)]
     d = decide(0.0, frames, program, costs, LEAVES)
     assert d.frames == (0,) and d.finish == ()
+
+
+def test_at_saturation_a_waiting_first_leaf_runs_before_any_refinement(program):
+    """Where arrivals alone keep the device busy, a refinement's milliseconds are a new frame's first leaf refused:
+    at saturation no refinement runs while a first leaf waits, even one EDF would run first (rule 1)."""
+    costs = Costs([1.0] * 16)
+    frames = [Pending(0, 9.0, 0, 1, False), Pending(2, 1.5, 3, 1, False)]
+    assert decide(0.0, frames, program, costs, LEAVES).frames == (2,)  # EDF: the refinement first (it cannot wait)
+    d = decide(0.0, frames, program, costs, LEAVES, overload=True)
+    assert (d.step, d.frames) == (program.at[0], (0,))
+    only_refinements = [Pending(2, 9.0, 3, 1, False)]  # nothing waits for a first leaf: the slack is the refinement's
+    assert decide(0.0, only_refinements, program, costs, LEAVES, overload=True).frames == (2,)
+
+
+def test_the_arrival_rate_reads_a_burst_as_a_count_and_an_overload_as_a_rate():
+    rate = ArrivalRate(0.0)
+    assert rate.add(0.0, 40) == pytest.approx(40 / ARRIVAL_S)  # 40 rows at one instant: 400 rows a second
+    assert rate.rate(10.0) < 1e-3  # and gone 10 s later
+    rate = ArrivalRate(0.0)
+    for k in range(1, 2401):  # 2,400 rows a second for one second
+        got = rate.add(k / 2400, 1)
+    assert got == pytest.approx(2400, rel=0.01)
+
+
+def test_saturation_is_arrivals_at_the_cheapest_seconds_a_row_filling_the_device(program):
+    stacking = Costs([1e-3] * 16, scale=lambda rows: 1 + 0.1 * (rows - 1))  # 8 rows: 1.7 ms, 0.21 ms a row
+    at = 8 / 1.7e-3  # rows a second that fill the device at 8 rows a call
+    assert saturated(at * 1.01, program, stacking, max_rows=8)
+    assert not saturated(at * 0.99, program, stacking, max_rows=8)
+    assert saturated(1.01e3, program, stacking, max_rows=8, batching=False)  # one row a call: 1 ms a row
+    assert not saturated(0.99e3, program, stacking, max_rows=8, batching=False)
+    assert saturated(0.99e3, program, stacking, max_rows=8, batching=False, overhead=2e-5)  # the worker's time counts
+    cold = Costs([float("inf")] * 16)
+    assert not saturated(1e9, program, cold, max_rows=8)  # nothing measured says
+
+
+def test_one_call_is_the_first_leaves_waiting_and_the_new_one_stacked_as_decide_stacks_them(program):
+    stacking = Costs([1.0] * 16, scale=lambda rows: 1 + 0.1 * (rows - 1))
+    me = Pending(9, 5.0, 0, 1, False)
+    assert one_call(0.0, [], me, program, stacking)  # nothing waits
+    waiting = [Pending(0, 1.5, 0, 1, False), Pending(1, 2.0, 0, 1, False)]
+    assert one_call(0.0, waiting, me, program, stacking)  # three rows in 1.2 s: by 1.5
+    assert not one_call(0.4, waiting, me, program, stacking)  # from 0.4 the stack ends at 1.6: the first misses
+    assert not one_call(0.0, waiting, me, program, stacking, max_rows=2)  # more rows than one call holds
+    assert not one_call(0.0, waiting, me, program, stacking, batching=False)  # a backend that cannot stack
+    assert not one_call(0.0, waiting, me, program, Costs([1.0] * 16))  # stacking saves nothing: not one call
+    late = [Pending(5, 0.1, 0, 1, True)]
+    assert not one_call(0.0, [], me, program, stacking, ahead=late)  # a late first leaf queued: the device is behind
 
 
 def test_slack_goes_to_the_step_with_the_highest_value_per_ms(program):
