@@ -337,16 +337,19 @@ class ArrivalRate:
 
 
 def saturated(rate: float, program: Program, model_for: Callable[[int], Any], max_rows: float = INF,
-              batching: bool = True, overhead: float | tuple[float, float] = 0.0) -> bool:  # fmt: skip
+              batching: bool = True, overhead: float | tuple[float, float] = 0.0, min_rows: int = 1) -> bool:  # fmt: skip
     """Whether first leaves arriving at ``rate`` rows a second would keep the device busy on their own: ``rate``
-    times the cheapest seconds a row - the largest call's median over its rows when frames stack (one row's when
-    they do not), the worker's median per call included - is at least 1. False while nothing measured says."""
-    j = program.at[0]
-    rows = int(max_rows) if batching and max_rows < INF else 1
-    model = model_for(rows)
-    if not (model.known[j] and model.pred[j] < INF):
-        return False
-    return rate * _call(model, j, _overheads(overhead))[1] >= rows
+    times the cheapest seconds a row - of a call of ``min_rows`` (the fewest a frame has) and, when frames stack,
+    of the largest call, each its median over its rows, the worker's median per call included - is at least 1.
+    False while nothing measured says. The largest call's model is read only when the smallest call saturates:
+    the worker asks at every decision, and a model refreshed there for nothing is a refresh per step."""
+    j, overhead = program.at[0], _overheads(overhead)
+    sizes = (min_rows, int(max_rows)) if batching and min_rows < max_rows < INF else (min_rows,)
+    for rows in sizes:
+        model = model_for(rows)
+        if not (model.known[j] and model.pred[j] < INF) or rate * _call(model, j, overhead)[1] < rows:
+            return False
+    return True
 
 
 def one_call(start: float, waiting: Sequence[Pending], frame: Pending, program: Program,

@@ -269,6 +269,7 @@ class StreamScheduler:
             lo, _, hi = spec.batch
             self.max_rows = hi if max_rows is None else check_count(max_rows, "max_rows", lo, hi)
             self.batching = bool(batching) and runner.backend.row_batching and self.max_rows > lo
+            self._min_rows = lo
             if isinstance(accuracy, (str, os.PathLike)):
                 accuracy = read_accuracy(accuracy)
             self.gain = gain_curve(accuracy, runner.num_leaves)
@@ -494,10 +495,14 @@ class StreamScheduler:
         """Whether, at saturation (``rate`` rows a second lately), ``frame`` would wait for more than the one call of
         first leaves rule 1 lets wait from every stream (stream_policy's docstring): then it is refused, unplanned.
         Under the lock."""
-        plan = (self._program, self._model, self.max_rows, self.batching, self._overhead)
-        if not (waiting or ahead) or not saturated(rate, *plan):
+        if not (waiting or ahead) or not self._saturated(rate):
             return False
-        return not one_call(start, waiting, frame, *plan, ahead)
+        return not one_call(start, waiting, frame, self._program, self._model, self.max_rows, self.batching,
+                            self._overhead, ahead)  # fmt: skip
+
+    def _saturated(self, rate: float) -> bool:
+        """Whether ``rate`` rows a second keep the device busy with first leaves alone (stream_policy, 1)."""
+        return saturated(rate, self._program, self._model, self.max_rows, self.batching, self._overhead, self._min_rows)
 
     def _model(self, rows: int) -> Any:
         """The cost model at ``rows``, as the policy reads it. Every batch size follows the machine's speed and
@@ -561,8 +566,7 @@ class StreamScheduler:
                     if self._frames and not out:  # results first: a hand-out never waits for a step planned after it
                         now = self._clock()
                         lag, handout_stall = self._lags(self._handout)  # every answer must be handed out by then
-                        overload = saturated(self._arrivals.rate(now), self._program, self._model, self.max_rows,
-                                             self.batching, self._overhead)  # first leaves first (stream_policy, 1)
+                        overload = self._saturated(self._arrivals.rate(now))  # first leaves first (stream_policy, 1)
                         decision = decide(now, [Pending(f.key, f.deadline - lag, f.leaves, f.rows, f.late) for f in self._frames.values()],
                                           self._program, self._model, self.gain, self.max_rows, self.batching,
                                           self._overhead, self.late == "reject", handout_stall, overload)  # fmt: skip

@@ -107,6 +107,8 @@ def test_saturation_is_arrivals_at_the_cheapest_seconds_a_row_filling_the_device
     assert saturated(1.01e3, program, stacking, max_rows=8, batching=False)  # one row a call: 1 ms a row
     assert not saturated(0.99e3, program, stacking, max_rows=8, batching=False)
     assert saturated(0.99e3, program, stacking, max_rows=8, batching=False, overhead=2e-5)  # the worker's time counts
+    dear = Costs([1e-3] * 16, scale=lambda rows: 1 if rows == 1 else 2.5 * rows)  # a stack dearer a row than one
+    assert saturated(1.01e3, program, dear, max_rows=8) and not saturated(0.5e3, program, dear, max_rows=8)
     cold = Costs([float("inf")] * 16)
     assert not saturated(1e9, program, cold, max_rows=8)  # nothing measured says
 
