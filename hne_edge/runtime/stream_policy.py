@@ -100,7 +100,7 @@ __all__ = ["Pending", "Decision", "ArrivalRate", "admit", "admission", "saturate
 INF = math.inf
 ARRIVAL_S = 0.1  # the time constant of the rows-a-second estimate saturation reads (three frame periods at 30 fps): a
 # burst of frames at one instant is a count, not a rate (40 rows at once read 400 rows a second); an overload that
-# lasts is read within a few tenths of a second
+# lasts is read within about a tenth of a second (8 cameras x 300 fps on this CPU: 0.06-0.15 s)
 
 
 # -- what a leaf is worth ------------------------------------------------------------------------------
