@@ -158,10 +158,10 @@ class FakeRunner(Runner):
             b.gate.wait(10)
         def computed(nid):
             b.calls.append(nid)
-            b.clock.t += b.cost(nid, len(inputs[0]))
+            b.charge(b.cost(nid, len(inputs[0])))
 
         outs = unit_forward(b.tree, self.unit, inputs[0], b.classes, computed)
-        b.clock.t += b.call_cost(self.unit, len(inputs[0]))
+        b.charge(b.call_cost(self.unit, len(inputs[0])))
         b.files.append(self.unit.name)
         return outs
 
@@ -182,6 +182,8 @@ class FakeBackend(Backend):
         self.call_cost = call_cost or (lambda unit, batch: 0.0)  # seconds per call on top of its nodes
         self.upload_cost = upload_cost or (lambda batch: 0.0)  # seconds per image upload (a GPU's copy in)
         self.clock = FakeClock()
+        self.queued = False  # True: calls return once queued and the clock waits at to_host (a GPU's), else when done
+        self.device_free = 0.0  # (queued) when the device's last queued work ends
         self.calls: list[str] = []  # nodes computed, in order
         self.files: list[str] = []  # model files run, in order
         self.active = 0
@@ -195,6 +197,21 @@ class FakeBackend(Backend):
     def from_host(self, array):
         self.clock.t += self.upload_cost(len(array))
         return array
+
+    def charge(self, seconds: float) -> None:
+        """A call's cost: on the host's clock, or (``queued``: a GPU's calls return once queued) on the device's
+        timeline, which ``to_host`` and ``synchronize`` wait for."""
+        if self.queued:
+            self.device_free = max(self.device_free, self.clock.t) + seconds
+        else:
+            self.clock.t += seconds
+
+    def to_host(self, handle):
+        self.synchronize()
+        return handle
+
+    def synchronize(self) -> None:
+        self.clock.t = max(self.clock.t, self.device_free)
 
     def close(self) -> None:
         self.closed = True

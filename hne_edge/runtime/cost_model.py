@@ -63,8 +63,9 @@ whose last step ended inside its budget missed it anyway: a virtual-clock replay
 steps (mixed, batch 1) charging each update 60 us misses 3.6-4.9% of budgets, as that run's 6.0% (whose host, at
 load 57 on 16 CPUs, also ran its frames 1.2x slower than their profile). :attr:`_BatchModel.exit` is the
 ``quantile`` of the last ``window`` of them; a step starts only when it and that work after it fit
-(:mod:`.session`), and a forced overrun is judged with it too. (The update after any other step is in the next
-step's measured time, so in its prediction.)
+(:mod:`.session`), and a forced overrun is judged with it too. (The update after any other step is made once
+the next step's calls are issued, :mod:`.session`: on a GPU, whose calls return once queued, it overlaps that
+step's device time; on a CPU it is in that step's measured time, so in its prediction.)
 
 Queries: :meth:`CostModel.predict_step` (what a step is predicted to cost at a batch size: what a budget must
 fit) and :meth:`CostModel.median_step` (its median estimate: what speeds are compared by).

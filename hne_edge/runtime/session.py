@@ -598,6 +598,10 @@ class AnytimeSession:
         now = clock()
         t_forced = now
         reason = "max_leaves" if n_stop < num_leaves else "complete"
+        # a step's time is learned while the next one runs: on a GPU the calls return once queued, so the update
+        # (the host's ~10-40 us a step) overlaps the device's work instead of adding to every step after the first;
+        # a CPU's calls return when done, so there it is where it was, in the next step's time
+        learn = None
         while n < n_stop:
             j = at[n]
             if alts is not None and alts[n]:
@@ -615,11 +619,17 @@ class AnytimeSession:
             step = steps[j]
             alone = first_only and n == 0 and j == at[0] and ends_after_leaf_0(program, now, decide_at, self._fast(j), pred, known)
             run_step(cache, step, alone or step.hi == last)
+            if learn is not None:
+                observe(*learn)
+                learn = None
             logits = to_host(cache[logits_slot])
             t = clock()
             self._absorb(j, logits, t - now)
             if j != unobserved and not alone:
-                observe(j, t - now)
+                if known is not None and known[j]:
+                    learn = (j, t - now)
+                else:  # its first time (it predicts the steps not measured yet): learned before the next decision
+                    observe(j, t - now)
             now = t
             n = step.hi
             if step.lo < n_min <= n:
@@ -627,6 +637,8 @@ class AnytimeSession:
             if alone:  # the first-leaf file exports nothing: the frame ends here, as the budget said it would
                 reason = "budget"
                 break
+        if learn is not None:  # the last step's: after its logits, before the frame's answer (the exit)
+            observe(*learn)
         if self._cancelled and reason != "cancelled" and n < num_leaves and n >= n_min:
             reason = "cancelled"
         if n >= num_leaves:
