@@ -54,18 +54,24 @@ other by 10x or more.
 
 **A run's own work before its first step** (the input check, the image's upload: a synchronous copy of ~0.07 ms
 on an H200) is in a ``run()``'s budget but in no step. :attr:`_BatchModel.entry` is the ``quantile`` of the last
-``window`` of them that were not stalls (:class:`~.stalls.SteadyWindow`), and the forced first step is judged with it (whether an overrun was forced). The next steps
-need no such term: each is decided at the time it would start.
+``window`` of them that were not stalls (:class:`~.stalls.SteadyWindow`), and the forced first step is judged with
+it (whether an overrun was forced). The next steps need no such term: each is decided at the time it would start.
 
-**A run's own work after its last step** (that step's cost-model update, :meth:`_BatchModel.observe`, and the
-session's wrap-up) is in the budget too, and in no step: the last decision is taken before it. Left out, a frame
-whose last step ended inside its budget missed it anyway: a virtual-clock replay of the second H200 run's recorded
-steps (mixed, batch 1) charging each update 60 us misses 3.6-4.9% of budgets, as that run's 6.0% (whose host, at
-load 57 on 16 CPUs, also ran its frames 1.2x slower than their profile). :attr:`_BatchModel.exit` is the
-``quantile`` of the last ``window`` of them; a step starts only when it and that work after it fit
-(:mod:`.session`), and a forced overrun is judged with it too. (The update after any other step is made once
-the next step's calls are issued, :mod:`.session`: on a GPU, whose calls return once queued, it overlaps that
-step's device time; on a CPU it is in that step's measured time, so in its prediction.)
+**A run's own work after its last step** (the session's wrap-up; until 2026-11-29 that step's cost-model update
+too) is in the budget, and in no step: the last decision is taken before it. Left out, a frame whose last step ended
+inside its budget missed it anyway: a virtual-clock replay of the second H200 run's recorded steps (mixed, batch 1)
+charging each update 60 us after the last step misses 3.6-4.9% of budgets, as that run's 6.0% (whose host, at load 57
+on 16 CPUs, also ran its frames 1.2x slower than their profile). :attr:`_BatchModel.exit` is the ``quantile`` of the
+last ``window`` of them; a step starts only when it and that work after it fit (:mod:`.session`), and a forced
+overrun is judged with it too.
+
+**Updates off the deadline.** A step's update (:meth:`_BatchModel.observe`) is made once the next step's calls are
+issued (:mod:`.session`): on a GPU, whose calls return once queued, it overlaps that step's device time; on a CPU it
+is in that step's measured time, so in its prediction. A ``run()``'s last step is kept (:meth:`CostModel.defer`) and
+made once the next frame's first step is issued, or when the model is read (:meth:`CostModel.for_batch`): not after
+the frame's answer is ready, where it was work in the exit. A profile's first measurements (its audit) and a step's
+first are learned at once: they decide what the next decision predicts. Replayed on the H200's traces, the two took
+`mixed` from 0.57 / 0.67 to 0.72 / 0.93 of the plan-achievable oracle's leaves (batch 1 / 16; BENCHMARKS.md).
 
 Queries: :meth:`CostModel.predict_step` (what a step is predicted to cost at a batch size: what a budget must
 fit) and :meth:`CostModel.median_step` (its median estimate: what speeds are compared by).
@@ -523,8 +529,33 @@ class CostModel:
         self.speed = Speed(quantile, self.stalls, min_samples, cold_margin, window)
         self.seeded = False  # the noise seeded from a profile's samples (once, by the first batch size built)
         self._models: dict[int, _BatchModel] = {}
+        self.deferred: tuple[Callable[[int, float], None], int, float] | None = None  # (see defer)
+
+    def defer(self, observe: Callable[[int, float], None], step: int, seconds: float) -> None:
+        """Keep a run()'s last observation (``observe(step, seconds)``) until the next frame's first step is issued
+        (:meth:`session_model`'s sessions make it then) or the model is read (:meth:`for_batch`): it is then off that
+        frame's deadline, and on a GPU it overlaps the next frame's device work."""
+        self.flush()
+        self.deferred = (observe, step, seconds)
+
+    def flush(self) -> None:
+        """Make the observation :meth:`defer` kept, if any."""
+        if self.deferred is not None:
+            observe, step, seconds = self.deferred
+            self.deferred = None
+            observe(step, seconds)
+
+    def session_model(self, batch: int) -> _BatchModel:
+        """The model a frame's session feeds: :meth:`for_batch` without making the deferred observation (the
+        session makes it once its first step is issued)."""
+        return self._model_for(batch)
 
     def for_batch(self, batch: int) -> _BatchModel:
+        """The model of ``batch``, every observation made."""
+        self.flush()
+        return self._model_for(batch)
+
+    def _model_for(self, batch: int) -> _BatchModel:
         model = self._models.get(batch)
         if model is None:
             model = self._models[batch] = self._new_model(batch)

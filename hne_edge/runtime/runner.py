@@ -303,6 +303,12 @@ class AnytimeRunner:
         return self.warmup_report
 
     # -- construction ----------------------------------------------------------
+    def _session_model(self, batch: int) -> Any:
+        """This batch's cost model for a new session, the last frame's deferred observation still kept (the session
+        makes it once its first step is issued); a stand-in cost model without that split gives its ``for_batch``."""
+        cost = self.cost
+        return cost.session_model(batch) if hasattr(cost, "session_model") else cost.for_batch(batch)
+
     def _session(self, handle: Any, batch: int, model: Any = None, program: Program | None = None) -> AnytimeSession:
         """A session over an uploaded image (``model``: the cost model it feeds, default this batch's;
         ``program``: one of the program's routes, default the program)."""
@@ -312,7 +318,7 @@ class AnytimeRunner:
             batch,
             num_classes=self.num_classes,
             class_names=self.class_names,
-            model=self.cost.for_batch(batch) if model is None else model,
+            model=self._session_model(batch) if model is None else model,
             clock=self._clock,
             to_host=self._to_host,
             guard=(self._acquire, self._release),

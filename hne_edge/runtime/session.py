@@ -598,10 +598,13 @@ class AnytimeSession:
         now = clock()
         t_forced = now
         reason = "max_leaves" if n_stop < num_leaves else "complete"
-        # a step's time is learned while the next one runs: on a GPU the calls return once queued, so the update
-        # (the host's ~10-40 us a step) overlaps the device's work instead of adding to every step after the first;
-        # a CPU's calls return when done, so there it is where it was, in the next step's time
-        learn = None
+        # a step's time is learned once the next step's calls are issued: on a GPU they return once queued, so the
+        # update (the host's ~10-40 us a step) overlaps the device's work; a CPU's return when done, so there it is
+        # in the next step's time. A run()'s last step is learned so after the next frame's first step
+        # (CostModel.defer): off this frame's deadline, as the exit it was (the H200's narrow windows: issue 39)
+        model = self._model
+        cost = getattr(model, "cm", None)  # (a stand-in model has none: each step learned at once)
+        learn, deferred = None, cost is not None and cost.deferred is not None
         while n < n_stop:
             j = at[n]
             if alts is not None and alts[n]:
@@ -619,6 +622,9 @@ class AnytimeSession:
             step = steps[j]
             alone = first_only and n == 0 and j == at[0] and ends_after_leaf_0(program, now, decide_at, self._fast(j), pred, known)
             run_step(cache, step, alone or step.hi == last)
+            if deferred:  # the last frame's last step
+                cost.flush()
+                deferred = False
             if learn is not None:
                 observe(*learn)
                 learn = None
@@ -626,10 +632,10 @@ class AnytimeSession:
             t = clock()
             self._absorb(j, logits, t - now)
             if j != unobserved and not alone:
-                if known is not None and known[j]:
+                if known is not None and known[j] and getattr(model, "audit", None) is None:
                     learn = (j, t - now)
-                else:  # its first time (it predicts the steps not measured yet): learned before the next decision
-                    observe(j, t - now)
+                else:  # a first measurement (what the steps not measured yet, or a profile's audit, are judged by):
+                    observe(j, t - now)  # learned before the next decision
             now = t
             n = step.hi
             if step.lo < n_min <= n:
@@ -637,8 +643,11 @@ class AnytimeSession:
             if alone:  # the first-leaf file exports nothing: the frame ends here, as the budget said it would
                 reason = "budget"
                 break
-        if learn is not None:  # the last step's: after its logits, before the frame's answer (the exit)
-            observe(*learn)
+        if learn is not None:
+            if final and cost is not None:
+                cost.defer(observe, *learn)
+            else:  # a session's step(): learned before it returns
+                observe(*learn)
         if self._cancelled and reason != "cancelled" and n < num_leaves and n >= n_min:
             reason = "cancelled"
         if n >= num_leaves:

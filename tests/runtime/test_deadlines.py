@@ -197,20 +197,37 @@ def test_the_cause_a_run_pays_its_upload_before_the_forced_first_step(bundle16, 
     assert sum(r.leaves == 1 for r in missed) >= 0.8 * len(missed)
 
 
+def wrap_up(monkeypatch, seconds: float) -> None:
+    """Charge every run()'s work after its last step (building its answer; on a busy host, more) ``seconds`` of
+    the fake backend's virtual clock."""
+    from hne_edge.runtime.session import AnytimeSession
+
+    loop = AnytimeSession._loop
+
+    def loop_then_wrap_up(self, *args, **kwargs):
+        out = loop(self, *args, **kwargs)
+        self._clock.t += seconds
+        return out
+
+    monkeypatch.setattr(AnytimeSession, "_loop", loop_then_wrap_up)
+
+
 def test_the_work_after_the_last_step_leaves_room_in_every_decision_on_the_h200_trace(bundle16, monkeypatch):
     """The second H200 run (2026-11-26, bench_gpu, mixed, batch 1) missed 6.0% of its budgets (12 of 200 frames, 9 of
     them one-leaf), where the replay of its recorded steps, charging nothing after a run's last step, missed under 1%.
-    A run's own work after its last step (that step's cost-model update, ``_BatchModel.observe``: 9 us median, 43 us
-    p99 on this project's 2-core machine, more on a host at the H200's load of 57 on 16 CPUs) is in the budget, and
-    the last decision comes before it. Replaying the recorded trace with each update charged 60 us and that work left
-    out of every decision (``observe_exit`` off: the exit stays predicted at 0) misses about as often as the H200 did
-    (3.6-4.9%, seeds 0-1), though not with its signature: a third of these misses are one-leaf frames, three quarters
-    on the H200, where the run's own warning (frames at 1.2x their profile) says the host's load took part. With the
-    exit learned and left room for: <= 1%, and fewer frames over budget in all (not the misses relabelled forced)."""
+    A run's own work after its last step (then that step's cost-model update, ``_BatchModel.observe``: 9 us median,
+    43 us p99 on this project's 2-core machine, more on a host at the H200's load of 57 on 16 CPUs; since that update
+    waits for the next frame, the answer's wrap-up) is in the budget, and the last decision comes before it. Replaying
+    the recorded trace with 60 us of work after each run's last step and that work left out of every decision
+    (``observe_exit`` off: the exit stays predicted at 0) misses about as often as the H200 did (with the update as
+    that work: 3.6-4.9%, seeds 0-1), though not with its signature: a third of these misses are one-leaf frames, three
+    quarters on the H200, where the run's own warning (frames at 1.2x their profile) says the host's load took part.
+    With the exit learned and left room for: <= 1%, and fewer frames over budget in all (not the misses relabelled
+    forced)."""
     from hne_edge.runtime.cost_model import _BatchModel
 
     trace, frames = Trace(H200_B1), 1000
-    trace.update[:] = 60e-6
+    wrap_up(monkeypatch, 60e-6)
 
     def over(results):  # (misses, frames over budget whether forced or not)
         return misses(results), sum(not r.met_budget for _, _, r in results)
@@ -238,32 +255,25 @@ def test_a_trace_shorter_than_a_replay_wants_is_replayed_with_what_it_has(bundle
     assert all(r.leaves >= 1 for _, _, r in results)
 
 
-def test_the_exit_prediction_is_learned_from_runs_and_leaves_room_in_every_decision(bundle16):
+def test_the_exit_prediction_is_learned_from_runs_and_leaves_room_in_every_decision(bundle16, monkeypatch):
     """The cost model learns a run()'s time after its last step (its quantile); a step starts only when it and that
     time fit, and a budget that holds the forced leaf but not the exit after it labels the overrun as forced."""
     m = read_manifest(bundle16)
     backend = FakeBackend(m.tree, m.num_classes, cost=lambda node, batch: 0.001)
-    # leaf 0's exporting segment, not the first-leaf file: a frame ending after leaf 0 would run it and skip the update
     runner = AnytimeRunner(bundle16, plan="segments", backend=backend, load_profile=False, warmup=0, first_leaf=False)
     x = np.zeros((1, C, H, W), np.float32)
     runner.run(x)  # every leaf measured, and the exit (0 here: nothing after the last step costs virtual time)
     model = runner.cost.for_batch(1)
-    update = model.observe
-
-    def slow_update(step: int, seconds: float) -> None:  # 0.4 ms of host work after each step
-        update(step, seconds)
-        backend.clock.t += 0.0004
-
-    model.observe = slow_update
-    for _ in range(3):
+    wrap_up(monkeypatch, 0.0004)  # 0.4 ms of work after each run's last step
+    for _ in range(8):  # (past the cost model's cold margin: exact times, exact predictions)
         runner.run(x, max_leaves=2)
     assert model.exit == pytest.approx(0.0004)
-    # leaf 0 (5 nodes) 5 ms, leaf 1 (1 node) 1 ms, each followed by 0.4 ms: 6.4 ms with leaf 1 would end at 6.8 ms
-    r = runner.run(x, budget_ms=6.6)
+    # leaf 0 (5 nodes) 5 ms, leaf 1 (1 node) 1 ms, then 0.4 ms: 6 ms with leaf 1 would end at 6.4 ms
+    r = runner.run(x, budget_ms=6.2)
     assert (r.leaves, r.met_budget) == (1, True)
-    r = runner.run(x, budget_ms=7.2)
+    r = runner.run(x, budget_ms=6.6)
     assert (r.leaves, r.met_budget) == (2, True)
-    r = runner.run(x, budget_ms=5.2)  # leaf 0 fits, its update after it does not: forced, not a miss
+    r = runner.run(x, budget_ms=5.2)  # leaf 0 fits, the work after it does not: forced, not a miss
     assert (r.leaves, r.met_budget, r.overran_min_leaves) == (1, False, True)
 
 
@@ -292,10 +302,11 @@ def test_the_entry_prediction_is_learned_from_runs_and_judges_the_forced_step(bu
 @pytest.mark.parametrize("queued", [False, True], ids=["calls return when done (a CPU)", "return once queued (a GPU)"])
 def test_a_steps_update_is_made_while_the_next_step_runs(bundle16, queued):
     """A step's cost-model update (host work: 9 us median on this project's 2-core machine, more on a busy GPU host)
-    is made after the next step's calls are issued. On a GPU they return once queued and ``to_host`` waits for the
-    device, so the update overlaps the device's work: a frame of 16 one-leaf steps takes its calls' device time plus
-    one update (the last step's, before the answer), where it took 16. Where calls return when done (a CPU) the
-    update stays in the next step's time. The timeline by its equation: every call C seconds, every update U < C."""
+    is made once the next step's calls are issued, and a run()'s last step's once the next frame's first step's are.
+    On a GPU they return once queued and ``to_host`` waits for the device, so every update overlaps the device's work:
+    a frame of 16 one-leaf steps takes its calls' device time alone, where it took 16 updates more. Where calls
+    return when done (a CPU) each update is in the time of the step issued before it: 16 a frame, the first in its
+    first step, none after its last. The timeline by its equation: every call C seconds, every update U < C."""
     call_s, update_s = 200e-6, 30e-6
     m = read_manifest(bundle16)
     backend = FakeBackend(m.tree, m.num_classes, cost=lambda node, batch: 0.0, call_cost=lambda unit, batch: call_s)
@@ -311,34 +322,43 @@ def test_a_steps_update_is_made_while_the_next_step_runs(bundle16, queued):
         backend.clock.t += update_s
 
     model.observe = timed_update
+    runner.run(x)  # its last step's update waits for the next frame
     calls = len(backend.files)
     r = runner.run(x)
     calls = len(backend.files) - calls
     assert r.leaves == 16 and calls >= 16
-    updates = 1 if queued else 16
+    updates = 0 if queued else 16
     assert r.elapsed_ms / 1e3 == pytest.approx(calls * call_s + updates * update_s, rel=1e-6)
+    assert runner.cost.deferred is not None and runner.cost.for_batch(1) is model and runner.cost.deferred is None
+
+
+# leaves vs the plan-achievable oracle on the H200's traces (replayed, calls that return once queued; the mean of
+# seeds 0-2) at least: 6646314, each update between the steps and the last before the answer, reached 0.87 / 0.72 /
+# 0.57 (batch 1) and 0.90 / 0.81 / 0.67 (batch 16) for segments / subtrees / mixed; measured since: 0.96 / 0.86 /
+# 0.71 and 0.99 / 0.97 / 0.93 (a seed moves a plan's figure by up to 0.03)
+OVERLAP_FLOOR = {"b1": {"segments": 0.93, "subtrees": 0.80, "mixed": 0.65},
+                 "b16": {"segments": 0.96, "subtrees": 0.92, "mixed": 0.85}}  # fmt: skip
 
 
 @pytest.mark.parametrize("path", [H200_B1, H200_B16], ids=["b1", "b16"])
 def test_on_a_gpu_the_overlapped_updates_buy_leaves_within_the_same_misses(bundle16, path):
     """The H200's recorded steps replayed on a fake whose calls return once queued, each update charged 30 us of
-    host time (``UPDATE_S``), budgets uniform in [first leaf, full tree]: with the update made while the next step
-    runs every plan reaches more of the plan-achievable oracle's leaves than with it made between the steps (the
-    same replay on a fake whose calls return when done: what the runner did before), and misses <= 1 %. Measured
-    (1000 frames): segments 0.87 -> 0.95 (b1), 0.90 -> 0.98 (b16) of the oracle's leaves; subtrees 0.71 -> 0.83,
-    0.81 -> 0.95; mixed 0.55 -> 0.60, 0.65 -> 0.72 (its whole-tree step fits only the top of the range, and the
-    oracle pays no host work at all)."""
+    host time (``UPDATE_S``), budgets uniform in [first leaf, full tree] (1000 frames, three seeds): with every update
+    made while a step runs on the device, each plan reaches at least ``OVERLAP_FLOOR`` of the plan-achievable oracle's
+    leaves (about half of the way from where it stood to where it is now) and misses <= 1 % in every replay. What the
+    updates cost was lost in narrow windows: one more leaf fits the H200's budgets in 0.03-0.1 ms more, the oracle pays
+    no host work, and the whole tree (mixed) fits only the top few percent of the range."""
     trace, frames = Trace(path), 1000
-    share = {}
+    floor = OVERLAP_FLOOR[path.stem.rsplit("_", 1)[-1]]
     for plan in ("segments", "subtrees", "mixed"):
-        for queued in (False, True):
-            results, runner = replay(bundle16, plan, trace, frames, queued=queued)
-            assert misses(results) <= 0.01 * frames, (plan, queued, misses(results), trace.describe())
+        shares = []
+        for seed in range(3):
+            results, runner = replay(bundle16, plan, trace, frames, seed=seed, queued=True)
+            assert misses(results) <= 0.01 * frames, (plan, seed, misses(results), trace.describe())
             oracle = sum(best_leaves(runner._program, step_times(runner, trace, k), budget - trace.entry[k])
                          for k, budget, _ in results)  # fmt: skip
-            share[plan, queued] = sum(r.leaves for _, _, r in results) / oracle
-        assert share[plan, True] >= share[plan, False] + 0.03, (plan, share, trace.describe())
-    assert share["segments", True] >= 0.93, (share, trace.describe())
+            shares.append(sum(r.leaves for _, _, r in results) / oracle)
+        assert statistics.mean(shares) >= floor[plan], (plan, shares, trace.describe())
 
 
 # -- the oracle: the best the plan could have done, vs the even-split upper bound -----------------------------
