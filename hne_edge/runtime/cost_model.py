@@ -545,17 +545,14 @@ class CostModel:
             self.deferred = None
             observe(step, seconds)
 
-    def session_model(self, batch: int) -> _BatchModel:
-        """The model a frame's session feeds: :meth:`for_batch` without making the deferred observation (the
-        session makes it once its first step is issued)."""
-        return self._model_for(batch)
-
     def for_batch(self, batch: int) -> _BatchModel:
         """The model of ``batch``, every observation made."""
         self.flush()
-        return self._model_for(batch)
+        return self.session_model(batch)
 
-    def _model_for(self, batch: int) -> _BatchModel:
+    def session_model(self, batch: int) -> _BatchModel:
+        """The model a frame's session feeds: :meth:`for_batch` without making the deferred observation (the
+        session makes it once its first step is issued)."""
         model = self._models.get(batch)
         if model is None:
             model = self._models[batch] = self._new_model(batch)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -120,14 +121,7 @@ def replay(bundle, plan, trace: Trace, frames: int, budgets=None, seed: int = 0,
     runner.profile(warmup=0, repeats=profile_repeats, save=False)
     backend.call_cost = real
     backend.upload_cost = lambda batch: trace.entry[frame["k"]]
-    model = runner.cost.for_batch(1)
-    update = model.observe  # the host's time per update, on the virtual clock
-
-    def timed_update(step: int, seconds: float) -> None:
-        update(step, seconds)
-        backend.clock.t += trace.update[frame["k"]]
-
-    model.observe = timed_update
+    time_updates(runner.cost.for_batch(1), backend.clock, lambda: trace.update[frame["k"]])  # the host's, per update
     x = np.zeros((1, C, H, W), np.float32)
 
     def elapsed(**kw) -> float:
@@ -143,6 +137,17 @@ def replay(bundle, plan, trace: Trace, frames: int, budgets=None, seed: int = 0,
         budget = rng.uniform(lo, hi)
         out.append((k, budget, runner.run(x, budget_ms=budget * 1e3)))
     return out, runner
+
+
+def time_updates(model, clock, seconds: Callable[[], float]) -> None:
+    """Charge each of ``model``'s updates (``observe``: host work after a step) ``seconds()`` of the virtual clock."""
+    update = model.observe
+
+    def timed_update(step: int, took: float) -> None:
+        update(step, took)
+        clock.t += seconds()
+
+    model.observe = timed_update
 
 
 def misses(results) -> int:
@@ -315,13 +320,7 @@ def test_a_steps_update_is_made_while_the_next_step_runs(bundle16, queued):
     x = np.zeros((1, C, H, W), np.float32)
     runner.run(x)  # every step measured once
     model = runner.cost.for_batch(1)
-    update = model.observe
-
-    def timed_update(step: int, seconds: float) -> None:
-        update(step, seconds)
-        backend.clock.t += update_s
-
-    model.observe = timed_update
+    time_updates(model, backend.clock, lambda: update_s)
     runner.run(x)  # its last step's update waits for the next frame
     calls = len(backend.files)
     r = runner.run(x)
