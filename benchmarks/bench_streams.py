@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             return AnytimeRunner(bundle, backend=backend, device=args.device, plan=args.plan, threads=threads, warmup=2)
 
         with open_runner() as runner:  # one profile for every runner of this thread count (saved in the bundle)
-            runner.profile(batch_sizes=(1, 2, 4, 8), warmup=5, repeats=30 if not args.smoke else 5)
+            lo, _, hi = runner.input_spec.batch  # every size the scheduler stacks measured, or between two measured
+            runner.profile(batch_sizes=sorted({b for b in (lo, 2, 4, 8, hi) if lo <= b <= hi}), warmup=5,
+                           repeats=30 if not args.smoke else 5)
             spec = runner.input_spec
         frames = np.random.default_rng(0).standard_normal((64, spec.channels, *spec.spatial)).astype(spec.dtype)
         rates = [float(r) for r in args.rates.split(",")] if args.rates else None

@@ -40,7 +40,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from ..errors import HNEError, InputError
-from .cost_model import profile_at_batch
+from .cost_model import profile_measures
 from .callbacks import Callbacks
 from .inputs import check_input
 from .program import Program
@@ -217,9 +217,11 @@ class StreamScheduler:
             thread woken late or the interpreter's lock held, handed answers out 0-1 ms late at 8 cameras
             (``benchmarks/bench_streams.py``: at 0, 0.5 and 1 ms, 0.9%, 0.3% and 0.1% of the frames missed, 1
             thread; 1.4%, 0.5% and 0.2% with 2). 0: none.
-        profile: when the runner's cost profile does not cover 1 row and ``max_rows`` rows, measure one first
-            (``runner.profile(batch_sizes=(min batch, max_rows), warmup=3, repeats=20, save=False)``): a deadline
-            needs a prediction, and a batch size nothing measured is never stacked.
+        profile: when the runner's cost profile has not measured the bundle's min batch and ``max_rows`` rows (nor
+            sizes around them: :func:`~.cost_model.profile_measures`), measure those first
+            (``runner.profile(batch_sizes=..., warmup=3, repeats=20, save=False)``, kept beside the profile's
+            sizes): a deadline needs a prediction, a batch size nothing measured is never stacked, and an
+            extrapolated one is a guess an overload's first stacked calls miss by.
         nice: the weight of the scheduler's two threads (its worker, its deadline watcher) on a CPU shared with
             other work (:mod:`.weight`). "streams" (default): the nice whose kernel weight is one ordinary thread's
             per stream that submitted in the last second - the share of the CPU K runners would have had, followed
@@ -274,8 +276,9 @@ class StreamScheduler:
                 accuracy = read_accuracy(accuracy)
             self.gain = gain_curve(accuracy, runner.num_leaves)
             sizes = sorted({lo, self.max_rows if self.batching else lo})
-            if profile and any(profile_at_batch(runner.profile_data, b) is None for b in sizes):
-                runner.profile(batch_sizes=sizes, warmup=3, repeats=20, save=False)
+            unmeasured = [b for b in sizes if not profile_measures(runner.profile_data, b)]
+            if profile and unmeasured:
+                runner.profile(batch_sizes=unmeasured, warmup=3, repeats=20, save=False)
             # admission plans stacked calls of every size from an overload's first frames: a cost model built inside
             # submit cost it 0.8 ms (13 ms for all sizes), and a submitting thread that falls behind holds the worker
             for rows in range(lo, self.max_rows + 1):

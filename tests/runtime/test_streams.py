@@ -688,6 +688,36 @@ def test_without_a_profile_a_batch_size_is_predicted_from_the_calls_that_ran(bun
         assert runner.cost.for_batch(1).known[0] and runner.cost.for_batch(2).known[0]
 
 
+def superlinear_cost(node, batch):  # virtual seconds per node, growing faster than the rows (a CPU's caches)
+    return 1e-4 * batch**1.5
+
+
+def test_a_stacked_size_the_profile_only_extrapolates_is_measured_when_the_scheduler_opens(bundle):
+    """A profile of 1 and 2 rows predicts an 8-row call by extrapolation (their slope), short of what it costs here;
+    the scheduler stacks 8 rows from an overload's first frames, so it measures them when it opens, and keeps the
+    profile's sizes beside them. (A CPU profile of 1-8 rows predicted 16 rows at 5.7 ms that took 8.3-14 ms: at 8
+    cameras x 300 fps the first stacked calls' frames missed, 3-27 of them a run, until the model learned it.)"""
+    m = read_manifest(bundle)
+    runner = AnytimeRunner(bundle, backend=FakeBackend(m.tree, m.num_classes, superlinear_cost), load_profile=False,
+                           warmup=0)  # fmt: skip
+    runner.profile(batch_sizes=(1, 2), warmup=0, repeats=3, save=False)
+    leaf0 = 5 * superlinear_cost("b0.0", 8)  # the first leaf: a chain of 5 nodes
+    assert runner.cost.median_step(0, 8) < 0.7 * leaf0  # the guess the scheduler must not plan on
+    with StreamScheduler(runner, budget_ms=1e3, max_rows=8, guard_ms=0.0) as streams:
+        assert sorted(runner.profile_data.batches) == [1, 2, 8]
+        assert runner.cost.median_step(0, 8) == pytest.approx(leaf0, rel=1e-6)
+        assert streams.submit(0, frame(0)).result(10).leaves == 16
+
+
+def test_a_profile_that_measured_around_every_stacked_size_is_used_as_it_is(bundle):
+    m = read_manifest(bundle)
+    runner = AnytimeRunner(bundle, backend=FakeBackend(m.tree, m.num_classes, superlinear_cost), load_profile=False,
+                           warmup=0)  # fmt: skip
+    profile = runner.profile(batch_sizes=(1, 8), warmup=0, repeats=3, save=False)
+    with StreamScheduler(runner, budget_ms=1e3, max_rows=4, guard_ms=0.0):
+        assert runner.profile_data is profile  # 4 rows lie between two measured sizes: nothing measured again
+
+
 @pytest.mark.parametrize("stall_s", [0.05, 1.5])
 def test_a_stall_inside_a_first_leaf_rejects_no_later_frame(bundle, stall_s):
     """One call of a first leaf meets a 50 ms or 1.5 s stall (a capture on a GPU, a pre-emption, a collection); the
