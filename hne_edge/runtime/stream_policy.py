@@ -43,8 +43,9 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
    member) and the device served its dearest calls, one row at a time; and every frame queued was Python planned
    at each submit and each call. At 8 cameras x 300 fps (bench_streams, this CPU) the worker waited for the
    interpreter's lock 45-58 % of its call time and 5-12 % of the admitted frames ran late; with the rule it
-   stacks 2-16 rows a call, serves three times the frames, and 0.2-2.5 % run late (BENCHMARKS.md, Streams: a few
-   before the rate is read, and the frames of a stacked call a stall struck). On exact costs
+   stacks 2-16 rows a call, serves three times the frames, and 0-1 % run late a run (BENCHMARKS.md, Streams: the
+   frames of a stacked call a stall struck, and some runs' first 15 ms, while every call is 1.5-2x its quiet
+   profile and the speed not followed yet). On exact costs
    (tests/runtime/test_streams_policy.py) it serves 7 % more frames where stacking pays and 5 % fewer where it
    saves nothing. Below saturation - a camera at its nominal rate, a stall's backlog, a burst (40 rows at one
    instant read 400 a second) - nothing changes.
