@@ -156,7 +156,7 @@ def bench_batch(runner, standalone, batch, args, rng, runner_no_first=None):
     loaded = None
     if args.load_seconds:
         with normal_priority(), cpu_load(os.cpu_count(), args.load_seconds) as still_loaded:  # loops must not inherit SCHED_FIFO
-            runner.cost = fresh_cost_model(runner)
+            runner.use_profile(runner.profile_data)  # a fresh cost model: not the one the quiet frames taught
             full = median_ms([timed(lambda: runner.run(x)) for _ in range(30)])  # the full tree under this load
             loaded = {"full_ms": full, "budget_ms": 2 * full, "processes": os.cpu_count()}
             loaded.update(deadline_frames(runner, x, [2 * full] * args.load_frames, gap))
@@ -174,11 +174,6 @@ def bench_batch(runner, standalone, batch, args, rng, runner_no_first=None):
         "deadlines": quiet,
         "loaded": loaded,
     }
-
-
-def fresh_cost_model(runner):
-    """The cost model the runner builds from its profile, fresh: one that has not learned the frames before."""
-    return runner._cost_model(runner.profile_data)
 
 
 def deadline_frames(runner, x, budgets, gap):
