@@ -710,6 +710,7 @@ def test_a_stacked_size_the_profile_only_extrapolates_is_measured_when_the_sched
 
 
 def test_a_profile_that_measured_around_every_stacked_size_is_used_as_it_is(bundle):
+    """Sizes between two measured ones are interpolated from measurements: the scheduler opens without measuring."""
     m = read_manifest(bundle)
     runner = AnytimeRunner(bundle, backend=FakeBackend(m.tree, m.num_classes, superlinear_cost), load_profile=False,
                            warmup=0)  # fmt: skip
