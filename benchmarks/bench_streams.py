@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overload_fps = 0.0 if args.smoke else 300.0
 
     from hne_edge.runtime import AnytimeRunner
-    from hne_edge.runtime.bench import camera_arrivals, replay_streams, summarize_streams
+    from hne_edge.runtime.bench import camera_arrivals, replay_streams, stream_profile_sizes, summarize_streams
     from hne_edge.runtime.streams import accuracy_by_n, read_accuracy
 
     cuda = args.device.startswith("cuda")
@@ -262,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             return AnytimeRunner(bundle, backend=backend, device=args.device, plan=args.plan, threads=threads, warmup=2)
 
         with open_runner() as runner:  # one profile for every runner of this thread count (saved in the bundle)
-            lo, _, hi = runner.input_spec.batch  # every size the scheduler stacks measured, or between two measured
-            runner.profile(batch_sizes=sorted({b for b in (lo, 2, 4, 8, hi) if lo <= b <= hi}), warmup=5,
+            runner.profile(batch_sizes=stream_profile_sizes(runner.input_spec.batch), warmup=5,
                            repeats=30 if not args.smoke else 5)
             spec = runner.input_spec
         frames = np.random.default_rng(0).standard_normal((64, spec.channels, *spec.spatial)).astype(spec.dtype)

@@ -326,7 +326,7 @@ def _streams(value: str) -> tuple[int, ...]:
 def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods, accuracy, guard_ms, as_json, backend,
                   device, plan, precision, threads, cuda_graph, quiet):  # fmt: skip
     """Several cameras, one device: replay K cameras in real time through the stream scheduler and its baselines."""
-    from ..runtime.bench import STREAM_METHODS, camera_arrivals, replay_streams, summarize_streams
+    from ..runtime.bench import STREAM_METHODS, camera_arrivals, replay_streams, stream_profile_sizes, summarize_streams
     from ..runtime.cost_model import profile_measures
     from ..runtime.streams import accuracy_by_n, gain_curve, read_accuracy
 
@@ -340,8 +340,7 @@ def bench_streams(bundle, streams, fps, seconds, deadline_ms, jitter_ms, methods
     record = read_accuracy(accuracy) if accuracy else None
     rows = []
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:  # measures once for every runner
-        lo, _, hi = runner.input_spec.batch
-        sizes = sorted({lo, *(b for b in (2, 4, 8) if lo <= b <= hi), hi})  # hi: the most rows the scheduler stacks
+        sizes = stream_profile_sizes(runner.input_spec.batch)
         if any(not profile_measures(runner.profile_data, b) for b in sizes):
             with progress_for(None, "profile", "pass", quiet=quiet) as progress:
                 runner.profile(batch_sizes=sizes, warmup=3, repeats=20, save=False, progress=progress)

@@ -24,7 +24,7 @@ from .runner import AnytimeRunner
 from .session import check_count
 
 __all__ = ["level_latencies", "level_accuracy", "load_arrays", "frame_oracles", "Arrival", "camera_arrivals",
-           "replay_streams", "summarize_streams", "STREAM_METHODS"]
+           "stream_profile_sizes", "replay_streams", "summarize_streams", "STREAM_METHODS"]
 
 
 MIN_SAMPLES, DURATION_S = 100, 3.0  # bench's defaults: a p99 of at least 100 samples, and trtexec's 3 s
@@ -258,6 +258,13 @@ def _pin(cores: Sequence[int] | None, thread_id: int = 0) -> None:
     """Pin a thread (0: the calling one) to ``cores`` where the platform can (Linux); None: leave it."""
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(thread_id, cores)
+
+
+def stream_profile_sizes(batch: tuple[int, int, int]) -> list[int]:
+    """The batch sizes a streams replay profiles, of a bundle's ``(min, opt, max)``: 2, 4, 8 for the stacked calls'
+    curve and both ends - the max being the most rows a scheduler stacks, so no size it runs is extrapolated."""
+    lo, _, hi = batch
+    return sorted({b for b in (lo, 2, 4, 8, hi) if lo <= b <= hi})
 
 
 def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.ndarray, arrivals: Sequence[Arrival],
