@@ -39,7 +39,8 @@ FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss"
 @click.option("--epochs", type=int, default=None, help="Epochs (under --time-budget: the most it may run).")
 @click.option("--time-budget", default=None,
               help="Train for this long instead (7m, 90s, 1h30m or seconds): the first steps are timed, then the number "
-                   "of steps is fixed so that the schedule, validations and checkpoints end inside it.")
+                   "of steps is fixed so that the schedule, validations and checkpoints end inside it (and shortened "
+                   "if the work slows down later).")
 @click.option("--batch-size", default=None,
               help="Global batch size (split across processes), or auto: 512 on CUDA, 128 on a CPU (the cifar preset's).")
 @click.option("--lr", type=float, default=None,

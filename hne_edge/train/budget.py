@@ -88,10 +88,19 @@ class _TimeBudget:
     the budget kept for the unforeseen) and the schedule is fitted to them (``_Schedule.fit_to``). The plan
     is part of the checkpoint: a resumed run keeps it. Under DDP the window is a fixed number of steps on every
     process and the smallest plan wins.
+
+    The budget is a deadline, not a forecast: after the plan, :data:`CHECKS` times in its steps (:meth:`_check`),
+    the time the run took since the plan is compared with what the plan said that work would take (its steps,
+    epoch ends and validations). Running slower (a neighbour, a throttled clock: 2026-11-29, a smoke run whose
+    epochs slowed from 0.80 s to 0.95 s used 1.03 of its budget), the rest is priced at that ratio and, when it no
+    longer ends inside half of the :data:`MARGIN`, the schedule is shortened to what fits (``_Schedule.shorten``:
+    no jump in the rate, the schedule still run to its end). Never lengthened: a run that speeds up ends early.
+    A resumed run keeps the plan its first call fixed (its budget's clock started again).
     """
 
     SKIP, MIN_STEPS, MAX_STEPS, MARGIN = 2, 5, 200, 0.015
     RUSHED = 0.1  # past this fraction of the budget, one timed step is enough (and no step is skipped)
+    CHECKS = 20  # times in the planned steps the run's pace is checked against the plan
 
     def __init__(self, budget_s: float, started: float, schedule: _Schedule, steps_per_epoch: int, max_epochs: int,
                  warmup_epochs: float, eval_every: int, device: torch.device, world_size: int, *,
@@ -109,6 +118,9 @@ class _TimeBudget:
         self.last: float | None = None  # the end of the last timed step of the open stretch
         self.epoch_end: float | None = None  # when the last epoch's last step ended
         self.gaps: list[tuple[float, bool]] = []  # epoch ends as they happened: (seconds, validated)
+        self.since: tuple[float, int] | None = None  # (clock, steps done) when the plan was fixed or last checked...
+        self.ends_since = self.vals_since = 0  # ... and the epoch ends (validated ones) since the plan was fixed
+        self.check_every = 1
 
     def _now(self, sync: bool) -> float:
         if sync and self.device.type == "cuda":
@@ -119,12 +131,15 @@ class _TimeBudget:
         """A new epoch: the stretch of timed steps closed at the last one's end; the end itself is timed."""
         if self.plan is None and self.epoch_end is not None:
             self.gaps.append((self.clock() - self.epoch_end, validated))
+        elif self.since is not None:  # an epoch end the plan priced has happened
+            self.ends_since += 1
+            self.vals_since += validated
         self.last = self.epoch_end = None
 
-    def after_step(self, step: int, epoch_steps: int, done_steps: int) -> bool:
-        """Time the step that just ended; True when this step fixed the plan."""
+    def after_step(self, step: int, epoch_steps: int, done_steps: int) -> str | None:
+        """Time the step that just ended; the line to show when this step fixed the plan or shortened it."""
         if self.plan is not None:
-            return False
+            return self._check(done_steps)
         self.seen += 1
         ends_epoch = step >= epoch_steps
         rushed = self.world_size == 1 and self.clock() - self.started >= self.RUSHED * self.budget_s  # slow steps: time what there is
@@ -134,7 +149,7 @@ class _TimeBudget:
             if ends_epoch:
                 self.epoch_end = self.last = self._now(sync=True) if self.last is None else self.last
                 self.last = None
-            return self._fallback(done_steps)
+            return self.describe() if self._fallback(done_steps) else None
         now = self._now(sync=ends_epoch)  # a stretch closes synchronised at the epoch's end
         self.window_t += now - self.last
         self.window_n += 1
@@ -147,13 +162,13 @@ class _TimeBudget:
             done = (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s) or self.window_n >= self.MAX_STEPS \
                 or rushed
         if not done:
-            return False
+            return None
         if not ends_epoch:
             synced = self._now(sync=True)
             self.window_t += synced - now
         full = self.window_n >= self.MAX_STEPS or (self.window_n >= self.MIN_STEPS and self.window_t >= self.window_s)
         self.fix(done_steps, short=None if full or self.world_size > 1 else "rushed")
-        return True
+        return self.describe()
 
     def _fallback(self, done_steps: int) -> bool:
         """Epochs too short to time a step in (one step each): plan from the whole run's rate after a while."""
@@ -185,11 +200,49 @@ class _TimeBudget:
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
             total = int(t.item())
         self.schedule.fit_to(total, self.steps_per_epoch, self.warmup_epochs)
+        self.since, self.check_every = (self.clock(), done_steps), max(1, (total - done_steps) // self.CHECKS)
         self.plan = {"budget_s": self.budget_s, "total_steps": total, "epochs": total / self.steps_per_epoch,
                      "steps_per_epoch": self.steps_per_epoch, "fixed_at_step": done_steps, "fixed_at_s": round(elapsed, 3),
                      "step_s": step_s, "timed_steps": self.window_n, "timed_s": round(self.window_t, 4), "short_window": short,
                      "window_s": self.window_s, "validation_s": val_s, "checkpoint_s": end_s,
-                     "timed_epoch_ends": len(self.gaps), "capped_by_epochs": total == self.max_epochs * self.steps_per_epoch}  # fmt: skip
+                     "timed_epoch_ends": len(self.gaps), "capped_by_epochs": total == self.max_epochs * self.steps_per_epoch,
+                     "planned_steps": total, "shortened": []}  # fmt: skip  (shortened: each time _check cut the plan)
+
+    def _check(self, done_steps: int) -> str | None:
+        """Every ``check_every`` steps after the plan: shorten it when the run, at its pace since the plan, no longer
+        ends inside half of the margin (see the class docstring); the line to show when it did. Under DDP every
+        process checks at the same steps and the shortest plan wins."""
+        if self.resumed or self.since is None:
+            return None
+        since_t, since_steps = self.since
+        total = self.schedule.total_steps
+        if done_steps <= since_steps or (done_steps - since_steps) % self.check_every or done_steps >= total \
+                or done_steps < self.schedule.warmup_steps:  # fmt: skip
+            return None
+        now = self._now(sync=True)
+        p = self.plan
+        planned = (done_steps - since_steps) * p["step_s"] + self.ends_since * p["checkpoint_s"] \
+            + self.vals_since * p["validation_s"]  # fmt: skip
+        pace = (now - since_t) / planned if planned > 0 else 1.0
+        new = total
+        if pace > 1.0:
+            priced = dict(elapsed_s=now - self.started, done_steps=done_steps, step_s=p["step_s"] * pace,
+                          steps_per_epoch=self.steps_per_epoch, max_steps=total, epoch_end_s=p["checkpoint_s"] * pace,
+                          val_s=p["validation_s"] * pace, eval_every=self.eval_every)  # fmt: skip
+            if plan_steps(budget_s=self.budget_s * (1 - self.MARGIN / 2), **priced) < total:
+                new = plan_steps(budget_s=self.budget_s * (1 - self.MARGIN), **priced)
+        if self.world_size > 1:
+            t = torch.tensor([new], dtype=torch.long, device=self.device if self.device.type == "cuda" else "cpu")
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            new = int(t.item())
+        if new >= total:
+            return None
+        self.schedule.shorten(done_steps, new)
+        p.update(total_steps=new, epochs=new / self.steps_per_epoch, capped_by_epochs=False)
+        p["shortened"].append({"at_step": done_steps, "at_s": round(now - self.started, 3), "pace": round(pace, 3),
+                               "total_steps": new})  # fmt: skip
+        return (f"time budget {format_duration(self.budget_s)}: the work since the plan took {pace:.2f}x the time it "
+                f"planned; the schedule now ends at step {new} ({new / self.steps_per_epoch:.1f} epochs, was {total})")
 
     def record(self) -> dict[str, Any] | None:
         """The plan as the checkpoint and the log keep it (with the seconds used so far), or None before it is fixed."""
@@ -222,5 +275,9 @@ class _TimeBudget:
         if self.resumed:
             return (f"time budget {format_duration(self.budget_s)}: the resumed run ended the schedule its first call fixed "
                     f"({p.get('epochs', 0):.2f} epochs, {p.get('total_steps')} steps)")
+        cut = p.get("shortened") or []
+        shortened = (f"; shortened {len(cut)} time{'s' if len(cut) > 1 else ''} from {p['planned_steps']}, the work "
+                     f"running up to {max(c['pace'] for c in cut):.2f}x the time planned" if cut else "")  # fmt: skip
+        used = f"{format_duration(used_s)} ({100 * used_s / self.budget_s:.1f}% of it)"
         return (f"time budget {format_duration(self.budget_s)}: the schedule ended after {p.get('epochs', 0):.2f} epochs "
-                f"({p.get('total_steps')} steps) in {format_duration(used_s)} ({100 * used_s / self.budget_s:.1f}% of it)")
+                f"({p.get('total_steps')} steps{shortened}) in {used}")

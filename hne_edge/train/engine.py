@@ -502,9 +502,9 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             steps_run += 1
             if estimate is not None:
                 estimate.after_step(step)
-            if budget is not None and budget.after_step(step, epoch_steps(epoch), done_steps + steps_run):
-                progress.total = schedule.total_steps
-                progress.write(budget.describe())
+            if budget is not None and (line := budget.after_step(step, epoch_steps(epoch), done_steps + steps_run)):
+                progress.total = schedule.total_steps  # the plan fixed, or shortened
+                progress.write(line)
             return (interrupt.requested or (stop_after_steps is not None and steps_run >= stop_after_steps)
                     or step >= epoch_steps(epoch))  # fmt: skip
 
