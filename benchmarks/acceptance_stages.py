@@ -593,6 +593,8 @@ class StageRuns:
                    "--parent-command", shlex.join([Path(sys.executable).name, *sys.argv])]  # fmt: skip
             if i:
                 cmd += ["--no-config-file"]  # OUT keeps to 8 files: the config is in the record
+            if getattr(self.args, "reference_ema", None) is not None:
+                cmd += ["--ema", f"{self.args.reference_ema:g}"]
             if self.args.smoke:  # a reserve of a sixth of the share: a time budget's plan is fixed from its first
                 # seconds, and a CPU that slows after it overran the plan by 3 % alone and by 13 % under a test suite
                 cmd += ["--device", "cpu", "--model", "hne_tiny", "--batch-size", "32", "--limit", "96", "--threads", "1",

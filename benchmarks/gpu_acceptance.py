@@ -348,6 +348,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--test-parts", nargs="+", default=None, metavar="FOLDER", help="the test set as npz_chunks.py parts")
     p.add_argument("--reference-objectives", nargs="+", default=["hierarchical"], choices=REFERENCE_OBJECTIVES,
                    help="the reference stage's objectives, each to its share of the time (default: %(default)s)")
+    p.add_argument("--reference-ema", type=float, default=None, metavar="DECAY",
+                   help="the reference stage trains with an average of the weights (train --ema DECAY; default: off)")
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES),
                    help="cifar_losses.py run names for the losses stage (LOSS[@WEIGHTING][+NORMALIZE]; default: %(default)s)")
     p.add_argument("--loss-model", default="hne_resnet_small")

@@ -82,7 +82,9 @@ def reference_config(args: argparse.Namespace, budget_s: float):
         "eval_every": args.eval_every, "time_budget": round(budget_s, 1), "compile": False,
     }  # fmt: skip
     if args.batch_size:
-        overrides["optim"] = {"batch_size": args.batch_size}
+        overrides.setdefault("optim", {})["batch_size"] = args.batch_size
+    if getattr(args, "ema", None) is not None:  # an option to measure beside the paper's recipe (issue 41); off
+        overrides.setdefault("optim", {})["ema"] = args.ema
     return TrainConfig.from_preset("cifar", overrides)
 
 
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=None, help="default: the cifar preset's (auto)")
     p.add_argument("--limit", type=int, default=None, help="train on this many images (smoke runs)")
+    p.add_argument("--ema", type=float, default=None,
+                   help="deliver an exponential moving average of the weights with this decay per step (optim.ema)")
     p.add_argument("--eval-every", type=int, default=5, help="validate every this many epochs (and after the last)")
     p.add_argument("--no-config-file", action="store_true", help="keep the config only inside record.json")
     p.add_argument("--parent-command", default=None, help="the command that ran this one (for the record)")

@@ -102,11 +102,13 @@ def test_the_streams_stage_replays_cameras_of_different_rates_for_both_plans_and
 
 def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export_accept(tmp_path):
     """--smoke --stages reference: hne_tiny on synthetic CIFAR parts (joined, as the real ones), two objectives, each to its
-    share of the time; OUT holds at most 8 files, at most 2 folders deep (what a GPU machine hands back); the
-    checkpoint is what `hne-edge eval` and `hne-edge export` read, and the record says how it was made."""
+    share of the time, both with an average of the weights (--reference-ema: issue 41's option); OUT holds at most 8
+    files, at most 2 folders deep (what a GPU machine hands back); the checkpoint is what `hne-edge eval` and
+    `hne-edge export` read, and the record says how it was made."""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--stages", "reference", "--out", str(out), "--work",
-                           str(work), "--reference-objectives", "hierarchical", "independent"],
+                           str(work), "--reference-objectives", "hierarchical", "independent",
+                           "--reference-ema", "0.9"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
@@ -123,6 +125,7 @@ def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export
     assert record["config"]["loss"] == {"kind": "hierarchical", "alpha": 0.5, "temperature": 2.0, "weighting": "paper",
                                         "temperature_squared": False, "normalize": "none"}  # fmt: skip
     assert record["config"]["data"]["holdout"] == "last" and record["data"]["validation_images"] == 26  # 10% of 256
+    assert record["config"]["optim"]["ema"] == 0.9
     assert record["images_seen"] > 0 and record["plan"]["total_steps"] * 32 == record["images_seen"]
     assert [r["n"] for r in record["held_out"]] == list(range(1, 17)) and record["machine"]["torch"]
     assert json.loads((out / "independent" / "record.json").read_text())["config"]["loss"]["kind"] == "independent"

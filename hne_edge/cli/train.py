@@ -50,6 +50,9 @@ FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss"
 @click.option("--warmup-epochs", type=float, default=None,
               help="When the rate is scaled up, rise to it linearly from --lr over this many epochs (the cifar preset: 2).")
 @click.option("--weight-decay", type=float, default=None)
+@click.option("--ema", type=float, default=None,
+              help="Keep an exponential moving average of the weights with this decay per step (such as 0.999) and "
+                   "deliver it: validations, the checkpoint and exports use it (default: off, the paper's recipe).")
 @click.option("--accum-steps", type=int, default=None, help="Micro-batches per step (gradient accumulation).")
 @click.option("--seed", type=int, default=None)
 @click.option("--val-split", type=float, default=None, help="Fraction of training images held out for validation.")
@@ -71,8 +74,9 @@ FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss"
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Processes for DDP (spawns torch.distributed.run).")
 @names_typed_flags
 def train(data, data_dir, download, model, tree, loss, alpha, temperature, weighting, temperature_squared, normalize, epochs,
-          time_budget, batch_size, lr, lr_batch, warmup_epochs, weight_decay, accum_steps, seed, val_split, holdout, limit,
-          val_limit, out, resume, config_path, preset, pointwise, device, threads, quiet, nproc_per_node):
+          time_budget, batch_size, lr, lr_batch, warmup_epochs, weight_decay, ema, accum_steps, seed, val_split,
+          holdout, limit, val_limit, out, resume, config_path, preset, pointwise, device, threads, quiet,
+          nproc_per_node):
     """Train an HNE; with no options, hne_tiny on the bundled digits (~20 s on a CPU).
 
     With only --data, the run starts from the matching paper preset (cifar10/cifar100/npz: cifar,
@@ -109,7 +113,8 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
                        ("temperature_squared", temperature_squared), ("normalize", normalize)):
         put("loss", key, value)
     for key, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr), ("lr_batch", lr_batch),
-                       ("warmup_epochs", warmup_epochs), ("weight_decay", weight_decay), ("accum_steps", accum_steps)):
+                       ("warmup_epochs", warmup_epochs), ("weight_decay", weight_decay), ("accum_steps", accum_steps),
+                       ("ema", ema)):
         put("optim", key, value)
     for key, value in (("seed", seed), ("out", out), ("device", device), ("threads", threads), ("quiet", quiet),
                        ("time_budget", time_budget), ("pointwise", pointwise)):

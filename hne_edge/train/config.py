@@ -189,6 +189,13 @@ class OptimConfig:
         schedule: cosine (to 0 over all iterations after the warm-up), step (x0.1 at 50% and 75%) or constant.
         accum_steps: split each batch into this many micro-batches and accumulate gradients
             (same update as one batch, up to BatchNorm statistics per micro-batch).
+        ema: keep an exponential moving average of the weights and BatchNorm statistics, updated after every
+            step with this decay (``torch.optim.swa_utils``: ``avg = decay * avg + (1 - decay) * weights``, the
+            first step's weights to start from; 0.999 averages over about the last 1,000 steps), and deliver it:
+            validations, the checkpoint's weights and so every export and evaluation use the average; the weights
+            as trained stay in the checkpoint beside it for ``--resume``. null (default): the paper's recipe, the
+            weights as trained. A window ``1 / (1 - decay)`` beyond a tenth of the run's steps mostly averages
+            early weights.
     """
 
     epochs: int = 200
@@ -201,9 +208,12 @@ class OptimConfig:
     weight_decay: float = 5e-4
     schedule: str = "cosine"
     accum_steps: int = 1
+    ema: float | None = None
 
     def __post_init__(self) -> None:
         _expect(_is_int(self.epochs) and self.epochs > 0, "optim.epochs", self.epochs, "a positive integer")
+        _expect(self.ema is None or (_is_num(self.ema) and 0 < self.ema < 1), "optim.ema", self.ema,
+                "null or a decay with 0 < decay < 1 (such as 0.999)")  # fmt: skip
         _expect(self.batch_size == "auto" or (_is_int(self.batch_size) and self.batch_size > 0), "optim.batch_size",
                 self.batch_size, "a positive integer or auto")  # fmt: skip
         _expect(_is_num(self.lr) and self.lr > 0, "optim.lr", self.lr, "a finite number > 0")  # too large: fit stops when the loss diverges
@@ -436,6 +446,7 @@ def upgrade_config(stored: dict[str, Any]) -> dict[str, Any]:
     if isinstance(optim, dict):  # before lr_batch and warm-up: the learning rate as given
         optim.setdefault("lr_batch", None)
         optim.setdefault("warmup_epochs", 0.0)
+        optim.setdefault("ema", None)  # before optim.ema: the weights as trained
     loss = stored.setdefault("loss", {})
     if isinstance(loss, dict) and "weighting" not in loss:
         loss["weighting"] = "mean-t2"

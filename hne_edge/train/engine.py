@@ -347,6 +347,16 @@ def _check_converging(epoch: int, losses: list[float], model: nn.Module, ckpt_pa
                            hint=f"lower optim.lr (received {lr:g})", cli_hint=f"lower --lr (received {lr:g})")  # fmt: skip
 
 
+def _weight_average(model: nn.Module, decay: float | None) -> torch.optim.swa_utils.AveragedModel | None:
+    """``optim.ema``: an exponential moving average of ``model``'s weights and BatchNorm statistics (torch's
+    ``AveragedModel``: the first update copies the weights, each later one ``avg += (1 - decay) * (w - avg)``);
+    None without it."""
+    if decay is None:
+        return None
+    swa = torch.optim.swa_utils
+    return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
 def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
         stop_after_steps: int | None = None, model_source: str | None = None) -> FitResult:
     """Train ``config``; return where the checkpoint and log are.
@@ -419,6 +429,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         )
     val_loader = (bundle.eval_loader(bundle.val, 256, config.data.num_workers, device=data_device, channels_last=channels_last)
                   if bundle.val is not None else None)  # fmt: skip
+    ema = _weight_average(model, config.optim.ema)  # a copy of the module itself, before any wrapper
+    delivered = ema.module if ema is not None else model  # what is validated and saved as the run's weights
     ddp_model: nn.Module = model
     if world_size > 1:
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -436,7 +448,12 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     start_epoch = start_step = 0
     partial: dict[str, float] = {}  # an epoch interrupted part-way: its correct answers, images and seconds so far
     if state is not None:
-        model.load_state_dict(state["model"])
+        if ema is not None:  # the average is the checkpoint's weights; the weights as trained are beside it
+            model.load_state_dict(state["extra"]["trained_weights"])
+            ema.module.load_state_dict(state["model"])
+            ema.n_averaged.fill_(int(state["extra"]["ema_averaged"]))
+        else:
+            model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start_epoch = int(state["epoch"])
@@ -457,8 +474,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         budget = _TimeBudget(
             config.time_budget, started, schedule, steps_per_epoch, opt.epochs, opt.warmup_epochs, config.eval_every, device,
             world_size,
-            measure_eval=lambda: _validation_seconds(model, val_loader, device, channels_last),
-            measure_checkpoint=lambda: _checkpoint_seconds(model, optimizer),
+            measure_eval=lambda: _validation_seconds(delivered, val_loader, device, channels_last),
+            measure_checkpoint=lambda: _checkpoint_seconds(model, optimizer, ema.module if ema is not None else None),
             fixed=state["extra"].get("budget") if state is not None else None,
         )  # fmt: skip
     total = schedule.total_steps if budget is None or budget.plan is not None else None  # a budget's: once it is fixed
@@ -500,6 +517,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         def after_step(step: int) -> bool:  # True: end the epoch here
             nonlocal steps_run
             steps_run += 1
+            if ema is not None:
+                ema.update_parameters(model)
             if estimate is not None:
                 estimate.after_step(step)
             if budget is not None and (line := budget.after_step(step, epoch_steps(epoch), done_steps + steps_run)):
@@ -517,8 +536,10 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                      "scaler": scaler.state_dict() if scaler is not None else None, "world_size": world_size,
                      "step": step, "partial": partial if step else None,
                      "budget": budget.record() if budget is not None else None}  # fmt: skip
+            if ema is not None:  # what --resume continues from
+                extra.update(trained_weights=model.state_dict(), ema_averaged=int(ema.n_averaged))
             save_checkpoint(
-                ckpt_path, model=model, class_names=bundle.class_names, normalization=bundle.normalization,
+                ckpt_path, model=delivered, class_names=bundle.class_names, normalization=bundle.normalization,
                 optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), epoch=epoch_done,
                 config=config.to_dict(), extra=extra,
             )
@@ -564,7 +585,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                 last = epoch + 1 == run_epochs()
                 if val_loader is not None and ((epoch + 1) % config.eval_every == 0 or last):
                     progress.set(note=f"epoch {epoch + 1}/{run_epochs()}: validating {len(bundle.val)} images")
-                    metrics = evaluate(model, val_loader, device, channels_last)
+                    metrics = evaluate(delivered, val_loader, device, channels_last)
                     record.update({f"val_{k}": v for k, v in metrics.items()})
                 history.append(record)
                 epochs_run += 1
@@ -658,8 +679,10 @@ def _shorter_run_advice(model: str, ratio: float) -> str:
 
 
 def _lr_text(opt: OptimConfig) -> str:
-    """The header's learning rate, when the linear rule or a warm-up makes it other than ``optim.lr``."""
+    """The header's learning rate, when the linear rule or a warm-up makes it other than ``optim.lr``, and the
+    weight average (``optim.ema``) when there is one."""
+    ema = f", an EMA of the weights (decay {opt.ema:g}) delivered" if opt.ema is not None else ""
     if opt.peak_lr == opt.lr:
-        return ""
+        return ema
     warm = f", warm-up from {opt.lr:g} over {opt.warmup_epochs:g} epochs" if opt.warmup_start < 1 else ""
-    return f", lr {opt.peak_lr:g} = {opt.lr:g} x {opt.batch_size}/{opt.lr_batch}{warm}"
+    return f", lr {opt.peak_lr:g} = {opt.lr:g} x {opt.batch_size}/{opt.lr_batch}{warm}{ema}"

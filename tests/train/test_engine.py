@@ -64,6 +64,7 @@ def test_paper_recipes():
         ({"optim": {"nesterov": True, "momentum": 0.0}}, r"nesterov=True needs optim.momentum > 0"),
         ({"optim": {"batch_size": 30, "accum_steps": 4}}, r"divisible by optim.accum_steps=4"),
         ({"optim": {"lrr": 0.1}}, r"unknown option\(s\) \['lrr'\]"),
+        ({"optim": {"ema": 1.0}}, r"optim.ema: received 1.0; expected null or a decay with 0 < decay < 1"),
         ({"model": {"name": "resnet50"}}, r"model.name: received 'resnet50'"),
     ],
 )
@@ -152,6 +153,57 @@ def test_resume_mid_epoch_is_bit_exact(tmp_path):
     for ra, rb in zip(a["extra"]["history"], b["extra"]["history"]):  # the split epoch's figures are whole too
         assert (ra["train_loss"], ra["train_acc"], ra["train_images"], ra["val_acc_n"]) == (
             rb["train_loss"], rb["train_acc"], rb["train_images"], rb["val_acc_n"])
+
+
+# -- optim.ema: an average of the weights is what the run delivers --------------------------------------------
+
+
+def test_an_ema_run_delivers_the_average_of_its_weights_by_the_equation(tmp_path, monkeypatch):
+    """optim.ema: the checkpoint's weights (what is validated, exported and evaluated) are the exponential moving
+    average of the weights after every step, by its equation in float64 (avg_1 = w_1, avg_k = d avg_(k-1) +
+    (1 - d) w_k), BatchNorm statistics included; the weights as trained are beside them for --resume."""
+    from hne_edge.train import engine
+
+    decay, seen = 0.8, []
+    step = engine.train_step
+
+    def recorded(model, *args, **kwargs):
+        out = step(model, *args, **kwargs)
+        seen.append({k: v.detach().double().clone() for k, v in model.state_dict().items() if v.is_floating_point()})
+        return out
+
+    monkeypatch.setattr(engine, "train_step", recorded)
+    result = fit(_small(tmp_path / "r", epochs=2, ema=decay))
+    assert len(seen) == 12  # 2 epochs of 6 steps
+    average = dict(seen[0])
+    for weights in seen[1:]:
+        average = {k: decay * average[k] + (1 - decay) * weights[k] for k in average}
+    state = load_checkpoint(result.checkpoint)
+    for key, expected in average.items():
+        torch.testing.assert_close(state["model"][key].double(), expected, rtol=1e-5, atol=1e-6, msg=key)
+        torch.testing.assert_close(state["extra"]["trained_weights"][key].double(), seen[-1][key], rtol=0, atol=0)
+    moved = max((state["model"][k].double() - seen[-1][k]).abs().max().item() for k in average)
+    assert moved > 1e-3  # the average is not the last weights
+    assert model_from_checkpoint(state)[0] is not None  # an ordinary checkpoint for eval and export
+
+
+def test_a_resumed_ema_run_ends_as_an_uninterrupted_one(tmp_path):
+    """optim.ema with --resume: stopped mid-epoch and resumed, the average, the weights as trained and the count of
+    averaged steps continue where they were: bit for bit the uninterrupted run's (CPU, fixed seed)."""
+    straight = fit(_small(tmp_path / "a", epochs=3, ema=0.9))
+    interrupted = _small(tmp_path / "b", epochs=3, ema=0.9)
+    fit(interrupted, stop_after_steps=8)
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["extra"]["ema_averaged"] == 8
+    torch.manual_seed(999), random.seed(999), np.random.seed(999)
+    fit(interrupted, resume=True)
+    a, b = load_checkpoint(straight.checkpoint), load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert a["extra"]["ema_averaged"] == b["extra"]["ema_averaged"] == 18
+    for part in ("model", "trained_weights"):
+        wa = a["model"] if part == "model" else a["extra"][part]
+        wb = b["model"] if part == "model" else b["extra"][part]
+        for key in wa:
+            assert torch.equal(wa[key], wb[key]), (part, key)
+    assert [h["val_acc_n"] for h in a["extra"]["history"]] == [h["val_acc_n"] for h in b["extra"]["history"]]
 
 
 def test_resume_refuses_a_different_config(tmp_path):
