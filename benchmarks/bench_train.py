@@ -24,6 +24,15 @@ twice the forward); GPU utilisation is the median of ``nvidia-smi`` samples duri
 
 ``--budget-s`` bounds the whole script: what would not fit is reported "not measured", and ``--json`` is
 rewritten after every figure, so a run stopped from outside still leaves what it measured.
+
+**Training to a time budget** (``--time-budget-runs T``, a mode of its own): ``fit`` on the bundled digits
+(hne_tiny, batch 32, one thread, the process pinned to one core) to a budget of ``T`` seconds, on the real clock,
+and a neighbour - one busy loop pinned to the same core - that starts ``--neighbour-at`` seconds into each run
+(after the plan is fixed; -1: none). Each neighbour time runs ``--repeats`` pairs of the product (a plan shortened
+when the work slows) and the plan fixed once (``_TimeBudget._check`` off: the trainer before 2026-11-29), the
+order alternated; reported: the seconds used against the budget, the steps planned and run, the shortenings.
+
+    python benchmarks/bench_train.py --time-budget-runs 40 --neighbour-at 10,25 --repeats 2
 """
 
 from __future__ import annotations
@@ -209,6 +218,82 @@ class StepAlone:
                 "step_ms": 1e3 * self.batch / statistics.median(rates)}  # fmt: skip
 
 
+def time_budget_runs(args) -> None:
+    """``--time-budget-runs``: see the module docstring."""
+    import contextlib
+    import json
+
+    from hne_edge.train import budget as budget_module
+    from hne_edge.train.config import TrainConfig
+    from hne_edge.train.engine import fit
+
+    core = sorted(os.sched_getaffinity(0))[0]
+    os.sched_setaffinity(0, {core})
+    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    pass\n"
+    budget = args.time_budget_runs
+    neighbours = [float(v) for v in args.neighbour_at.split(",") if v.strip()]
+
+    @contextlib.contextmanager
+    def plan_fixed_once():
+        check = budget_module._TimeBudget._check
+        budget_module._TimeBudget._check = lambda self, done_steps: None
+        try:
+            yield
+        finally:
+            budget_module._TimeBudget._check = check
+
+    def one(mode: str, at: float, out: Path) -> dict:
+        config = TrainConfig.from_preset("digits", {"out": str(out), "quiet": True, "threads": 1, "time_budget": budget,
+                                                    "optim": {"epochs": 100_000, "batch_size": 32}})  # fmt: skip
+        procs: list = []
+        start = lambda: procs.append(subprocess.Popen([sys.executable, "-c", spin]))  # noqa: E731
+        timer = threading.Timer(at, start) if at >= 0 else None
+        load = load_average()
+        with plan_fixed_once() if mode == "fixed once" else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            if timer:
+                timer.start()
+            try:
+                result = fit(config)
+            finally:
+                used = time.perf_counter() - t0
+                if timer:
+                    timer.cancel()
+                for proc in procs:
+                    proc.kill()
+                    proc.wait()
+        plan = result.budget
+        return {"plan": mode, "neighbour_at_s": at, "budget_s": budget, "used_s": round(used, 2),
+                "used_over_budget": round(used / budget, 3), "steps": plan["total_steps"],
+                "planned_steps": plan.get("planned_steps", plan["total_steps"]),
+                "shortened": plan.get("shortened") or [], "fixed_at_s": plan["fixed_at_s"],
+                "last_lr": result.history[-1]["lr"], "load_before": load}
+
+    rows = []
+    print("| plan | neighbour from | used s / budget s | used / budget | steps run / planned | shortened | load |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for at in neighbours:
+            for r in range(args.repeats):
+                modes = ["fixed once", "shortened"] if r % 2 == 0 else ["shortened", "fixed once"]
+                for mode in modes:
+                    row = one(mode, at, Path(tmp) / f"run-{len(rows)}")
+                    rows.append(row)
+                    paces = ", ".join(f"{c['pace']:.2f}" for c in row["shortened"])
+                    print(f"| {mode} | {f'{at:g} s' if at >= 0 else 'none'} | {row['used_s']:.1f} / {budget:g} | "
+                          f"{row['used_over_budget']:.3f} | {row['steps']} / {row['planned_steps']} | "
+                          f"{len(row['shortened'])}{f' (pace {paces})' if paces else ''} | "
+                          f"{row['load_before'] if row['load_before'] is not None else float('nan'):.1f} |", flush=True)  # fmt: skip
+                    if args.json:
+                        write_json(args.json, {"machine": cpu_name(), "core": core, "rows": rows})
+    for at in neighbours:
+        for mode in ("fixed once", "shortened"):
+            ratios = [r["used_over_budget"] for r in rows if r["neighbour_at_s"] == at and r["plan"] == mode]
+            print(f"neighbour {'from ' + format(at, 'g') + ' s' if at >= 0 else 'none'}, plan {mode}: used / budget "
+                  f"median {statistics.median(ratios):.3f} (runs {', '.join(f'{v:.3f}' for v in ratios)})")  # fmt: skip
+    print(json.dumps({"command": " ".join(["python", *sys.argv])}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="hne_resnet_small")
@@ -231,7 +316,17 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for the utilisation of peak")
     p.add_argument("--out", default=None, help="append the markdown result to this file")
     p.add_argument("--json", default=None, help="write the figures to this JSON file (rewritten after each figure)")
+    p.add_argument("--time-budget-runs", type=float, default=None, metavar="SECONDS",
+                   help="instead: train the digits preset to this budget beside a neighbour (see --neighbour-at)")
+    p.add_argument("--neighbour-at", default="10",
+                   help="comma list: seconds into each run a busy loop joins its core (-1: none)")
+    p.add_argument("--repeats", type=int, default=2, help="pairs (fixed once, shortened) per --neighbour-at")
     args = p.parse_args()
+    if args.time_budget_runs is not None:
+        if not args.time_budget_runs > 0 or args.repeats < 1:
+            p.error(f"--time-budget-runs {args.time_budget_runs} --repeats {args.repeats}: expected seconds > 0 and "
+                    "repeats >= 1")
+        return time_budget_runs(args)
     started = time.monotonic()
     modes = [m.strip() for m in args.pointwise.split(",") if m.strip()]
     if not modes or set(modes) - {"conv", "bmm"}:

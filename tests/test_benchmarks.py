@@ -194,6 +194,20 @@ def test_bench_train_smoke_times_the_loop_and_the_step(tmp_path):
     assert "| the loop (train_one_epoch), 1 pairs | conv |" in proc.stdout
 
 
+def test_bench_train_time_budget_runs_pair_the_plan_fixed_once_with_the_shortened_one(tmp_path):
+    """--time-budget-runs: for each neighbour time, pairs of runs (the plan fixed once, the product's shortened plan),
+    each reporting the seconds it used against the budget, the steps it planned and ran, and its shortenings."""
+    out = tmp_path / "budget.json"
+    proc = run_script("bench_train.py", "--time-budget-runs", "4", "--neighbour-at", "1", "--repeats", "1",
+                      "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["plan"] for r in rows] == ["fixed once", "shortened"] and {r["neighbour_at_s"] for r in rows} == {1.0}
+    assert all(r["used_s"] > 0 and r["steps"] <= r["planned_steps"] for r in rows)
+    assert not rows[0]["shortened"]  # the plan fixed once never shortens, whatever the neighbour did
+    assert "neighbour from 1 s, plan shortened: used / budget median" in proc.stdout
+
+
 def test_ort_gpu_child_probe_says_what_it_imported(tmp_path):
     out = tmp_path / "probe.json"
     proc = run_script("ort_gpu_child.py", "--probe", str(out))
