@@ -29,7 +29,10 @@ DEFAULT_CAP_S = 480.0
 SMOKE_CAP_FACTOR = 4.0  # --smoke: stage caps x this, and the run's cap 1800 s unless --cap-s is given
 MIN_STAGE_S = 15.0  # a stage that would get less than this is not started
 OBJECTIVES = ("independent", "hierarchical", "hierarchical+label")  # cifar_losses.py run names
-REFERENCE_OBJECTIVES = ("hierarchical", "independent")  # train_reference.py --objective
+# train_reference.py --objective; "-ema": the same with an average of the weights delivered (--ema, the decay of
+# gpu_acceptance.py --reference-ema), an option of issue 41's recipe measured beside the paper's in the same call
+# (a folder name of OUT: letters, digits and "-" come back from a GPU machine)
+REFERENCE_OBJECTIVES = ("hierarchical", "independent", "hierarchical-ema", "independent-ema")
 SMOKE_REFERENCE_S = 80.0  # --smoke: the reference stage's time on the CPU (its min_s is the real run's)
 
 
@@ -587,13 +590,14 @@ class StageRuns:
             share = (t_end - time.monotonic()) / (len(objectives) - i)  # an equal share of what is left
             folder = self.out if i == 0 else self.out / objective  # the first at OUT's top, the others one folder down
             grace = 5.0 if self.args.smoke else 10.0  # it ends by its deadline; at the share's end SIGTERM, and it writes its record
+            loss, ema = objective.removesuffix("-ema"), objective.endswith("-ema")
             cmd = [self.py, "benchmarks/train_reference.py", "--data", str(train), "--out", str(folder),
-                   "--run-dir", str(self.work / f"reference-{objective}"), "--objective", objective,
+                   "--run-dir", str(self.work / f"reference-{objective}"), "--objective", loss,
                    "--deadline", f"{time.time() + share - grace:.1f}",
                    "--parent-command", shlex.join([Path(sys.executable).name, *sys.argv])]  # fmt: skip
             if i:
                 cmd += ["--no-config-file"]  # OUT keeps to 8 files: the config is in the record
-            if getattr(self.args, "reference_ema", None) is not None:
+            if ema:
                 cmd += ["--ema", f"{self.args.reference_ema:g}"]
             if self.args.smoke:  # a reserve of a sixth of the share: a time budget's plan is fixed from its first
                 # seconds, and a CPU that slows after it overran the plan by 3 % alone and by 13 % under a test suite

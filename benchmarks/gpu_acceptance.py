@@ -48,7 +48,8 @@ each with a fixed cap (seconds; the runtime group, 1-6, within 240 s together):
    itself when time is left, TFLOP/s, % of peak, GPU utilisation (all in acceptance.json; the JSON in raw.tar.gz).
 9. ``reference`` (whatever is left, at least 240 s; only with CIFAR training data, else "skipped"):
    ``benchmarks/train_reference.py`` trains hne_resnet_small to a time budget (what the cap leaves) with the
-   paper's objective, and with L^I too when ``--reference-objectives`` names it (the time split evenly), the
+   paper's objective, and with L^I or an average of the weights too when ``--reference-objectives`` names them
+   (``independent``, ``hierarchical-ema``: ``--ema``, the decay ``--reference-ema``; the time split evenly), the
    file's last 5,000 images held out; writes ``OUT/checkpoint.pt`` (float32 weights), ``OUT/config.yaml`` and
    ``OUT/record.json`` (a second objective: ``OUT/<objective>/checkpoint.pt`` and ``record.json``, its config in
    the record), which ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call
@@ -348,8 +349,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--test-parts", nargs="+", default=None, metavar="FOLDER", help="the test set as npz_chunks.py parts")
     p.add_argument("--reference-objectives", nargs="+", default=["hierarchical"], choices=REFERENCE_OBJECTIVES,
                    help="the reference stage's objectives, each to its share of the time (default: %(default)s)")
-    p.add_argument("--reference-ema", type=float, default=None, metavar="DECAY",
-                   help="the reference stage trains with an average of the weights (train --ema DECAY; default: off)")
+    p.add_argument("--reference-ema", type=float, default=0.999, metavar="DECAY",
+                   help="the decay of the reference stage's -ema objectives (train --ema; default: %(default)s)")
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES),
                    help="cifar_losses.py run names for the losses stage (LOSS[@WEIGHTING][+NORMALIZE]; default: %(default)s)")
     p.add_argument("--loss-model", default="hne_resnet_small")

@@ -102,21 +102,22 @@ def test_the_streams_stage_replays_cameras_of_different_rates_for_both_plans_and
 
 def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export_accept(tmp_path):
     """--smoke --stages reference: hne_tiny on synthetic CIFAR parts (joined, as the real ones), two objectives, each to its
-    share of the time, both with an average of the weights (--reference-ema: issue 41's option); OUT holds at most 8
-    files, at most 2 folders deep (what a GPU machine hands back); the checkpoint is what `hne-edge eval` and
-    `hne-edge export` read, and the record says how it was made."""
+    share of the time, the second with an average of the weights (independent-ema: issue 41's option, the decay
+    --reference-ema's); OUT holds at most 8 files, at most 2 folders deep (what a GPU machine hands back); the
+    checkpoint is what `hne-edge eval` and `hne-edge export` read, and the record says how it was made."""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--stages", "reference", "--out", str(out), "--work",
-                           str(work), "--reference-objectives", "hierarchical", "independent",
+                           str(work), "--reference-objectives", "hierarchical", "independent-ema",
                            "--reference-ema", "0.9"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == ["acceptance.json", "acceptance.md", "checkpoint.pt", "config.yaml", "independent/checkpoint.pt",
-                     "independent/record.json", "raw.tar.gz", "record.json"]  # fmt: skip  (the log is in raw.tar.gz)
+    assert files == ["acceptance.json", "acceptance.md", "checkpoint.pt", "config.yaml",
+                     "independent-ema/checkpoint.pt", "independent-ema/record.json", "raw.tar.gz",
+                     "record.json"]  # the log is in raw.tar.gz
     assert all((out / f).stat().st_size < 16 * 2**20 for f in files)
     stage = {s["name"]: s for s in json.loads((out / "acceptance.json").read_text())["stages"]}["reference"]
-    assert stage["status"] == "ok" and set(stage["figures"]["objectives"]) == {"hierarchical", "independent"}
+    assert stage["status"] == "ok" and set(stage["figures"]["objectives"]) == {"hierarchical", "independent-ema"}
     record = json.loads((out / "record.json").read_text())
     data = work / "data" / "cifar_train.npz"
     from hne_edge.train.data import npz_fingerprint
@@ -125,10 +126,12 @@ def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export
     assert record["config"]["loss"] == {"kind": "hierarchical", "alpha": 0.5, "temperature": 2.0, "weighting": "paper",
                                         "temperature_squared": False, "normalize": "none"}  # fmt: skip
     assert record["config"]["data"]["holdout"] == "last" and record["data"]["validation_images"] == 26  # 10% of 256
-    assert record["config"]["optim"]["ema"] == 0.9
+    assert record["config"]["optim"]["ema"] is None  # the paper's recipe
     assert record["images_seen"] > 0 and record["plan"]["total_steps"] * 32 == record["images_seen"]
     assert [r["n"] for r in record["held_out"]] == list(range(1, 17)) and record["machine"]["torch"]
-    assert json.loads((out / "independent" / "record.json").read_text())["config"]["loss"]["kind"] == "independent"
+    second = json.loads((out / "independent-ema" / "record.json").read_text())["config"]
+    assert second["loss"]["kind"] == "independent" and second["optim"]["ema"] == 0.9
+    run_cli("export", str(out / "independent-ema" / "checkpoint.pt"), "--out", str(tmp_path / "ema-bundle"), check=True)
     ev = run_cli("eval", str(out / "checkpoint.pt"), "--data-dir", str(data), "--out", str(tmp_path / "eval"), "--no-plots",
                  check=True)  # fmt: skip
     held_out = json.loads((tmp_path / "eval" / "metrics.json").read_text())
