@@ -3,6 +3,7 @@ fixed from timed steps, a timed validation and a timed checkpoint (:class:`_Time
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable
 
@@ -92,10 +93,12 @@ class _TimeBudget:
     process and the smallest plan wins.
 
     The budget is a deadline, not a forecast: after the plan, :data:`CHECKS` times in its steps (:meth:`_check`),
-    the time the run's recent work took (since the plan, at most the last :data:`PACE_CHECKS` checks) is compared
-    with what the plan said it would take (its steps, epoch ends and validations). Running slower (a neighbour, a
-    throttled clock: 2026-11-29, a smoke run whose epochs slowed from 0.80 s to 0.95 s used 1.03 of its budget), the
-    rest is priced at that ratio and, when it no longer ends inside half of the :data:`MARGIN`, the schedule is
+    the time the work between two checks took is compared with what the plan said it would take (its steps, epoch
+    ends and validations): the pace, the median of the last :data:`PACE_CHECKS` intervals' (issue 39's rule: one
+    stalled interval - a checkpoint held up by the disk - is an event whose time is already spent, not the speed
+    of the rest; a slowdown is followed once it holds most of them). Running slower (a neighbour, a throttled clock:
+    2026-11-29, a smoke run whose epochs slowed from 0.80 s to 0.95 s used 1.03 of its budget), the rest is priced
+    at that pace, the time spent as it was, and when it no longer ends inside half of the :data:`MARGIN` the schedule is
     shortened to what fits (``_Schedule.shorten``: no jump in the rate, the schedule still run to its end; a budget
     spent stops the run where it is). Never lengthened: a run that speeds up ends early.
     A resumed run keeps the plan its first call fixed (its budget's clock started again).
@@ -104,8 +107,9 @@ class _TimeBudget:
     SKIP, MIN_STEPS, MAX_STEPS, MARGIN = 2, 5, 200, 0.015
     RUSHED = 0.1  # past this fraction of the budget, one timed step is enough (and no step is skipped)
     CHECKS = 20  # times in the planned steps the run's pace is checked against the plan
-    PACE_CHECKS = 4  # the pace is the work's over the last this many checks (a fifth of the run): a slowdown that
-    # starts late is followed within them, where the pace since the plan lagged it (shortened 9 times, 0.2 % over)
+    PACE_CHECKS = 4  # the pace is the median of the last this many intervals' (a fifth of the run): a slowdown
+    # that starts late is followed within them, where the pace since the plan lagged it (shortened 9 times, 0.2 %
+    # over); one stalled interval is outvoted (its share of a window's time shortened a run to 0.76 of its budget)
 
     def __init__(self, budget_s: float, started: float, schedule: _Schedule, steps_per_epoch: int, max_epochs: int,
                  warmup_epochs: float, eval_every: int, device: torch.device, world_size: int, *,
@@ -123,9 +127,10 @@ class _TimeBudget:
         self.last: float | None = None  # the end of the last timed step of the open stretch
         self.epoch_end: float | None = None  # when the last epoch's last step ended
         self.gaps: list[tuple[float, bool]] = []  # epoch ends as they happened: (seconds, validated)
-        # after the plan: (clock, steps, epoch ends, validated ends) when it was fixed and at each check since, the
-        # last PACE_CHECKS + 1 kept (the pace is over the work between the first and now); the epoch ends so far
-        self.marks: list[tuple[float, int, int, int]] = []
+        # after the plan: (clock, steps, epoch ends, validated ends) at the plan or the last check, the paces of the
+        # last PACE_CHECKS intervals between checks, and the epoch ends so far
+        self.mark: tuple[float, int, int, int] | None = None
+        self.paces: list[float] = []
         self.ends = self.validated = 0
         self.check_every = 1
 
@@ -138,7 +143,7 @@ class _TimeBudget:
         """A new epoch: the stretch of timed steps closed at the last one's end; the end itself is timed."""
         if self.plan is None and self.epoch_end is not None:
             self.gaps.append((self.clock() - self.epoch_end, validated))
-        elif self.marks:  # an epoch end the plan priced has happened
+        elif self.mark is not None:  # an epoch end the plan priced has happened
             self.ends += 1
             self.validated += validated
         self.last = self.epoch_end = None
@@ -207,7 +212,7 @@ class _TimeBudget:
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
             total = int(t.item())
         self.schedule.fit_to(total, self.steps_per_epoch, self.warmup_epochs)
-        self.marks, self.check_every = [(self.clock(), done_steps, 0, 0)], max(1, (total - done_steps) // self.CHECKS)
+        self.mark, self.check_every = (self.clock(), done_steps, 0, 0), max(1, (total - done_steps) // self.CHECKS)
         self.plan = {"budget_s": self.budget_s, "total_steps": total, "epochs": total / self.steps_per_epoch,
                      "steps_per_epoch": self.steps_per_epoch, "fixed_at_step": done_steps, "fixed_at_s": round(elapsed, 3),
                      "step_s": step_s, "timed_steps": self.window_n, "timed_s": round(self.window_t, 4), "short_window": short,
@@ -216,10 +221,10 @@ class _TimeBudget:
                      "planned_steps": total, "shortened": []}  # fmt: skip  (shortened: each time _check cut the plan)
 
     def _check(self, done_steps: int) -> str | None:
-        """Every ``check_every`` steps after the plan: shorten it when the run, at its pace over the last
-        :data:`PACE_CHECKS` checks, no longer ends inside half of the margin (see the class docstring); the line to
-        show when it did. Under DDP every process checks at the same steps and the shortest plan wins."""
-        if self.resumed or not self.marks:
+        """Every ``check_every`` steps after the plan: shorten it when the run, at its pace (the median of the last
+        :data:`PACE_CHECKS` intervals'), no longer ends inside half of the margin (see the class docstring); the
+        line to show when it did. Under DDP every process checks at the same steps and the shortest plan wins."""
+        if self.resumed or self.mark is None:
             return None
         fixed_at = self.plan["fixed_at_step"]
         total = self.schedule.total_steps
@@ -228,18 +233,18 @@ class _TimeBudget:
             return None
         now = self._now(sync=True)
         p = self.plan
-        self.marks = [*self.marks[-self.PACE_CHECKS :], (now, done_steps, self.ends, self.validated)]
-        (t0, steps0, ends0, validated0), (_, steps, ends, validated) = self.marks[0], self.marks[-1]
-        planned = (steps - steps0) * p["step_s"] + (ends - ends0) * p["checkpoint_s"] \
-            + (validated - validated0) * p["validation_s"]  # what the plan priced the work between at
-        pace = (now - t0) / planned if planned > 0 else 1.0
-        new = total
-        if pace > 1.0:
-            priced = dict(elapsed_s=now - self.started, done_steps=done_steps, step_s=p["step_s"] * pace,
-                          steps_per_epoch=self.steps_per_epoch, max_steps=total, epoch_end_s=p["checkpoint_s"] * pace,
-                          val_s=p["validation_s"] * pace, eval_every=self.eval_every)  # fmt: skip
-            if plan_steps(budget_s=self.budget_s * (1 - self.MARGIN / 2), **priced) < total:
-                new = plan_steps(budget_s=self.budget_s * (1 - self.MARGIN), **priced)
+        t0, steps0, ends0, validated0 = self.mark
+        planned = (done_steps - steps0) * p["step_s"] + (self.ends - ends0) * p["checkpoint_s"] \
+            + (self.validated - validated0) * p["validation_s"]  # what the plan priced the work since at
+        self.mark = (now, done_steps, self.ends, self.validated)
+        self.paces = [*self.paces[-(self.PACE_CHECKS - 1) :], (now - t0) / planned if planned > 0 else 1.0]
+        pace = statistics.median(self.paces)
+        new = total  # the time spent as it was (a stall's included), the rest at the pace
+        priced = dict(elapsed_s=now - self.started, done_steps=done_steps, step_s=p["step_s"] * pace,
+                      steps_per_epoch=self.steps_per_epoch, max_steps=total, epoch_end_s=p["checkpoint_s"] * pace,
+                      val_s=p["validation_s"] * pace, eval_every=self.eval_every)  # fmt: skip
+        if plan_steps(budget_s=self.budget_s * (1 - self.MARGIN / 2), **priced) < total:
+            new = plan_steps(budget_s=self.budget_s * (1 - self.MARGIN), **priced)
         if self.world_size > 1:
             t = torch.tensor([new], dtype=torch.long, device=self.device if self.device.type == "cuda" else "cpu")
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
@@ -250,8 +255,9 @@ class _TimeBudget:
         p.update(total_steps=new, epochs=new / self.steps_per_epoch, capped_by_epochs=False)
         p["shortened"].append({"at_step": done_steps, "at_s": round(now - self.started, 3), "pace": round(pace, 3),
                                "total_steps": new})  # fmt: skip
-        return (f"time budget {format_duration(self.budget_s)}: the recent work took {pace:.2f}x the time the plan "
-                f"gave it; the schedule now ends at step {new} ({new / self.steps_per_epoch:.1f} epochs, was {total})")
+        return (f"time budget {format_duration(self.budget_s)}: {format_duration(now - self.started)} in, at step "
+                f"{done_steps}, the rest no longer fits at the recent pace ({pace:.2f}x the plan's); the schedule now "
+                f"ends at step {new} ({new / self.steps_per_epoch:.1f} epochs, was {total})")
 
     def record(self) -> dict[str, Any] | None:
         """The plan as the checkpoint and the log keep it (with the seconds used so far), or None before it is fixed."""

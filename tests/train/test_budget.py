@@ -152,6 +152,29 @@ def test_steps_that_slow_after_the_plan_shorten_it_and_the_run_still_ends_inside
     assert lrs[1] == pytest.approx(lrs[0], abs=1e-12)  # every epoch's rate, the shortened stretch included
 
 
+def test_a_one_off_stall_is_made_up_for_not_taken_for_the_pace_of_the_rest(tmp_path, fake_time, monkeypatch):
+    """Issue 39's rule in the trainer: one checkpoint that stalls for 3 s (a disk, a neighbour's burst) is an event,
+    not a new speed. The run makes up the time it lost - it shortens by about that much - and ends close to its
+    budget; pricing the rest at the pace of a window that holds the stall (the work between the last four checks
+    took 2.06x its plan) shortened it to 0.76 of the budget."""
+    save, stalls = engine.save_checkpoint, []
+
+    def stalled(*args, **kwargs):
+        out = save(*args, **kwargs)
+        if kwargs.get("epoch") == 4 and not stalls:
+            stalls.append(fake_time.now)
+            fake_time.now += 3.0
+        return out
+
+    monkeypatch.setattr(engine, "save_checkpoint", stalled)
+    budget, started = 20.0, fake_time.now
+    result = fit(_budget_run(tmp_path / "run", budget))
+    used, plan = fake_time.now - started, result.budget
+    assert stalls and plan["shortened"], plan  # the stall came after the plan, and its time was made up
+    assert 0.95 * budget <= used <= budget, f"{used:.2f} s for a budget of {budget} s ({plan})"
+    assert max(c["pace"] for c in plan["shortened"]) < 1.2, plan["shortened"]
+
+
 def test_a_shortened_schedule_keeps_its_rate_and_still_reaches_its_end():
     """_Schedule.shorten: the rate at the step it is shortened at is unchanged (no jump in the middle of a run), it
     falls monotonically from there and reaches the schedule's end at the new last step; shortened twice, the same."""
