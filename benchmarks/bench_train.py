@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import REPO, cpu_name, load_average, write_json  # first: it puts this checkout on sys.path
+from harness import REPO, command_line, cpu_name, load_average, write_json  # first: it puts this checkout on sys.path
 
 # dense bf16 tensor-core peak (TFLOP/s), from the vendors' data sheets; --peak-tflops overrides
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0,
@@ -221,7 +221,6 @@ class StepAlone:
 def time_budget_runs(args) -> None:
     """``--time-budget-runs``: see the module docstring."""
     import contextlib
-    import json
 
     from hne_edge.train import budget as budget_module
     from hne_edge.train.config import TrainConfig
@@ -285,13 +284,14 @@ def time_budget_runs(args) -> None:
                           f"{len(row['shortened'])}{f' (pace {paces})' if paces else ''} | "
                           f"{row['load_before'] if row['load_before'] is not None else float('nan'):.1f} |", flush=True)  # fmt: skip
                     if args.json:
-                        write_json(args.json, {"machine": cpu_name(), "core": core, "rows": rows})
+                        write_json(args.json, {"command": command_line(), "machine": cpu_name(), "core": core,
+                                               "rows": rows})
     for at in neighbours:
         for mode in ("fixed once", "shortened"):
             ratios = [r["used_over_budget"] for r in rows if r["neighbour_at_s"] == at and r["plan"] == mode]
             print(f"neighbour {'from ' + format(at, 'g') + ' s' if at >= 0 else 'none'}, plan {mode}: used / budget "
                   f"median {statistics.median(ratios):.3f} (runs {', '.join(f'{v:.3f}' for v in ratios)})")  # fmt: skip
-    print(json.dumps({"command": " ".join(["python", *sys.argv])}))
+    print(f"Command: `{command_line()}`")
 
 
 def main() -> None:
@@ -468,7 +468,7 @@ def main() -> None:
     print(text)
     if args.out:
         with open(args.out, "a") as f:
-            f.write(text + f"\nCommand: `{' '.join(['python', *sys.argv])}`\n\n")
+            f.write(text + f"\nCommand: `{command_line()}`\n\n")
 
 
 if __name__ == "__main__":

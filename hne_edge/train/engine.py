@@ -500,7 +500,9 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             f"{f'; --model {FAST_MODEL}: {fast_ratio:.0f}x fewer' if model_source and fast_ratio >= 2 else ''}) "
             f"on {config.data.name}: {len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} "
             f"validation images, {length} {steps_per_epoch} step{'s' if steps_per_epoch > 1 else ''} "
-            f"(batch {opt.batch_size}{_lr_text(opt)}); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
+            f"(batch {opt.batch_size}{_lr_text(opt)}"
+            f"{f', an EMA of the weights (decay {opt.ema:g}) delivered' if opt.ema is not None else ''}"
+            f"); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
             f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}"
             f"{', ' + busy if busy else ''}"
             + (where if state is not None else "")
@@ -679,10 +681,8 @@ def _shorter_run_advice(model: str, ratio: float) -> str:
 
 
 def _lr_text(opt: OptimConfig) -> str:
-    """The header's learning rate, when the linear rule or a warm-up makes it other than ``optim.lr``, and the
-    weight average (``optim.ema``) when there is one."""
-    ema = f", an EMA of the weights (decay {opt.ema:g}) delivered" if opt.ema is not None else ""
+    """The header's learning rate, when the linear rule or a warm-up makes it other than ``optim.lr``."""
     if opt.peak_lr == opt.lr:
-        return ema
+        return ""
     warm = f", warm-up from {opt.lr:g} over {opt.warmup_epochs:g} epochs" if opt.warmup_start < 1 else ""
-    return f", lr {opt.peak_lr:g} = {opt.lr:g} x {opt.batch_size}/{opt.lr_batch}{warm}{ema}"
+    return f", lr {opt.peak_lr:g} = {opt.lr:g} x {opt.batch_size}/{opt.lr_batch}{warm}"
