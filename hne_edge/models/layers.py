@@ -37,6 +37,8 @@ __all__ = [
     "replicate_branches",
     "copy_branch_weights",
     "fold_batchnorm",
+    "densify_groups",
+    "ComputeIn",
 ]
 
 ActLayer = Callable[[], nn.Module] | None
@@ -44,17 +46,19 @@ POINTWISE_MODES = ("conv", "bmm")
 
 
 class PointwiseConv2d(nn.Conv2d):
-    """A 1x1 convolution (no bias) whose groups may run as a batched matrix multiply.
+    """A 1x1 convolution whose groups may run as a batched matrix multiply.
 
     ``pointwise = "conv"`` (the default) is ``nn.Conv2d``; ``"bmm"`` computes the same function with
-    :func:`branch_matmul`. It is an ``nn.Conv2d`` with the same parameters and state-dict keys either way.
+    :func:`branch_matmul`. It is an ``nn.Conv2d`` with the same parameters and state-dict keys either way. It is
+    built without a bias; folding its BatchNorm (:func:`fold_batchnorm`) gives it one, which both paths add.
     """
 
     pointwise: str = "conv"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pointwise == "bmm" and self.groups > 1 and not torch.onnx.is_in_onnx_export():
-            return branch_matmul(x, self.weight, self.groups, self.stride[0])
+            y = branch_matmul(x, self.weight, self.groups, self.stride[0])
+            return y if self.bias is None else y + self.bias.view(1, -1, 1, 1)
         return super().forward(x)
 
 
@@ -289,3 +293,41 @@ def fold_batchnorm(module: nn.Module) -> nn.Module:
     if left:
         raise ValueError(f"BatchNorm folding left {len(left)} BatchNorm2d layer(s) (e.g. {left[0]}); expected none")
     return module
+
+
+def densify_groups(module: nn.Module, max_groups: int) -> nn.Module:
+    """``module`` with every grouped convolution of 2 to ``max_groups`` groups, each of more than one input channel,
+    turned into one dense convolution whose weight is block-diagonal (zeros between the groups), in place.
+
+    The same function: every product the grouped convolution forms is formed, and the others multiply zeros (only
+    the order of a sum may change). More multiplies, one kernel of a kind the GPU libraries tune most - a lever for
+    small group counts at batch 1 (issue 40 item 4); depthwise convolutions (one channel per group) are left alone.
+    A 1x1 one stays a :class:`PointwiseConv2d`, now of one group (the ``bmm`` path then does not apply).
+    """
+    if not (type(max_groups) is int and max_groups >= 1):
+        raise ValueError(f"dense_groups: received {max_groups!r}; expected an int >= 1 (1: leave every group alone)")
+    for conv in module.modules():
+        g = getattr(conv, "groups", 1)
+        if not isinstance(conv, nn.Conv2d) or not 1 < g <= max_groups or conv.in_channels == g:
+            continue
+        w = conv.weight.detach()
+        cout, cin = w.shape[0] // g, w.shape[1]
+        dense = w.new_zeros((w.shape[0], cin * g, *w.shape[2:]))
+        for i in range(g):
+            dense[i * cout : (i + 1) * cout, i * cin : (i + 1) * cin] = w[i * cout : (i + 1) * cout]
+        conv.weight = nn.Parameter(dense, requires_grad=conv.weight.requires_grad)
+        conv.groups = 1
+    return module
+
+
+class ComputeIn(nn.Module):
+    """``module`` run in ``dtype``: its weights cast once here, its input cast on entry (on the device, inside a CUDA
+    graph when captured in one); its outputs stay in ``dtype`` (a reader casts what it takes to the host)."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module = module.to(dtype)
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor):
+        return self.module(x.to(self.dtype))

@@ -1,4 +1,5 @@
-"""The PyTorch backend on the CPU: fp16 from fp32 weights, BatchNorm folded into the unit modules.
+"""The PyTorch backend on the CPU: fp16 from fp32 weights, BatchNorm folded into the unit modules, the levers that
+compute the same units another way (bmm, block-diagonal dense convolutions, bfloat16, compiled).
 
 References are independent of the backend: the fused hne_tiny model evaluated in float64.
 """
@@ -122,3 +123,94 @@ def test_inductor_compiled_fused_tree_equals_the_float64_model(steps_bundle, ref
     x, ref = reference64
     with AnytimeRunner(steps_bundle, backend="torch", plan="fused", compile=True, load_profile=False, warmup=0) as runner:
         np.testing.assert_allclose(runner.run(x).leaf_logits, ref.transpose(1, 0, 2), **FP32)
+
+
+# -- the levers: the same units computed another way (issue 40 item 4), each prefix against float64 ----------------
+
+BF16 = dict(rtol=3e-2, atol=6e-2)  # bfloat16 (8 significant bits) end to end vs the float64 model, O(1) logits
+LEVERS = {"bmm": dict(pointwise="bmm"), "dense": dict(dense_groups=16), "dense<=2": dict(dense_groups=2),
+          "bf16": dict(bfloat16=True), "bmm+unfolded": dict(pointwise="bmm", fold_batchnorm=False)}  # fmt: skip
+
+
+def _grouped(module):
+    """The group counts of the non-depthwise convolutions of ``module``."""
+    import torch
+
+    return {m.groups for m in module.modules() if isinstance(m, torch.nn.Conv2d) and m.in_channels != m.groups}
+
+
+@pytest.mark.parametrize("lever", sorted(LEVERS))
+@pytest.mark.parametrize("plan", ["subtrees", "fused"])  # the units with branches side by side (a segment has one)
+def test_each_lever_computes_every_prefix_as_the_float64_model(steps_bundle, reference64, lever, plan):
+    """``pointwise="bmm"`` (the folded BatchNorm's bias added to the matrix multiply), ``dense_groups`` (block-diagonal
+    dense convolutions) and ``bfloat16``: every prefix of every frame, every leaf of a stepped session, against the
+    float64 fused model; and each lever really changed the units (the kernels a GPU would run are another kind)."""
+    import torch
+
+    from hne_edge.models.layers import PointwiseConv2d
+
+    x, ref = reference64
+    options = LEVERS[lever]
+    tol = BF16 if options.get("bfloat16") else FP32
+    with AnytimeRunner(steps_bundle, backend="torch", plan=plan, load_profile=False, **options) as runner:
+        info = runner.backend.describe()
+        assert {k: info[k] for k in options} == options
+        modules = [r.module for r in runner._runners]
+        if "dense_groups" in options:  # no group count left in 2..dense_groups (hne_tiny's run to 16 branches)
+            assert not any(1 < g <= options["dense_groups"] for m in modules for g in _grouped(m))
+            assert any(g > 2 for m in modules for g in _grouped(m)) == (options["dense_groups"] == 2)
+        if "pointwise" in options:
+            pw = [p for m in modules for p in m.modules() if isinstance(p, PointwiseConv2d) and p.groups > 1]
+            assert pw and all(p.pointwise == "bmm" for p in pw)
+            assert all(p.bias is not None for p in pw) == options.get("fold_batchnorm", True)
+        grouped = [_grouped(m) for m in modules]
+        want = torch.bfloat16 if options.get("bfloat16") else torch.float32
+        assert {p.dtype for m in modules for p in m.parameters()} == {want}
+        for n in runner.stops:
+            r = runner.run(x, max_leaves=n)
+            assert r.logits.dtype == np.float32 and r.leaves == n
+            np.testing.assert_allclose(r.logits, ref[:, :n].mean(1), **tol)
+        s = runner.start(x[:2])
+        while s.step():
+            pass
+        np.testing.assert_allclose(s.result().leaf_logits, ref[:2].transpose(1, 0, 2), **tol)
+    if options.get("bfloat16"):  # really bfloat16: measurably off the float64 model, unlike fp32
+        assert np.abs(r.leaf_logits - ref.transpose(1, 0, 2)).max() > 1e-4
+    with AnytimeRunner(steps_bundle, backend="torch", plan=plan, load_profile=False) as plain:
+        assert ([_grouped(r.module) for r in plain._runners] == grouped) == ("dense_groups" not in options)
+
+
+@pytest.mark.parametrize("lever", ["dense", "bf16", "bmm"])
+def test_levers_run_in_the_cuda_graphs_of_the_torch_cuda_backend(steps_bundle, reference64, fake_torch_cuda, lever):
+    """The levers on the torch CUDA backend (a fake device: CPU tensors): captured and replayed like the plain units
+    (bfloat16's cast of the image inside the graph), every stop of plan mixed within its tolerance."""
+    x, ref = reference64
+    options = LEVERS[lever]
+    with AnytimeRunner(steps_bundle, backend="torch", device="cuda", plan="mixed", load_profile=False,
+                       **options) as runner:
+        (dev,) = fake_torch_cuda
+        captured = dev.captures
+        assert captured > 0 and {k: runner.backend.describe()[k] for k in options} == options
+        _every_stop(runner, x[:1], ref[:1], BF16 if options.get("bfloat16") else FP32)
+        _every_stop(runner, x, ref, BF16 if options.get("bfloat16") else FP32)
+        assert dev.captures == captured and dev.replays > captured  # served by replays: nothing captured while serving
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(dense_groups=0), r"dense_groups: received 0; expected an int >= 1 \(1: no convolution densified\)"),
+    (dict(dense_groups=2.0), r"dense_groups: received 2.0; expected an int >= 1"),
+    (dict(pointwise="gemm"), r"pointwise: received 'gemm'; expected one of conv, bmm"),
+    (dict(bfloat16="yes"), r"bfloat16: received 'yes'; expected True or False"),
+    (dict(compile_mode="max-autotune-no-cudagraphs"), r"compile_mode: received 'max-autotune-no-cudagraphs' with "
+                                                      r"compile=False; expected None, or one of default, "
+                                                      r"max-autotune-no-cudagraphs with compile=True"),
+    (dict(compile=True, compile_mode="reduce-overhead"), r"compile_mode: received 'reduce-overhead' .*capture CUDA "
+                                                         r"graphs of their own are refused"),
+    (dict(bfloat16=True, precision="fp16"), r"bfloat16 computes an fp32 bundle in bfloat16; received precision "
+                                            r"'fp16' too"),
+])  # fmt: skip
+def test_lever_options_are_checked(tiny_bundle, options, message):
+    from hne_edge.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", load_profile=False, **options)

@@ -32,7 +32,9 @@ from ...errors import BackendUnavailable, BundleError, InputError, install_hint
 from ...limits import check_threads
 from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
 
-__all__ = ["TorchBackend", "TorchRunner"]
+__all__ = ["TorchBackend", "TorchRunner", "COMPILE_MODES"]
+
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile modes that leave CUDA graphs to the backend
 
 
 def _import_torch():
@@ -87,6 +89,20 @@ class TorchBackend(Backend):
         Shapes are static (``dynamic=False``): each batch size compiles once, on its first call. The first call
         of each unit and batch size pays the compilation (seconds to minutes), so construct the runner with its
         warm-up and profile before deadlines matter. Meant for plans with few units (``fused``, ``subtrees``).
+    compile_mode: the ``torch.compile`` mode with ``compile=True`` (None: inductor's default);
+        ``"max-autotune-no-cudagraphs"`` autotunes each kernel (minutes). Modes that capture CUDA graphs of their
+        own (``"reduce-overhead"``, ``"max-autotune"``) are refused: the CUDA backend captures each unit itself.
+
+    The levers below compute the same function another way (issue 40 item 4: measured one at a time by
+    ``benchmarks/bench_kernels.py --levers``, each prefix against float64); all off by default:
+
+    pointwise: ``"bmm"`` runs every branch-parallel 1x1 convolution as one batched matrix multiply over its
+        branches (:class:`~hne_edge.models.layers.PointwiseConv2d`; the folded bias added), ``"conv"`` as is.
+    dense_groups: grouped convolutions of 2 to ``dense_groups`` groups (not depthwise) run as one dense
+        convolution with a block-diagonal weight (:func:`~hne_edge.models.layers.densify_groups`); 1: none.
+    bfloat16: each unit computes in bfloat16 (weights cast after folding, the fp32 image cast on the device,
+        activations between units in bfloat16, logits cast to fp32 on the way to the host): about three
+        significant digits, for fp32 bundles (``precision="fp16"`` is the bundle's own reduced precision).
     """
 
     name = "torch"
@@ -94,17 +110,35 @@ class TorchBackend(Backend):
     devices = ("cpu",)
 
     def __init__(self, device: str = "cpu", threads: int | None = None, fold_batchnorm: bool = True,
-                 compile: bool | str = False) -> None:  # fmt: skip
+                 compile: bool | str = False, compile_mode: str | None = None, pointwise: str = "conv",
+                 dense_groups: int = 1, bfloat16: bool = False) -> None:  # fmt: skip
         super().__init__(device)
         threads = check_threads(threads)
         if not isinstance(compile, (bool, str)) or compile == "":
             raise InputError(f"compile: received {compile!r}; expected True, False or a torch.compile backend name")
+        if compile_mode is not None and (compile is not True or compile_mode not in COMPILE_MODES):
+            raise InputError(f"compile_mode: received {compile_mode!r} with compile={compile!r}; expected None, or "
+                             f"one of {', '.join(COMPILE_MODES)} with compile=True (modes that capture CUDA graphs "
+                             "of their own are refused: the CUDA backend captures each unit itself)")
+        if not (type(dense_groups) is int and dense_groups >= 1):
+            raise InputError(f"dense_groups: received {dense_groups!r}; expected an int >= 1 "
+                             "(1: no convolution densified)")
+        if not isinstance(bfloat16, bool):
+            raise InputError(f"bfloat16: received {bfloat16!r}; expected True or False")
         self.torch = _import_torch()
+        from ...models.layers import POINTWISE_MODES
+
+        if pointwise not in POINTWISE_MODES:
+            raise InputError(f"pointwise: received {pointwise!r}; expected one of {', '.join(POINTWISE_MODES)}")
         if threads is not None:
             self.torch.set_num_threads(threads)
         self.threads = threads
         self.fold_batchnorm = bool(fold_batchnorm)
         self.compile = compile
+        self.compile_mode = compile_mode
+        self.pointwise = pointwise
+        self.dense_groups = dense_groups
+        self.bfloat16 = bfloat16
 
     def has_plan(self, manifest: Manifest, plan: str, precision: str) -> bool:
         """Every plan is a view of the weights file: the bundle needs only that (fp32 serves fp16 too)."""
@@ -112,6 +146,9 @@ class TorchBackend(Backend):
 
     def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
         """Units from the tree over the bundle's (fp32) weights, read once and built into the model here."""
+        if self.bfloat16 and precision != "fp32":
+            raise InputError(f"bfloat16 computes an fp32 bundle in bfloat16; received precision {precision!r} too: "
+                             "expected precision 'fp32' with bfloat16=True, or bfloat16=False")  # fmt: skip
         try:
             (weights,) = manifest.files_for(WEIGHTS, precision, "torch")
         except BundleError:
@@ -124,18 +161,29 @@ class TorchBackend(Backend):
         return LoadedPlan(plan, precision, units, image_dtype(units, manifest), weights, model)
 
     def prepare(self, module: Any, half: bool) -> Any:
-        """A unit's module as it runs: BatchNorm folded (in fp32, before any cast), then fp16 if ``half``, placed on
-        the device (:meth:`place`), then compiled if ``compile``."""
-        from ...models.layers import fold_batchnorm
+        """A unit's module as it runs: BatchNorm folded (in fp32, before any cast), the convolution levers
+        (``dense_groups``, ``pointwise``), then fp16 if ``half`` or bfloat16 if ``bfloat16``, placed on the device
+        (:meth:`place`), then compiled if ``compile``."""
+        from ...models.layers import ComputeIn, densify_groups, fold_batchnorm, set_pointwise
 
         module = module.float().eval()
         if self.fold_batchnorm:
             module = fold_batchnorm(module)
-        module = self.place(module.half() if half else module)
+        else:
+            module = copy.deepcopy(module)  # the levers change it in place; the bundle's model is shared
+        if self.dense_groups > 1:
+            module = densify_groups(module, self.dense_groups)
+        module = set_pointwise(module, self.pointwise)
+        if half:
+            module = module.half()
+        elif self.bfloat16:
+            module = ComputeIn(module, self.torch.bfloat16)
+        module = self.place(module)
         if self.compile is False:
             return module
         backend = "inductor" if self.compile is True else self.compile
-        return self.torch.compile(module, backend=backend, dynamic=False)
+        mode = {"mode": self.compile_mode} if self.compile_mode else {}
+        return self.torch.compile(module, backend=backend, dynamic=False, **mode)
 
     def place(self, module: Any) -> Any:
         """Where and how a prepared module's weights live (the CPU: as they are)."""
@@ -178,5 +226,10 @@ class TorchBackend(Backend):
             "torch": self.torch.__version__,
             "threads": self.threads,
             "fold_batchnorm": self.fold_batchnorm,
-            "compile": self.compile,
+            **self.levers(),
         }
+
+    def levers(self) -> dict[str, Any]:
+        """The options that compute the same units another way, as :meth:`describe` reports them."""
+        return {"compile": self.compile, "compile_mode": self.compile_mode, "pointwise": self.pointwise,
+                "dense_groups": self.dense_groups, "bfloat16": self.bfloat16}  # fmt: skip

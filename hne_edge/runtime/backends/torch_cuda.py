@@ -192,6 +192,8 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
     compile: ``torch.compile`` each unit's module (as the CPU backend; off by default). The compiled kernels are
         captured in the unit's CUDA graph like the eager ones (the first call of a batch size compiles, then
         captures). Not yet measured on a GPU: benchmarks/bench_kernels.py compares it with the eager graphs.
+    compile_mode, pointwise, dense_groups, bfloat16: the levers of the CPU backend (:class:`~.torch.TorchBackend`),
+        captured in the unit's graphs like the rest; none yet measured on a GPU (``bench_kernels.py --levers``).
     """
 
     name = "torch"
@@ -212,10 +214,16 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         fold_batchnorm: bool = True,
         threads: int | None = None,
         compile: bool | str = False,
+        compile_mode: str | None = None,
+        pointwise: str = "conv",
+        dense_groups: int = 1,
+        bfloat16: bool = False,
     ) -> None:
         if int(graph_warmup) < 1:
             raise ValueError(f"graph_warmup: received {graph_warmup}; expected >= 1 (the first call of a shape is one)")
-        TorchBackend.__init__(self, device, threads=threads, fold_batchnorm=fold_batchnorm, compile=compile)  # the device; torch
+        TorchBackend.__init__(self, device, threads=threads, fold_batchnorm=fold_batchnorm, compile=compile,
+                              compile_mode=compile_mode, pointwise=pointwise, dense_groups=dense_groups,
+                              bfloat16=bfloat16)  # the device, torch and the levers, checked  # fmt: skip
         require_cuda(self.name, self.device_id, torch=True)
         self.cuda = TorchCuda(self.device_id)
         self.channels_last = bool(channels_last)
@@ -309,5 +317,5 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
             "capture_sizes": self.capture_sizes,
             "allow_tf32": self.allow_tf32,
             "cudnn_benchmark": self.cudnn_benchmark,
-            "compile": self.compile,
+            **self.levers(),
         }
