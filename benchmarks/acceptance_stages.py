@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from hne_edge.demo import REFERENCE as REFERENCE_WEIGHTS  # noqa: E402  (the shipped reference, when it is)
+
 DEFAULT_CAP_S = 480.0
 SMOKE_CAP_FACTOR = 4.0  # --smoke: stage caps x this, and the run's cap 1800 s unless --cap-s is given
 MIN_STAGE_S = 15.0  # a stage that would get less than this is not started
@@ -46,7 +48,7 @@ class Stage:
     min_s: float = MIN_STAGE_S  # a stage that would get less than this is "not run"
 
 
-RUNTIME_GROUP = ("doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "mobilenet")  # <= 240 s together
+RUNTIME_GROUP = ("doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "levers", "mobilenet")  # <= 240 s
 # the ONNX Runtime GPU tests the ort-gpu stage runs: both buffer modes and fp16 (all nine took more than its time on the
 # H200, 2026-11-28: 19 GPU tests in 121 s); the gpu-tests stage runs them all where onnxruntime-gpu is installed
 ORT_GPU_TESTS = tuple(f"tests/runtime/test_gpu_hardware.py::{t}" for t in (
@@ -69,6 +71,12 @@ STAGES = (
     Stage("kernels", "bench_kernels.py: kernels per unit (fused tree, first leaf), eager and compiled", 25,
           "BENCHMARKS.md 'Where the fused tree's time goes': kernels per class and time of the fused tree and the first leaf, "
           "graphs vs compiled units (targets on an H200: fused <= 0.6 ms, first leaf <= 0.3 ms)"),
+    Stage("levers", "bench_kernels.py --levers: the fused tree and the first leaf, one lever at a time (NCHW, no "
+          "autotuning, TF32, fp16, bfloat16, 1x1 as bmm, block-diagonal dense groups), every prefix vs float64, "
+          "timed side by side", 35,
+          "BENCHMARKS.md 'Where the fused tree's time goes': the table of levers (issue 40 item 4; what wins, within "
+          "the fp32 tolerance, becomes the torch backend's default), the fused tree and the first leaf against the "
+          "targets (H200: <= 0.6 ms, <= 0.3 ms)"),
     Stage("mobilenet", "bench_gpu.py (hne_mobilenetv2 224x224, every plan, batch 1 and 8)", 50,
           "BENCHMARKS.md 'How fast is anytime against one network on a GPU': the compute-bound rows (hne_mobilenetv2), next to hne_resnet_small's"),
     # not in the runtime group: it runs only with --ort-gpu-parts, in a call of its own on the H200 (its install ~12 s,
@@ -468,6 +476,34 @@ class StageRuns:
         result.summary += " (compile: dynamo disabled in --smoke)" if self.args.smoke else ""
 
     # 6 --------------------------------------------------------------------------------------------
+    def stage_levers(self, result: StageResult, budget: float) -> None:
+        """The fused tree and the first leaf, one lever at a time, checked against float64 and timed side by side."""
+        md = self.raw("levers.md")
+        cmd = [self.py, "benchmarks/bench_kernels.py", "--levers", "--out", str(md)]
+        cmd += ["--device", "cpu", "--smoke"] if self.args.smoke else ["--device", "cuda", "--repeats", "100"]
+        if not self.args.smoke and REFERENCE_WEIGHTS.is_file():  # a trained model's activations and logits
+            cmd += ["--checkpoint", str(REFERENCE_WEIGHTS)]
+        code = self.command(result, cmd, budget, log="levers")
+        j = md.with_suffix(".json")
+        rows = json.loads(j.read_text()).get("levers", []) if j.is_file() else []
+        result.figures = {"rows": rows, "markdown": md.read_text() if md.is_file() else ""}
+        timed = [r for r in rows if "ms" in r]
+        result.status = "timeout" if code is None else ("ok" if code == 0 and timed else "failed")
+        summary = []
+        for unit in ("fused tree", "first leaf"):
+            mine = [r for r in timed if r["unit"] == unit]
+            right = [r for r in mine if not r["wrong"]]
+            if mine:
+                best = min(right or mine, key=lambda r: r["ms"])
+                summary.append(f"{unit}: shipped {mine[0]['ms']:.3f} ms, fastest right {best['lever']} "
+                               f"{best['ms']:.3f} ms ({best['vs_shipped']:.2f}x)")  # fmt: skip
+        wrong = sorted({r["lever"] for r in rows if r.get("wrong")})
+        failed = sorted({r["lever"] for r in rows if "error" in r})
+        result.summary = "; ".join(summary + ([f"wrong: {', '.join(wrong)}"] if wrong else [])
+                                   + ([f"failed: {', '.join(failed)}"] if failed else [])) or _tail(
+                                       self.out / "logs" / "levers.log", 2)  # fmt: skip
+
+    # 7 --------------------------------------------------------------------------------------------
     def stage_mobilenet(self, result: StageResult, budget: float) -> None:
         """The compute-bound regime users deploy: hne_mobilenetv2 at 224x224, batch 1 and 8, every plan."""
         if self.args.smoke:
@@ -477,7 +513,7 @@ class StageRuns:
                      "--warmup", "3", "--repeats", "10", "--profile-repeats", "5", "--frames", "60", "--no-batch-check"]  # fmt: skip
         self.bench_gpu_rows(result, budget, "mobilenet", extra)
 
-    # 7 --------------------------------------------------------------------------------------------
+    # 8 --------------------------------------------------------------------------------------------
     def stage_ort_gpu(self, result: StageResult, budget: float) -> None:
         """onnxruntime-gpu from wheel parts, installed once (``staged_wheel``) and first on the children's PYTHONPATH;
         every child started through ort_gpu_child.py (torch, then onnxruntime.preload_dlls()): a probe, a subset of the
@@ -535,7 +571,7 @@ class StageRuns:
                           + ("; ".join(f"{k}: {v['frames']} frames, leaf 0's segment {v['leaf0_ms']} ms, first-leaf file "
                                        f"{v['first_leaf_file_ms']} ms" for k, v in traces.items()) or "none"))  # fmt: skip
 
-    # 8 --------------------------------------------------------------------------------------------
+    # 9 --------------------------------------------------------------------------------------------
     def stage_bench_train(self, result: StageResult, budget: float) -> None:
         out = self.raw("bench_train.json")  # its figures are all in acceptance.json too
         cmd = [self.py, "benchmarks/bench_train.py", "--pointwise", "conv,bmm", "--json", str(out),
@@ -574,7 +610,7 @@ class StageRuns:
         parts += [f"not measured: {n}" for n in figures.get("not_measured", [])]
         result.summary = f"batch {figures.get('batch')}: " + "; ".join(parts) + (" (--smoke: CPU, hne_tiny)" if self.args.smoke else "")
 
-    # 9 --------------------------------------------------------------------------------------------
+    # 10 -------------------------------------------------------------------------------------------
     def stage_reference(self, result: StageResult, budget: float) -> None:
         if self.args.smoke:
             budget = min(budget, SMOKE_REFERENCE_S)
@@ -638,7 +674,7 @@ class StageRuns:
                 "time_budget_s": record.get("time_budget_s"), "seconds": record.get("seconds"),
                 "files": [f"{where}{name}" for name in ("checkpoint.pt", "config.yaml", "record.json") if (folder / name).is_file()]}  # fmt: skip
 
-    # 10 -------------------------------------------------------------------------------------------
+    # 11 -------------------------------------------------------------------------------------------
     def stage_streams(self, result: StageResult, budget: float) -> None:
         """The stream scheduler where it matters (issue 39): several cameras of different rates on one GPU, one of
         them bursty, each deadline one frame period, against K runners and one FIFO runner; plans mixed, then
@@ -669,7 +705,7 @@ class StageRuns:
                           + (f"{len(missed)} of {len(verdicts)} targets missed: " + "; ".join(missed)[:500] if missed
                              else f"all {len(verdicts)} targets met"))  # fmt: skip
 
-    # 11 -------------------------------------------------------------------------------------------
+    # 12 -------------------------------------------------------------------------------------------
     def stage_losses(self, result: StageResult, budget: float) -> None:
         t_end = time.monotonic() + budget
         a = self.args

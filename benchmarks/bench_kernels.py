@@ -19,6 +19,17 @@ Two tables, hne_resnet_small (seed 0 weights), batch 1:
   against the float64 model (max |error| on its logits) before it is timed. The targets (H200): fused tree at
   batch 1 <= 0.6 ms, first leaf <= 0.3 ms.
 
+* **levers** (``--levers``, issue 40 item 4) - the same two units computed another way, one lever at a time from
+  the backend as shipped (fp32, channels-last on a GPU, cuDNN autotuning before capture, CUDA graphs): NCHW, no
+  autotuning, TF32, fp16, bfloat16, the branch-parallel 1x1 convolutions as one ``bmm``, grouped convolutions of
+  at most 4 / 16 groups as block-diagonal dense ones, and with ``--compile`` the units compiled (inductor's
+  default, and ``max-autotune-no-cudagraphs``). Each is checked first - every prefix of the fused tree (the mean
+  of its first 1, 2, 4, ... leaves) and the first leaf against the float64 model - then all are timed side by side
+  in one rotation (:func:`harness.rotation`: the order shifted each repeat), each against the shipped one's
+  median in the same run. A lever that computes in fp32 and leaves the tolerance of the real-GPU tests (1e-4 of
+  the largest logit) is marked wrong, whatever its time. GPU-only levers are skipped with ``--device cpu``.
+  ``--checkpoint`` takes trained weights (the shipped reference: logits and activations of a real model).
+
 The JSON beside ``--out`` is written after every row, so a run stopped by a time cap keeps what it measured.
 """
 
@@ -34,7 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import machine, write_report  # first: it puts this checkout on sys.path
+from harness import command_line, machine, rotation, write_report  # first: it puts this checkout on sys.path
 
 PLANS = ("segments", "subtrees", "fused")
 KERNEL_CLASSES = (("convolution", ("conv", "cudnn", "implicit", "xmma", "cutlass", "wgrad", "dgrad", "winograd", "gemm", "sm80",
@@ -201,8 +212,111 @@ def units_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int,
     return rows
 
 
+# an fp32 lever's largest prefix error relative to the largest |logit| of the float64 model: the real-GPU tests'
+# tolerance (1e-4, tests/runtime/test_gpu_hardware.py) at O(1) logits; untrained weights give logits of ~0.01
+FP32_RELATIVE_TOLERANCE = 1e-4
+# (name, the backend's options, fp16 units, GPU only, compiled): one change each from the backend as shipped
+LEVERS = (
+    ("as shipped", {}, False, False, False),
+    ("NCHW (channels_last=False)", {"channels_last": False}, False, True, False),
+    ("no cuDNN autotuning (cudnn_benchmark=False)", {"cudnn_benchmark": False}, False, True, False),
+    ("TF32 (allow_tf32=True)", {"allow_tf32": True}, False, True, False),
+    ("fp16 (precision='fp16')", {}, True, False, False),
+    ("bfloat16 (bfloat16=True)", {"bfloat16": True}, False, False, False),
+    ("1x1 as bmm (pointwise='bmm')", {"pointwise": "bmm"}, False, False, False),
+    ("dense <= 4 groups (dense_groups=4)", {"dense_groups": 4}, False, False, False),
+    ("dense <= 16 groups (dense_groups=16)", {"dense_groups": 16}, False, False, False),
+    ("compiled (compile=True)", {"compile": True}, False, False, True),
+    ("compiled, autotuned (compile_mode='max-autotune-no-cudagraphs')",
+     {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}, False, False, True),
+)  # fmt: skip
+REDUCED = ("fp16", "bfloat16", "TF32")  # levers that leave fp32 on purpose: their error is reported, not judged
+
+
+def prefix_errors(out, want) -> list[float]:
+    """Max |error| of each prefix (the mean of the first 1, 2, 4, ... leaves) of (batch, leaves, classes) logits."""
+    n, errors = 1, []
+    while n <= want.shape[1]:
+        errors.append(float((out[:, :n].double().mean(1) - want[:, :n].mean(1)).abs().max()))
+        n *= 2
+    return errors
+
+
+def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int, torch, write) -> list[dict]:
+    """Each lever's fused tree and first leaf: checked against float64 (every prefix), then timed in one rotation
+    with the others; ``write(rows)`` after each lever is built and once the times are in."""
+    from bench_gpu import torch_call
+
+    from hne_edge.runtime.backends import create_backend
+
+    ref_model = copy.deepcopy(model).double().eval()
+    with torch.no_grad():
+        want = ref_model(torch.from_numpy(x).double())  # (batch, leaves, classes)
+    scale = float(want.abs().max())
+    rows, calls = [], {}
+    for name, options, half, gpu_only, is_compiled in LEVERS:
+        if (gpu_only and device == "cpu") or (is_compiled and not compiled):
+            continue
+        for unit, module, ref in (("fused tree", model, want), ("first leaf", model.path_module(0), want[:, :1])):
+            row = {"lever": name, "unit": unit, "options": {**options, **({"precision": "fp16"} if half else {})}}
+            rows.append(row)
+            try:
+                backend = create_backend("torch", device, **options)
+                policy = getattr(backend, "policy", contextlib.nullcontext())
+                stream = backend.cuda.stream_context if device != "cpu" else contextlib.nullcontext
+                t0 = time.perf_counter()
+                prepared = backend.prepare(copy.deepcopy(module), half=half)
+                xin = backend.from_host(x.astype(np.float16) if half else x)
+                with torch.inference_mode(), stream(), policy:
+                    out = prepared(xin)  # the first call compiles, autotunes
+                out = out.float().cpu()
+                row["first_call_s"] = round(time.perf_counter() - t0, 2)
+                row["prefix_errors"] = prefix_errors(out if unit == "fused tree" else out[:, None], ref)
+                row["max_error_vs_float64"] = max(row["prefix_errors"])
+                row["relative_error"] = row["max_error_vs_float64"] / scale
+                row["wrong"] = not name.startswith(REDUCED) and row["relative_error"] > FP32_RELATIVE_TOLERANCE
+
+                def call(m=prepared, xin=xin, policy=policy, stream=stream):
+                    with torch.inference_mode(), stream(), policy:
+                        return m(xin)
+
+                got = profile_call(torch, call, device)
+                row["kernels" if device != "cpu" else "ops"] = got["kernels" if device != "cpu" else "ops"]
+                calls[(name, unit)] = torch_call(backend, prepared, x, graph=device != "cpu", half=half, prepared=True)
+            except Exception as exc:  # one lever failing (a compiler error, an unsupported kernel) hides no other
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            write(rows)
+    medians = rotation({f"{k[0]}|{k[1]}": fn for k, fn in calls.items()}, repeats, warmup=5)
+    base = {r["unit"]: medians.get(f"{r['lever']}|{r['unit']}") for r in rows if r["lever"] == LEVERS[0][0]}
+    for r in rows:
+        ms = medians.get(f"{r['lever']}|{r['unit']}")
+        if ms is not None:
+            r["ms"] = ms
+            r["vs_shipped"] = ms / base[r["unit"]] if base.get(r["unit"]) else None
+    write(rows)
+    return rows
+
+
+def levers_markdown(rows: list[dict], device: str, model: str) -> list[str]:
+    lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch 1, timed side by side in one "
+             f"rotation; {'GPU kernels' if device != 'cpu' else 'aten ops'} of one call; every prefix against float64):", "",
+             "| lever | unit | ms | vs shipped | kernels (or ops) | max error vs float64 (relative) | first call s |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['lever']} | {r['unit']} | {r['error']} |||||")
+            continue
+        ms = f"{r['ms']:.3f}" if "ms" in r else "not timed"
+        ratio = f"{r['vs_shipped']:.2f}" if r.get("vs_shipped") else "-"
+        err = f"{r['max_error_vs_float64']:.1e} ({r['relative_error']:.1e})" + (" **wrong**" if r["wrong"] else "")
+        lines.append(f"| {r['lever']} | {r['unit']} | {ms} | {ratio} | {r.get('kernels', r.get('ops'))} | {err} | "
+                     f"{r['first_call_s']} |")  # fmt: skip
+    return lines
+
+
 def to_markdown(data: dict) -> str:
-    lines = [f"# Kernels per unit: {data['where']}", ""]
+    lines = [f"# {'Levers' if set(data) & {'levers', 'units'} == {'levers'} else 'Kernels per unit'}: {data['where']}", "",
+             f"Command: `{data['command']}`", ""]  # fmt: skip
     if data.get("per_plan"):
         lines += [f"Torch backend units, batch 1, one call each ({'aten ops called' if data['device'] == 'cpu' else 'CUDA kernels'}; "
                   "BatchNorm folded, as by default, and unfolded):", "",
@@ -228,6 +342,8 @@ def to_markdown(data: dict) -> str:
             classes = "; ".join(f"{k} {v['kernels']} / {v['gpu_us']:.0f}" for k, v in r.get("classes", {}).items()) or "n/a"
             lines.append(f"| {r['unit']} | {r['compiled']} | {r['ms']:.3f} | {r.get('kernels', r.get('ops'))} | {classes} | "
                          f"{r['max_error_vs_float64']:.1e} | {r['first_call_s']} |")  # fmt: skip
+    if data.get("levers"):
+        lines += levers_markdown(data["levers"], data["device"], data["model"])
     return "\n".join(lines) + "\n"
 
 
@@ -237,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--compile", action="store_true", help="also the fused tree and the first leaf compiled (torch.compile)")
     ap.add_argument("--compile-only", action="store_true", help="only the compiled units (a second, separately capped call)")
+    ap.add_argument("--levers", action="store_true",
+                    help="only the levers table: each lever's fused tree and first leaf, checked and timed side by side "
+                         "(with --compile: the compiled levers too)")  # fmt: skip
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="the weights (and model) of a checkpoint, e.g. hne_edge/assets/cifar10_reference.pt; default: "
+                         "--model with seed-0 weights")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--workdir", type=Path, default=None, help="the bundle's folder (bench_gpu.py's: reused when present)")
     ap.add_argument("--smoke", action="store_true",
@@ -254,15 +376,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_kernels: skipped - torch {torch.__version__} sees no CUDA device; pass --device cpu for the op counts")
         return 0
     where = torch.cuda.get_device_name(0) if args.device != "cpu" else f"CPU ({machine()})"
-    data: dict = {"where": where + (" (smoke run: not figures)" if args.smoke else ""), "device": args.device, "model": args.model}
+    data: dict = {"where": where + (" (smoke run: not figures)" if args.smoke else ""), "device": args.device, "model": args.model,
+                  "command": command_line()}  # fmt: skip
 
     def write() -> None:
         write_report(args.out, to_markdown(data), data)
 
     torch.manual_seed(0)
-    model = create_model(args.model).eval()
+    if args.checkpoint is not None:
+        from hne_edge.train.checkpoint import model_from_checkpoint
+
+        model = model_from_checkpoint(args.checkpoint)[0].float().eval()
+        args.model, data["model"] = model.config.name, f"{model.config.name} ({args.checkpoint.name})"
+    else:
+        model = create_model(args.model).eval()
     spec_size = model.config.input_size
     x = np.random.default_rng(0).standard_normal((1, 3, spec_size, spec_size)).astype(np.float32)
+    if args.levers:
+        def write_levers(rows: list[dict]) -> None:
+            data["levers"] = rows
+            write()
+
+        levers_table(model, args.device, x, args.compile, args.repeats, torch, write_levers)
+        print(to_markdown(data))
+        return 0
     if not args.compile_only:  # the two units the H200 measured first, then every unit of every plan
         data["units"] = units_table(model, args.device, x, False, args.repeats, torch)
         write()

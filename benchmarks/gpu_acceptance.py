@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out runs/acceptance         # every default stage, 8 minutes at most
     make gpu-acceptance                                                              # the same
-    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --cap-s 270 \
-        --stages doctor,gpu-tests,bench-gpu,record-steps,kernels,mobilenet,bench-train   # the runtime group + bench-train
+    PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --cap-s 280 \
+        --stages doctor,gpu-tests,bench-gpu,record-steps,kernels,levers,mobilenet,bench-train  # runtime group + bench-train
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --stages reference --cap-s 330 \
         --cifar-parts /tmp/stage_a runs/stage_b                                      # the reference HNE_small, its own call
     PYTHONPATH=. python3 benchmarks/gpu_acceptance.py --out OUT --work /tmp/acceptance --stages ort-gpu \
@@ -17,7 +17,7 @@ Runs from the checkout with the machine's Python (``PYTHONPATH=.``, nothing to i
 subprocess of this checkout's own tools, so a crash or a hang in one stage is that stage's result, not the
 run's. Each stage writes its result into ``OUT/acceptance.md`` and ``OUT/acceptance.json`` the moment it ends,
 so a run cut off by the cap (or by the machine going away) still reports what it did. Stages, in this order,
-each with a fixed cap (seconds; the runtime group, 1-6, within 240 s together):
+each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
 
 1. ``doctor`` (30): ``hne-edge doctor --json`` on this machine (every backend present, every prefix vs float64).
 2. ``gpu-tests`` (30): ``pytest tests/runtime/test_gpu_hardware.py -m "gpu or tensorrt"`` (the real-GPU tests).
@@ -32,9 +32,15 @@ each with a fixed cap (seconds; the runtime group, 1-6, within 240 s together):
    and the first leaf, the kernels of every unit per plan; then (the rest of the cap) the same two units compiled
    (``compile=True``), each checked against float64. A compile takes longer than this cap allows on most
    machines: ``--stage-cap kernels=120`` gives it time in a separate call.
-6. ``mobilenet`` (50): ``bench_gpu.py`` on hne_mobilenetv2 at 224x224 (the compute-bound regime), every plan,
+6. ``levers`` (35): ``benchmarks/bench_kernels.py --levers --device cuda``: the fused tree and the first leaf, one
+   lever at a time from the torch backend as shipped (NCHW, no cuDNN autotuning, TF32, fp16, bfloat16, the 1x1
+   convolutions as one bmm, grouped convolutions of at most 4 / 16 groups as block-diagonal dense ones), every
+   prefix against float64 first (an fp32 lever off by more than 1e-4 is marked wrong), then all timed side by side
+   in one rotation (issue 40 item 4). The compiled levers (``--compile``: inductor, and its
+   ``max-autotune-no-cudagraphs`` mode) take minutes: run ``bench_kernels.py --levers --compile`` in a call of its own.
+7. ``mobilenet`` (50): ``bench_gpu.py`` on hne_mobilenetv2 at 224x224 (the compute-bound regime), every plan,
    batch 1 and 8 (60 deadline frames).
-7. ``ort-gpu`` (120, outside the runtime group; only with ``--ort-gpu-parts``, else "skipped"): onnxruntime-gpu from
+8. ``ort-gpu`` (120, outside the runtime group; only with ``--ort-gpu-parts``, else "skipped"): onnxruntime-gpu from
    wheel parts: the parts joined (``benchmarks/wheel_parts.py``), ``pip install --no-deps --target`` into
    ``WORK/ort_gpu`` (unzipped where the machine's Python has no pip; a later call with the same ``--work`` and the
    same wheel reuses it), that folder put first on the children's ``PYTHONPATH``, and every child started through
@@ -42,11 +48,11 @@ each with a fixed cap (seconds; the runtime group, 1-6, within 240 s together):
    import, three of the ONNX Runtime real-GPU tests (``ORT_GPU_TESTS``: both buffer modes and fp16), bench_gpu's
    mixed row at batch 1 with ``--backends onnxruntime``, and ``record_steps.py --backend onnxruntime`` (every step's
    time and the first-leaf file's, frame by frame, in raw.tar.gz). Each part gets a share of what is left.
-8. ``bench-train`` (35): ``benchmarks/bench_train.py`` for hne_resnet_small at the trainer's CUDA defaults
+9. ``bench-train`` (35): ``benchmarks/bench_train.py`` for hne_resnet_small at the trainer's CUDA defaults
    (batch 512, bf16, channels-last): the loop against its step alone on device-resident data (their ratio: the
    loop's overhead), each ``--pointwise`` formulation's step alone and operators per step, the trainer (``fit``)
    itself when time is left, TFLOP/s, % of peak, GPU utilisation (all in acceptance.json; the JSON in raw.tar.gz).
-9. ``reference`` (whatever is left, at least 240 s; only with CIFAR training data, else "skipped"):
+10. ``reference`` (whatever is left, at least 240 s; only with CIFAR training data, else "skipped"):
    ``benchmarks/train_reference.py`` trains hne_resnet_small to a time budget (what the cap leaves) with the
    paper's objective, and with L^I or an average of the weights too when ``--reference-objectives`` names them
    (``independent``, ``hierarchical-ema``: ``--ema``, the decay ``--reference-ema``; the time split evenly), the
@@ -54,11 +60,11 @@ each with a fixed cap (seconds; the runtime group, 1-6, within 240 s together):
    ``OUT/record.json`` (a second objective: ``OUT/<objective>/checkpoint.pt`` and ``record.json``, its config in
    the record), which ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call
    (the CIFAR parts travel in two copies): ``--stages reference --cap-s 330``; OUT then holds at most 8 files.
-10. ``streams`` (60; only when named in ``--stages``): ``benchmarks/bench_streams.py --device cuda`` for plans mixed
+11. ``streams`` (60; only when named in ``--stages``): ``benchmarks/bench_streams.py --device cuda`` for plans mixed
    and segments: 3 and 6 cameras at 30/60/120 fps, the last one delivering its frames 4 at a time, each deadline one
    period of its camera, 3 s a row; the stream scheduler beside K runners and one FIFO runner, and issue 39's
    targets (rejections <= 1 % where FIFO misses <= 2 %, misses <= 1 %, expected accuracy >= both baselines).
-11. ``losses`` (whatever is left; only when named in ``--stages``, and only with CIFAR training data and a test
+12. ``losses`` (whatever is left; only when named in ``--stages``, and only with CIFAR training data and a test
    set): ``benchmarks/cifar_losses.py``, one run per objective of ``--objectives`` for ``--loss-epochs`` epochs,
    each scored on the test set; each objective gets an equal share of the time left.
 

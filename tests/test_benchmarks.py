@@ -171,6 +171,51 @@ def test_bench_kernels_smoke_counts_every_plans_ops(tmp_path):
     assert [u["unit"] for u in data["units"]] == ["fused tree", "first leaf"]
 
 
+def test_bench_kernels_levers_check_every_prefix_then_time_them_side_by_side(tmp_path):
+    """``--levers``: each lever this device has (the GPU-only ones left out on the CPU), both units, every prefix of
+    the fused tree against float64, timed in one rotation against the backend as shipped."""
+    out = tmp_path / "levers.md"
+    proc = run_script("bench_kernels.py", "--device", "cpu", "--smoke", "--levers", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.with_suffix(".json").read_text())["levers"]
+    assert [r["lever"].split(" (")[0] for r in rows[::2]] == ["as shipped", "fp16", "bfloat16", "1x1 as bmm",
+                                                              "dense <= 4 groups", "dense <= 16 groups"]  # fmt: skip
+    assert all(r["unit"] == ("fused tree", "first leaf")[i % 2] and "error" not in r for i, r in enumerate(rows))
+    assert [len(r["prefix_errors"]) for r in rows[:2]] == [5, 1]  # hne_tiny: 1, 2, 4, 8, 16 leaves; the first leaf
+    assert not any(r["wrong"] for r in rows) and all(r["ms"] > 0 for r in rows)
+    assert rows[0]["vs_shipped"] == rows[1]["vs_shipped"] == 1.0
+    bf16 = next(r for r in rows if r["options"] == {"bfloat16": True})
+    assert bf16["max_error_vs_float64"] > 1e-6 > rows[0]["max_error_vs_float64"]  # bfloat16 really computed
+    assert "| dense <= 16 groups (dense_groups=16) | fused tree |" in out.read_text()
+
+
+def test_a_lever_that_changes_the_function_is_marked_wrong(monkeypatch):
+    """The check before the clock: a block-diagonal weight with its blocks in the wrong place is fast and wrong."""
+    import numpy as np
+    import torch
+
+    from hne_edge.models import create_model, layers
+
+    def misplaced(module, max_groups):
+        for conv in module.modules():
+            if isinstance(conv, torch.nn.Conv2d) and 1 < conv.groups <= max_groups and conv.in_channels != conv.groups:
+                conv.weight = torch.nn.Parameter(conv.weight.detach().repeat(1, conv.groups, 1, 1))  # every block
+                conv.groups = 1
+        return module
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_kernels
+
+    monkeypatch.setattr(bench_kernels, "LEVERS", bench_kernels.LEVERS[:1] + bench_kernels.LEVERS[-3:-2])
+    monkeypatch.setattr(layers, "densify_groups", misplaced)
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    rows = bench_kernels.levers_table(create_model("hne_tiny").eval(), "cpu", x, False, 2, torch, lambda rows: None)
+    assert [(r["lever"].split(" (")[0], r["wrong"]) for r in rows] == [
+        ("as shipped", False), ("as shipped", False), ("dense <= 16 groups", True), ("dense <= 16 groups", False)]
+    # the first leaf is one branch: no grouped convolution to misplace
+
+
 def test_record_steps_smoke_writes_a_trace_the_deadline_tests_read(tmp_path):
     proc = run_script("record_steps.py", "--smoke", "--batches", "1,2", "--out", str(tmp_path), "--workdir",
                       str(tmp_path / "w"))  # fmt: skip

@@ -40,8 +40,8 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((out / "acceptance.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "mobilenet", "ort-gpu", "bench-train",
-                            "reference", "streams", "losses"]  # fmt: skip
+    assert list(stages) == ["doctor", "gpu-tests", "bench-gpu", "record-steps", "kernels", "levers", "mobilenet", "ort-gpu",
+                            "bench-train", "reference", "streams", "losses"]  # fmt: skip
     ran = {k: s for k, s in stages.items() if k not in ("ort-gpu", "streams", "losses")}
     assert all(s["status"] == "ok" for s in ran.values()), {k: (s["status"], s["summary"]) for k, s in stages.items()}
     assert stages["ort-gpu"]["status"] == "skipped" and "--ort-gpu-parts" in stages["ort-gpu"]["summary"]
@@ -60,6 +60,9 @@ def test_smoke_runs_every_stage_on_the_cpu_and_writes_the_report(tmp_path):
     kernels = stages["kernels"]["figures"]
     assert [u["unit"] for u in kernels["units"]["units"]] == ["fused tree", "first leaf"]
     assert all(u["max_error_vs_float64"] < 1e-4 for u in kernels["units"]["units"] + kernels["compiled"]["units"])
+    levers = stages["levers"]["figures"]["rows"]
+    assert {r["lever"].split(" (")[0] for r in levers} >= {"as shipped", "bfloat16", "1x1 as bmm", "dense <= 16 groups"}
+    assert all(r["ms"] > 0 and not r["wrong"] for r in levers) and "fastest right" in stages["levers"]["summary"]
     assert {r["model"] for r in stages["mobilenet"]["figures"]["rows"]} == {"hne_tiny"}  # --smoke: its code path
     train = stages["bench-train"]["figures"]
     assert set(train["step"]) == {"conv", "bmm"} and all(s["images_per_s"] > 0 and s["ops"] > 0 for s in train["step"].values())
@@ -279,7 +282,7 @@ def test_a_reference_run_stopped_by_sigterm_keeps_its_last_epoch_and_says_so(tmp
 def test_stage_caps_are_seconds_and_the_runtime_group_fits_in_4_minutes():
     ga = _module()
     caps = {s.name: s.cap_s for s in ga.STAGES}
-    assert list(caps)[:6] == list(ga.RUNTIME_GROUP)
+    assert list(caps)[:7] == list(ga.RUNTIME_GROUP)
     assert sum(caps[n] for n in ga.RUNTIME_GROUP) <= 240
     assert "ort-gpu" not in ga.RUNTIME_GROUP and caps["ort-gpu"] == 120  # only with --ort-gpu-parts, a call of its own
     args = ga.parse_args(["--stage-cap", "kernels=120"])
