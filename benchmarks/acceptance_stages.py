@@ -73,7 +73,7 @@ STAGES = (
           "graphs vs compiled units (targets on an H200: fused <= 0.6 ms, first leaf <= 0.3 ms)"),
     Stage("levers", "bench_kernels.py --levers: the fused tree and the first leaf, one lever at a time (NCHW, no "
           "autotuning, TF32, fp16, bfloat16, 1x1 as bmm, block-diagonal dense groups), every prefix vs float64, "
-          "timed side by side", 35,
+          "each timed against the shipped units", 35,
           "BENCHMARKS.md 'Where the fused tree's time goes': the table of levers (issue 40 item 4; what wins, within "
           "the fp32 tolerance, becomes the torch backend's default), the fused tree and the first leaf against the "
           "targets (H200: <= 0.6 ms, <= 0.3 ms)"),

@@ -24,9 +24,9 @@ Two tables, hne_resnet_small (seed 0 weights), batch 1:
   autotuning, TF32, fp16, bfloat16, the branch-parallel 1x1 convolutions as one ``bmm``, grouped convolutions of
   at most 4 / 16 groups as block-diagonal dense ones, and with ``--compile`` the units compiled (inductor's
   default, and ``max-autotune-no-cudagraphs``). Each is checked first - every prefix of the fused tree (the mean
-  of its first 1, 2, 4, ... leaves) and the first leaf against the float64 model - then all are timed side by side
-  in one rotation (:func:`harness.rotation`: the order shifted each repeat), each against the shipped one's
-  median in the same run. A lever that computes in fp32 and leaves the tolerance of the real-GPU tests (1e-4 of
+  of its first 1, 2, 4, ... leaves) and the first leaf against the float64 model - then each is timed against the
+  backend as shipped, the two alternated ABBA (:func:`harness.paired`), and its row written: a run cut off by a
+  time cap keeps every lever it finished (the likeliest wins come first). A lever that computes in fp32 and leaves the tolerance of the real-GPU tests (1e-4 of
   the largest logit) is marked wrong, whatever its time. GPU-only levers are skipped with ``--device cpu``.
   ``--checkpoint`` takes trained weights (the shipped reference: logits and activations of a real model).
 
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import command_line, machine, rotation, write_report  # first: it puts this checkout on sys.path
+from harness import command_line, machine, median_ms, paired, timed, write_report  # first: puts the checkout on sys.path
 
 PLANS = ("segments", "subtrees", "fused")
 KERNEL_CLASSES = (("convolution", ("conv", "cudnn", "implicit", "xmma", "cutlass", "wgrad", "dgrad", "winograd", "gemm", "sm80",
@@ -215,17 +215,18 @@ def units_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int,
 # an fp32 lever's largest prefix error relative to the largest |logit| of the float64 model: the real-GPU tests'
 # tolerance (1e-4, tests/runtime/test_gpu_hardware.py) at O(1) logits; untrained weights give logits of ~0.01
 FP32_RELATIVE_TOLERANCE = 1e-4
-# (name, the backend's options, fp16 units, GPU only, compiled): one change each from the backend as shipped
+# (name, the backend's options, fp16 units, GPU only, compiled): one change each from the backend as shipped, the
+# likeliest wins first (a stage cut off by its cap keeps the rows before)
 LEVERS = (
     ("as shipped", {}, False, False, False),
-    ("NCHW (channels_last=False)", {"channels_last": False}, False, True, False),
-    ("no cuDNN autotuning (cudnn_benchmark=False)", {"cudnn_benchmark": False}, False, True, False),
-    ("TF32 (allow_tf32=True)", {"allow_tf32": True}, False, True, False),
-    ("fp16 (precision='fp16')", {}, True, False, False),
     ("bfloat16 (bfloat16=True)", {"bfloat16": True}, False, False, False),
-    ("1x1 as bmm (pointwise='bmm')", {"pointwise": "bmm"}, False, False, False),
-    ("dense <= 4 groups (dense_groups=4)", {"dense_groups": 4}, False, False, False),
+    ("fp16 (precision='fp16')", {}, True, False, False),
     ("dense <= 16 groups (dense_groups=16)", {"dense_groups": 16}, False, False, False),
+    ("dense <= 4 groups (dense_groups=4)", {"dense_groups": 4}, False, False, False),
+    ("1x1 as bmm (pointwise='bmm')", {"pointwise": "bmm"}, False, False, False),
+    ("NCHW (channels_last=False)", {"channels_last": False}, False, True, False),
+    ("TF32 (allow_tf32=True)", {"allow_tf32": True}, False, True, False),
+    ("no cuDNN autotuning (cudnn_benchmark=False)", {"cudnn_benchmark": False}, False, True, False),
     ("compiled (compile=True)", {"compile": True}, False, False, True),
     ("compiled, autotuned (compile_mode='max-autotune-no-cudagraphs')",
      {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}, False, False, True),
@@ -243,8 +244,9 @@ def prefix_errors(out, want) -> list[float]:
 
 
 def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int, torch, write) -> list[dict]:
-    """Each lever's fused tree and first leaf: checked against float64 (every prefix), then timed in one rotation
-    with the others; ``write(rows)`` after each lever is built and once the times are in."""
+    """Each lever's fused tree and first leaf: checked against float64 (every prefix), then timed against the backend
+    as shipped, the two alternated ABBA (:func:`harness.paired`); ``write(rows)`` after each lever, so a run cut off
+    by its cap keeps every lever it finished."""
     from bench_gpu import torch_call
 
     from hne_edge.runtime.backends import create_backend
@@ -253,7 +255,8 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
     with torch.no_grad():
         want = ref_model(torch.from_numpy(x).double())  # (batch, leaves, classes)
     scale = float(want.abs().max())
-    rows, calls = [], {}
+    rows: list[dict] = []
+    shipped: dict[str, object] = {}  # unit -> the shipped backend's call
     for name, options, half, gpu_only, is_compiled in LEVERS:
         if (gpu_only and device == "cpu") or (is_compiled and not compiled):
             continue
@@ -282,24 +285,25 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
 
                 got = profile_call(torch, call, device)
                 row["kernels" if device != "cpu" else "ops"] = got["kernels" if device != "cpu" else "ops"]
-                calls[(name, unit)] = torch_call(backend, prepared, x, graph=device != "cpu", half=half, prepared=True)
+                run = torch_call(backend, prepared, x, graph=device != "cpu", half=half, prepared=True)
+                for _ in range(5):
+                    run()
+                if unit not in shipped:  # the first lever is the backend as shipped
+                    shipped[unit] = run
+                    row["ms"], row["vs_shipped"] = median_ms([timed(run) for _ in range(repeats)]), 1.0
+                else:
+                    row["shipped_ms"], row["ms"] = paired(shipped[unit], run, repeats)
+                    row["vs_shipped"] = row["ms"] / row["shipped_ms"]
             except Exception as exc:  # one lever failing (a compiler error, an unsupported kernel) hides no other
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             write(rows)
-    medians = rotation({f"{k[0]}|{k[1]}": fn for k, fn in calls.items()}, repeats, warmup=5)
-    base = {r["unit"]: medians.get(f"{r['lever']}|{r['unit']}") for r in rows if r["lever"] == LEVERS[0][0]}
-    for r in rows:
-        ms = medians.get(f"{r['lever']}|{r['unit']}")
-        if ms is not None:
-            r["ms"] = ms
-            r["vs_shipped"] = ms / base[r["unit"]] if base.get(r["unit"]) else None
-    write(rows)
     return rows
 
 
 def levers_markdown(rows: list[dict], device: str, model: str) -> list[str]:
-    lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch 1, timed side by side in one "
-             f"rotation; {'GPU kernels' if device != 'cpu' else 'aten ops'} of one call; every prefix against float64):", "",
+    lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch 1, each timed against the shipped "
+             f"units alternated ABBA; {'GPU kernels' if device != 'cpu' else 'aten ops'} of one call; every prefix "
+             "against float64):", "",
              "| lever | unit | ms | vs shipped | kernels (or ops) | max error vs float64 (relative) | first call s |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:

@@ -173,17 +173,18 @@ def test_bench_kernels_smoke_counts_every_plans_ops(tmp_path):
 
 def test_bench_kernels_levers_check_every_prefix_then_time_them_side_by_side(tmp_path):
     """``--levers``: each lever this device has (the GPU-only ones left out on the CPU), both units, every prefix of
-    the fused tree against float64, timed in one rotation against the backend as shipped."""
+    the fused tree against float64, each timed against the backend as shipped (alternated ABBA)."""
     out = tmp_path / "levers.md"
     proc = run_script("bench_kernels.py", "--device", "cpu", "--smoke", "--levers", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(out.with_suffix(".json").read_text())["levers"]
-    assert [r["lever"].split(" (")[0] for r in rows[::2]] == ["as shipped", "fp16", "bfloat16", "1x1 as bmm",
-                                                              "dense <= 4 groups", "dense <= 16 groups"]  # fmt: skip
+    assert [r["lever"].split(" (")[0] for r in rows[::2]] == ["as shipped", "bfloat16", "fp16", "dense <= 16 groups",
+                                                              "dense <= 4 groups", "1x1 as bmm"]  # fmt: skip
     assert all(r["unit"] == ("fused tree", "first leaf")[i % 2] and "error" not in r for i, r in enumerate(rows))
     assert [len(r["prefix_errors"]) for r in rows[:2]] == [5, 1]  # hne_tiny: 1, 2, 4, 8, 16 leaves; the first leaf
     assert not any(r["wrong"] for r in rows) and all(r["ms"] > 0 for r in rows)
     assert rows[0]["vs_shipped"] == rows[1]["vs_shipped"] == 1.0
+    assert all(r["vs_shipped"] == r["ms"] / r["shipped_ms"] for r in rows[2:])  # each against the shipped, paired
     bf16 = next(r for r in rows if r["options"] == {"bfloat16": True})
     assert bf16["max_error_vs_float64"] > 1e-6 > rows[0]["max_error_vs_float64"]  # bfloat16 really computed
     assert "| dense <= 16 groups (dense_groups=16) | fused tree |" in out.read_text()
@@ -206,7 +207,8 @@ def test_a_lever_that_changes_the_function_is_marked_wrong(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_kernels
 
-    monkeypatch.setattr(bench_kernels, "LEVERS", bench_kernels.LEVERS[:1] + bench_kernels.LEVERS[-3:-2])
+    dense = [lever for lever in bench_kernels.LEVERS if lever[1] == {"dense_groups": 16}]
+    monkeypatch.setattr(bench_kernels, "LEVERS", bench_kernels.LEVERS[:1] + tuple(dense))
     monkeypatch.setattr(layers, "densify_groups", misplaced)
     torch.manual_seed(0)
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
