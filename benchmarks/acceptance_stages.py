@@ -477,7 +477,7 @@ class StageRuns:
 
     # 6 --------------------------------------------------------------------------------------------
     def stage_levers(self, result: StageResult, budget: float) -> None:
-        """The fused tree and the first leaf, one lever at a time, checked against float64 and timed side by side."""
+        """The fused tree and the first leaf, one lever at a time, checked against float64, timed against the shipped."""
         md = self.raw("levers.md")
         cmd = [self.py, "benchmarks/bench_kernels.py", "--levers", "--out", str(md)]
         cmd += ["--device", "cpu", "--smoke"] if self.args.smoke else ["--device", "cuda", "--repeats", "100"]

@@ -358,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="also the fused tree and the first leaf compiled (torch.compile)")
     ap.add_argument("--compile-only", action="store_true", help="only the compiled units (a second, separately capped call)")
     ap.add_argument("--levers", action="store_true",
-                    help="only the levers table: each lever's fused tree and first leaf, checked and timed side by side "
-                         "(with --compile: the compiled levers too)")  # fmt: skip
+                    help="only the levers table: each lever's fused tree and first leaf, checked, then timed against the "
+                         "shipped units (with --compile: the compiled levers too)")  # fmt: skip
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="the weights (and model) of a checkpoint, e.g. hne_edge/assets/cifar10_reference.pt; default: "
                          "--model with seed-0 weights")  # fmt: skip
