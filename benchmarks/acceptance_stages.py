@@ -398,7 +398,8 @@ class StageRuns:
         if not rows_file.is_file():
             skipped = "skipped" in _tail(log, 5)
             result.status = "timeout" if code is None else ("skipped" if code == 0 and skipped else "failed")
-            result.summary = f"bench_gpu ran past {budget:.0f} s before its first row" if code is None else _tail(log, 2)
+            result.summary = (f"bench_gpu ran past {budget:.0f} s before its first row: {_tail(log, 2)}" if code is None
+                              else _tail(log, 2))  # fmt: skip
             return
         data = json.loads(rows_file.read_text())
         rows = data["rows"]
@@ -414,6 +415,10 @@ class StageRuns:
         result.summary = (f"{len(rows)} rows on {data['where']}" + (f" (cut off at {budget:.0f} s)" if code is None else "")
                           + "; " + "; ".join(line(r) for r in rows if "full_vs_fused" in r)[:600]
                           + (f"; {len(errors)} failed: {errors[0]['error'][:200]}" if errors else ""))  # fmt: skip
+        sec = rows[0].get("seconds")
+        if sec:  # where the first row's time went: what a stage cut off by its cap needs cut next
+            result.summary += (f"; first row: bundle {sec['bundle']:.1f} s, open {sec['open']:.1f} s (warm-up "
+                               f"{sec['warmup']:.1f} s), profile {sec['profile']:.1f} s, row {sec['row']:.1f} s")  # fmt: skip
 
     # 4 --------------------------------------------------------------------------------------------
     def stage_record_steps(self, result: StageResult, budget: float) -> None:
@@ -510,7 +515,8 @@ class StageRuns:
             extra = ["--device", "cpu", "--smoke", "--models", "hne_tiny", "--batches", "1,8", "--plans", "mixed,fused"]
         else:
             extra = ["--models", "hne_mobilenetv2", "--batches", "1,8", "--plans", "mixed,subtrees,segments,fused", "--graphs", "on",
-                     "--warmup", "3", "--repeats", "10", "--profile-repeats", "5", "--frames", "60", "--no-batch-check"]  # fmt: skip
+                     "--warmup", "3", "--repeats", "10", "--profile-repeats", "5", "--frames", "60", "--no-batch-check",
+                     "--capture-sizes", "1,8"]  # fmt: skip  (graphs for the sizes measured: half the captures at open)
         self.bench_gpu_rows(result, budget, "mobilenet", extra)
 
     # 8 --------------------------------------------------------------------------------------------

@@ -31,7 +31,10 @@ process; every call ends with the logits on the host. The targets (issue 12):
 Each configuration runs per plan (``--plans``, default segments, subtrees, mixed and fused, issue 21): the full
 tree leaf by leaf, in B + 1 calls, mixed (a whole subtree or the whole fused tree in one call where the budget
 fits it), and the fused tree (one step: no first leaf, no deadlines). ``--graphs on|off|both``.
-``--workdir`` keeps the exported bundle between runs (the acceptance run's stages share it).
+``--workdir`` keeps the exported bundle between runs (the acceptance run's stages share it). ``--capture-sizes``
+chooses the batch sizes the torch CUDA runner captures graphs for when it opens (default 1, 2, 4, 8, ... up to the
+bundle's max). Each row says where its seconds went (``seconds``: export, opening and warm-up, profile, the row),
+and the log says it as each runner opens.
 
 The baselines for onnxruntime / TensorRT are their own standalone ONNX file /
 engine; the fused model is measured on torch only. ``--device cpu`` runs the
@@ -47,6 +50,7 @@ import contextlib
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -284,20 +288,41 @@ def bundle_for(name: str, plans: list[str], backends: list[str], workdir: Path |
     return model, bundle, single
 
 
+def runner_options(backend: str, device: str, graph: bool, capture_sizes: tuple[int, ...] | None) -> dict:
+    """The runner's backend options for one configuration: on the CPU one thread (less noise); on a GPU its graphs,
+    and for torch the capture sizes when given (each one an eager call, cuDNN's autotuning of its shapes and a
+    capture per unit when the runner opens)."""
+    if device == "cpu":
+        return {"threads": 1}
+    options: dict = {"cuda_graph": graph}
+    if capture_sizes and backend == "torch" and graph:
+        options["capture_sizes"] = list(capture_sizes)
+    return options
+
+
 def bench_model(name: str, backends: list[str], device: str, plans: list[str], args, on_row=None) -> list[dict]:
-    """Every row of model ``name``; ``on_row(rows so far)`` after each (the report is written as rows come)."""
+    """Every row of model ``name``; ``on_row(rows so far)`` after each (the report is written as rows come). Each
+    row says where its seconds went (``seconds``: the bundle's export, the runner's opening and warm-up, its
+    profile, the row itself), so a stage cut off by its cap says what took its time."""
     from hne_edge.runtime import AnytimeRunner
 
+    t0 = time.perf_counter()
     model, bundle, single = bundle_for(name, plans, backends, args.workdir, args.batches)
+    bundle_s = time.perf_counter() - t0
+    print(f"bench_gpu: {name}: bundle ready in {bundle_s:.1f} s", flush=True)  # the log says where a cut-off run was
     rows = []
     rng = np.random.default_rng(0)
     graph_options = {"on": (True,), "off": (False,), "both": (True, False)}[args.graphs]
     for backend in backends:
         for plan in plans:
             for graph in (graph_options if device != "cpu" else (False,)):
-                options = {"cuda_graph": graph} if device != "cpu" else {"threads": 1}  # cpu: one core, less noise
+                options = runner_options(backend, device, graph, args.capture_sizes)
+                t0 = time.perf_counter()
                 with AnytimeRunner(bundle, backend=backend, device=device, plan=plan, load_profile=False, **options) as runner:
+                    seconds = {"bundle": round(bundle_s, 2), "open": round(time.perf_counter() - t0, 2),
+                               "warmup": round((runner.warmup_report or {}).get("seconds", 0.0), 2)}  # fmt: skip
                     check = None
+                    t0 = time.perf_counter()
                     try:  # the profile every batch's deadlines use: the bundle's min and opt batch sizes (1, 16)
                         prof = runner.profile(warmup=min(5, args.warmup), repeats=args.profile_repeats, save=False)
                         if args.frames and runner.stops[0] < runner.num_leaves and args.batch_check:
@@ -306,7 +331,11 @@ def bench_model(name: str, backends: list[str], device: str, plans: list[str], a
                                 check = batch_model_check(runner, prof, batch=mid, repeats=args.profile_repeats)
                     except Exception as exc:
                         check = {"error": f"{type(exc).__name__}: {exc}"}
+                    seconds["profile"] = round(time.perf_counter() - t0, 2)
+                    print(f"bench_gpu: {name} {backend}/{plan}: opened in {seconds['open']:.1f} s (warm-up "
+                          f"{seconds['warmup']:.1f} s), profiled in {seconds['profile']:.1f} s", flush=True)  # fmt: skip
                     for b in args.batches:
+                        t0 = time.perf_counter()
                         try:
                             row = bench_config(runner, model, single, backend, graph, b, args, rng)
                         except Exception as exc:  # one configuration failing must not hide the others
@@ -314,6 +343,7 @@ def bench_model(name: str, backends: list[str], device: str, plans: list[str], a
                                    "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
                         if check is not None and b == args.batches[0]:
                             row["batch_model"] = check
+                        row["seconds"] = {**seconds, "row": round(time.perf_counter() - t0, 2)}
                         rows.append(row)
                         print(json.dumps(row), flush=True)
                         if on_row is not None:
@@ -383,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
                     help="comma list, smallest first: the bundle's min and opt (the profile's sizes) are the first and last")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the exported bundle here (reused when present)")
+    ap.add_argument("--capture-sizes", default=None,
+                    help="torch on a GPU: the batch sizes its graphs are captured for when a runner opens (default: the "
+                         "backend's, 1, 2, 4, 8, ... up to the bundle's max); e.g. the --batches measured")  # fmt: skip
     ap.add_argument("--no-batch-check", dest="batch_check", action="store_false",
                     help="skip the batch model's check (a profile at the batch between the first and last)")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: the torch CPU backend, to check the script)")
@@ -394,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="markdown table (a .json with the raw rows goes beside it)")
     args = ap.parse_args(argv)
     args.batches = tuple(sorted({int(b) for b in args.batches.split(",") if b.strip()}))
+    args.capture_sizes = tuple(sorted({int(b) for b in args.capture_sizes.split(",")})) if args.capture_sizes else None
     if args.smoke:
         args.warmup, args.repeats, args.profile_repeats, args.frames = 1, 3, 2, 3
     if args.device == "cpu":

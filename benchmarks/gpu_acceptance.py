@@ -39,7 +39,8 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    each timed against the shipped units, alternated ABBA, its row written at once (issue 40 item 4). The compiled levers (``--compile``: inductor, and its
    ``max-autotune-no-cudagraphs`` mode) take minutes: run ``bench_kernels.py --levers --compile`` in a call of its own.
 7. ``mobilenet`` (50): ``bench_gpu.py`` on hne_mobilenetv2 at 224x224 (the compute-bound regime), every plan,
-   batch 1 and 8 (60 deadline frames).
+   batch 1 and 8 (60 deadline frames), graphs captured for those two sizes only (``--capture-sizes 1,8``: on the
+   H200 the stage got one row in 85 s); its summary says where the first row's seconds went.
 8. ``ort-gpu`` (120, outside the runtime group; only with ``--ort-gpu-parts``, else "skipped"): onnxruntime-gpu from
    wheel parts: the parts joined (``benchmarks/wheel_parts.py``), ``pip install --no-deps --target`` into
    ``WORK/ort_gpu`` (unzipped where the machine's Python has no pip; a later call with the same ``--work`` and the

@@ -252,6 +252,21 @@ def test_profile_times_units_with_the_backends_timer(tiny_bundle):
 # -- benchmarks/bench_gpu.py runs (CPU smoke mode; its GPU figures need a GPU) ---------------------
 
 
+def test_bench_gpu_passes_capture_sizes_to_the_torch_cuda_runner_only(monkeypatch):
+    """``--capture-sizes 1,8`` (the acceptance run's mobilenet stage: graphs for the sizes it measures, half the
+    captures when a runner opens) reaches torch on a GPU with graphs on, and nothing else."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_gpu
+
+    assert bench_gpu.runner_options("torch", "cuda", True, (1, 8)) == {"cuda_graph": True, "capture_sizes": [1, 8]}
+    assert bench_gpu.runner_options("torch", "cuda", True, None) == {"cuda_graph": True}
+    assert bench_gpu.runner_options("torch", "cuda", False, (1, 8)) == {"cuda_graph": False}
+    assert bench_gpu.runner_options("onnxruntime", "cuda", True, (1, 8)) == {"cuda_graph": True}
+    assert bench_gpu.runner_options("torch", "cpu", False, (1, 8)) == {"threads": 1}
+
+
 @pytest.mark.slow
 def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
     import json
@@ -277,6 +292,9 @@ def test_bench_gpu_runs_in_cpu_smoke_mode(tmp_path):
         # the plan-achievable oracle, and the even-split bound above it (a budget a run missed may beat either)
         assert 0 < r["leaves_vs_split_bound"] <= r["leaves_vs_oracle"]
     assert all("ratio" in r["batch_model"] for r in rows if r["batch"] == 1 and r["plan"] != "fused")
+    # where each row's seconds went (a stage cut off by its cap says what to cut), also in the log as it goes
+    assert all(set(r["seconds"]) == {"bundle", "open", "warmup", "profile", "row"} and r["seconds"]["row"] > 0 for r in rows)
+    assert proc.stdout.count("bench_gpu: hne_tiny torch/") == 4 and "bench_gpu: hne_tiny: bundle ready in" in proc.stdout
     text = out.read_text()
     assert "smoke run: not figures" in text and "leaves vs plan-achievable oracle" in text
     assert [text.count(f"| hne_tiny | torch | {plan} | off |") for plan in plans] == [2, 2, 2, 2]
