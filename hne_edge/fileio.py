@@ -48,6 +48,8 @@ import zlib
 from pathlib import Path
 from typing import IO, Any, Callable, Container, Iterator, Mapping, Sequence
 
+from .limits import MAX_JSON_BYTES
+
 __all__ = [
     "scratch_path",
     "remove_stale",
@@ -344,7 +346,7 @@ def remove_new_folders(created: Sequence[Path]) -> None:
 
 # why the regular file at a path is not ours, in words that follow "hne-edge did not write it"; None: it is ours
 Judge = Callable[[Path], "str | None"]
-MAX_OURS_BYTES = 64 << 20  # a record or a figure of ours is smaller; a bigger file is not read to find out
+MAX_OURS_BYTES = MAX_JSON_BYTES  # a record or a figure of ours is smaller; a bigger file is not read to find out
 _PNG = b"\x89PNG\r\n\x1a\n"
 _IEND = struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND"))
 _SEAL_KEY = b"hne-edge\0sha256:"  # a tEXt chunk: keyword "hne-edge", text "sha256:" + 64 hex digits
