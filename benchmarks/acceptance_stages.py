@@ -31,10 +31,45 @@ DEFAULT_CAP_S = 480.0
 SMOKE_CAP_FACTOR = 4.0  # --smoke: stage caps x this, and the run's cap 1800 s unless --cap-s is given
 MIN_STAGE_S = 15.0  # a stage that would get less than this is not started
 OBJECTIVES = ("independent", "hierarchical", "hierarchical+label")  # cifar_losses.py run names
-# train_reference.py --objective; "-ema": the same with an average of the weights delivered (--ema, the decay of
-# gpu_acceptance.py --reference-ema), an option of issue 41's recipe measured beside the paper's in the same call
-# (a folder name of OUT: letters, digits and "-" come back from a GPU machine)
-REFERENCE_OBJECTIVES = ("hierarchical", "independent", "hierarchical-ema", "independent-ema")
+# train_reference.py --objective, and the recipe options of issue 41 measured beside the paper's recipe in the same
+# call, each a "-" and a token after it (a folder name of OUT: letters, digits, "-" and "." come back from a GPU
+# machine): "ema", an average of the weights delivered (--ema, the decay of gpu_acceptance.py --reference-ema);
+# "bN", batch N (the learning rate scaled linearly from 0.1 at 128); "wE", E epochs of warm-up; "lrX", X at 128
+REFERENCE_OBJECTIVES = ("hierarchical", "independent")
+REFERENCE_KNOBS = {"b": ("--batch-size", int), "w": ("--warmup-epochs", float), "lr": ("--lr", float)}
+
+
+def reference_variant(text: str, ema_decay: float) -> tuple[str, list[str]]:
+    """The objective and train_reference.py's arguments a reference variant names, e.g. ``hierarchical`` (the
+    paper's recipe), ``hierarchical-ema``, ``hierarchical-b1024-w5``, ``independent-ema-lr0.2``; ValueError names
+    what is wrong."""
+    objective, *tokens = text.split("-")
+    expected = (f"OBJECTIVE[-ema][-bBATCH][-wWARMUP_EPOCHS][-lrLR_AT_128] with OBJECTIVE one of "
+                f"{', '.join(REFERENCE_OBJECTIVES)}, e.g. hierarchical-ema-b1024-w5")  # fmt: skip
+    if objective not in REFERENCE_OBJECTIVES:
+        raise ValueError(f"reference variant {text!r}: objective {objective!r}; expected {expected}")
+    args, seen = [], set()
+    for token in tokens:
+        knob = "ema" if token == "ema" else next((k for k in ("lr", "b", "w") if token.startswith(k)), None)
+        value = token[len(knob):] if knob not in (None, "ema") else ""
+        if knob is None or knob in seen:
+            why = "twice" if knob else "unknown"
+            raise ValueError(f"reference variant {text!r}: {token!r} {why}; expected {expected}")
+        seen.add(knob)
+        if knob == "ema":
+            args += ["--ema", f"{ema_decay:g}"]
+            continue
+        flag, kind = REFERENCE_KNOBS[knob]
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or not number > 0 and not (knob == "w" and number == 0):
+            wanted = ("a whole number" if kind is int else "a number") + (" >= 0" if knob == "w" else " > 0")
+            raise ValueError(f"reference variant {text!r}: {token!r} needs {wanted} after {knob!r}; "
+                             f"expected {expected}")
+        args += [flag, value]
+    return objective, args
 SMOKE_REFERENCE_S = 80.0  # --smoke: the reference stage's time on the CPU (its min_s is the real run's)
 
 
@@ -630,25 +665,30 @@ class StageRuns:
         runs: dict[str, dict] = {}
         for i, objective in enumerate(objectives):
             share = (t_end - time.monotonic()) / (len(objectives) - i)  # an equal share of what is left
-            folder = self.out if i == 0 else self.out / objective  # the first at OUT's top, the others one folder down
+            # the first at OUT's top, the second one folder down; later ones in scratch, their record in raw.tar.gz
+            # (a GPU machine hands back 8 files: the report's 3, the first run's 3, the second's checkpoint and record)
+            folder = self.out if i == 0 else (self.out if i == 1 else self.work / "reference-out") / objective
             grace = 5.0 if self.args.smoke else 10.0  # it ends by its deadline; at the share's end SIGTERM, and it writes its record
-            loss, ema = objective.removesuffix("-ema"), objective.endswith("-ema")
+            loss, options = reference_variant(objective, self.args.reference_ema)
             cmd = [self.py, "benchmarks/train_reference.py", "--data", str(train), "--out", str(folder),
                    "--run-dir", str(self.work / f"reference-{objective}"), "--objective", loss,
                    "--deadline", f"{time.time() + share - grace:.1f}",
                    "--parent-command", shlex.join([Path(sys.executable).name, *sys.argv])]  # fmt: skip
             if i:
                 cmd += ["--no-config-file"]  # OUT keeps to 8 files: the config is in the record
-            if ema:
-                cmd += ["--ema", f"{self.args.reference_ema:g}"]
             if self.args.smoke:  # a reserve of a sixth of the share: a time budget's plan is fixed from its first
                 # seconds, and a CPU that slows after it overran the plan by 3 % alone and by 13 % under a test suite
                 cmd += ["--device", "cpu", "--model", "hne_tiny", "--batch-size", "32", "--limit", "96", "--threads", "1",
                         "--eval-every", "1", "--reserve-s", f"{max(4.0, share / 6):.0f}"]  # fmt: skip
             else:
                 cmd += ["--device", "cuda"]
+            cmd += options  # the variant's recipe options, after the defaults they change
             code = self.command(result, cmd, share, log="reference")
             runs[objective] = self._reference_result(folder, code, share, "" if i == 0 else f"{objective}/")
+            if i > 1 and (folder / "record.json").is_file():
+                shutil.copy2(folder / "record.json", self.raw(f"reference-{objective}.json"))
+                runs[objective]["files"] = [f"raw.tar.gz: raw/reference-{objective}.json (its checkpoint stayed in "
+                                            f"{folder})"]  # fmt: skip
         result.figures = {"objectives": runs}
         statuses = {r["status"] for r in runs.values()}
         result.status = "ok" if statuses == {"ok"} else ("timeout" if statuses <= {"ok", "timeout", "stopped"} else "failed")

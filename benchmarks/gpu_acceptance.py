@@ -55,12 +55,15 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    itself when time is left, TFLOP/s, % of peak, GPU utilisation (all in acceptance.json; the JSON in raw.tar.gz).
 10. ``reference`` (whatever is left, at least 240 s; only with CIFAR training data, else "skipped"):
    ``benchmarks/train_reference.py`` trains hne_resnet_small to a time budget (what the cap leaves) with the
-   paper's objective, and with L^I or an average of the weights too when ``--reference-objectives`` names them
-   (``independent``, ``hierarchical-ema``: ``--ema``, the decay ``--reference-ema``; the time split evenly), the
-   file's last 5,000 images held out; writes ``OUT/checkpoint.pt`` (float32 weights), ``OUT/config.yaml`` and
-   ``OUT/record.json`` (a second objective: ``OUT/<objective>/checkpoint.pt`` and ``record.json``, its config in
-   the record), which ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call
-   (the CIFAR parts travel in two copies): ``--stages reference --cap-s 330``; OUT then holds at most 8 files.
+   paper's recipe, and issue 41's options beside it when ``--reference-objectives`` names variants, the time split
+   evenly: ``OBJECTIVE[-ema][-bBATCH][-wWARMUP_EPOCHS][-lrLR_AT_128]`` (``independent``: L^I; ``-ema``: an average
+   of the weights, the decay ``--reference-ema``; ``-b1024``: batch 1024, the learning rate scaled linearly;
+   ``-w5``: 5 epochs of warm-up; ``-lr0.2``: 0.2 at batch 128), the file's last 5,000 images held out; writes
+   ``OUT/checkpoint.pt`` (float32 weights), ``OUT/config.yaml`` and ``OUT/record.json`` (the second variant:
+   ``OUT/<variant>/checkpoint.pt`` and ``record.json``, its config in the record; a third and later: the record
+   in raw.tar.gz, the checkpoint left in the scratch folder; every variant's figures in acceptance.json), which
+   ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call (the CIFAR parts travel
+   in two copies): ``--stages reference --cap-s 330``; OUT then holds at most 8 files.
 11. ``streams`` (60; only when named in ``--stages``): ``benchmarks/bench_streams.py --device cuda`` for plans mixed
    and segments: 3 and 6 cameras at 30/60/120 fps, the last one delivering its frames 4 at a time, each deadline one
    period of its camera, 3 s a row; the stream scheduler beside K runners and one FIFO runner, and issue 39's
@@ -115,7 +118,6 @@ from acceptance_stages import (  # noqa: E402  (the stages and the tools they sh
     MIN_STAGE_S,
     OBJECTIVES,
     ORT_GPU_TESTS,
-    REFERENCE_OBJECTIVES,
     RUNTIME_GROUP,
     SMOKE_CAP_FACTOR,
     STAGES,
@@ -127,6 +129,7 @@ from acceptance_stages import (  # noqa: E402  (the stages and the tools they sh
     install_wheel,
     join_npz_parts,
     junit_counts,
+    reference_variant,
     run_command,
     split_npz_parts,
     staged_wheel,
@@ -354,8 +357,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="folders holding npz_chunks.py split's part*.xz and meta.npz (joined here)")
     p.add_argument("--test-data", default=None, help="the test set .npz that the losses stage scores on")
     p.add_argument("--test-parts", nargs="+", default=None, metavar="FOLDER", help="the test set as npz_chunks.py parts")
-    p.add_argument("--reference-objectives", nargs="+", default=["hierarchical"], choices=REFERENCE_OBJECTIVES,
-                   help="the reference stage's objectives, each to its share of the time (default: %(default)s)")
+    p.add_argument("--reference-objectives", nargs="+", default=["hierarchical"], metavar="VARIANT",
+                   help="the reference stage's runs, each to its share of the time: OBJECTIVE (hierarchical, "
+                        "independent) and recipe options, e.g. hierarchical-ema-b1024-w5 (-ema: an average of the "
+                        "weights; -bN: batch N, the LR scaled linearly; -wE: E epochs of warm-up; -lrX: the LR at "
+                        "batch 128) (default: %(default)s)")
     p.add_argument("--reference-ema", type=float, default=0.999, metavar="DECAY",
                    help="the decay of the reference stage's -ema objectives (train --ema; default: %(default)s)")
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES),
@@ -378,6 +384,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if name not in {s.name for s in STAGES} or not caps[name] > 0:
             p.error(f"--stage-cap: received {item!r}; expected NAME=SECONDS with a stage name and a positive number")
     args.stage_caps = caps
+    for variant in args.reference_objectives:
+        try:
+            reference_variant(variant, args.reference_ema)
+        except ValueError as exc:
+            p.error(f"--reference-objectives: {exc}")
+    if len(set(args.reference_objectives)) < len(args.reference_objectives):
+        p.error(f"--reference-objectives: received {args.reference_objectives}; expected each variant once")
     if args.cap_s is None:
         args.cap_s = 1800.0 if args.smoke else DEFAULT_CAP_S
     if args.cap_s <= 0:

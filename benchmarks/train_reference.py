@@ -6,7 +6,8 @@
 The recipe: ``hne_resnet_small`` on CIFAR-10 with the paper's objective (``--objective hierarchical``:
 (1 - alpha) L^I + alpha L^HD, alpha 0.5, T 2, the paper's weighting; ``independent``: L^I), SGD with momentum
 0.9 and weight decay 5e-4, the cifar preset's batch (``auto``: 512 on CUDA, lr 0.1 at 128 scaled linearly to
-0.4 after a 2-epoch warm-up), a cosine schedule that ends inside the time budget (``TrainConfig.time_budget``:
+0.4 after a 2-epoch warm-up; ``--batch-size``, ``--lr`` at 128 and ``--warmup-epochs`` change them: issue 41's
+options), a cosine schedule that ends inside the time budget (``TrainConfig.time_budget``:
 at most the paper's 200 epochs), bf16 autocast and channels-last on CUDA, no ``torch.compile`` (its tens of
 seconds of compilation have not paid in the trainer's loop: BENCHMARKS.md). The last 5,000 images of the file
 (``data.holdout: last``, ``val_split`` 0.1 of 50,000) are held out for validation, never trained on; there is no
@@ -81,8 +82,9 @@ def reference_config(args: argparse.Namespace, budget_s: float):
         "out": str(args.run_dir), "device": args.device, "threads": args.threads, "quiet": False,
         "eval_every": args.eval_every, "time_budget": round(budget_s, 1), "compile": False,
     }  # fmt: skip
-    if args.batch_size:
-        overrides.setdefault("optim", {})["batch_size"] = args.batch_size
+    for key, value in (("batch_size", args.batch_size), ("lr", args.lr), ("warmup_epochs", args.warmup_epochs)):
+        if value is not None:  # issue 41's recipe options, each measured beside the preset's
+            overrides.setdefault("optim", {})[key] = value
     if args.ema is not None:  # an option to measure beside the paper's recipe (issue 41); off by default
         overrides.setdefault("optim", {})["ema"] = args.ema
     return TrainConfig.from_preset("cifar", overrides)
@@ -100,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="hne_resnet_small")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=None, help="default: the cifar preset's (auto)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="default: the cifar preset's (auto: 512 on CUDA); the learning rate scales linearly with it")
+    p.add_argument("--lr", type=float, default=None, help="the learning rate at batch 128 (default: the preset's 0.1)")
+    p.add_argument("--warmup-epochs", type=float, default=None, help="epochs of warm-up (default: the preset's 2)")
     p.add_argument("--limit", type=int, default=None, help="train on this many images (smoke runs)")
     p.add_argument("--ema", type=float, default=None,
                    help="deliver an exponential moving average of the weights with this decay per step (optim.ema)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -104,23 +105,32 @@ def test_the_streams_stage_replays_cameras_of_different_rates_for_both_plans_and
 
 
 def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export_accept(tmp_path):
-    """--smoke --stages reference: hne_tiny on synthetic CIFAR parts (joined, as the real ones), two objectives, each to its
-    share of the time, the second with an average of the weights (independent-ema: issue 41's option, the decay
-    --reference-ema's); OUT holds at most 8 files, at most 2 folders deep (what a GPU machine hands back); the
+    """--smoke --stages reference: hne_tiny on synthetic CIFAR parts (joined, as the real ones), three variants, each
+    to its share of the time, the second with issue 41's recipe options (an average of the weights, the decay
+    --reference-ema's; batch 16, half an epoch of warm-up, lr 0.05 at 128), the third without warm-up; OUT holds at
+    most 8 files, at most 2 folders deep (what a GPU machine hands back); the
     checkpoint is what `hne-edge eval` and `hne-edge export` read, and the record says how it was made."""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--stages", "reference", "--out", str(out), "--work",
-                           str(work), "--reference-objectives", "hierarchical", "independent-ema",
-                           "--reference-ema", "0.9"],
+                           str(work), "--reference-objectives", "hierarchical", "independent-ema-b16-w0.5-lr0.05",
+                           "hierarchical-w0", "--reference-ema", "0.9"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert files == ["acceptance.json", "acceptance.md", "checkpoint.pt", "config.yaml",
-                     "independent-ema/checkpoint.pt", "independent-ema/record.json", "raw.tar.gz",
-                     "record.json"]  # the log is in raw.tar.gz
+                     "independent-ema-b16-w0.5-lr0.05/checkpoint.pt", "independent-ema-b16-w0.5-lr0.05/record.json",
+                     "raw.tar.gz", "record.json"]  # the log is in raw.tar.gz
     assert all((out / f).stat().st_size < 16 * 2**20 for f in files)
     stage = {s["name"]: s for s in json.loads((out / "acceptance.json").read_text())["stages"]}["reference"]
-    assert stage["status"] == "ok" and set(stage["figures"]["objectives"]) == {"hierarchical", "independent-ema"}
+    runs, second_name = stage["figures"]["objectives"], "independent-ema-b16-w0.5-lr0.05"
+    assert stage["status"] == "ok" and list(runs) == ["hierarchical", second_name, "hierarchical-w0"]
+    # a third variant: its figures in the report, its record in raw.tar.gz, its checkpoint left in scratch (8 files)
+    third_run = runs["hierarchical-w0"]
+    assert third_run["status"] == "ok" and set(third_run["accuracy_pct"]) == set(runs["hierarchical"]["accuracy_pct"])
+    with tarfile.open(out / "raw.tar.gz") as tar:
+        third = json.load(tar.extractfile("raw/reference-hierarchical-w0.json"))
+    assert third["config"]["optim"]["warmup_epochs"] == 0
+    assert (work / "reference-out" / "hierarchical-w0" / "checkpoint.pt").is_file()
     record = json.loads((out / "record.json").read_text())
     data = work / "data" / "cifar_train.npz"
     from hne_edge.train.data import npz_fingerprint
@@ -132,9 +142,12 @@ def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export
     assert record["config"]["optim"]["ema"] is None  # the paper's recipe
     assert record["images_seen"] > 0 and record["plan"]["total_steps"] * 32 == record["images_seen"]
     assert [r["n"] for r in record["held_out"]] == list(range(1, 17)) and record["machine"]["torch"]
-    second = json.loads((out / "independent-ema" / "record.json").read_text())["config"]
+    second = json.loads((out / second_name / "record.json").read_text())["config"]
     assert second["loss"]["kind"] == "independent" and second["optim"]["ema"] == 0.9
-    run_cli("export", str(out / "independent-ema" / "checkpoint.pt"), "--out", str(tmp_path / "ema-bundle"), check=True)
+    assert [second["optim"][k] for k in ("batch_size", "warmup_epochs", "lr", "lr_batch")] == [16, 0.5, 0.05, 128]
+    preset = [record["config"]["optim"][k] for k in ("batch_size", "warmup_epochs", "lr")]
+    assert preset == [32, 2.0, 0.1]  # the smoke's batch, the preset's warm-up and rate
+    run_cli("export", str(out / second_name / "checkpoint.pt"), "--out", str(tmp_path / "ema-bundle"), check=True)
     ev = run_cli("eval", str(out / "checkpoint.pt"), "--data-dir", str(data), "--out", str(tmp_path / "eval"), "--no-plots",
                  check=True)  # fmt: skip
     held_out = json.loads((tmp_path / "eval" / "metrics.json").read_text())
@@ -142,6 +155,30 @@ def test_the_reference_stage_writes_a_checkpoint_and_record_that_eval_and_export
     assert held_out["anytime"][-1]["accuracy"] == pytest.approx(record["held_out"][-1]["accuracy"])
     run_cli("export", str(out / "checkpoint.pt"), "--out", str(tmp_path / "bundle"), check=True)
     assert (tmp_path / "bundle" / "manifest.json").is_file()
+
+
+def test_reference_variants_name_the_recipe_options_and_bad_ones_are_refused(capsys):
+    """--reference-objectives: an objective and issue 41's recipe options after it, each to train_reference.py's flag;
+    a variant that is not one says which part is wrong and what is expected, before anything runs."""
+    ga = _module()
+    assert ga.reference_variant("hierarchical", 0.999) == ("hierarchical", [])
+    assert ga.reference_variant("independent-ema-b1024-w5-lr0.2", 0.99) == (
+        "independent", ["--ema", "0.99", "--batch-size", "1024", "--warmup-epochs", "5", "--lr", "0.2"])
+    assert ga.reference_variant("hierarchical-w0", 0.999) == ("hierarchical", ["--warmup-epochs", "0"])
+    for bad, says in (("distill", "objective 'distill'"),
+                      ("hierarchical-b1024.5", "'b1024.5' needs a whole number > 0 after 'b'"),
+                      ("hierarchical-b0", "'b0' needs a whole number > 0 after 'b'"),
+                      ("hierarchical-x3", "'x3' unknown"), ("hierarchical-ema-ema", "'ema' twice"),
+                      ("hierarchical-lr", "'lr' needs a number > 0 after 'lr'"),
+                      ("hierarchical-w-1", "'w' needs a number >= 0 after 'w'")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            ga.reference_variant(bad, 0.999)
+        with pytest.raises(SystemExit) as exit_info:
+            ga.parse_args(["--reference-objectives", bad])
+        assert exit_info.value.code == 2 and "expected OBJECTIVE[-ema][-bBATCH]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ga.parse_args(["--reference-objectives", "hierarchical", "hierarchical"])
+    assert "expected each variant once" in capsys.readouterr().err
 
 
 def test_a_failed_reference_run_still_writes_its_record(tmp_path):
