@@ -116,7 +116,8 @@ STAGES = (
           "BENCHMARKS.md 'How fast is anytime against one network on a GPU': the compute-bound rows (hne_mobilenetv2), next to hne_resnet_small's"),
     # not in the runtime group: it runs only with --ort-gpu-parts, in a call of its own on the H200 (its install ~12 s,
     # 3 GPU tests ~30 s, an export and the mixed row ~45 s, the step recording ~25 s)
-    Stage("ort-gpu", "ONNX Runtime CUDA from wheel parts (--ort-gpu-parts): its GPU tests, bench rows and step times", 120,
+    Stage("ort-gpu", "ONNX Runtime CUDA from wheel parts (--ort-gpu-parts): its GPU tests, bench rows, step times and "
+          "levers", 150,
           "docs/results.md 'Honest limits' and docs/gpu.md: whether ONNX Runtime CUDA has run on a GPU; BENCHMARKS.md "
           "'How fast is anytime against one network on a GPU': its rows"),
     Stage("bench-train", "bench_train.py (hne_resnet_small, CUDA defaults: the loop vs the step alone, each formulation)", 35,
@@ -586,10 +587,18 @@ class StageRuns:
         result.logs += [x for x in bench.logs if x not in result.logs]
         steps_dir = self.raw("ort_steps")  # in raw.tar.gz: a GPU machine hands back at most 8 files
         steps_dir.mkdir(exist_ok=True)
+        share = left() * 0.6  # the rest: the levers
         record = [*child, "benchmarks/record_steps.py", "--backend", "onnxruntime", "--batches", "1", "--out", str(steps_dir),
-                  "--workdir", str(self.work / "bundles"), "--seconds", f"{max(left() - 12, 3):.0f}"]  # fmt: skip
+                  "--workdir", str(self.work / "bundles"), "--seconds", f"{max(share - 12, 3):.0f}"]  # fmt: skip
         record += ["--device", "cpu", "--smoke"] if self.args.smoke else ["--device", "cuda", "--frames", "300"]
-        code_steps = self.command(result, record, max(left(), 1), env=env, log="ort-gpu-steps")
+        code_steps = self.command(result, record, max(share, 1), env=env, log="ort-gpu-steps")
+        levers_md = self.raw("ort_levers.md")  # issue 40 item 3: CUDA graph, NHWC, the search, TF32, each vs shipped
+        levers = [*child, "benchmarks/bench_kernels.py", "--levers", "--backend", "onnxruntime", "--workdir",
+                  str(self.work / "bundles"), "--out", str(levers_md)]  # fmt: skip
+        levers += ["--device", "cpu", "--smoke"] if self.args.smoke else ["--device", "cuda", "--repeats", "50"]
+        code_levers = self.command(result, levers, max(left(), 1), env=env, log="ort-gpu-levers")
+        levers_json = levers_md.with_suffix(".json")
+        lever_rows = json.loads(levers_json.read_text()).get("levers", []) if levers_json.is_file() else []
         traces = {}
         for f in sorted(steps_dir.glob("steps_*.json")):
             d = json.loads(f.read_text())
@@ -598,7 +607,9 @@ class StageRuns:
                               "first_leaf_file_ms": round(float(np.median(d["first_ms"])), 4) if d.get("first_ms") else None}  # fmt: skip
         result.figures = {"wheel": name, "installed_with": installed, "probe": probe, "staged_onnxruntime_imported": staged,
                           "tests": counts, "bench": {"status": bench.status, "summary": bench.summary, **bench.figures},
-                          "steps": traces}  # fmt: skip
+                          "steps": traces, "levers": {"status": "timeout" if code_levers is None else
+                                                      ("ok" if code_levers == 0 else "failed"), "rows": lever_rows,
+                                                      "markdown": levers_md.read_text() if levers_md.is_file() else ""}}  # fmt: skip
         steps_ok = code_steps == 0 and bool(traces)
         ok = staged and code == 0 and counts["failed"] == 0 and bench.status == "ok" and steps_ok
         cut = code is None or bench.status == "timeout" or code_steps is None
@@ -610,7 +621,10 @@ class StageRuns:
                           f"{counts['skipped']} skipped; bench: {bench.summary[:300]}; steps"
                           f"{' (cut off)' if code_steps is None else ''}: "
                           + ("; ".join(f"{k}: {v['frames']} frames, leaf 0's segment {v['leaf0_ms']} ms, first-leaf file "
-                                       f"{v['first_leaf_file_ms']} ms" for k, v in traces.items()) or "none"))  # fmt: skip
+                                       f"{v['first_leaf_file_ms']} ms" for k, v in traces.items()) or "none")
+                          + f"; levers{' (cut off)' if code_levers is None else ''}: "
+                          + ("; ".join(f"{r['lever'].split(' (')[0]} {r['unit']} {r['vs_shipped']:.2f}x"
+                                       + (" WRONG" if r.get("wrong") else "") for r in lever_rows if "ms" in r) or "none"))  # fmt: skip
 
     # 9 --------------------------------------------------------------------------------------------
     def stage_bench_train(self, result: StageResult, budget: float) -> None:

@@ -231,6 +231,18 @@ LEVERS = (
     ("compiled, autotuned (compile_mode='max-autotune-no-cudagraphs')",
      {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}, False, False, True),
 )  # fmt: skip
+# ONNX Runtime (``--backend onnxruntime``), as the runner runs the bundle's files: (name, the backend's options, GPU
+# only); the backend as shipped runs eagerly, EXHAUSTIVE convolution search, TF32 off (issue 40 item 3: where the
+# H200's 2x against torch CUDA went)
+ORT_LEVERS = (
+    ("as shipped", {}, False),
+    ("CUDA graph (cuda_graph=True)", {"cuda_graph": True}, True),
+    ("NHWC (provider_options prefer_nhwc=1)", {"provider_options": {"prefer_nhwc": "1"}}, True),
+    ("NHWC and CUDA graph", {"provider_options": {"prefer_nhwc": "1"}, "cuda_graph": True}, True),
+    ("heuristic search (cudnn_conv_algo_search='HEURISTIC')", {"cudnn_conv_algo_search": "HEURISTIC"}, True),
+    ("TF32 (allow_tf32=True)", {"allow_tf32": True}, True),
+    ("no spinning (spinning=False)", {"spinning": False}, None),  # None: the CPU only (intra-op threads' spin)
+)  # fmt: skip
 REDUCED = ("fp16", "bfloat16", "TF32")  # levers that leave fp32 on purpose: their error is reported, not judged
 
 
@@ -300,6 +312,66 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
     return rows
 
 
+def ort_levers_table(model, bundle: Path, device: str, x: np.ndarray, repeats: int, write) -> list[dict]:
+    """``levers_table`` for ONNX Runtime, through the runner as users run the bundle: the fused tree (plan fused) and
+    the first leaf (plan subtrees stopped after leaf 0: the export-free first-leaf file), each lever's runners
+    checked against float64 (every prefix), then timed against the shipped ones, alternated ABBA. The bundle's
+    weights are ``model``'s (bench_gpu's seed 0: timing does not depend on them)."""
+    import torch
+
+    with torch.no_grad():
+        want = copy.deepcopy(model).double().eval()(torch.from_numpy(x).double())  # (batch, leaves, classes)
+    scale = float(want.abs().max())
+    rows: list[dict] = []
+    shipped: dict[str, object] = {}
+    runners: list = []  # closed at the end: the shipped ones are timed against every later lever
+    try:
+        _ort_levers(model, bundle, device, x, repeats, write, want, scale, rows, shipped, runners)
+    finally:
+        for runner in runners:
+            runner.close()
+    return rows
+
+
+def _ort_levers(model, bundle, device, x, repeats, write, want, scale, rows, shipped, runners) -> None:  # noqa: PLR0913
+    import torch
+
+    from hne_edge.runtime import AnytimeRunner
+
+    for name, options, gpu_only in ORT_LEVERS:
+        if (gpu_only is True and device == "cpu") or (gpu_only is None and device != "cpu"):
+            continue
+        for unit, plan, stop in (("fused tree", "fused", None), ("first leaf", "subtrees", 1)):
+            row = {"lever": name, "unit": unit, "options": options}
+            rows.append(row)
+            try:
+                t0 = time.perf_counter()
+                runner = AnytimeRunner(bundle, backend="onnxruntime", device=device, plan=plan, load_profile=False,
+                                       **options)  # fmt: skip
+                runners.append(runner)
+                result = runner.run(x, max_leaves=stop)
+                row["first_call_s"] = round(time.perf_counter() - t0, 2)
+                out = torch.from_numpy(np.ascontiguousarray(result.leaf_logits.transpose(1, 0, 2)))
+                row["prefix_errors"] = prefix_errors(out, want[:, : out.shape[1]])
+                row["max_error_vs_float64"] = max(row["prefix_errors"])
+                row["relative_error"] = row["max_error_vs_float64"] / scale
+                row["wrong"] = not name.startswith(REDUCED) and row["relative_error"] > FP32_RELATIVE_TOLERANCE
+                run = lambda runner=runner, stop=stop: runner.run(x, max_leaves=stop).logits  # noqa: E731
+                for _ in range(5):
+                    run()
+                if device != "cpu":  # ONNX Runtime's kernels too: the profiler sees every kernel of the process
+                    row["kernels"] = profile_call(torch, run, device)["kernels"]
+                if unit not in shipped:
+                    shipped[unit] = run
+                    row["ms"], row["vs_shipped"] = median_ms([timed(run) for _ in range(repeats)]), 1.0
+                else:
+                    row["shipped_ms"], row["ms"] = paired(shipped[unit], run, repeats)
+                    row["vs_shipped"] = row["ms"] / row["shipped_ms"]
+            except Exception as exc:  # one lever failing (a provider option this build lacks) hides no other
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            write(rows)
+
+
 def levers_markdown(rows: list[dict], device: str, model: str) -> list[str]:
     lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch 1, each timed against the shipped "
              f"units alternated ABBA; {'GPU kernels' if device != 'cpu' else 'aten ops'} of one call; every prefix "
@@ -313,7 +385,7 @@ def levers_markdown(rows: list[dict], device: str, model: str) -> list[str]:
         ms = f"{r['ms']:.3f}" if "ms" in r else "not timed"
         ratio = f"{r['vs_shipped']:.2f}" if r.get("vs_shipped") else "-"
         err = f"{r['max_error_vs_float64']:.1e} ({r['relative_error']:.1e})" + (" **wrong**" if r["wrong"] else "")
-        lines.append(f"| {r['lever']} | {r['unit']} | {ms} | {ratio} | {r.get('kernels', r.get('ops'))} | {err} | "
+        lines.append(f"| {r['lever']} | {r['unit']} | {ms} | {ratio} | {r.get('kernels', r.get('ops', 'n/a'))} | {err} | "
                      f"{r['first_call_s']} |")  # fmt: skip
     return lines
 
@@ -347,7 +419,7 @@ def to_markdown(data: dict) -> str:
             lines.append(f"| {r['unit']} | {r['compiled']} | {r['ms']:.3f} | {r.get('kernels', r.get('ops'))} | {classes} | "
                          f"{r['max_error_vs_float64']:.1e} | {r['first_call_s']} |")  # fmt: skip
     if data.get("levers"):
-        lines += levers_markdown(data["levers"], data["device"], data["model"])
+        lines += levers_markdown(data["levers"], data["device"], f"{data['model']}, {data.get('backend', 'torch')}")
     return "\n".join(lines) + "\n"
 
 
@@ -360,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levers", action="store_true",
                     help="only the levers table: each lever's fused tree and first leaf, checked, then timed against the "
                          "shipped units (with --compile: the compiled levers too)")  # fmt: skip
+    ap.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
+                    help="--levers: the torch backend's units (default), or ONNX Runtime's through the runner, on the "
+                         "bundle in --workdir (exported there when missing)")  # fmt: skip
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="the weights (and model) of a checkpoint, e.g. hne_edge/assets/cifar10_reference.pt; default: "
                          "--model with seed-0 weights")  # fmt: skip
@@ -401,7 +476,15 @@ def main(argv: list[str] | None = None) -> int:
             data["levers"] = rows
             write()
 
-        levers_table(model, args.device, x, args.compile, args.repeats, torch, write_levers)
+        if args.backend == "onnxruntime":
+            from bench_gpu import bundle_for
+
+            data["backend"] = "onnxruntime"  # the bundle bench_gpu's mixed rows use (reused from --workdir)
+            model, bundle, _ = bundle_for(args.model, ["mixed"], ["onnxruntime"], args.workdir, (1, 16))
+            data["model"] = f"{args.model} (seed 0: the bundle's weights)"
+            ort_levers_table(model, bundle, args.device, x, args.repeats, write_levers)
+        else:
+            levers_table(model, args.device, x, args.compile, args.repeats, torch, write_levers)
         print(to_markdown(data))
         return 0
     if not args.compile_only:  # the two units the H200 measured first, then every unit of every plan

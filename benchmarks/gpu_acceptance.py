@@ -41,14 +41,17 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
 7. ``mobilenet`` (50): ``bench_gpu.py`` on hne_mobilenetv2 at 224x224 (the compute-bound regime), every plan,
    batch 1 and 8 (60 deadline frames), graphs captured for those two sizes only (``--capture-sizes 1,8``: on the
    H200 the stage got one row in 85 s); its summary says where the first row's seconds went.
-8. ``ort-gpu`` (120, outside the runtime group; only with ``--ort-gpu-parts``, else "skipped"): onnxruntime-gpu from
+8. ``ort-gpu`` (150, outside the runtime group; only with ``--ort-gpu-parts``, else "skipped"): onnxruntime-gpu from
    wheel parts: the parts joined (``benchmarks/wheel_parts.py``), ``pip install --no-deps --target`` into
    ``WORK/ort_gpu`` (unzipped where the machine's Python has no pip; a later call with the same ``--work`` and the
    same wheel reuses it), that folder put first on the children's ``PYTHONPATH``, and every child started through
    ``benchmarks/ort_gpu_child.py`` (torch first, then ``onnxruntime.preload_dlls()``): a probe of what the children
    import, three of the ONNX Runtime real-GPU tests (``ORT_GPU_TESTS``: both buffer modes and fp16), bench_gpu's
-   mixed row at batch 1 with ``--backends onnxruntime``, and ``record_steps.py --backend onnxruntime`` (every step's
-   time and the first-leaf file's, frame by frame, in raw.tar.gz). Each part gets a share of what is left.
+   mixed row at batch 1 with ``--backends onnxruntime``, ``record_steps.py --backend onnxruntime`` (every step's
+   time and the first-leaf file's, frame by frame, in raw.tar.gz), then ``bench_kernels.py --levers --backend
+   onnxruntime``: the fused tree and the first leaf through the runner, as shipped and with a CUDA graph, NHWC
+   (``prefer_nhwc``), the heuristic convolution search and TF32, each checked against float64 and timed against the
+   shipped (issue 40 item 3: where the 2x against torch CUDA goes). Each part gets a share of what is left.
 9. ``bench-train`` (35): ``benchmarks/bench_train.py`` for hne_resnet_small at the trainer's CUDA defaults
    (batch 512, bf16, channels-last): the loop against its step alone on device-resident data (their ratio: the
    loop's overhead), each ``--pointwise`` formulation's step alone and operators per step, the trainer (``fit``)

@@ -190,6 +190,22 @@ def test_bench_kernels_levers_check_every_prefix_then_time_them_side_by_side(tmp
     assert "| dense <= 16 groups (dense_groups=16) | fused tree |" in out.read_text()
 
 
+def test_bench_kernels_onnxruntime_levers_run_through_the_runner(tmp_path):
+    """``--levers --backend onnxruntime``: the bundle's fused file and first-leaf file through AnytimeRunner, each lever
+    (on the CPU: as shipped, and without spinning) checked against float64 at every prefix, then timed against the
+    shipped runners; the bundle is bench_gpu's, exported into --workdir once."""
+    out = tmp_path / "ort_levers.md"
+    proc = run_script("bench_kernels.py", "--device", "cpu", "--smoke", "--levers", "--backend", "onnxruntime",
+                      "--workdir", str(tmp_path / "w"), "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    rows = data["levers"]
+    assert data["backend"] == "onnxruntime" and [r["lever"].split(" (")[0] for r in rows] == ["as shipped"] * 2 + ["no spinning"] * 2
+    assert [len(r["prefix_errors"]) for r in rows] == [5, 1, 5, 1] and not any(r["wrong"] or "error" in r for r in rows)
+    assert all(r["relative_error"] < 1e-5 and r["ms"] > 0 for r in rows) and rows[2]["vs_shipped"] > 0
+    assert "Levers on hne_tiny (seed 0: the bundle's weights), onnxruntime" in out.read_text()
+
+
 def test_a_lever_that_changes_the_function_is_marked_wrong(monkeypatch):
     """The check before the clock: a block-diagonal weight with its blocks in the wrong place is fast and wrong."""
     import numpy as np

@@ -321,7 +321,7 @@ def test_stage_caps_are_seconds_and_the_runtime_group_fits_in_4_minutes():
     caps = {s.name: s.cap_s for s in ga.STAGES}
     assert list(caps)[:7] == list(ga.RUNTIME_GROUP)
     assert sum(caps[n] for n in ga.RUNTIME_GROUP) <= 240
-    assert "ort-gpu" not in ga.RUNTIME_GROUP and caps["ort-gpu"] == 120  # only with --ort-gpu-parts, a call of its own
+    assert "ort-gpu" not in ga.RUNTIME_GROUP and caps["ort-gpu"] == 150  # only with --ort-gpu-parts, a call of its own
     args = ga.parse_args(["--stage-cap", "kernels=120"])
     assert {s.name: s.cap_s for s in ga.stages_for(args)}["kernels"] == 120 and args.cap_s == 480
     assert "losses" not in args.stages and "ort-gpu" in args.stages and "reference" in args.stages  # losses only when named
@@ -459,6 +459,12 @@ def test_ort_gpu_stage_stages_a_wheel_from_parts_for_its_children(tmp_path):
     assert trace["frames"] >= 5 and trace["leaf0_ms"] > 0 and trace["first_leaf_file_ms"] > 0
     with tarfile.open(out / "raw.tar.gz") as tar:
         assert "raw/ort_steps/steps_hne_tiny_onnxruntime_b1.json" in tar.getnames()
+    # the levers through the runner (here the CPU's: as shipped and without spinning), each against float64 first
+    levers = figures["levers"]
+    assert levers["status"] == "ok" and [(r["lever"].split(" (")[0], r["unit"]) for r in levers["rows"]] == [
+        ("as shipped", "fused tree"), ("as shipped", "first leaf"), ("no spinning", "fused tree"), ("no spinning", "first leaf")]
+    assert all(r["ms"] > 0 and not r["wrong"] for r in levers["rows"]), levers["rows"]
+    assert "levers: as shipped fused tree 1.00x" in stage["summary"]
 
 
 def test_the_wheel_travels_in_five_parts_each_beside_a_checkout_in_a_64_mib_copy():
