@@ -385,7 +385,8 @@ def levers_markdown(rows: list[dict], device: str, model: str) -> list[str]:
         ms = f"{r['ms']:.3f}" if "ms" in r else "not timed"
         ratio = f"{r['vs_shipped']:.2f}" if r.get("vs_shipped") else "-"
         err = f"{r['max_error_vs_float64']:.1e} ({r['relative_error']:.1e})" + (" **wrong**" if r["wrong"] else "")
-        lines.append(f"| {r['lever']} | {r['unit']} | {ms} | {ratio} | {r.get('kernels', r.get('ops', 'n/a'))} | {err} | "
+        count = r.get("kernels", r.get("ops", "n/a"))
+        lines.append(f"| {r['lever']} | {r['unit']} | {ms} | {ratio} | {count} | {err} | "
                      f"{r['first_call_s']} |")  # fmt: skip
     return lines
 

@@ -200,7 +200,8 @@ def test_bench_kernels_onnxruntime_levers_run_through_the_runner(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.with_suffix(".json").read_text())
     rows = data["levers"]
-    assert data["backend"] == "onnxruntime" and [r["lever"].split(" (")[0] for r in rows] == ["as shipped"] * 2 + ["no spinning"] * 2
+    names = [r["lever"].split(" (")[0] for r in rows]
+    assert data["backend"] == "onnxruntime" and names == ["as shipped"] * 2 + ["no spinning"] * 2
     assert [len(r["prefix_errors"]) for r in rows] == [5, 1, 5, 1] and not any(r["wrong"] or "error" in r for r in rows)
     assert all(r["relative_error"] < 1e-5 and r["ms"] > 0 for r in rows) and rows[2]["vs_shipped"] > 0
     assert "Levers on hne_tiny (seed 0: the bundle's weights), onnxruntime" in out.read_text()

@@ -462,7 +462,7 @@ def test_ort_gpu_stage_stages_a_wheel_from_parts_for_its_children(tmp_path):
     # the levers through the runner (here the CPU's: as shipped and without spinning), each against float64 first
     levers = figures["levers"]
     assert levers["status"] == "ok" and [(r["lever"].split(" (")[0], r["unit"]) for r in levers["rows"]] == [
-        ("as shipped", "fused tree"), ("as shipped", "first leaf"), ("no spinning", "fused tree"), ("no spinning", "first leaf")]
+        (lever, unit) for lever in ("as shipped", "no spinning") for unit in ("fused tree", "first leaf")]
     assert all(r["ms"] > 0 and not r["wrong"] for r in levers["rows"]), levers["rows"]
     assert "levers: as shipped fused tree 1.00x" in stage["summary"]
 
