@@ -372,8 +372,8 @@ def _ort_levers(model, bundle, device, x, repeats, write, want, scale, rows, shi
             write(rows)
 
 
-def levers_markdown(rows: list[dict], device: str, model: str) -> list[str]:
-    lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch 1, each timed against the shipped "
+def levers_markdown(rows: list[dict], device: str, model: str, batch: int = 1) -> list[str]:
+    lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch {batch}, each timed against the shipped "
              f"units alternated ABBA; {'GPU kernels' if device != 'cpu' else 'aten ops'} of one call; every prefix "
              "against float64):", "",
              "| lever | unit | ms | vs shipped | kernels (or ops) | max error vs float64 (relative) | first call s |",
@@ -420,7 +420,8 @@ def to_markdown(data: dict) -> str:
             lines.append(f"| {r['unit']} | {r['compiled']} | {r['ms']:.3f} | {r.get('kernels', r.get('ops'))} | {classes} | "
                          f"{r['max_error_vs_float64']:.1e} | {r['first_call_s']} |")  # fmt: skip
     if data.get("levers"):
-        lines += levers_markdown(data["levers"], data["device"], f"{data['model']}, {data.get('backend', 'torch')}")
+        lines += levers_markdown(data["levers"], data["device"], f"{data['model']}, {data.get('backend', 'torch')}",
+                                 data.get("batch", 1))
     return "\n".join(lines) + "\n"
 
 
@@ -436,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
                     help="--levers: the torch backend's units (default), or ONNX Runtime's through the runner, on the "
                          "bundle in --workdir (exported there when missing)")  # fmt: skip
+    ap.add_argument("--batch", type=int, default=1, help="images a call (default 1; the levers at another batch size)")
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="the weights (and model) of a checkpoint, e.g. hne_edge/assets/cifar10_reference.pt; default: "
                          "--model with seed-0 weights")  # fmt: skip
@@ -445,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="hne_tiny, few repeats, no unfolded pass and no ONNX counts: checks that it runs, measures nothing")
     ap.add_argument("--out", type=Path, required=True, help="markdown (a .json beside it, written after every row)")
     args = ap.parse_args(argv)
+    if not 1 <= args.batch <= 16:
+        ap.error(f"--batch: received {args.batch}; expected 1..16 (the bundles here are exported for 1..16)")
     if args.smoke:
         args.model, args.repeats = "hne_tiny", 3
     import torch
@@ -471,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model = create_model(args.model).eval()
     spec_size = model.config.input_size
-    x = np.random.default_rng(0).standard_normal((1, 3, spec_size, spec_size)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((args.batch, 3, spec_size, spec_size)).astype(np.float32)
+    data["batch"] = args.batch
     if args.levers:
         def write_levers(rows: list[dict]) -> None:
             data["levers"] = rows

@@ -196,7 +196,7 @@ def test_bench_kernels_onnxruntime_levers_run_through_the_runner(tmp_path):
     shipped runners; the bundle is bench_gpu's, exported into --workdir once."""
     out = tmp_path / "ort_levers.md"
     proc = run_script("bench_kernels.py", "--device", "cpu", "--smoke", "--levers", "--backend", "onnxruntime",
-                      "--workdir", str(tmp_path / "w"), "--out", str(out))  # fmt: skip
+                      "--batch", "2", "--workdir", str(tmp_path / "w"), "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.with_suffix(".json").read_text())
     rows = data["levers"]
@@ -204,7 +204,10 @@ def test_bench_kernels_onnxruntime_levers_run_through_the_runner(tmp_path):
     assert data["backend"] == "onnxruntime" and names == ["as shipped"] * 2 + ["no spinning"] * 2
     assert [len(r["prefix_errors"]) for r in rows] == [5, 1, 5, 1] and not any(r["wrong"] or "error" in r for r in rows)
     assert all(r["relative_error"] < 1e-5 and r["ms"] > 0 for r in rows) and rows[2]["vs_shipped"] > 0
-    assert "Levers on hne_tiny (seed 0: the bundle's weights), onnxruntime" in out.read_text()
+    assert "Levers on hne_tiny (seed 0: the bundle's weights), onnxruntime, one at a time from the backend as shipped " \
+           "(batch 2," in out.read_text()
+    bad = run_script("bench_kernels.py", "--levers", "--batch", "17", "--out", str(tmp_path / "x.md"))
+    assert bad.returncode == 2 and "--batch: received 17; expected 1..16" in bad.stderr
 
 
 def test_a_lever_that_changes_the_function_is_marked_wrong(monkeypatch):
