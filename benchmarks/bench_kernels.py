@@ -246,6 +246,32 @@ ORT_LEVERS = (
 REDUCED = ("fp16", "bfloat16", "TF32")  # levers that leave fp32 on purpose: their error is reported, not judged
 
 
+def held_out_accuracy(prepared, half: bool, checkpoint: Path, data_file: Path, device: str, torch) -> dict[str, float]:
+    """Top-1 % of the first n = 1, 2, 4, ... leaves of a lever's fused tree on the checkpoint's held-out images of
+    ``data_file`` (its config's split: the reference holds out the file's last 5,000), normalised as it was trained."""
+    from hne_edge.demo import ensemble_rows
+    from hne_edge.models.layers import ComputeIn
+    from hne_edge.train.checkpoint import load_checkpoint
+    from hne_edge.train.config import TrainConfig
+    from hne_edge.train.data import BatchLoader, load_data
+    from hne_edge.train.evaluation import predict
+
+    state = load_checkpoint(checkpoint)
+    config = TrainConfig.from_dict(state["config"])
+    config.data.data_dir, config.data.name = str(data_file), "npz"
+    held_out = load_data(config.data, seed=config.seed).val
+    norm = state["normalization"]
+    loader = BatchLoader(held_out, 500, mean=norm["mean"], std=norm["std"])
+    module = ComputeIn(prepared, torch.float16) if half else prepared  # the image cast as the runner casts it
+    with torch.inference_mode():
+        logits, labels = predict(module, loader, torch.device(device))
+    n, sizes = 1, []
+    while n <= logits.shape[1]:
+        sizes.append(n)
+        n *= 2
+    return {str(r["n"]): round(100 * r["accuracy"], 2) for r in ensemble_rows(logits, labels, tuple(sizes))}
+
+
 def prefix_errors(out, want) -> list[float]:
     """Max |error| of each prefix (the mean of the first 1, 2, 4, ... leaves) of (batch, leaves, classes) logits."""
     n, errors = 1, []
@@ -255,10 +281,13 @@ def prefix_errors(out, want) -> list[float]:
     return errors
 
 
-def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int, torch, write) -> list[dict]:
+def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int, torch, write,
+                 accuracy: tuple[Path, Path] | None = None) -> list[dict]:  # fmt: skip
     """Each lever's fused tree and first leaf: checked against float64 (every prefix), then timed against the backend
     as shipped, the two alternated ABBA (:func:`harness.paired`); ``write(rows)`` after each lever, so a run cut off
-    by its cap keeps every lever it finished."""
+    by its cap keeps every lever it finished. ``accuracy`` (checkpoint, data file): also each lever's fused tree's
+    held-out top-1 at every prefix (what a reduced precision costs, where float64 only says how far the logits
+    moved)."""
     from bench_gpu import torch_call
 
     from hne_edge.runtime.backends import create_backend
@@ -297,6 +326,9 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
 
                 got = profile_call(torch, call, device)
                 row["kernels" if device != "cpu" else "ops"] = got["kernels" if device != "cpu" else "ops"]
+                if accuracy is not None and unit == "fused tree":
+                    with stream(), policy:
+                        row["accuracy_pct"] = held_out_accuracy(prepared, half, *accuracy, device, torch)
                 run = torch_call(backend, prepared, x, graph=device != "cpu", half=half, prepared=True)
                 for _ in range(5):
                     run()
@@ -373,9 +405,9 @@ def _ort_levers(model, bundle, device, x, repeats, write, want, scale, rows, shi
 
 
 def levers_markdown(rows: list[dict], device: str, model: str, batch: int = 1) -> list[str]:
-    lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch {batch}, each timed against the shipped "
-             f"units alternated ABBA; {'GPU kernels' if device != 'cpu' else 'aten ops'} of one call; every prefix "
-             "against float64):", "",
+    lines = ["", f"Levers on {model}, one at a time from the backend as shipped (batch {batch}, each timed against the "
+             f"shipped units alternated ABBA; {'GPU kernels' if device != 'cpu' else 'aten ops'} of one call; every "
+             "prefix against float64):", "",
              "| lever | unit | ms | vs shipped | kernels (or ops) | max error vs float64 (relative) | first call s |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
@@ -386,8 +418,14 @@ def levers_markdown(rows: list[dict], device: str, model: str, batch: int = 1) -
         ratio = f"{r['vs_shipped']:.2f}" if r.get("vs_shipped") else "-"
         err = f"{r['max_error_vs_float64']:.1e} ({r['relative_error']:.1e})" + (" **wrong**" if r["wrong"] else "")
         count = r.get("kernels", r.get("ops", "n/a"))
-        lines.append(f"| {r['lever']} | {r['unit']} | {ms} | {ratio} | {count} | {err} | "
-                     f"{r['first_call_s']} |")  # fmt: skip
+        lines.append(f"| {r['lever']} | {r['unit']} | {ms} | {ratio} | {count} | {err} | {r['first_call_s']} |")
+    scored = [r for r in rows if "accuracy_pct" in r]
+    if scored:  # what a reduced precision costs where it matters: the held-out top-1 by the leaves averaged
+        sizes = list(scored[0]["accuracy_pct"])
+        lines += ["", "Held-out top-1 (%) of each lever's fused tree, the first n leaves averaged:", "",
+                  "| lever | " + " | ".join(f"n = {n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+        lines += [f"| {r['lever']} | " + " | ".join(f"{r['accuracy_pct'][n]:.2f}" for n in sizes) + " |"
+                  for r in scored]
     return lines
 
 
@@ -437,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
                     help="--levers: the torch backend's units (default), or ONNX Runtime's through the runner, on the "
                          "bundle in --workdir (exported there when missing)")  # fmt: skip
+    ap.add_argument("--accuracy-data", type=Path, default=None,
+                    help="--levers with --checkpoint: also each lever's held-out top-1 on this training file (the "
+                         "checkpoint's split: the reference's last 5,000 images of CIFAR-10's training set)")  # fmt: skip
     ap.add_argument("--batch", type=int, default=1, help="images a call (default 1; the levers at another batch size)")
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="the weights (and model) of a checkpoint, e.g. hne_edge/assets/cifar10_reference.pt; default: "
@@ -449,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.batch <= 16:
         ap.error(f"--batch: received {args.batch}; expected 1..16 (the bundles here are exported for 1..16)")
+    if args.accuracy_data is not None and (args.checkpoint is None or not args.levers or args.backend != "torch"):
+        ap.error("--accuracy-data: expected --levers, the torch backend and --checkpoint (whose held-out split it "
+                 "scores)")
+    if args.accuracy_data is not None and not args.accuracy_data.is_file():
+        ap.error(f"--accuracy-data: {args.accuracy_data} is not a file; expected a training .npz (x, y)")
     if args.smoke:
         args.model, args.repeats = "hne_tiny", 3
     import torch
@@ -490,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
             data["model"] = f"{args.model} (seed 0: the bundle's weights)"
             ort_levers_table(model, bundle, args.device, x, args.repeats, write_levers)
         else:
-            levers_table(model, args.device, x, args.compile, args.repeats, torch, write_levers)
+            accuracy = (args.checkpoint, args.accuracy_data) if args.accuracy_data else None
+            levers_table(model, args.device, x, args.compile, args.repeats, torch, write_levers, accuracy)
         print(to_markdown(data))
         return 0
     if not args.compile_only:  # the two units the H200 measured first, then every unit of every plan

@@ -190,6 +190,30 @@ def test_bench_kernels_levers_check_every_prefix_then_time_them_side_by_side(tmp
     assert "| dense <= 16 groups (dense_groups=16) | fused tree |" in out.read_text()
 
 
+def test_bench_kernels_levers_score_each_levers_held_out_accuracy(tmp_path):
+    """``--accuracy-data`` (with ``--checkpoint``): each lever's fused tree scored on the checkpoint's held-out split of
+    a training file, at every prefix; levers that compute the same function in fp32 score as the shipped one. Here
+    the demo's CPU-trained checkpoint on a small random CIFAR-shaped file (the code path, not a figure)."""
+    import numpy as np
+
+    data = tmp_path / "cifar.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.integers(0, 256, (400, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 400))
+    out = tmp_path / "levers.md"
+    proc = run_script("bench_kernels.py", "--device", "cpu", "--levers", "--repeats", "2", "--checkpoint",
+                      str(REPO / "hne_edge" / "assets" / "cifar10_demo.pt"), "--accuracy-data", str(data), "--out",
+                      str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    scored = {r["lever"].split(" (")[0]: r["accuracy_pct"] for r in json.loads(out.with_suffix(".json").read_text())["levers"]
+              if "accuracy_pct" in r}  # fmt: skip
+    assert set(scored) == {"as shipped", "bfloat16", "fp16", "dense <= 16 groups", "dense <= 4 groups", "1x1 as bmm"}
+    assert all(list(acc) == ["1", "2", "4", "8", "16"] and all(0 <= v <= 100 for v in acc.values()) for acc in scored.values())
+    assert scored["1x1 as bmm"] == scored["dense <= 16 groups"] == scored["as shipped"]  # the same function in fp32
+    assert "Held-out top-1 (%) of each lever's fused tree" in out.read_text()
+    bad = run_script("bench_kernels.py", "--levers", "--accuracy-data", str(data), "--out", str(tmp_path / "x.md"))
+    assert bad.returncode == 2 and "--accuracy-data: expected --levers, the torch backend and --checkpoint" in bad.stderr
+
+
 def test_bench_kernels_onnxruntime_levers_run_through_the_runner(tmp_path):
     """``--levers --backend onnxruntime``: the bundle's fused file and first-leaf file through AnytimeRunner, each lever
     (on the CPU: as shipped, and without spinning) checked against float64 at every prefix, then timed against the
