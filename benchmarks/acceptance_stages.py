@@ -26,50 +26,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from hne_edge.demo import REFERENCE as REFERENCE_WEIGHTS  # noqa: E402  (the shipped reference, when it is)
+from train_reference import reference_variant  # noqa: E402  (a reference variant's one home)
 
 DEFAULT_CAP_S = 480.0
 SMOKE_CAP_FACTOR = 4.0  # --smoke: stage caps x this, and the run's cap 1800 s unless --cap-s is given
 MIN_STAGE_S = 15.0  # a stage that would get less than this is not started
 OBJECTIVES = ("independent", "hierarchical", "hierarchical+label")  # cifar_losses.py run names
-# train_reference.py --objective, and the recipe options of issue 41 measured beside the paper's recipe in the same
-# call, each a "-" and a token after it (a folder name of OUT: letters, digits, "-" and "." come back from a GPU
-# machine): "ema", an average of the weights delivered (--ema, the decay of gpu_acceptance.py --reference-ema);
-# "bN", batch N (the learning rate scaled linearly from 0.1 at 128); "wE", E epochs of warm-up; "lrX", X at 128
-REFERENCE_OBJECTIVES = ("hierarchical", "independent")
-REFERENCE_KNOBS = {"b": ("--batch-size", int), "w": ("--warmup-epochs", float), "lr": ("--lr", float)}
-
-
-def reference_variant(text: str, ema_decay: float) -> tuple[str, list[str]]:
-    """The objective and train_reference.py's arguments a reference variant names, e.g. ``hierarchical`` (the
-    paper's recipe), ``hierarchical-ema``, ``hierarchical-b1024-w5``, ``independent-ema-lr0.2``; ValueError names
-    what is wrong."""
-    objective, *tokens = text.split("-")
-    expected = (f"OBJECTIVE[-ema][-bBATCH][-wWARMUP_EPOCHS][-lrLR_AT_128] with OBJECTIVE one of "
-                f"{', '.join(REFERENCE_OBJECTIVES)}, e.g. hierarchical-ema-b1024-w5")  # fmt: skip
-    if objective not in REFERENCE_OBJECTIVES:
-        raise ValueError(f"reference variant {text!r}: objective {objective!r}; expected {expected}")
-    args, seen = [], set()
-    for token in tokens:
-        knob = "ema" if token == "ema" else next((k for k in ("lr", "b", "w") if token.startswith(k)), None)
-        value = token[len(knob):] if knob not in (None, "ema") else ""
-        if knob is None or knob in seen:
-            why = "twice" if knob else "unknown"
-            raise ValueError(f"reference variant {text!r}: {token!r} {why}; expected {expected}")
-        seen.add(knob)
-        if knob == "ema":
-            args += ["--ema", f"{ema_decay:g}"]
-            continue
-        flag, kind = REFERENCE_KNOBS[knob]
-        try:
-            number = kind(value)
-        except ValueError:
-            number = None
-        if number is None or not number > 0 and not (knob == "w" and number == 0):
-            wanted = ("a whole number" if kind is int else "a number") + (" >= 0" if knob == "w" else " > 0")
-            raise ValueError(f"reference variant {text!r}: {token!r} needs {wanted} after {knob!r}; "
-                             f"expected {expected}")
-        args += [flag, value]
-    return objective, args
 SMOKE_REFERENCE_S = 80.0  # --smoke: the reference stage's time on the CPU (its min_s is the real run's)
 
 

@@ -47,6 +47,48 @@ RECORD, CHECKPOINT, CONFIG = "record.json", "checkpoint.pt", "config.yaml"
 HOLDOUT = "the last val_split (0.1) of the file's images in its order (data.holdout: last): 5,000 of CIFAR-10's 50,000"
 
 
+# a reference variant (gpu_acceptance.py --reference-objectives): --objective, and the recipe options of issue 41
+# measured beside the paper's recipe in the same call, each a "-" and a token after it (a folder name of OUT:
+# letters, digits, "-" and "." come back from a GPU machine): "ema", an average of the weights delivered (--ema,
+# the decay of gpu_acceptance.py --reference-ema); "bN", batch N (the learning rate scaled linearly from 0.1 at
+# 128); "wE", E epochs of warm-up; "lrX", X at batch 128
+REFERENCE_OBJECTIVES = ("hierarchical", "independent")
+REFERENCE_KNOBS = {"b": ("--batch-size", int), "w": ("--warmup-epochs", float), "lr": ("--lr", float)}
+
+
+def reference_variant(text: str, ema_decay: float) -> tuple[str, list[str]]:
+    """The objective and train_reference.py's arguments a reference variant names, e.g. ``hierarchical`` (the
+    paper's recipe), ``hierarchical-ema``, ``hierarchical-b1024-w5``, ``independent-ema-lr0.2``; ValueError names
+    what is wrong."""
+    objective, *tokens = text.split("-")
+    expected = (f"OBJECTIVE[-ema][-bBATCH][-wWARMUP_EPOCHS][-lrLR_AT_128] with OBJECTIVE one of "
+                f"{', '.join(REFERENCE_OBJECTIVES)}, e.g. hierarchical-ema-b1024-w5")  # fmt: skip
+    if objective not in REFERENCE_OBJECTIVES:
+        raise ValueError(f"reference variant {text!r}: objective {objective!r}; expected {expected}")
+    args, seen = [], set()
+    for token in tokens:
+        knob = "ema" if token == "ema" else next((k for k in ("lr", "b", "w") if token.startswith(k)), None)
+        value = token[len(knob):] if knob not in (None, "ema") else ""
+        if knob is None or knob in seen:
+            why = "twice" if knob else "unknown"
+            raise ValueError(f"reference variant {text!r}: {token!r} {why}; expected {expected}")
+        seen.add(knob)
+        if knob == "ema":
+            args += ["--ema", f"{ema_decay:g}"]
+            continue
+        flag, kind = REFERENCE_KNOBS[knob]
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or not number > 0 and not (knob == "w" and number == 0):
+            wanted = ("a whole number" if kind is int else "a number") + (" >= 0" if knob == "w" else " > 0")
+            raise ValueError(f"reference variant {text!r}: {token!r} needs {wanted} after {knob!r}; "
+                             f"expected {expected}")
+        args += [flag, value]
+    return objective, args
+
+
 class Stopped(Exception):
     """SIGTERM: the caller's time is up."""
 
@@ -95,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, required=True, help="the CIFAR-10 training .npz (x: N,32,32,3 uint8; y: N)")
     p.add_argument("--out", type=Path, required=True, help="where checkpoint.pt, config.yaml and record.json go")
     p.add_argument("--run-dir", type=Path, default=None, help="the training run's folder (default: OUT/../<OUT name>.run)")
-    p.add_argument("--objective", default="hierarchical", choices=["hierarchical", "independent"])
+    p.add_argument("--objective", default="hierarchical", choices=REFERENCE_OBJECTIVES)
     p.add_argument("--time-budget", default=None, help="training time (7m, 300s, ...); or --deadline")
     p.add_argument("--deadline", type=float, default=None, help="unix time by which OUT must be complete")
     p.add_argument("--reserve-s", type=float, default=12.0, help="seconds kept after training: evaluation and writing")
