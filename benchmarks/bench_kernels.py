@@ -281,6 +281,27 @@ def prefix_errors(out, want) -> list[float]:
     return errors
 
 
+def _check_lever(row: dict, out, want, scale: float) -> None:
+    """``row``'s exactness: every prefix of ``out`` (batch, leaves, classes) against float64, and the verdict."""
+    row["prefix_errors"] = prefix_errors(out, want)
+    row["max_error_vs_float64"] = max(row["prefix_errors"])
+    row["relative_error"] = row["max_error_vs_float64"] / scale
+    row["wrong"] = not row["lever"].startswith(REDUCED) and row["relative_error"] > FP32_RELATIVE_TOLERANCE
+
+
+def _time_lever(row: dict, run, shipped: dict, repeats: int) -> None:
+    """``row``'s time: the first lever of a unit is the shipped one (timed alone); every other is timed against it,
+    the two alternated ABBA."""
+    for _ in range(5):
+        run()
+    if row["unit"] not in shipped:
+        shipped[row["unit"]] = run
+        row["ms"], row["vs_shipped"] = median_ms([timed(run) for _ in range(repeats)]), 1.0
+    else:
+        row["shipped_ms"], row["ms"] = paired(shipped[row["unit"]], run, repeats)
+        row["vs_shipped"] = row["ms"] / row["shipped_ms"]
+
+
 def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int, torch, write,
                  accuracy: tuple[Path, Path] | None = None) -> list[dict]:  # fmt: skip
     """Each lever's fused tree and first leaf: checked against float64 (every prefix), then timed against the backend
@@ -315,10 +336,7 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
                     out = prepared(xin)  # the first call compiles, autotunes
                 out = out.float().cpu()
                 row["first_call_s"] = round(time.perf_counter() - t0, 2)
-                row["prefix_errors"] = prefix_errors(out if unit == "fused tree" else out[:, None], ref)
-                row["max_error_vs_float64"] = max(row["prefix_errors"])
-                row["relative_error"] = row["max_error_vs_float64"] / scale
-                row["wrong"] = not name.startswith(REDUCED) and row["relative_error"] > FP32_RELATIVE_TOLERANCE
+                _check_lever(row, out if unit == "fused tree" else out[:, None], ref, scale)
 
                 def call(m=prepared, xin=xin, policy=policy, stream=stream):
                     with torch.inference_mode(), stream(), policy:
@@ -330,14 +348,7 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
                     with stream(), policy:
                         row["accuracy_pct"] = held_out_accuracy(prepared, half, *accuracy, device, torch)
                 run = torch_call(backend, prepared, x, graph=device != "cpu", half=half, prepared=True)
-                for _ in range(5):
-                    run()
-                if unit not in shipped:  # the first lever is the backend as shipped
-                    shipped[unit] = run
-                    row["ms"], row["vs_shipped"] = median_ms([timed(run) for _ in range(repeats)]), 1.0
-                else:
-                    row["shipped_ms"], row["ms"] = paired(shipped[unit], run, repeats)
-                    row["vs_shipped"] = row["ms"] / row["shipped_ms"]
+                _time_lever(row, run, shipped, repeats)
             except Exception as exc:  # one lever failing (a compiler error, an unsupported kernel) hides no other
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             write(rows)
@@ -351,6 +362,8 @@ def ort_levers_table(model, bundle: Path, device: str, x: np.ndarray, repeats: i
     weights are ``model``'s (bench_gpu's seed 0: timing does not depend on them)."""
     import torch
 
+    from hne_edge.runtime import AnytimeRunner
+
     with torch.no_grad():
         want = copy.deepcopy(model).double().eval()(torch.from_numpy(x).double())  # (batch, leaves, classes)
     scale = float(want.abs().max())
@@ -358,50 +371,32 @@ def ort_levers_table(model, bundle: Path, device: str, x: np.ndarray, repeats: i
     shipped: dict[str, object] = {}
     runners: list = []  # closed at the end: the shipped ones are timed against every later lever
     try:
-        _ort_levers(model, bundle, device, x, repeats, write, want, scale, rows, shipped, runners)
+        for name, options, gpu_only in ORT_LEVERS:
+            if (gpu_only is True and device == "cpu") or (gpu_only is None and device != "cpu"):
+                continue
+            for unit, plan, stop in (("fused tree", "fused", None), ("first leaf", "subtrees", 1)):
+                row = {"lever": name, "unit": unit, "options": options}
+                rows.append(row)
+                try:
+                    t0 = time.perf_counter()
+                    runner = AnytimeRunner(bundle, backend="onnxruntime", device=device, plan=plan,
+                                           load_profile=False, **options)  # fmt: skip
+                    runners.append(runner)
+                    result = runner.run(x, max_leaves=stop)
+                    row["first_call_s"] = round(time.perf_counter() - t0, 2)
+                    out = torch.from_numpy(np.ascontiguousarray(result.leaf_logits.transpose(1, 0, 2)))
+                    _check_lever(row, out, want[:, : out.shape[1]], scale)
+                    run = lambda runner=runner, stop=stop: runner.run(x, max_leaves=stop).logits  # noqa: E731
+                    if device != "cpu":  # ONNX Runtime's kernels too: the profiler sees every kernel of the process
+                        row["kernels"] = profile_call(torch, run, device)["kernels"]
+                    _time_lever(row, run, shipped, repeats)
+                except Exception as exc:  # one lever failing (a provider option this build lacks) hides no other
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                write(rows)
     finally:
         for runner in runners:
             runner.close()
     return rows
-
-
-def _ort_levers(model, bundle, device, x, repeats, write, want, scale, rows, shipped, runners) -> None:  # noqa: PLR0913
-    import torch
-
-    from hne_edge.runtime import AnytimeRunner
-
-    for name, options, gpu_only in ORT_LEVERS:
-        if (gpu_only is True and device == "cpu") or (gpu_only is None and device != "cpu"):
-            continue
-        for unit, plan, stop in (("fused tree", "fused", None), ("first leaf", "subtrees", 1)):
-            row = {"lever": name, "unit": unit, "options": options}
-            rows.append(row)
-            try:
-                t0 = time.perf_counter()
-                runner = AnytimeRunner(bundle, backend="onnxruntime", device=device, plan=plan, load_profile=False,
-                                       **options)  # fmt: skip
-                runners.append(runner)
-                result = runner.run(x, max_leaves=stop)
-                row["first_call_s"] = round(time.perf_counter() - t0, 2)
-                out = torch.from_numpy(np.ascontiguousarray(result.leaf_logits.transpose(1, 0, 2)))
-                row["prefix_errors"] = prefix_errors(out, want[:, : out.shape[1]])
-                row["max_error_vs_float64"] = max(row["prefix_errors"])
-                row["relative_error"] = row["max_error_vs_float64"] / scale
-                row["wrong"] = not name.startswith(REDUCED) and row["relative_error"] > FP32_RELATIVE_TOLERANCE
-                run = lambda runner=runner, stop=stop: runner.run(x, max_leaves=stop).logits  # noqa: E731
-                for _ in range(5):
-                    run()
-                if device != "cpu":  # ONNX Runtime's kernels too: the profiler sees every kernel of the process
-                    row["kernels"] = profile_call(torch, run, device)["kernels"]
-                if unit not in shipped:
-                    shipped[unit] = run
-                    row["ms"], row["vs_shipped"] = median_ms([timed(run) for _ in range(repeats)]), 1.0
-                else:
-                    row["shipped_ms"], row["ms"] = paired(shipped[unit], run, repeats)
-                    row["vs_shipped"] = row["ms"] / row["shipped_ms"]
-            except Exception as exc:  # one lever failing (a provider option this build lacks) hides no other
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            write(rows)
 
 
 def levers_markdown(rows: list[dict], device: str, model: str, batch: int = 1) -> list[str]:
