@@ -246,44 +246,41 @@ ORT_LEVERS = (
 REDUCED = ("fp16", "bfloat16", "TF32")  # levers that leave fp32 on purpose: their error is reported, not judged
 
 
-def held_out_accuracy(prepared, half: bool, checkpoint: Path, data_file: Path, device: str, torch) -> dict[str, float]:
-    """Top-1 % of the first n = 1, 2, 4, ... leaves of a lever's fused tree on the checkpoint's held-out images of
-    ``data_file`` (its config's split: the reference holds out the file's last 5,000), normalised as it was trained."""
-    from hne_edge.demo import ensemble_rows
-    from hne_edge.models.layers import ComputeIn
+def held_out_loader(checkpoint: Path, data_file: Path):
+    """The checkpoint's held-out images of ``data_file`` (its config's split: the reference holds out the file's last
+    5,000), normalised as it was trained: read once for every lever."""
     from hne_edge.train.checkpoint import load_checkpoint
     from hne_edge.train.config import TrainConfig
     from hne_edge.train.data import BatchLoader, load_data
-    from hne_edge.train.evaluation import predict
 
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
     config.data.data_dir, config.data.name = str(data_file), "npz"
-    held_out = load_data(config.data, seed=config.seed).val
     norm = state["normalization"]
-    loader = BatchLoader(held_out, 500, mean=norm["mean"], std=norm["std"])
+    return BatchLoader(load_data(config.data, seed=config.seed).val, 500, mean=norm["mean"], std=norm["std"])
+
+
+def held_out_accuracy(prepared, half: bool, loader, sizes: tuple[int, ...], device: str, torch) -> dict[str, float]:
+    """Top-1 % of the first n leaves (each n of ``sizes``) of a lever's fused tree on ``loader``'s images."""
+    from hne_edge.demo import ensemble_rows
+    from hne_edge.models.layers import ComputeIn
+    from hne_edge.train.evaluation import predict
+
     module = ComputeIn(prepared, torch.float16) if half else prepared  # the image cast as the runner casts it
     with torch.inference_mode():
         logits, labels = predict(module, loader, torch.device(device))
-    n, sizes = 1, []
-    while n <= logits.shape[1]:
-        sizes.append(n)
-        n *= 2
-    return {str(r["n"]): round(100 * r["accuracy"], 2) for r in ensemble_rows(logits, labels, tuple(sizes))}
+    return {str(r["n"]): round(100 * r["accuracy"], 2) for r in ensemble_rows(logits, labels, sizes)}
 
 
-def prefix_errors(out, want) -> list[float]:
-    """Max |error| of each prefix (the mean of the first 1, 2, 4, ... leaves) of (batch, leaves, classes) logits."""
-    n, errors = 1, []
-    while n <= want.shape[1]:
-        errors.append(float((out[:, :n].double().mean(1) - want[:, :n].mean(1)).abs().max()))
-        n *= 2
-    return errors
+def prefix_errors(out, want, sizes: tuple[int, ...]) -> list[float]:
+    """Max |error| of each prefix (the mean of the first n leaves, each n of ``sizes`` up to ``want``'s leaves) of
+    (batch, leaves, classes) logits."""
+    return [float((out[:, :n].double().mean(1) - want[:, :n].mean(1)).abs().max()) for n in sizes if n <= want.shape[1]]
 
 
-def _check_lever(row: dict, out, want, scale: float) -> None:
+def _check_lever(row: dict, out, want, scale: float, sizes: tuple[int, ...]) -> None:
     """``row``'s exactness: every prefix of ``out`` (batch, leaves, classes) against float64, and the verdict."""
-    row["prefix_errors"] = prefix_errors(out, want)
+    row["prefix_errors"] = prefix_errors(out, want, sizes)
     row["max_error_vs_float64"] = max(row["prefix_errors"])
     row["relative_error"] = row["max_error_vs_float64"] / scale
     row["wrong"] = not row["lever"].startswith(REDUCED) and row["relative_error"] > FP32_RELATIVE_TOLERANCE
@@ -316,7 +313,8 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
     ref_model = copy.deepcopy(model).double().eval()
     with torch.no_grad():
         want = ref_model(torch.from_numpy(x).double())  # (batch, leaves, classes)
-    scale = float(want.abs().max())
+    scale, sizes = float(want.abs().max()), model.tree.ensemble_sizes  # the prefixes: 1, 2, 4, ..., N leaves
+    loader = held_out_loader(*accuracy) if accuracy is not None else None
     rows: list[dict] = []
     shipped: dict[str, object] = {}  # unit -> the shipped backend's call
     for name, options, half, gpu_only, is_compiled in LEVERS:
@@ -336,7 +334,7 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
                     out = prepared(xin)  # the first call compiles, autotunes
                 out = out.float().cpu()
                 row["first_call_s"] = round(time.perf_counter() - t0, 2)
-                _check_lever(row, out if unit == "fused tree" else out[:, None], ref, scale)
+                _check_lever(row, out if unit == "fused tree" else out[:, None], ref, scale, sizes)
 
                 def call(m=prepared, xin=xin, policy=policy, stream=stream):
                     with torch.inference_mode(), stream(), policy:
@@ -344,9 +342,9 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
 
                 got = profile_call(torch, call, device)
                 row["kernels" if device != "cpu" else "ops"] = got["kernels" if device != "cpu" else "ops"]
-                if accuracy is not None and unit == "fused tree":
+                if loader is not None and unit == "fused tree":
                     with stream(), policy:
-                        row["accuracy_pct"] = held_out_accuracy(prepared, half, *accuracy, device, torch)
+                        row["accuracy_pct"] = held_out_accuracy(prepared, half, loader, sizes, device, torch)
                 run = torch_call(backend, prepared, x, graph=device != "cpu", half=half, prepared=True)
                 _time_lever(row, run, shipped, repeats)
             except Exception as exc:  # one lever failing (a compiler error, an unsupported kernel) hides no other
@@ -385,7 +383,7 @@ def ort_levers_table(model, bundle: Path, device: str, x: np.ndarray, repeats: i
                     result = runner.run(x, max_leaves=stop)
                     row["first_call_s"] = round(time.perf_counter() - t0, 2)
                     out = torch.from_numpy(np.ascontiguousarray(result.leaf_logits.transpose(1, 0, 2)))
-                    _check_lever(row, out, want[:, : out.shape[1]], scale)
+                    _check_lever(row, out, want[:, : out.shape[1]], scale, model.tree.ensemble_sizes)
                     run = lambda runner=runner, stop=stop: runner.run(x, max_leaves=stop).logits  # noqa: E731
                     if device != "cpu":  # ONNX Runtime's kernels too: the profiler sees every kernel of the process
                         row["kernels"] = profile_call(torch, run, device)["kernels"]
