@@ -36,8 +36,9 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    lever at a time from the torch backend as shipped (NCHW, no cuDNN autotuning, TF32, fp16, bfloat16, the 1x1
    convolutions as one bmm, grouped convolutions of at most 4 / 16 groups as block-diagonal dense ones), every
    prefix against float64 first (an fp32 lever off by more than 1e-4 of the largest logit is marked wrong), then
-   each timed against the shipped units, alternated ABBA, its row written at once (issue 40 item 4). The compiled levers (``--compile``: inductor, and its
-   ``max-autotune-no-cudagraphs`` mode) take minutes: run ``bench_kernels.py --levers --compile`` in a call of its own.
+   each timed against the shipped units, alternated ABBA, its row written at once (issue 40 item 4). The compiled
+   levers (``--compile``: inductor, and its ``max-autotune-no-cudagraphs`` mode) take minutes: run
+   ``bench_kernels.py --levers --compile`` in a call of its own.
 7. ``mobilenet`` (50): ``bench_gpu.py`` on hne_mobilenetv2 at 224x224 (the compute-bound regime), every plan,
    batch 1 and 8 (60 deadline frames), graphs captured for those two sizes only (``--capture-sizes 1,8``: on the
    H200 the stage got one row in 85 s); its summary says where the first row's seconds went.
