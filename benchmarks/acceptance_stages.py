@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from hne_edge.demo import REFERENCE as REFERENCE_WEIGHTS  # noqa: E402  (the shipped reference, when it is)
-from train_reference import reference_variant  # noqa: E402  (a reference variant's one home)
+from train_reference import EMA_AUTO, ema_setting, reference_variant  # noqa: E402  (a reference variant's one home)
 
 DEFAULT_CAP_S = 480.0
 SMOKE_CAP_FACTOR = 4.0  # --smoke: stage caps x this, and the run's cap 1800 s unless --cap-s is given

@@ -61,9 +61,10 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    ``benchmarks/train_reference.py`` trains hne_resnet_small to a time budget (what the cap leaves) with the
    paper's recipe, and issue 41's options beside it when ``--reference-objectives`` names variants, the time split
    evenly: ``OBJECTIVE[-ema][-bBATCH][-wWARMUP_EPOCHS][-lrLR_AT_128]`` (``independent``: L^I; ``-ema``: an average
-   of the weights, the decay ``--reference-ema``; ``-b1024``: batch 1024, the learning rate scaled linearly;
-   ``-w5``: 5 epochs of warm-up; ``-lr0.2``: 0.2 at batch 128), the file's last 5,000 images held out; writes
-   ``OUT/checkpoint.pt`` (float32 weights), ``OUT/config.yaml`` and ``OUT/record.json`` (the second variant:
+   of the weights, the decay ``--reference-ema``, by default a window of a twentieth of the run's steps;
+   ``-b1024``: batch 1024, the learning rate scaled linearly; ``-w5``: 5 epochs of warm-up; ``-lr0.2``: 0.2 at
+   batch 128), the file's last 5,000 images held out; writes ``OUT/checkpoint.pt`` (float32 weights),
+   ``OUT/config.yaml`` and ``OUT/record.json`` (the second variant:
    ``OUT/<variant>/checkpoint.pt`` and ``record.json``, its config in the record; a third and later: the record
    in raw.tar.gz, the checkpoint left in the scratch folder; every variant's figures in acceptance.json), which
    ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call (the CIFAR parts travel
@@ -119,6 +120,7 @@ for _path in (REPO, REPO / "benchmarks"):  # hne_edge, and the stages beside thi
 
 from acceptance_stages import (  # noqa: E402  (the stages and the tools they share: acceptance_stages.py)
     DEFAULT_CAP_S,
+    EMA_AUTO,
     MIN_STAGE_S,
     OBJECTIVES,
     ORT_GPU_TESTS,
@@ -130,6 +132,7 @@ from acceptance_stages import (  # noqa: E402  (the stages and the tools they sh
     StageRuns,
     child_env,
     data_file,
+    ema_setting,
     install_wheel,
     join_npz_parts,
     junit_counts,
@@ -366,8 +369,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "independent) and recipe options, e.g. hierarchical-ema-b1024-w5 (-ema: an average of the "
                         "weights; -bN: batch N, the LR scaled linearly; -wE: E epochs of warm-up; -lrX: the LR at "
                         "batch 128) (default: %(default)s)")
-    p.add_argument("--reference-ema", type=float, default=0.999, metavar="DECAY",
-                   help="the decay of the reference stage's -ema objectives (train --ema; default: %(default)s)")
+    p.add_argument("--reference-ema", type=ema_setting, default=EMA_AUTO, metavar="DECAY",
+                   help="the decay of the reference stage's -ema objectives: auto (a window of a twentieth of each "
+                        "run's steps) or a number (train --ema; default: %(default)s)")
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES),
                    help="cifar_losses.py run names for the losses stage (LOSS[@WEIGHTING][+NORMALIZE]; default: %(default)s)")
     p.add_argument("--loss-model", default="hne_resnet_small")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import math
 import os
 import platform
 import shlex
@@ -43,6 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from hne_edge.train.config import EMA_AUTO  # noqa: E402  (torch-free)
+
 RECORD, CHECKPOINT, CONFIG = "record.json", "checkpoint.pt", "config.yaml"
 HOLDOUT = "the last val_split (0.1) of the file's images in its order (data.holdout: last): 5,000 of CIFAR-10's 50,000"
 
@@ -50,13 +53,26 @@ HOLDOUT = "the last val_split (0.1) of the file's images in its order (data.hold
 # a reference variant (gpu_acceptance.py --reference-objectives): --objective, and the recipe options of issue 41
 # measured beside the paper's recipe in the same call, each a "-" and a token after it (a folder name of OUT:
 # letters, digits, "-" and "." come back from a GPU machine): "ema", an average of the weights delivered (--ema,
-# the decay of gpu_acceptance.py --reference-ema); "bN", batch N (the learning rate scaled linearly from 0.1 at
-# 128); "wE", E epochs of warm-up; "lrX", X at batch 128
+# gpu_acceptance.py --reference-ema's decay, auto by default: a run's length is not known before the call); "bN",
+# batch N (the learning rate scaled linearly from 0.1 at 128); "wE", E epochs of warm-up; "lrX", X at batch 128
 REFERENCE_OBJECTIVES = ("hierarchical", "independent")
 REFERENCE_KNOBS = {"b": ("--batch-size", int), "w": ("--warmup-epochs", float), "lr": ("--lr", float)}
 
 
-def reference_variant(text: str, ema_decay: float) -> tuple[str, list[str]]:
+def ema_setting(text: str) -> float | str:
+    """--ema and --reference-ema: ``auto`` or a decay (train --ema; ``optim.ema``); ArgumentTypeError otherwise."""
+    if text == EMA_AUTO:
+        return text
+    try:
+        decay = float(text)
+    except ValueError:
+        decay = math.nan
+    if not 0 < decay < 1:
+        raise argparse.ArgumentTypeError(f"received {text!r}; expected {EMA_AUTO} or a decay with 0 < decay < 1")
+    return decay
+
+
+def reference_variant(text: str, ema_decay: float | str) -> tuple[str, list[str]]:
     """The objective and train_reference.py's arguments a reference variant names, e.g. ``hierarchical`` (the
     paper's recipe), ``hierarchical-ema``, ``hierarchical-b1024-w5``, ``independent-ema-lr0.2``; ValueError names
     what is wrong."""
@@ -74,7 +90,7 @@ def reference_variant(text: str, ema_decay: float) -> tuple[str, list[str]]:
             raise ValueError(f"reference variant {text!r}: {token!r} {why}; expected {expected}")
         seen.add(knob)
         if knob == "ema":
-            args += ["--ema", f"{ema_decay:g}"]
+            args += ["--ema", str(ema_decay)]
             continue
         flag, kind = REFERENCE_KNOBS[knob]
         try:
@@ -149,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=None, help="the learning rate at batch 128 (default: the preset's 0.1)")
     p.add_argument("--warmup-epochs", type=float, default=None, help="epochs of warm-up (default: the preset's 2)")
     p.add_argument("--limit", type=int, default=None, help="train on this many images (smoke runs)")
-    p.add_argument("--ema", type=float, default=None,
-                   help="deliver an exponential moving average of the weights with this decay per step (optim.ema)")
+    p.add_argument("--ema", type=ema_setting, default=None,
+                   help="deliver an exponential moving average of the weights with this decay per step, or auto (a "
+                        "window of a twentieth of the run's steps; optim.ema)")
     p.add_argument("--eval-every", type=int, default=5, help="validate every this many epochs (and after the last)")
     p.add_argument("--no-config-file", action="store_true", help="keep the config only inside record.json")
     p.add_argument("--parent-command", default=None, help="the command that ran this one (for the record)")

@@ -165,6 +165,12 @@ def test_reference_variants_name_the_recipe_options_and_bad_ones_are_refused(cap
     assert ga.reference_variant("independent-ema-b1024-w5-lr0.2", 0.99) == (
         "independent", ["--ema", "0.99", "--batch-size", "1024", "--warmup-epochs", "5", "--lr", "0.2"])
     assert ga.reference_variant("hierarchical-w0", 0.999) == ("hierarchical", ["--warmup-epochs", "0"])
+    assert ga.parse_args([]).reference_ema == "auto"  # a run's length is not known before the call
+    assert ga.reference_variant("hierarchical-ema", "auto") == ("hierarchical", ["--ema", "auto"])
+    for bad in ("1", "0", "auto2", "x"):
+        with pytest.raises(SystemExit):
+            ga.parse_args(["--reference-ema", bad])
+        assert f"--reference-ema: received {bad!r}; expected auto or a decay" in capsys.readouterr().err
     for bad, says in (("distill", "objective 'distill'"),
                       ("hierarchical-b1024.5", "'b1024.5' needs a whole number > 0 after 'b'"),
                       ("hierarchical-b0", "'b0' needs a whole number > 0 after 'b'"),

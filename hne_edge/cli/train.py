@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from ..train.config import (DATASETS, DEFAULT_PRESET, HOLDOUTS, LOSSES, NORMALIZATIONS, POINTWISE, PRESETS,  # torch-free:
-                            WEIGHTINGS)  # --help stays instant
+from ..train.config import (DATASETS, DEFAULT_PRESET, EMA_AUTO, EMA_AUTO_WINDOW, HOLDOUTS, LOSSES,  # torch-free:
+                            NORMALIZATIONS, POINTWISE, PRESETS, WEIGHTINGS)  # --help stays instant
 from ..tree import TREE_PRESETS
 from .options import (CheckpointPath, config_device_option, device_option, force_option, names_typed_flags,
                       quiet_option, threads_option, typed_flags)
@@ -50,8 +50,9 @@ FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss"
 @click.option("--warmup-epochs", type=float, default=None,
               help="When the rate is scaled up, rise to it linearly from --lr over this many epochs (the cifar preset: 2).")
 @click.option("--weight-decay", type=float, default=None)
-@click.option("--ema", type=float, default=None,
-              help="Keep an exponential moving average of the weights with this decay per step (such as 0.999) and "
+@click.option("--ema", default=None,
+              help="Keep an exponential moving average of the weights with this decay per step (such as 0.999), or "
+                   f"{EMA_AUTO} (a window of {EMA_AUTO_WINDOW:.0%} of the run's steps, whatever its length), and "
                    "deliver it: validations, the checkpoint and exports use it (default: off, the paper's recipe).")
 @click.option("--accum-steps", type=int, default=None, help="Micro-batches per step (gradient accumulation).")
 @click.option("--seed", type=int, default=None)
@@ -102,6 +103,11 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
             batch_size = int(batch_size)
         except ValueError:
             raise InputError(f"--batch-size: received {batch_size!r}; expected a positive integer or auto") from None
+    if ema is not None and ema != EMA_AUTO:
+        try:
+            ema = float(ema)
+        except ValueError:
+            raise InputError(f"--ema: received {ema!r}; expected auto or a decay with 0 < decay < 1") from None
     for key, value in (("name", data), ("data_dir", data_dir), ("download", download), ("val_split", val_split), ("limit", limit),
                        ("val_limit", val_limit), ("holdout", holdout)):
         put("data", key, value)

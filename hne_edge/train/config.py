@@ -41,6 +41,11 @@ POINTWISE = ("conv", "bmm")  # pointwise: how a branch-parallel 1x1 convolution 
 # optim.batch_size "auto": the batch a device kind trains at. On CUDA the paper's 128 leaves the GPU idle
 # (BENCHMARKS.md 'Training throughput'); elsewhere it is the paper's.
 AUTO_BATCH = {"cuda": 512, "cpu": 128}
+# optim.ema "auto": the average's window 1 / (1 - decay) is this fraction of the run's steps, whatever its length:
+# 59 epochs of 45,000 images at batch 512 (5,200 steps) give decay 0.9962, 2,000 steps 0.99 - where a fixed 0.999
+# would average the last half of the run, its weights at a high learning rate.
+EMA_AUTO = "auto"
+EMA_AUTO_WINDOW = 0.05
 # fields earlier releases wrote that no longer mean anything; dropped when read.
 # log_every: progress lines are time-based now (every 10 s without a terminal), not every N steps
 REMOVED_FIELDS = ("log_every",)
@@ -58,6 +63,12 @@ def _is_int(v: Any) -> bool:
 def _is_num(v: Any) -> bool:
     """A finite real number: every number of a config is (NaN and Inf are refused here, before anything runs)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def ema_auto_decay(run_steps: int) -> float:
+    """``optim.ema: auto``'s decay for a run of ``run_steps`` optimizer steps: a window of ``EMA_AUTO_WINDOW`` of
+    them (0: each step's weights as they are, for runs of under 20 steps)."""
+    return 1.0 - 1.0 / max(1.0, EMA_AUTO_WINDOW * run_steps)
 
 
 @dataclass
@@ -195,7 +206,8 @@ class OptimConfig:
             validations, the checkpoint's weights and so every export and evaluation use the average; the weights
             as trained stay in the checkpoint beside it for ``--resume``. null (default): the paper's recipe, the
             weights as trained. A window ``1 / (1 - decay)`` beyond a tenth of the run's steps mostly averages
-            early weights.
+            early weights: ``auto`` sets the decay from the run's length instead (``ema_auto_decay``: a window of
+            ``EMA_AUTO_WINDOW`` of its steps, read again each step, as a time budget fixes or shortens the run).
     """
 
     epochs: int = 200
@@ -208,12 +220,12 @@ class OptimConfig:
     weight_decay: float = 5e-4
     schedule: str = "cosine"
     accum_steps: int = 1
-    ema: float | None = None
+    ema: float | str | None = None
 
     def __post_init__(self) -> None:
         _expect(_is_int(self.epochs) and self.epochs > 0, "optim.epochs", self.epochs, "a positive integer")
-        _expect(self.ema is None or (_is_num(self.ema) and 0 < self.ema < 1), "optim.ema", self.ema,
-                "null or a decay with 0 < decay < 1 (such as 0.999)")  # fmt: skip
+        _expect(self.ema is None or self.ema == EMA_AUTO or (_is_num(self.ema) and 0 < self.ema < 1), "optim.ema",
+                self.ema, f"null, {EMA_AUTO} or a decay with 0 < decay < 1 (such as 0.999)")  # fmt: skip
         _expect(self.batch_size == "auto" or (_is_int(self.batch_size) and self.batch_size > 0), "optim.batch_size",
                 self.batch_size, "a positive integer or auto")  # fmt: skip
         _expect(_is_num(self.lr) and self.lr > 0, "optim.lr", self.lr, "a finite number > 0")  # too large: fit stops when the loss diverges

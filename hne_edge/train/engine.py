@@ -55,7 +55,8 @@ from ..models.layers import set_pointwise
 from ..progress import NULL_PROGRESS, Progress, format_duration, progress_for
 from .budget import _checkpoint_seconds, _TimeBudget, _validation_seconds
 from .checkpoint import load_resumable, save_checkpoint, unusable_reason
-from .config import LossConfig, ModelSpec, OptimConfig, TrainConfig, resolve_for_device, upgrade_config
+from .config import (EMA_AUTO, EMA_AUTO_WINDOW, LossConfig, ModelSpec, OptimConfig, TrainConfig, ema_auto_decay,
+                     resolve_for_device, upgrade_config)
 from .data import DataBundle, load_data
 from .device import amp_dtype_for, torch_device, use_free_cpus
 from .estimate import _RunEstimate
@@ -347,14 +348,28 @@ def _check_converging(epoch: int, losses: list[float], model: nn.Module, ckpt_pa
                            hint=f"lower optim.lr (received {lr:g})", cli_hint=f"lower --lr (received {lr:g})")  # fmt: skip
 
 
-def _weight_average(model: nn.Module, decay: float | None) -> torch.optim.swa_utils.AveragedModel | None:
+def _weight_average(model: nn.Module, ema: float | str | None,
+                    run_steps: Callable[[], int]) -> torch.optim.swa_utils.AveragedModel | None:
     """``optim.ema``: an exponential moving average of ``model``'s weights and BatchNorm statistics (torch's
     ``AveragedModel``: the first update copies the weights, each later one ``avg += (1 - decay) * (w - avg)``);
-    None without it."""
-    if decay is None:
+    None without it. ``auto``: the decay for ``run_steps()`` at each update, on the host (no synchronisation)."""
+    if ema is None:
         return None
     swa = torch.optim.swa_utils
-    return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(decay), use_buffers=True)
+    if ema != EMA_AUTO:
+        return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(ema), use_buffers=True)
+
+    def update(averages, weights, n_averaged) -> None:  # a time budget fixes, or shortens, the run while it trains
+        swa.get_ema_multi_avg_fn(ema_auto_decay(run_steps()))(averages, weights, n_averaged)
+
+    return swa.AveragedModel(model, multi_avg_fn=update, use_buffers=True)
+
+
+def _ema_text(ema: float | str | None) -> str:
+    if ema is None:
+        return ""
+    decay = f"decay {ema:g}" if ema != EMA_AUTO else f"decay auto: a window of {EMA_AUTO_WINDOW:.0%} of the run's steps"
+    return f", an EMA of the weights ({decay}) delivered"
 
 
 def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
@@ -429,7 +444,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         )
     val_loader = (bundle.eval_loader(bundle.val, 256, config.data.num_workers, device=data_device, channels_last=channels_last)
                   if bundle.val is not None else None)  # fmt: skip
-    ema = _weight_average(model, config.optim.ema)  # a copy of the module itself, before any wrapper
+    # a copy of the module itself, before any wrapper; auto's decay reads the schedule's length when it updates
+    ema = _weight_average(model, config.optim.ema, lambda: schedule.total_steps)
     delivered = ema.module if ema is not None else model  # what is validated and saved as the run's weights
     ddp_model: nn.Module = model
     if world_size > 1:
@@ -501,7 +517,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             f"on {config.data.name}: {len(bundle.train)} train / {len(bundle.val) if bundle.val is not None else 0} "
             f"validation images, {length} {steps_per_epoch} step{'s' if steps_per_epoch > 1 else ''} "
             f"(batch {opt.batch_size}{_lr_text(opt)}"
-            f"{f', an EMA of the weights (decay {opt.ema:g}) delivered' if opt.ema is not None else ''}"
+            f"{_ema_text(opt.ema)}"
             f"); loss {config.loss.kind} ({config.loss.weighting}, normalize {config.loss.normalize}); "
             f"{device}{', ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}"
             f"{', ' + busy if busy else ''}"

@@ -40,7 +40,8 @@ def test_train_then_eval_on_digits(tmp_path):
         (("--preset", "cifar", "--config", "x.yaml"), "--config and --preset contradict"),
         (("--data", "npz", "--data-dir", "/nonexistent/d.npz"), "npz data not found"),
         (("--nproc-per-node", "0"), "--nproc-per-node: received 0"),
-        (("--ema", "1.5"), "--ema: received 1.5; expected null or a decay with 0 < decay < 1"),
+        (("--ema", "1.5"), "--ema: received 1.5; expected null, auto or a decay with 0 < decay < 1"),
+        (("--ema", "0.99x"), "--ema: received '0.99x'; expected auto or a decay with 0 < decay < 1"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):

@@ -64,7 +64,8 @@ def test_paper_recipes():
         ({"optim": {"nesterov": True, "momentum": 0.0}}, r"nesterov=True needs optim.momentum > 0"),
         ({"optim": {"batch_size": 30, "accum_steps": 4}}, r"divisible by optim.accum_steps=4"),
         ({"optim": {"lrr": 0.1}}, r"unknown option\(s\) \['lrr'\]"),
-        ({"optim": {"ema": 1.0}}, r"optim.ema: received 1.0; expected null or a decay with 0 < decay < 1"),
+        ({"optim": {"ema": 1.0}}, r"optim.ema: received 1.0; expected null, auto or a decay with 0 < decay < 1"),
+        ({"optim": {"ema": "Auto"}}, r"optim.ema: received 'Auto'; expected null, auto or a decay"),
         ({"model": {"name": "resnet50"}}, r"model.name: received 'resnet50'"),
     ],
 )
@@ -158,13 +159,16 @@ def test_resume_mid_epoch_is_bit_exact(tmp_path):
 # -- optim.ema: an average of the weights is what the run delivers --------------------------------------------
 
 
-def test_an_ema_run_delivers_the_average_of_its_weights_by_the_equation(tmp_path, monkeypatch):
+@pytest.mark.parametrize("ema", [0.8, "auto"])
+def test_an_ema_run_delivers_the_average_of_its_weights_by_the_equation(tmp_path, monkeypatch, ema):
     """optim.ema: the checkpoint's weights (what is validated, exported and evaluated) are the exponential moving
     average of the weights after every step, by its equation in float64 (avg_1 = w_1, avg_k = d avg_(k-1) +
-    (1 - d) w_k), BatchNorm statistics included; the weights as trained are beside them for --resume."""
-    from hne_edge.train import engine
+    (1 - d) w_k), BatchNorm statistics included; the weights as trained are beside them for --resume. auto: d is
+    1 - 1 / (window x the run's 12 steps), the window made a half here (5/6; a twentieth of 12 steps would be 0)."""
+    from hne_edge.train import config, engine
 
-    decay, seen = 0.8, []
+    monkeypatch.setattr(config, "EMA_AUTO_WINDOW", 0.5)
+    decay, seen = (0.8 if ema == 0.8 else 1 - 1 / (0.5 * 12)), []
     step = engine.train_step
 
     def recorded(model, *args, **kwargs):
@@ -173,7 +177,7 @@ def test_an_ema_run_delivers_the_average_of_its_weights_by_the_equation(tmp_path
         return out
 
     monkeypatch.setattr(engine, "train_step", recorded)
-    result = fit(_small(tmp_path / "r", epochs=2, ema=decay))
+    result = fit(_small(tmp_path / "r", epochs=2, ema=ema))
     assert len(seen) == 12  # 2 epochs of 6 steps
     average = dict(seen[0])
     for weights in seen[1:]:
@@ -185,6 +189,27 @@ def test_an_ema_run_delivers_the_average_of_its_weights_by_the_equation(tmp_path
     moved = max((state["model"][k].double() - seen[-1][k]).abs().max().item() for k in average)
     assert moved > 1e-3  # the average is not the last weights
     assert model_from_checkpoint(state)[0] is not None  # an ordinary checkpoint for eval and export
+
+
+def test_ema_auto_reads_the_runs_length_at_every_step():
+    """optim.ema auto: each update's decay is 1 - 1 / (a twentieth of the run's steps) for the run's length as it is
+    then (a time budget fixes, then may shorten, it while the run trains): float64 by the equation."""
+    from hne_edge.train.engine import _weight_average
+
+    torch.manual_seed(0)
+    model, run_steps = torch.nn.Linear(3, 2), [400]  # a window of 20 steps: decay 0.95
+    average = _weight_average(model, "auto", lambda: run_steps[0])
+    expected = {k: v.detach().double().clone() for k, v in model.state_dict().items()}
+    average.update_parameters(model)  # the first update copies the weights
+    for length, decay in ((400, 0.95), (400, 0.95), (100, 0.8), (20, 0.0)):  # the run shortened twice
+        run_steps[0] = length
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        average.update_parameters(model)
+        expected = {k: decay * expected[k] + (1 - decay) * v.detach().double() for k, v in model.state_dict().items()}
+        for key, value in average.module.state_dict().items():
+            torch.testing.assert_close(value.double(), expected[key], rtol=1e-6, atol=1e-6, msg=key)
 
 
 def test_a_resumed_ema_run_ends_as_an_uninterrupted_one(tmp_path):
