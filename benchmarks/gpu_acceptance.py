@@ -64,11 +64,11 @@ each with a fixed cap (seconds; the runtime group, 1-7, within 240 s together):
    of the weights, the decay ``--reference-ema``, by default a window of a twentieth of the run's steps;
    ``-b1024``: batch 1024, the learning rate scaled linearly; ``-w5``: 5 epochs of warm-up; ``-lr0.2``: 0.2 at
    batch 128), the file's last 5,000 images held out; writes ``OUT/checkpoint.pt`` (float32 weights),
-   ``OUT/config.yaml`` and ``OUT/record.json`` (the second variant:
-   ``OUT/<variant>/checkpoint.pt`` and ``record.json``, its config in the record; a third and later: the record
-   in raw.tar.gz, the checkpoint left in the scratch folder; every variant's figures in acceptance.json), which
-   ``benchmarks/ship_reference.py OUT`` makes the package's pretrained model. Its own call (the CIFAR parts travel
-   in two copies): ``--stages reference --cap-s 330``; OUT then holds at most 8 files.
+   ``OUT/config.yaml`` and ``OUT/record.json`` (the second variant: ``OUT/<variant>/checkpoint.pt`` and
+   ``record.json``, its config in the record; a third and later: the record in raw.tar.gz, the checkpoint left in
+   the scratch folder; every variant's figures in acceptance.json), which ``benchmarks/ship_reference.py OUT``
+   makes the package's pretrained model. Its own call (the CIFAR parts travel in two copies): ``--stages reference
+   --cap-s 330``; OUT then holds at most 8 files.
 11. ``streams`` (60; only when named in ``--stages``): ``benchmarks/bench_streams.py --device cuda`` for plans mixed
    and segments: 3 and 6 cameras at 30/60/120 fps, the last one delivering its frames 4 at a time, each deadline one
    period of its camera, 3 s a row; the stream scheduler beside K runners and one FIFO runner, and issue 39's
