@@ -43,7 +43,7 @@ POINTWISE = ("conv", "bmm")  # pointwise: how a branch-parallel 1x1 convolution 
 AUTO_BATCH = {"cuda": 512, "cpu": 128}
 # optim.ema "auto": the average's window 1 / (1 - decay) is this fraction of the run's steps, whatever its length:
 # 59 epochs of 45,000 images at batch 512 (5,200 steps) give decay 0.9962, 2,000 steps 0.99 - where a fixed 0.999
-# would average the last half of the run, its weights at a high learning rate.
+# (a window of half the run) would lean on mid-run weights, still at up to half the peak learning rate.
 EMA_AUTO = "auto"
 EMA_AUTO_WINDOW = 0.05
 # fields earlier releases wrote that no longer mean anything; dropped when read.
