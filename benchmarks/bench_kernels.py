@@ -250,11 +250,11 @@ def held_out_loader(checkpoint: Path, data_file: Path):
     """The checkpoint's held-out images of ``data_file`` (its config's split: the reference holds out the file's last
     5,000), normalised as it was trained: read once for every lever."""
     from hne_edge.train.checkpoint import load_checkpoint
-    from hne_edge.train.config import TrainConfig
+    from hne_edge.train.config import TrainConfig, upgrade_config
     from hne_edge.train.data import BatchLoader, load_data
 
     state = load_checkpoint(checkpoint)
-    config = TrainConfig.from_dict(state["config"])
+    config = TrainConfig.from_dict(upgrade_config(state["config"]))  # a config an earlier release wrote, too
     config.data.data_dir, config.data.name = str(data_file), "npz"
     norm = state["normalization"]
     return BatchLoader(load_data(config.data, seed=config.seed).val, 500, mean=norm["mean"], std=norm["std"])
@@ -367,7 +367,7 @@ def ort_levers_table(model, bundle: Path, device: str, x: np.ndarray, repeats: i
     scale = float(want.abs().max())
     rows: list[dict] = []
     shipped: dict[str, object] = {}
-    runners: list = []  # closed at the end: the shipped ones are timed against every later lever
+    shipped_runners: list = []  # open to the end: timed against every later lever; every other closes after its row
     try:
         for name, options, gpu_only in ORT_LEVERS:
             if (gpu_only is True and device == "cpu") or (gpu_only is None and device != "cpu"):
@@ -375,11 +375,11 @@ def ort_levers_table(model, bundle: Path, device: str, x: np.ndarray, repeats: i
             for unit, plan, stop in (("fused tree", "fused", None), ("first leaf", "subtrees", 1)):
                 row = {"lever": name, "unit": unit, "options": options}
                 rows.append(row)
+                runner = None
                 try:
                     t0 = time.perf_counter()
                     runner = AnytimeRunner(bundle, backend="onnxruntime", device=device, plan=plan,
                                            load_profile=False, **options)  # fmt: skip
-                    runners.append(runner)
                     result = runner.run(x, max_leaves=stop)
                     row["first_call_s"] = round(time.perf_counter() - t0, 2)
                     out = torch.from_numpy(np.ascontiguousarray(result.leaf_logits.transpose(1, 0, 2)))
@@ -388,11 +388,17 @@ def ort_levers_table(model, bundle: Path, device: str, x: np.ndarray, repeats: i
                     if device != "cpu":  # ONNX Runtime's kernels too: the profiler sees every kernel of the process
                         row["kernels"] = profile_call(torch, run, device)["kernels"]
                     _time_lever(row, run, shipped, repeats)
+                    if shipped[unit] is run:
+                        shipped_runners.append(runner)
+                        runner = None
                 except Exception as exc:  # one lever failing (a provider option this build lacks) hides no other
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                finally:
+                    if runner is not None:  # its sessions (and CUDA graphs) freed before the next lever opens its own
+                        runner.close()
                 write(rows)
     finally:
-        for runner in runners:
+        for runner in shipped_runners:
             runner.close()
     return rows
 
