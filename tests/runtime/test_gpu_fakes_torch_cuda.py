@@ -107,6 +107,37 @@ def test_torch_cuda_graph_per_unit_and_batch_size_for_steps_of_several_leaves(st
             assert dev.captures == n_units * sizes and counts["eager"] == 0
 
 
+def test_a_warm_up_of_more_sizes_than_max_graphs_keeps_every_one(tiny_bundle, reference64, fake_torch_cuda):
+    """Six capture sizes against 4 graphs kept per unit (a bundle's batch range up to 16 has five: 1, 2, 4, 8, 16):
+    the warm-up keeps all six - the bound once dropped the first sizes captured, batch 1's among them, before the
+    warm-up pinned what was left, and every frame of one row then ran eagerly and captured again while serving."""
+    x, ref = reference64
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan="segments", load_profile=False,
+                       capture_sizes=(1, 2, 3, 4, 6, 8), max_graphs=4) as runner:  # fmt: skip
+        (dev,) = fake_torch_cuda
+        n_units = len(runner._runners)
+        assert all(sorted(k[0] for k in r._graphs.graphs) == [1, 2, 3, 4, 6, 8] for r in runner._runners)
+        assert dev.captures == 6 * n_units
+        counts = _count_calls(runner, dev)
+        for rows in range(1, 9):  # every row count replays a graph captured at open
+            np.testing.assert_allclose(runner.run(x[:rows]).logits, ref[:rows].mean(1), **FP32)
+        assert counts["eager"] == counts["capture"] == 0 and dev.captures == 6 * n_units
+
+
+def test_the_graph_cache_holds_everything_between_hold_and_pin_then_bounds_the_rest():
+    from hne_edge.runtime.backends.cuda import GraphCache
+
+    cache = GraphCache(lambda key: (lambda: key), max_graphs=2)
+    cache.hold()
+    for key in range(6):
+        cache.get(key)
+    assert list(cache.graphs) == [0, 1, 2, 3, 4, 5]  # a warm-up of 6 sizes: none dropped
+    cache.pin()
+    for key in (10, 11, 12, 10, 13):  # shapes never warmed: at most 2 of them, the least recently used dropped
+        cache.get(key)
+    assert list(cache.graphs) == [0, 1, 2, 3, 4, 5, 10, 13] and cache.captures == 11  # 10 again: dropped at 12
+
+
 def _tf32_flags():
     import torch
 

@@ -373,6 +373,10 @@ class Backend(ABC):
         size it will run (:class:`~.torch_cuda.TorchCudaBackend`: its capture sizes)."""
         return [opt]
 
+    def warming(self) -> None:
+        """Called before a runner's warm-up: nothing it builds may be dropped before :meth:`warmed` (a GPU backend's
+        graph cache, bounded while serving, holds every size the warm-up captures)."""
+
     def warmed(self) -> None:
         """Called once a runner's warm-up ran every size of :meth:`warm_batch_sizes`: what it built is kept for the
         runner's life (a GPU backend keeps every graph it captured: nothing is evicted while serving)."""

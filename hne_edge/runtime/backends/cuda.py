@@ -573,7 +573,10 @@ class GraphCache:
 
     Bounded: beyond ``max_graphs`` keys not pinned (:meth:`pin`: the graphs a
     runner captured when it opened, kept for its life) the least recently
-    used is dropped (re-captured if its shape comes back). ``capture(key)``
+    used is dropped (re-captured if its shape comes back). Between :meth:`hold`
+    and :meth:`pin` (a runner's warm-up) nothing is dropped: a warm-up of more
+    sizes than ``max_graphs`` (1, 2, 4, 8, 16 for a batch range up to 16) once
+    dropped its first, batch 1's, before they were pinned. ``capture(key)``
     returns a replay callable; tests pass fakes.
     """
 
@@ -585,10 +588,16 @@ class GraphCache:
         self.graphs: dict[Hashable, Callable[[], Any]] = {}
         self.pinned: set[Hashable] = set()
         self.captures = 0
+        self._holding = False
+
+    def hold(self) -> None:
+        """Drop nothing until :meth:`pin` (a warm-up's graphs are all to be pinned)."""
+        self._holding = True
 
     def pin(self) -> None:
         """Keep every graph captured so far, whatever comes later."""
         self.pinned.update(self.graphs)
+        self._holding = False
 
     def find(self, key: Hashable) -> Callable[[], Any] | None:
         """The graph of ``key`` if captured (now the most recently used), else None; never captures."""
@@ -602,7 +611,7 @@ class GraphCache:
         if replay is None:
             replay = self._capture(key)
             self.captures += 1
-            loose = [k for k in self.graphs if k not in self.pinned]  # least recently used first
+            loose = [] if self._holding else [k for k in self.graphs if k not in self.pinned]  # least recent first
             for k in loose[: max(0, len(loose) - self.max_graphs + 1)]:
                 del self.graphs[k]
         self.graphs[key] = replay  # most recently used last
@@ -611,6 +620,7 @@ class GraphCache:
     def clear(self) -> None:
         self.graphs.clear()
         self.pinned.clear()
+        self._holding = False
 
 
 # -- backend mixin --------------------------------------------------------------------------------

@@ -268,6 +268,12 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
             return [opt]
         return [b for b in (self.capture_sizes or capture_sizes(lo, hi)) if lo <= b <= hi] or [opt]
 
+    def warming(self) -> None:
+        """Drop no graph until the warm-up ends: it may capture more sizes than ``max_graphs``."""
+        for r in self._runners:
+            if getattr(r, "_graphs", None) is not None:
+                r._graphs.hold()
+
     def warmed(self) -> None:
         """Keep every graph captured so far for the runners' life (no eviction while serving)."""
         for r in self._runners:
