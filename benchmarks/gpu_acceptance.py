@@ -81,7 +81,7 @@ The cap (``--cap-s``, default 480 s) is wall-clock for the whole run. A stage ru
 (``--stage-cap NAME=SECONDS`` changes one; ``--smoke`` multiplies them by 4 and caps the run at 1800 s) and never
 more than what is left; a stage that would start with less
 than 15 s left is reported "not run". The CIFAR set does not fit through a 64 MiB copy in one piece:
-``npz_chunks.py split`` makes two ~60 MiB parts, which travel separately (one folder each, or both in one);
+``npz_chunks.py split --max-mib 49`` makes two parts, which travel separately (one folder each, or both in one);
 ``--cifar-parts`` takes those folders and joins them here. The onnxruntime-gpu wheel (1.31.1, cp312: ~255 MB, a
 209 MiB xz stream) travels the same way in 5 parts of 52 MiB, each beside a checkout in a 64 MiB copy:
 ``python3 benchmarks/wheel_parts.py split WHEEL runs/ort --folders 5`` makes ``runs/ort/a`` .. ``runs/ort/e``, one
@@ -164,6 +164,7 @@ class Run(StageRuns):
         self.machine = machine_info()
         self.stages = stages_for(args)
         self.results = {s.name: StageResult(s.name, s.title, where=s.where) for s in self.stages}
+        self.data_errors: dict[str, str] = {}  # "train_npz" / "test_npz": why that data set could not be prepared
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -333,8 +334,15 @@ def prepare_data(run: Run) -> None:
             split_npz_parts(Path(tmp) / "train.npz", [data / "parts_a", data / "parts_b"])  # two folders, as copied
         a.cifar_parts = [str(data / "parts_a"), str(data / "parts_b")]
         a.test_data = a.test_data or str(synthetic_cifar(data / "test.npz", 128, seed=1))
-    run.train_npz = data_file(a.cifar, a.cifar_parts, data, "cifar_train.npz")
-    run.test_npz = data_file(a.test_data, a.test_parts, data, "cifar_test.npz")
+    # a part lost on the way (a machine handed back between two calls) fails the stages that need it, with the
+    # reason, and the others still run: an empty OUT would lose the whole call
+    for attr, path, parts, name in (("train_npz", a.cifar, a.cifar_parts, "cifar_train.npz"),
+                                    ("test_npz", a.test_data, a.test_parts, "cifar_test.npz")):  # fmt: skip
+        try:
+            setattr(run, attr, data_file(path, parts, data, name))
+        except SystemExit as exc:
+            setattr(run, attr, None)
+            run.data_errors[attr] = f"{name} not prepared: {exc}"
 
 
 def stages_for(args: argparse.Namespace) -> tuple[Stage, ...]:
