@@ -330,7 +330,14 @@ class StreamScheduler:
         runner._acquire()
         runner._owner = self._worker
         self._closing = False
+        self._warmed = threading.Event()  # set by the worker once it may serve (see _work)
         self._worker.start()
+        self._warmed.wait()
+        if self._error is not None:  # its warm-up failed: the worker ended; nothing was submitted yet
+            runner._release()
+            if self._owns:
+                runner.close()
+            raise self._error
         self._watcher.start()
         if self._nice_mode is not None:  # its slice at once; a nice below the base for "streams" at their submits
             with self._cond:
@@ -554,6 +561,15 @@ class StreamScheduler:
 
     def _work(self) -> None:
         runner, out = self.runner, []  # the runner acquired for this thread by the constructor
+        try:  # graphs that serve only the thread that captured them (ONNX Runtime CUDA) are captured here too
+            if runner.backend.graphs_per_thread:
+                lo, opt, hi = runner.input_spec.batch
+                runner._warm({b: 1 for b in runner.backend.warm_batch_sizes(lo, opt, hi)})
+        except BaseException as exc:
+            self._error = exc
+            return
+        finally:
+            self._warmed.set()
         try:
             while True:
                 run = None

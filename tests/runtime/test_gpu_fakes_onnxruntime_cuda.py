@@ -84,6 +84,79 @@ def test_onnxruntime_cuda_graphs_keep_replaying_frame_after_frame(steps_bundle, 
         assert len(backend.io._staging.slots[((3, 3, 16, 16), "<f4")]) == 1
 
 
+def _count_eager(runner) -> dict:
+    counts = {"_run_eager": 0, "_run_eager_into": 0}
+    for r in runner._runners:
+        for name in counts:
+            setattr(r, name, (lambda f, n: lambda *a: counts.__setitem__(n, counts[n] + 1) or f(*a))(getattr(r, name), name))
+    return counts
+
+
+def test_onnxruntime_cuda_graphs_are_the_warming_threads_and_a_scheduler_warms_its_worker(tiny_bundle, reference64):
+    """The CUDA provider keeps its graphs per thread: one captured by the thread that warmed a runner would be
+    captured again, mid-serving, by another thread's first frames. The warm-up captures every row count on its
+    thread; another thread runs eagerly into fixed buffers (captures nothing); a StreamScheduler warms its worker,
+    whose frames then replay only; a call while a paused session holds slot 0 runs into another slot's fixed
+    buffers, never into outputs ONNX Runtime allocates from the session's arena (a graph's scratch)."""
+    import threading
+
+    from hne_edge.runtime import StreamScheduler
+
+    x, ref = reference64
+    backend = ort_values_on_cpu_backend(cuda_graph=True)
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, plan="segments", load_profile=False) as runner:
+        me = threading.get_ident()
+        assert runner.warmup_report["batch_sizes"] == list(range(1, 9))  # no padding: every row count
+        assert all({k[0] for k in r._graphs.graphs} == set(range(1, 9)) and {k[2] for k in r._graphs.graphs} == {me}
+                   for r in runner._runners)  # fmt: skip
+        captured = sum(r._graphs.captures for r in runner._runners)
+        counts = _count_eager(runner)
+        got = []
+        other = threading.Thread(target=lambda: got.append(runner.run(x[:2]).logits))
+        other.start()
+        other.join()
+        np.testing.assert_allclose(got[0], ref[:2].mean(1), **FP32)
+        assert counts["_run_eager_into"] == len(runner._runners) and counts["_run_eager"] == 0
+        assert sum(r._graphs.captures for r in runner._runners) == captured
+        # a paused session holds slot 0: the other frame's calls go into slot 1's fixed buffers (made once, by one
+        # eager run that tells their shapes), then into them again - never ORT-allocated outputs
+        for _ in range(2):
+            s = runner.start(x[:1])
+            s.step()
+            counts.update({"_run_eager": 0, "_run_eager_into": 0})
+            np.testing.assert_allclose(runner.run(x[1:2]).logits, ref[1:2].mean(1), **FP32)
+            while s.step():
+                pass
+            np.testing.assert_allclose(s.result().logits, ref[:1].mean(1), **FP32)
+        assert counts["_run_eager"] == 0 and counts["_run_eager_into"] > 0
+        with StreamScheduler(runner, budget_ms=60_000.0, profile=False, nice=None) as streams:
+            worker = streams._worker.ident
+            assert all({k[2] for k in r._graphs.graphs} == {me, worker} for r in runner._runners)
+            counts.update({"_run_eager": 0, "_run_eager_into": 0})
+            captured = sum(r._graphs.captures for r in runner._runners)
+            results = [streams.submit("cam", x[i:i + 1]).result(timeout=60) for i in range(3)]
+        for i, r in enumerate(results):
+            np.testing.assert_allclose(r.logits, ref[i:i + 1].mean(1), **FP32)
+        assert counts == {"_run_eager": 0, "_run_eager_into": 0}  # the worker replays its own graphs only
+        assert sum(r._graphs.captures for r in runner._runners) == captured
+
+
+def test_a_worker_warm_up_that_fails_fails_the_scheduler_and_frees_the_runner(tiny_bundle, reference64, monkeypatch):
+    from hne_edge.runtime import StreamScheduler
+
+    x, ref = reference64
+    backend = ort_values_on_cpu_backend(cuda_graph=True)
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, plan="segments", load_profile=False) as runner:
+        monkeypatch.setattr(runner, "_warm", lambda passes: (_ for _ in ()).throw(MemoryError("no room for graphs")))
+        with pytest.raises(MemoryError, match="no room for graphs"):
+            StreamScheduler(runner, budget_ms=60_000.0, profile=False, nice=None)
+        held = runner._lock.locked()
+        if held:  # released here, so that the failure is this assertion, not a close() waiting for the lock
+            runner._lock.release()
+        assert not held, "the failed scheduler kept the runner"
+        np.testing.assert_allclose(runner.run(x[:1]).logits, ref[:1].mean(1), **FP32)  # the runner is free again
+
+
 @pytest.mark.parametrize("plan", ["subtrees", "fused", "mixed"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_onnxruntime_cuda_runs_steps_of_several_leaves_on_cpu_ortvalues(steps_bundle, reference64, plan, cuda_graph):

@@ -357,6 +357,9 @@ class Backend(ABC):
     #: handles; a backend whose handles are device buffers bound to fixed addresses says False (each frame then
     #: runs in its own calls).
     row_batching: ClassVar[bool] = True
+    #: Whether what the warm-up builds serves only the thread that warmed (ONNX Runtime's CUDA graphs): a runner
+    #: served from another thread (the stream scheduler's worker) is warmed again there.
+    graphs_per_thread: bool = False
 
     def concat_rows(self, handles: Sequence[Handle]) -> Handle:
         """One handle holding ``handles``' rows in order (each a batch-first tensor of this backend)."""

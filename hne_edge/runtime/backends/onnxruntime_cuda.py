@@ -27,7 +27,19 @@
   (:class:`~.cuda.SlotPool`), which are the next runner's inputs - no
   device-to-device copies. When a paused session still holds slot 0, or the
   input is not a fixed buffer, that run goes without the graph
-  (``gpu_graph_id=-1``). Every node must run on the CUDA EP for graphs.
+  (``gpu_graph_id=-1``), into the fixed buffers of another slot: an output
+  ONNX Runtime allocated would come from the session's arena, whose blocks a
+  captured graph may still write as its scratch. Every node must run on the
+  CUDA EP for graphs.
+* **Graphs belong to a thread.** The CUDA provider keeps its captured graphs
+  per thread (its per-thread context), so a graph captured by the thread that
+  warmed the runner would be captured again, mid-serving, by another thread's
+  first frames. The runner captures on the threads that warmed it
+  (``AnytimeRunner.warmup()`` on a serving thread captures that thread's) and
+  runs eagerly, into fixed buffers, on any other (said once in the log).
+* **Every row count is warmed** when the runner opens: neither graphs nor the
+  exhaustive convolution search pad a call to a size already seen, so each
+  count's first call (search, capture) is paid there, not in a frame.
 * CPU fallback is not this class's business:
   ``create_backend("onnxruntime", "cuda", fallback_to_cpu=True)`` returns the
   CPU backend (with ``fallback_reason``) when this one is unusable.
@@ -39,6 +51,8 @@ CPU OrtValues (tests/runtime/test_gpu_fakes.py); the real GPU tests: tests/runti
 from __future__ import annotations
 
 import itertools
+import logging
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -57,6 +71,8 @@ CONV_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
 #: the first onnxruntime whose CUDA provider takes ``use_tf32`` (pull requests 19357 and 19426; an older one
 #: refuses options it does not know, and computes fp32 convolutions in TF32 on Ampere and later)
 USE_TF32_SINCE = (1, 18)
+
+log = logging.getLogger(__name__)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -124,9 +140,9 @@ class OnnxRuntimeCudaRunner(Runner):
         outs = tuple(self._backend.io.alloc(s, dt) for s, dt in zip(shapes, self._out_dtypes))
         return Slot(outs)
 
-    def _capture(self, key: tuple[int, int]) -> Any:
-        """A replay for graph ``key = (batch, input address)``; ORT captures on its first run."""
-        batch, _ = key
+    def _capture(self, key: tuple[int, int, int]) -> Any:
+        """A replay for graph ``key = (batch, input address, thread)``; ORT captures on its first run."""
+        batch = key[0]
         b = self._backend
         graph_id = self._next_graph_id = getattr(self, "_next_graph_id", 0) + 1  # 0 is reserved by ORT
         ro = b.run_options_for({**b.run_config, "gpu_graph_id": str(graph_id)})
@@ -139,13 +155,15 @@ class OnnxRuntimeCudaRunner(Runner):
 
     def _run_graph(self, x: Handle) -> tuple[Handle, ...]:
         """Replay when the input sits at a captured address (the parent's, or the staged image's, fixed
-        buffer) and slot 0 is free; otherwise run eagerly into ORT-allocated outputs."""
+        buffer), slot 0 is free and this thread may hold graphs; otherwise run eagerly into the slot's fixed
+        buffers (never ORT-allocated ones: the session's arena lends a graph's scratch blocks again)."""
         batch = x.shape()[0]
         index, slot = self._pool.acquire(batch, lambda: self._make_slot(x))
         if index != 0:
-            return self._run_eager(x, self._backend.run_options_no_graph)
-        key = (batch, x.data_ptr())
-        if key not in self._graphs.graphs and not self._backend.is_fixed(x):
+            return self._run_eager_into(x, slot)
+        thread = threading.get_ident()
+        key = (batch, x.data_ptr(), thread)  # ONNX Runtime's graphs are per thread: so are the keys
+        if key not in self._graphs.graphs and (not self._backend.is_fixed(x) or not self._backend.may_capture(thread)):
             return self._run_eager_into(x, slot)
         self._capture_input = x
         try:
@@ -261,6 +279,10 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
             lambda shape, dtype: self.ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.ort_device, self.device_id),
             lambda value: value.data_ptr(),
         )
+        self.graphs_per_thread = self.cuda_graph
+        self._runners: list[OnnxRuntimeCudaRunner] = []
+        self._graph_threads: set[int] = set()  # the threads that warmed the runners: theirs capture graphs
+        self._said_thread = False
 
     def _open_cuda(self, memory: str, extra: dict[str, str]) -> tuple[Any, list]:
         """(the shared stream's device, the session providers); BackendUnavailable when CUDA is unusable."""
@@ -306,7 +328,39 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
 
     # -- runners and handles ----------------------------------------------------------------------
     def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
-        return OnnxRuntimeCudaRunner(unit, self)
+        runner = OnnxRuntimeCudaRunner(unit, self)
+        self._runners.append(runner)
+        return runner
+
+    # -- warm-up: every row count, its graphs kept, captured by the warming thread ----------------------
+    def warm_batch_sizes(self, lo: int, opt: int, hi: int) -> list[int]:
+        """Every row count of the range when graphs or the exhaustive search are on (neither pads to a size
+        seen: each count's first call searches and captures); else the optimal batch size only."""
+        if self.cuda_graph or self.conv_search == "EXHAUSTIVE":
+            return list(range(lo, hi + 1))
+        return [opt]
+
+    def warming(self) -> None:
+        self._graph_threads.add(threading.get_ident())
+        for r in self._runners:
+            if getattr(r, "_graphs", None) is not None:
+                r._graphs.hold()
+
+    def warmed(self) -> None:
+        for r in self._runners:
+            if getattr(r, "_graphs", None) is not None:
+                r._graphs.pin()
+
+    def may_capture(self, thread: int) -> bool:
+        """Whether a call on ``thread`` may capture a graph: a thread that warmed the runners (or any thread, when
+        none did: graphs then come at first calls, wherever they are)."""
+        if not self._graph_threads or thread in self._graph_threads:
+            return True
+        if not self._said_thread:
+            self._said_thread = True
+            log.warning("onnxruntime CUDA graphs belong to the thread that captured them; this thread did not warm the "
+                        "runner, so its calls run without graphs (call runner.warmup() on it to capture its own)")  # fmt: skip
+        return False
 
     def from_host(self, array: np.ndarray) -> Handle:
         """Upload the image (already in the root units' dtype: the runner casts it, see LoadedPlan.image_dtype)."""
