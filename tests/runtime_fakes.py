@@ -428,17 +428,23 @@ def cuda_provider_on_cpu(monkeypatch, version: str | None = None) -> list:
     """The real ``OnnxRuntimeCudaBackend._open_cuda`` (the CUDA provider's options as the backend builds them) with
     everything a GPU supplies faked: onnxruntime lists the CUDA provider, the stream is a :class:`FakeDevice`'s, and
     every ``InferenceSession`` records the ``providers`` it was given, then opens on the CPU provider (which the
-    sessions must report first). Returns the recorded providers lists, one per session, in order. ``version``:
+    sessions must report first). Returns the recorded providers lists, one per session, in order (``.kwargs``:
+    their other keyword arguments). ``version``:
     the onnxruntime version the backend sees (the CUDA provider's options depend on it)."""
     import onnxruntime as ort
 
     import hne_edge.runtime.backends.onnxruntime_cuda as ort_cuda
 
-    seen: list = []
+    class Seen(list):
+        kwargs: list  # each session's other keyword arguments, in order
+
+    seen = Seen()
+    seen.kwargs = []
     real = ort.InferenceSession
 
-    def session(data, sess_options=None, providers=None):
+    def session(data, sess_options=None, providers=None, **kwargs):
         seen.append(providers)
+        seen.kwargs.append(kwargs)
         return real(data, sess_options=sess_options, providers=["CPUExecutionProvider"])
 
     monkeypatch.setattr(ort, "InferenceSession", session)

@@ -193,6 +193,17 @@ def test_fp32_sessions_turn_tf32_off_on_the_cuda_provider_unless_asked(tiny_bund
         assert opts["cudnn_conv_algo_search"] == "EXHAUSTIVE" and opts["user_compute_stream"] == str(FakeDevice().stream_handle)
 
 
+def test_cuda_sessions_never_fall_back_to_the_cpu_inside_onnxruntime(tiny_bundle, reference64, monkeypatch):
+    """onnxruntime's Python session catches a provider's error at creation (and at a run) and retries on the CPU,
+    printing the error: a CUDA session must raise instead, with onnxruntime's own message."""
+    seen = cuda_provider_on_cpu(monkeypatch)
+    x, ref = reference64
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", plan="segments",
+                       load_profile=False, warmup=0) as runner:  # fmt: skip
+        np.testing.assert_allclose(runner.run(x).logits, ref.mean(1), **FP32)
+    assert seen.kwargs and all(k == {"enable_fallback": 0} for k in seen.kwargs)
+
+
 def test_an_onnxruntime_without_use_tf32_is_refused_for_fp32_and_says_why(tiny_bundle, monkeypatch):
     """``use_tf32`` came with ONNX Runtime 1.18 (its CUDA provider refuses options it does not know): an older one
     cannot compute fp32 in fp32, so the backend says so instead of a session error; ``allow_tf32=True`` runs on it

@@ -56,12 +56,13 @@ def _import_ort():
     return onnxruntime
 
 
-def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, where: str = ""):
-    """An InferenceSession for ``runner.unit``, its graph I/O names checked against the manifest."""
+def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, where: str = "", **options: Any):
+    """An InferenceSession for ``runner.unit`` (``options``: InferenceSession's keyword arguments), its graph I/O
+    names checked against the manifest."""
     data = runner._backend.read_file(runner.unit.path, runner.unit.file)  # hashed once; these bytes are what runs
     check_self_contained(data, runner.name)
     try:
-        session = ort.InferenceSession(data, sess_options=sess_options, providers=providers)
+        session = ort.InferenceSession(data, sess_options=sess_options, providers=providers, **options)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise allocation_error(exc, runner.name) or BundleError(
             f"{runner.name}: onnxruntime could not load the model{where}: {exc}"

@@ -95,7 +95,10 @@ class OnnxRuntimeCudaRunner(Runner):
     def activate_impl(self) -> None:
         b = self._backend
         ort = b.ort
-        self.session = open_session(self, ort, b.session_options(), b.providers, where=" on CUDA")
+        # enable_fallback=0: onnxruntime's Python session would otherwise catch the CUDA provider's error (an option
+        # refused, a graph capture refused, no memory), print it and open - or later re-run - on the CPU: its
+        # message is then lost and the check below could only guess at missing libraries
+        self.session = open_session(self, ort, b.session_options(), b.providers, where=" on CUDA", enable_fallback=0)
         got = self.session.get_providers()
         if not got or got[0] != b.execution_provider:
             raise BackendUnavailable(
