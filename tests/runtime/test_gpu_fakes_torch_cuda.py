@@ -184,6 +184,31 @@ def test_torch_cuda_tf32_policy_is_scoped_to_the_backends_calls(tiny_bundle, fak
         torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.benchmark = saved
 
 
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_the_bmm_lever_computes_its_matmuls_as_the_convolutions(tiny_bundle, reference64, fake_torch_cuda, allow_tf32):
+    """pointwise="bmm" runs the 1x1 convolutions as torch.bmm, which follows matmul's TF32 flag, not cuDNN's: with
+    the user's matmul in TF32 the lever computed them in TF32 (and the 1e-4 check would have failed on a GPU for
+    the lever, not for the function). Inside its calls matmul follows allow_tf32; outside it is the user's."""
+    import torch
+
+    saved = _tf32_flags()
+    x, ref = reference64
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"  # the user's
+        seen = set()
+        with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", pointwise="bmm",
+                           allow_tf32=allow_tf32, load_profile=False, warmup=0) as runner:  # fmt: skip
+            (dev,) = fake_torch_cuda
+            for r in runner._runners:
+                r.module.register_forward_pre_hook(lambda m, a: seen.add(_tf32_flags()[:2]) if dev.phase != "replay" else None)
+            np.testing.assert_allclose(runner.run(x).logits, ref.mean(1), **FP32)
+            assert _tf32_flags()[1] == "tf32"
+        mode = "tf32" if allow_tf32 else "ieee"
+        assert seen == {(mode, mode)}
+    finally:
+        torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.benchmark = saved
+
+
 def test_fp32_policy_on_a_torch_without_the_fp32_precision_api():
     """torch < 2.9 has only the allow_tf32 flags: the policy sets and restores those (nested entries too)."""
     from hne_edge.runtime.backends.torch_cuda import Fp32Policy
@@ -201,6 +226,11 @@ def test_fp32_policy_on_a_torch_without_the_fp32_precision_api():
     with Fp32Policy(fake, allow_tf32=True, cudnn_benchmark=None):
         assert (cudnn.allow_tf32, cudnn.benchmark) == (True, False)
     assert (cudnn.allow_tf32, cudnn.benchmark) == (False, False)
+    matmul = types.SimpleNamespace(allow_tf32=True)  # the bmm lever's matmuls, on the legacy flag too
+    fake.backends.cuda = types.SimpleNamespace(matmul=matmul)
+    with Fp32Policy(fake, allow_tf32=False, matmul=True):
+        assert (cudnn.allow_tf32, matmul.allow_tf32) == (False, False)
+    assert matmul.allow_tf32 is True
 
 
 def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):

@@ -35,6 +35,17 @@ from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_
 __all__ = ["TorchBackend", "TorchRunner", "COMPILE_MODES"]
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile modes that leave CUDA graphs to the backend
+#: shapes each compiled unit may be compiled for: units of a class share one ``forward``, and dynamo's limit of 8
+#: compilations a code object (``recompile_limit``) ran the rest eagerly - 16 segments at 5 capture sizes compiled 8
+RECOMPILES_PER_UNIT = 32
+
+
+def _allow_recompiles(torch: Any, needed: int) -> None:
+    """Raise dynamo's per-code-object and accumulated compile limits to at least ``needed`` (never lower them)."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "accumulated_recompile_limit"):
+        if hasattr(config, name) and getattr(config, name) < needed:
+            setattr(config, name, needed)
 
 
 def _import_torch():
@@ -183,6 +194,8 @@ class TorchBackend(Backend):
             return module
         backend = "inductor" if self.compile is True else self.compile
         mode = {"mode": self.compile_mode} if self.compile_mode else {}
+        self._compiled_units = getattr(self, "_compiled_units", 0) + 1
+        _allow_recompiles(self.torch, RECOMPILES_PER_UNIT * self._compiled_units)
         return self.torch.compile(module, backend=backend, dynamic=False, **mode)
 
     def place(self, module: Any) -> Any:

@@ -61,27 +61,33 @@ class Fp32Policy:
     """Context manager: torch's TF32 and cuDNN autotuning flags as the backend wants them, inside its calls only.
 
     On entry it reads the flags it is about to set and sets them; on exit it
-    writes back exactly what it read. Only cuDNN's convolution flag is touched:
+    writes back exactly what it read. cuDNN's convolution flag is touched:
     every layer of the zoo's models is a convolution (classifier heads are 1x1
-    convolutions), and matmul / RNN settings stay the user's. torch >= 2.9 has
-    the ``fp32_precision`` API (``torch.backends.cudnn.conv.fp32_precision``,
-    "ieee" or "tf32"); there, reading the legacy ``allow_tf32`` flag raises once
-    conv and RNN differ, so the legacy flag is used only on a torch without the
-    new API.
+    convolutions); matmul's too only when the units run matmuls (``matmul``:
+    the ``pointwise="bmm"`` lever), else matmul / RNN settings stay the user's.
+    torch >= 2.9 has the ``fp32_precision`` API
+    (``torch.backends.cudnn.conv.fp32_precision``, "ieee" or "tf32"); there,
+    reading the legacy ``allow_tf32`` flag raises once conv and RNN differ, so
+    the legacy flags are used only on a torch without the new API.
 
     Args:
         torch: the torch module (tests pass a stand-in).
-        allow_tf32: False: fp32 convolutions in full fp32; True: in TF32.
+        allow_tf32: False: fp32 convolutions (and matmuls, with ``matmul``) in full fp32; True: in TF32.
         cudnn_benchmark: ``torch.backends.cudnn.benchmark`` inside the calls; None: leave it alone.
+        matmul: the units run matmuls (``torch.bmm``): their TF32 flag is set as the convolutions'.
     """
 
-    def __init__(self, torch: Any, allow_tf32: bool = False, cudnn_benchmark: bool | None = True) -> None:
+    def __init__(self, torch: Any, allow_tf32: bool = False, cudnn_benchmark: bool | None = True,
+                 matmul: bool = False) -> None:  # fmt: skip
         backends = torch.backends
         conv = getattr(backends.cudnn, "conv", None)
+        mm = getattr(getattr(backends, "cuda", None), "matmul", None)
         if conv is not None and hasattr(conv, "fp32_precision"):
             flags = [(conv, "fp32_precision", "tf32" if allow_tf32 else "ieee")]
+            flags += [(mm, "fp32_precision", "tf32" if allow_tf32 else "ieee")] if matmul else []
         else:  # torch < 2.9
             flags = [(backends.cudnn, "allow_tf32", bool(allow_tf32))]
+            flags += [(mm, "allow_tf32", bool(allow_tf32))] if matmul else []
         if cudnn_benchmark is not None:
             flags.append((backends.cudnn, "benchmark", bool(cudnn_benchmark)))
         self.flags = flags
@@ -236,7 +242,7 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         self.graph_warmup = int(graph_warmup)
         self.allow_tf32 = bool(allow_tf32)
         self.cudnn_benchmark = cudnn_benchmark
-        self.policy = Fp32Policy(self.torch, self.allow_tf32, cudnn_benchmark)
+        self.policy = Fp32Policy(self.torch, self.allow_tf32, cudnn_benchmark, matmul=self.pointwise == "bmm")
 
     def place(self, module: Any) -> Any:
         module = module.to(self.cuda.device)
