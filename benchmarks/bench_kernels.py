@@ -195,6 +195,7 @@ def units_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int,
             xin = backend.from_host(x)
             with torch.inference_mode(), stream(), policy:
                 out = prepared(xin)  # the first call compiles
+            backend.synchronize()  # the backend's stream does not order the copy below, which runs on the default one
             with torch.no_grad():
                 want = ref()
             row["first_call_s"] = round(time.perf_counter() - t0, 2)
@@ -332,6 +333,7 @@ def levers_table(model, device: str, x: np.ndarray, compiled: bool, repeats: int
                 xin = backend.from_host(x.astype(np.float16) if half else x)
                 with torch.inference_mode(), stream(), policy:
                     out = prepared(xin)  # the first call compiles, autotunes
+                backend.synchronize()  # the copy below runs on the default stream, which waits for no other
                 out = out.float().cpu()
                 row["first_call_s"] = round(time.perf_counter() - t0, 2)
                 _check_lever(row, out if unit == "fused tree" else out[:, None], ref, scale, sizes)
