@@ -104,9 +104,13 @@ def test_onnxruntime_cuda_graphs_are_the_warming_threads_and_a_scheduler_warms_i
 
     x, ref = reference64
     backend = ort_values_on_cpu_backend(cuda_graph=True)
+    used = iter([3 << 30, 3 << 30 | 5 << 20])  # the device's bytes in use (cudaMemGetInfo) before and after the warm-up
+    backend.cuda.used_bytes = lambda: next(used)
     with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, plan="segments", load_profile=False) as runner:
         me = threading.get_ident()
         assert runner.warmup_report["batch_sizes"] == list(range(1, 9))  # no padding: every row count
+        assert runner.warmup_report["device_bytes"] == 5 << 20  # arenas and graphs: no allocator that says
+        backend.cuda.used_bytes = lambda: None
         assert all({k[0] for k in r._graphs.graphs} == set(range(1, 9)) and {k[2] for k in r._graphs.graphs} == {me}
                    for r in runner._runners)  # fmt: skip
         captured = sum(r._graphs.captures for r in runner._runners)
@@ -202,6 +206,25 @@ def test_cuda_sessions_never_fall_back_to_the_cpu_inside_onnxruntime(tiny_bundle
                        load_profile=False, warmup=0) as runner:  # fmt: skip
         np.testing.assert_allclose(runner.run(x).logits, ref.mean(1), **FP32)
     assert seen.kwargs and all(k == {"enable_fallback": 0} for k in seen.kwargs)
+
+
+def test_a_provider_that_ignored_an_option_is_refused_and_named(tiny_bundle, monkeypatch):
+    """The provider's options read back from each session: one that computes TF32 though asked not to (or runs on
+    a stream of its own) is refused at open, with the option named; values are compared by meaning."""
+    import onnxruntime.capi.onnxruntime_inference_collection as collection
+
+    cuda_provider_on_cpu(monkeypatch)  # the CPU provider stands in for CUDA: its reported options are faked here
+    taken = {"use_tf32": "true", "user_compute_stream": "0x7", "enable_cuda_graph": "0"}
+    reported = {"CPUExecutionProvider": taken}
+    monkeypatch.setattr(collection.InferenceSession, "get_provider_options", lambda self: reported)
+    with pytest.raises(BackendUnavailable, match=r"took use_tf32='true' \(asked '0'\); expected the options as asked"):
+        AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", load_profile=False, warmup=0)
+    taken["use_tf32"] = "False"  # "0" by meaning; the stream 0x7 is the fake's 7
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", load_profile=False, warmup=0):
+        pass
+    taken["user_compute_stream"] = "140234"
+    with pytest.raises(BackendUnavailable, match=r"user_compute_stream='140234' \(asked '7'\)"):
+        AnytimeRunner(tiny_bundle.bundle_dir, backend="onnxruntime", device="cuda", load_profile=False, warmup=0)
 
 
 def test_an_onnxruntime_without_use_tf32_is_refused_for_fp32_and_says_why(tiny_bundle, monkeypatch):

@@ -226,6 +226,11 @@ class CudaDevice:
         """Capture ``launch`` (work queued on the stream) as a CUDA graph; returns its replay."""
         raise NotImplementedError
 
+    def used_bytes(self) -> int | None:
+        """Bytes in use on the whole device (``cudaMemGetInfo``: total - free, every allocator's and context's, this
+        process's and others'); None where the device does not say."""
+        return None
+
 
 class TorchCuda(CudaDevice):
     kind = "torch"
@@ -243,6 +248,10 @@ class TorchCuda(CudaDevice):
     def memory_reserved(self) -> int:
         """Bytes torch's caching allocator holds on this device (graphs' pools included)."""
         return int(self.torch.cuda.memory_reserved(self.device))
+
+    def used_bytes(self) -> int | None:
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        return int(total - free)
 
     def malloc(self, nbytes: int) -> tuple[int, Any]:
         t = self.torch.empty(max(int(nbytes), 1), dtype=self.torch.uint8, device=self.device)
@@ -369,6 +378,10 @@ class CudaPython(CudaDevice):
     def malloc(self, nbytes: int) -> tuple[int, Any]:
         ptr = int(_check(self.rt.cudaMalloc(max(int(nbytes), 1)), "cudaMalloc"))
         return ptr, _CudaFree(self.rt, ptr)
+
+    def used_bytes(self) -> int | None:
+        free, total = _check(self.rt.cudaMemGetInfo(), "cudaMemGetInfo")
+        return int(total) - int(free)
 
     def upload(self, dst: int, array: np.ndarray) -> None:
         a = np.ascontiguousarray(array)  # pageable: staged before the call returns, ordered on the stream

@@ -105,6 +105,7 @@ class OnnxRuntimeCudaRunner(Runner):
                 f"{self.name}: onnxruntime created the session with providers {got}; expected {b.execution_provider} first "
                 f"(the CUDA provider could not load its libraries; see the onnxruntime log). {cuda_library_hint(b.ort)}"
             )
+        _check_options_taken(self.name, self.session, b.execution_provider, b.provider_options)
         self._in_name = self.input_names[0]
         self._out_names = list(self.output_names)
         self._out_dtypes = [np.dtype(t.dtype) for t in self.unit.outputs]
@@ -192,6 +193,36 @@ class OnnxRuntimeCudaRunner(Runner):
         self.session = None
 
 
+#: provider options a session must have taken as given: fp32 in fp32, the shared stream (else the runner's
+#: synchronisation orders nothing), graphs
+CHECKED_OPTIONS = ("use_tf32", "user_compute_stream", "enable_cuda_graph")
+
+
+def _option_value(text: Any) -> Any:
+    """A provider option's value compared by meaning: "1" / "true" alike, a pointer in any base."""
+    t = str(text).strip().lower()
+    if t in ("1", "true", "0", "false"):
+        return t in ("1", "true")
+    try:
+        return int(t, 0)
+    except ValueError:
+        return t
+
+
+def _check_options_taken(name: str, session: Any, provider: str, asked: dict[str, str]) -> None:
+    """Refuse a session whose provider reports another value for an option of :data:`CHECKED_OPTIONS` than the one
+    asked (a provider that ignored one - a plugin build of the CUDA provider reads fewer - would compute TF32, or
+    on a stream of its own); an option it does not report is not judged."""
+    got = (session.get_provider_options() or {}).get(provider) or {}
+    wrong = {k: (asked[k], got[k]) for k in CHECKED_OPTIONS
+             if k in asked and k in got and _option_value(asked[k]) != _option_value(got[k])}  # fmt: skip
+    if wrong:
+        said = ", ".join(f"{k}={v!r} (asked {a!r})" for k, (a, v) in wrong.items())
+        raise BackendUnavailable(f"{name}: onnxruntime's {provider} took {said}; expected the options as asked "
+                                 "(this onnxruntime build ignores them: another onnxruntime-gpu build, or "
+                                 "backend='torch' on this GPU)")  # fmt: skip
+
+
 # onnxruntime's IOBinding keeps a Python reference to every OrtValue it binds (1.32: _bound_inputs /
 # _bound_outputs). The buffer pools tell a free slot from one a paused session holds by reference counts
 # (cuda.Slot), so a binding must not keep the pool's own handles: an eager binding is cleared after its run,
@@ -274,6 +305,7 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         if "use_tf32" in (provider_options or {}):
             raise InputError(f"provider_options: received 'use_tf32' ({provider_options['use_tf32']!r}); expected "
                              "allow_tf32=True or False, the backend's one switch for TF32 (it sets use_tf32)")  # fmt: skip
+        self.provider_options: dict[str, str] = {}  # the CUDA provider's, as asked (set by _open_cuda)
         self.cuda, self.providers = self._open_cuda(memory, provider_options or {})
         self.run_config = {"disable_synchronize_execution_providers": "1"}
         self.run_options = self.run_options_for(self.run_config)
@@ -353,6 +385,11 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         for r in self._runners:
             if getattr(r, "_graphs", None) is not None:
                 r._graphs.pin()
+
+    def device_bytes(self) -> int | None:
+        """The device's bytes in use (ONNX Runtime's arenas and graphs are no allocator's that says: the warm-up's
+        report is the device's growth while it ran, others' work on the device included)."""
+        return self.cuda.used_bytes()
 
     def may_capture(self, thread: int) -> bool:
         """Whether a call on ``thread`` may capture a graph: a thread that warmed the runners (or any thread, when
