@@ -108,21 +108,21 @@ def test_compiled_units_run_in_the_cuda_graphs_of_the_torch_cuda_backend(steps_b
         assert dev.replays >= 5 and dev.captures == 4
 
 
-def test_every_compiled_unit_stays_compiled_at_every_capture_size(tiny_bundle, reference64, fake_torch_cuda,
-                                                                   monkeypatch):  # fmt: skip
+def test_every_compiled_unit_stays_compiled_at_every_capture_size(tiny_bundle, reference64, fake_torch_cuda):
     """Units of one class share one ``forward``, and dynamo compiles a code object at most ``recompile_limit`` (8)
     times, then runs it eagerly with one warning: 16 segments warmed at 4 capture sizes (64 compilations) left
     most units uncompiled, and a compile lever measured nothing. Made loud here, and raised by the backend."""
     import torch
 
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
-    for name in ("recompile_limit", "accumulated_recompile_limit"):
-        monkeypatch.setattr(torch._dynamo.config, name, getattr(torch._dynamo.config, name))  # restored after
+    config = torch._dynamo.config  # its own patch: pytest's monkeypatch would delete (hide) its entries on undo
+    limits = {name: getattr(config, name) for name in ("recompile_limit", "accumulated_recompile_limit")}
     x, ref = reference64
-    with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan="segments", compile="eager",
-                       load_profile=False) as runner:  # fmt: skip
-        assert len(runner._runners) * len(runner.backend.capture_sizes) > 8
-        _every_stop(runner, x, ref, FP32)
+    with config.patch(fail_on_recompile_limit_hit=True, **limits):  # the limits the backend raises: restored after
+        with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", plan="segments", compile="eager",
+                           load_profile=False) as runner:  # fmt: skip
+            assert len(runner._runners) * len(runner.backend.capture_sizes) > 8
+            _every_stop(runner, x, ref, FP32)
+    assert config.recompile_limit == limits["recompile_limit"] and not config.fail_on_recompile_limit_hit
 
 
 def test_compile_option_is_checked(tiny_bundle):

@@ -16,7 +16,8 @@ the GPU libraries are imported when a GPU backend is constructed.
 * :class:`SlotPool` - output buffers reused across frames, but never while
   some session still holds them (see below).
 * :class:`GraphCache` - CUDA graphs keyed by input shape, re-captured when the
-  shape changes, bounded in number.
+  shape changes, bounded in number; :class:`WarmGraphsMixin` - a backend
+  whose runners keep every graph their warm-up captured.
 * :class:`CudaTimingMixin` - ``synchronize()`` on the backend's stream and
   ``timed_run()``: CUDA events around one unit (device time, never a host
   timer around an asynchronous launch).
@@ -59,6 +60,7 @@ __all__ = [
     "DeviceArray",
     "SlotPool",
     "GraphCache",
+    "WarmGraphsMixin",
     "CudaTimingMixin",
     "CudaIO",
     "parse_device",
@@ -636,7 +638,27 @@ class GraphCache:
         self._holding = False
 
 
-# -- backend mixin --------------------------------------------------------------------------------
+# -- backend mixins -------------------------------------------------------------------------------
+
+
+class WarmGraphsMixin:
+    """A GPU backend whose runners (``_runners``) keep CUDA graphs in a :class:`GraphCache` (``_graphs``): every
+    graph a runner's warm-up captures is kept, however many, and pinned for the runner's life."""
+
+    _runners: list
+
+    def _graph_caches(self) -> list[GraphCache]:
+        return [r._graphs for r in self._runners if getattr(r, "_graphs", None) is not None]
+
+    def warming(self) -> None:
+        """Drop no graph until the warm-up ends: it may capture more sizes than ``max_graphs``."""
+        for cache in self._graph_caches():
+            cache.hold()
+
+    def warmed(self) -> None:
+        """Keep every graph captured so far for the runners' life (no eviction while serving)."""
+        for cache in self._graph_caches():
+            cache.pin()
 
 
 class CudaTimingMixin:

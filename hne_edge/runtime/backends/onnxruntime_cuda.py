@@ -60,7 +60,8 @@ import numpy as np
 from ...errors import BackendUnavailable, InputError, install_hint
 from .base import Handle, LoadedPlan, Runner, Unit
 from .cuda import (
-    CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, no_gpu_here, open_device, require_cuda,
+    CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, WarmGraphsMixin, no_gpu_here, open_device,
+    require_cuda,
 )
 from .onnxruntime import OnnxRuntimeBackend, _batch, allocation_error, open_session
 
@@ -255,7 +256,7 @@ def cuda_library_hint(ort: Any) -> str:
     )
 
 
-class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
+class OnnxRuntimeCudaBackend(WarmGraphsMixin, CudaTimingMixin, OnnxRuntimeBackend):
     """ONNX Runtime with the CUDA execution provider.
 
     Args:
@@ -376,15 +377,8 @@ class OnnxRuntimeCudaBackend(CudaTimingMixin, OnnxRuntimeBackend):
         return [opt]
 
     def warming(self) -> None:
-        self._graph_threads.add(threading.get_ident())
-        for r in self._runners:
-            if getattr(r, "_graphs", None) is not None:
-                r._graphs.hold()
-
-    def warmed(self) -> None:
-        for r in self._runners:
-            if getattr(r, "_graphs", None) is not None:
-                r._graphs.pin()
+        self._graph_threads.add(threading.get_ident())  # its calls capture graphs (may_capture)
+        super().warming()
 
     def device_bytes(self) -> int | None:
         """The device's bytes in use (ONNX Runtime's arenas and graphs are no allocator's that says: the warm-up's

@@ -150,6 +150,7 @@ class TorchBackend(Backend):
         self.pointwise = pointwise
         self.dense_groups = dense_groups
         self.bfloat16 = bfloat16
+        self._compiled_units = 0  # dynamo's compile limits grow with them (prepare)
 
     def has_plan(self, manifest: Manifest, plan: str, precision: str) -> bool:
         """Every plan is a view of the weights file: the bundle needs only that (fp32 serves fp16 too)."""
@@ -194,7 +195,7 @@ class TorchBackend(Backend):
             return module
         backend = "inductor" if self.compile is True else self.compile
         mode = {"mode": self.compile_mode} if self.compile_mode else {}
-        self._compiled_units = getattr(self, "_compiled_units", 0) + 1
+        self._compiled_units += 1
         _allow_recompiles(self.torch, RECOMPILES_PER_UNIT * self._compiled_units)
         return self.torch.compile(module, backend=backend, dynamic=False, **mode)
 

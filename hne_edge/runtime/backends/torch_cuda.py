@@ -51,7 +51,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .base import Handle, LoadedPlan, Runner, Unit
-from .cuda import CudaTimingMixin, GraphCache, TorchCuda, require_cuda
+from .cuda import CudaTimingMixin, GraphCache, TorchCuda, WarmGraphsMixin, require_cuda
 from .torch import TorchBackend, TorchRunner
 
 __all__ = ["Fp32Policy", "TorchCudaBackend", "TorchCudaRunner", "capture_sizes"]
@@ -180,7 +180,7 @@ class TorchCudaRunner(TorchRunner):
         super().release_impl()
 
 
-class TorchCudaBackend(CudaTimingMixin, TorchBackend):
+class TorchCudaBackend(WarmGraphsMixin, CudaTimingMixin, TorchBackend):
     """Args:
     device: "cuda" or "cuda:N".
     channels_last: NHWC memory format for weights and activations (default True).
@@ -273,18 +273,6 @@ class TorchCudaBackend(CudaTimingMixin, TorchBackend):
         if not self.cuda_graph:
             return [opt]
         return [b for b in (self.capture_sizes or capture_sizes(lo, hi)) if lo <= b <= hi] or [opt]
-
-    def warming(self) -> None:
-        """Drop no graph until the warm-up ends: it may capture more sizes than ``max_graphs``."""
-        for r in self._runners:
-            if getattr(r, "_graphs", None) is not None:
-                r._graphs.hold()
-
-    def warmed(self) -> None:
-        """Keep every graph captured so far for the runners' life (no eviction while serving)."""
-        for r in self._runners:
-            if getattr(r, "_graphs", None) is not None:
-                r._graphs.pin()
 
     def device_bytes(self) -> int | None:
         return self.cuda.memory_reserved()
