@@ -60,8 +60,8 @@ import numpy as np
 from ...errors import BackendUnavailable, InputError, install_hint
 from .base import Handle, LoadedPlan, Runner, Unit
 from .cuda import (
-    CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, WarmGraphsMixin, no_gpu_here, open_device,
-    require_cuda,
+    CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, WarmGraphsMixin, no_gpu_here,
+    open_device, require_cuda,
 )
 from .onnxruntime import OnnxRuntimeBackend, _batch, allocation_error, open_session
 
