@@ -348,21 +348,40 @@ def _check_converging(epoch: int, losses: list[float], model: nn.Module, ckpt_pa
                            hint=f"lower optim.lr (received {lr:g})", cli_hint=f"lower --lr (received {lr:g})")  # fmt: skip
 
 
-def _weight_average(model: nn.Module, ema: float | str | None,
-                    run_steps: Callable[[], int]) -> torch.optim.swa_utils.AveragedModel | None:
-    """``optim.ema``: an exponential moving average of ``model``'s weights and BatchNorm statistics (torch's
-    ``AveragedModel``: the first update copies the weights, each later one ``avg += (1 - decay) * (w - avg)``);
-    None without it. ``auto``: the decay for ``run_steps()`` at each update, on the host (no synchronisation)."""
+class _WeightAverage(torch.optim.swa_utils.AveragedModel):
+    """torch's ``AveragedModel`` (its ``module`` the average, ``n_averaged`` the updates so far, on the host) with an
+    update that never waits for the device: torch's copies its host counter to the device at every update, once per
+    dtype, and a blocking copy waits for the step just queued - the loop's host could no longer run ahead of the
+    GPU. Floating tensors ``avg += (1 - decay) * (w - avg)``; integer buffers (BatchNorm's step counts) copied, not
+    averaged (torch's truncated them); the first update copies everything."""
+
+    def __init__(self, model: nn.Module, decay: Callable[[], float]) -> None:
+        super().__init__(model, use_buffers=True)
+        self._decay = decay
+
+    @torch.no_grad()
+    def update_parameters(self, model: nn.Module) -> None:
+        averages = [*self.module.parameters(), *self.module.buffers()]
+        weights = [*model.parameters(), *model.buffers()]
+        if int(self.n_averaged) == 0:  # a host tensor: no synchronisation
+            torch._foreach_copy_(averages, weights)
+        else:
+            floating = [i for i, a in enumerate(averages) if a.is_floating_point()]
+            rest = [i for i, a in enumerate(averages) if not a.is_floating_point()]
+            torch._foreach_lerp_([averages[i] for i in floating], [weights[i] for i in floating], 1.0 - self._decay())
+            if rest:
+                torch._foreach_copy_([averages[i] for i in rest], [weights[i] for i in rest])
+        self.n_averaged += 1
+
+
+def _weight_average(model: nn.Module, ema: float | str | None, run_steps: Callable[[], int]) -> _WeightAverage | None:
+    """``optim.ema``: an exponential moving average of ``model``'s weights and BatchNorm statistics (the first
+    update copies the weights, each later one ``avg += (1 - decay) * (w - avg)``); None without it. ``auto``: the
+    decay for ``run_steps()`` at each update (a time budget fixes, or shortens, the run while it trains), on the
+    host."""
     if ema is None:
         return None
-    swa = torch.optim.swa_utils
-    if ema != EMA_AUTO:
-        return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(ema), use_buffers=True)
-
-    def update(averages, weights, n_averaged) -> None:  # a time budget fixes, or shortens, the run while it trains
-        swa.get_ema_multi_avg_fn(ema_auto_decay(run_steps()))(averages, weights, n_averaged)
-
-    return swa.AveragedModel(model, multi_avg_fn=update, use_buffers=True)
+    return _WeightAverage(model, (lambda: ema) if ema != EMA_AUTO else (lambda: ema_auto_decay(run_steps())))
 
 
 def _ema_text(ema: float | str | None) -> str:

@@ -212,6 +212,34 @@ def test_ema_auto_reads_the_runs_length_at_every_step():
             torch.testing.assert_close(value.double(), expected[key], rtol=1e-6, atol=1e-6, msg=key)
 
 
+def test_the_weight_average_never_waits_for_the_device_and_copies_step_counts(monkeypatch):
+    """torch's AveragedModel copied its host step counter to the device at every update (``Tensor.to``): a blocking
+    copy that waits for the training step just queued on a GPU. The average moves no tensor between devices, keeps
+    the floating tensors by the equation (float64) and copies BatchNorm's integer step counts (torch averaged and
+    truncated them: 1 x 0.975 + 2 x 0.025 gave 1)."""
+    from hne_edge.train.engine import _weight_average
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    average = _weight_average(model, 0.9, lambda: 100)
+    moved = []
+    real_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: moved.append(self.shape) or real_to(self, *a, **k))
+    expected = None
+    for _ in range(4):
+        model(torch.randn(2, 3, 8, 8))  # train mode: BatchNorm's statistics and step count move
+        with torch.no_grad():
+            model[0].weight.add_(torch.randn_like(model[0].weight))
+        average.update_parameters(model)
+        now = {k: v.detach().double().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+        expected = now if expected is None else {k: 0.9 * expected[k] + 0.1 * now[k] for k in now}
+    assert moved == [] and int(average.n_averaged) == 4
+    state = average.module.state_dict()
+    for key, value in expected.items():
+        torch.testing.assert_close(state[key].double(), value, rtol=1e-6, atol=1e-6, msg=key)
+    assert int(state["1.num_batches_tracked"]) == int(model[1].num_batches_tracked) == 4
+
+
 def test_a_resumed_ema_run_ends_as_an_uninterrupted_one(tmp_path):
     """optim.ema with --resume: stopped mid-epoch and resumed, the average, the weights as trained and the count of
     averaged steps continue where they were: bit for bit the uninterrupted run's (CPU, fixed seed)."""
