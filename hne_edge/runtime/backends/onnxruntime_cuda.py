@@ -74,6 +74,17 @@ CONV_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
 USE_TF32_SINCE = (1, 18)
 
 log = logging.getLogger(__name__)
+_THREAD = threading.local()
+_THREAD_TOKENS = itertools.count(1)
+
+
+def thread_token() -> int:
+    """This thread's number for graph keys: unlike ``threading.get_ident()``, never the number of a thread that
+    ended (whose graphs, in ONNX Runtime's per-thread context, went with it)."""
+    token = getattr(_THREAD, "token", None)
+    if token is None:
+        token = _THREAD.token = next(_THREAD_TOKENS)
+    return token
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -166,7 +177,7 @@ class OnnxRuntimeCudaRunner(Runner):
         index, slot = self._pool.acquire(batch, lambda: self._make_slot(x))
         if index != 0:
             return self._run_eager_into(x, slot)
-        thread = threading.get_ident()
+        thread = thread_token()
         key = (batch, x.data_ptr(), thread)  # ONNX Runtime's graphs are per thread: so are the keys
         if key not in self._graphs.graphs and (not self._backend.is_fixed(x) or not self._backend.may_capture(thread)):
             return self._run_eager_into(x, slot)
@@ -377,7 +388,7 @@ class OnnxRuntimeCudaBackend(WarmGraphsMixin, CudaTimingMixin, OnnxRuntimeBacken
         return [opt]
 
     def warming(self) -> None:
-        self._graph_threads.add(threading.get_ident())  # its calls capture graphs (may_capture)
+        self._graph_threads.add(thread_token())  # its calls capture graphs (may_capture)
         super().warming()
 
     def device_bytes(self) -> int | None:
