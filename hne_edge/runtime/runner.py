@@ -265,9 +265,8 @@ class AnytimeRunner:
         self._closed = False
         self.warmup_report: dict[str, Any] | None = None
         if warmup:
-            lo, opt, hi = self.input_spec.batch
-            sizes = sorted(set(self.backend.warm_batch_sizes(lo, opt, hi)) | {opt})
-            self._warm({b: (warmup if b == opt else 1) for b in sizes})
+            opt = self.input_spec.batch[1]
+            self._warm({b: (warmup if b == opt else 1) for b in sorted({*self._warm_sizes(), opt})})
 
     def warmup(self, batch_sizes: Sequence[int] | None = None) -> dict[str, Any]:
         """Run every step of the program once at each of ``batch_sizes`` (default: what the backend warms at open,
@@ -275,14 +274,18 @@ class AnytimeRunner:
         capture and autotuning: 100-1,500 ms on an H200). Not recorded by the cost model. Returns (and keeps as
         :attr:`warmup_report`) ``{"batch_sizes", "seconds", "device_bytes"}``: the device memory it added (None where
         the backend does not say)."""
-        lo, opt, hi = self.input_spec.batch
-        sizes = self.backend.warm_batch_sizes(lo, opt, hi) if batch_sizes is None else batch_sizes
+        lo, _, hi = self.input_spec.batch
+        sizes = self._warm_sizes() if batch_sizes is None else batch_sizes
         sizes = sorted({check_count(b, "batch_sizes", lo, hi) for b in sizes})
         self._acquire()
         try:
             return self._warm({b: 1 for b in sizes})
         finally:
             self._release()
+
+    def _warm_sizes(self) -> list[int]:
+        """The row counts a warm-up runs by default: what the backend says for the bundle's batch range."""
+        return self.backend.warm_batch_sizes(*self.input_spec.batch)
 
     def _warm(self, passes: dict[int, int]) -> dict[str, Any]:
         spec = self.input_spec

@@ -563,8 +563,7 @@ class StreamScheduler:
         runner, out = self.runner, []  # the runner acquired for this thread by the constructor
         try:  # graphs that serve only the thread that captured them (ONNX Runtime CUDA) are captured here too
             if runner.backend.graphs_per_thread:
-                lo, opt, hi = runner.input_spec.batch
-                runner._warm({b: 1 for b in runner.backend.warm_batch_sizes(lo, opt, hi)})
+                runner._warm({b: 1 for b in runner._warm_sizes()})
         except BaseException as exc:
             self._error = exc
             return

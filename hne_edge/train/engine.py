@@ -358,19 +358,22 @@ class _WeightAverage(torch.optim.swa_utils.AveragedModel):
     def __init__(self, model: nn.Module, decay: Callable[[], float]) -> None:
         super().__init__(model, use_buffers=True)
         self._decay = decay
+        # the average's tensors, floating first, split once (every update runs on the training step's path)
+        averages = [*self.module.parameters(), *self.module.buffers()]
+        self._floating = [i for i, a in enumerate(averages) if a.is_floating_point()]
+        self._rest = [i for i, a in enumerate(averages) if not a.is_floating_point()]
+        self._averages = [averages[i] for i in self._floating], [averages[i] for i in self._rest]
 
     @torch.no_grad()
     def update_parameters(self, model: nn.Module) -> None:
-        averages = [*self.module.parameters(), *self.module.buffers()]
         weights = [*model.parameters(), *model.buffers()]
+        floating, rest = [weights[i] for i in self._floating], [weights[i] for i in self._rest]
         if int(self.n_averaged) == 0:  # a host tensor: no synchronisation
-            torch._foreach_copy_(averages, weights)
+            torch._foreach_copy_(self._averages[0], floating)
         else:
-            floating = [i for i, a in enumerate(averages) if a.is_floating_point()]
-            rest = [i for i, a in enumerate(averages) if not a.is_floating_point()]
-            torch._foreach_lerp_([averages[i] for i in floating], [weights[i] for i in floating], 1.0 - self._decay())
-            if rest:
-                torch._foreach_copy_([averages[i] for i in rest], [weights[i] for i in rest])
+            torch._foreach_lerp_(self._averages[0], floating, 1.0 - self._decay())
+        if rest:  # integer buffers: copied, at the first update as at every other
+            torch._foreach_copy_(self._averages[1], rest)
         self.n_averaged += 1
 
 
