@@ -42,7 +42,8 @@ FLAG_OF = {"data.name": "--data", "model.name": "--model", "loss.kind": "--loss"
                    "of steps is fixed so that the schedule, validations and checkpoints end inside it (and shortened "
                    "if the work slows down later).")
 @click.option("--batch-size", default=None,
-              help="Global batch size (split across processes), or auto: 512 on CUDA, 128 on a CPU (the cifar preset's).")
+              help="Global batch size (split across processes), or auto: 512 on CUDA, 128 on a CPU, at most the "
+                   "training images (the cifar preset's).")
 @click.option("--lr", type=float, default=None,
               help="Learning rate (SGD, cosine schedule); with --lr-batch, the rate at that batch size.")
 @click.option("--lr-batch", type=int, default=None,

@@ -188,7 +188,9 @@ class OptimConfig:
     Attributes:
         epochs: passes over the training set (under a ``time_budget``: at most this many).
         batch_size: global batch (split evenly across processes under DDP), or ``auto``: the device kind's
-            (:data:`AUTO_BATCH`: 512 on CUDA, the paper's 128 on a CPU), fixed when the run starts.
+            (:data:`AUTO_BATCH`: 512 on CUDA, the paper's 128 on a CPU), at most the training images (one step
+            an epoch on a small set, rather than an error for a batch the user never chose), fixed when the
+            run starts.
         lr: the learning rate, at ``lr_batch`` images per batch when that is set.
         lr_batch: the batch size ``lr`` is quoted at. Set, the peak learning rate is
             ``lr * batch_size / lr_batch`` (the linear scaling rule, Goyal et al. 2017: the paper's 0.1 at
@@ -500,10 +502,20 @@ def parse_duration(value: Any, what: str = "duration") -> float:
     return seconds
 
 
-def resolve_for_device(config: "TrainConfig", device_type: str) -> "TrainConfig":
-    """``config`` with what depends on the device fixed (``optim.batch_size: auto``), as the run records it."""
+def resolve_for_device(config: "TrainConfig", device_type: str, train_images: int | None = None,
+                       processes: int = 1) -> "TrainConfig":
+    """``config`` with what depends on the device fixed (``optim.batch_size: auto``), as the run records it.
+
+    ``auto`` is a multiple of the processes times ``optim.accum_steps`` (each process's micro-batches are
+    equal) and, where ``train_images`` is known, at most that many images; a set smaller than one such
+    multiple keeps the device's batch, which the run then refuses, naming the images.
+    """
     if config.optim.batch_size != "auto":
         return config
+    multiple = processes * config.optim.accum_steps
+    batch = max(AUTO_BATCH.get(device_type, AUTO_BATCH["cpu"]) // multiple, 1) * multiple
+    if train_images is not None and multiple <= train_images < batch:
+        batch = train_images // multiple * multiple
     data = config.to_dict()
-    data["optim"]["batch_size"] = AUTO_BATCH.get(device_type, AUTO_BATCH["cpu"])
+    data["optim"]["batch_size"] = batch
     return TrainConfig.from_dict(data)

@@ -420,13 +420,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     made = new_folders(out)  # removed again if the run fails before it saved anything there (a full disk)
     ckpt_path = out / CHECKPOINT_NAME
     device = torch_device(config.device)
-    config = resolve_for_device(config, device.type)  # what depends on the device is fixed, and recorded so
-    state = None
-    if resume:
-        state = load_resumable(ckpt_path)
-        diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
-        if diffs:
-            raise InputError(f"--resume with a different config: {'; '.join(diffs)}")
+    state = load_resumable(ckpt_path) if resume else None
     threads = config.threads or (min(4, os.cpu_count() or 1) if device.type == "cuda" else 0)
     if threads:  # on CUDA the CPU only feeds the GPU: a few threads, so that several runs can share one machine
         torch.set_num_threads(threads)
@@ -441,6 +435,12 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     channels_last = config.channels_last and cuda
     # 2. data and model (errors here also leave nothing behind)
     bundle = load_data(config.data, seed=config.seed)
+    # what depends on the device (and, for an auto batch, on the images) is fixed, and recorded so
+    config = resolve_for_device(config, device.type, len(bundle.train), world_size)
+    if state is not None:
+        diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
+        if diffs:
+            raise InputError(f"--resume with a different config: {'; '.join(diffs)}")
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     np.random.seed(config.seed)

@@ -99,6 +99,31 @@ def test_data_contradicting_model_override_is_named(tmp_path):
     assert not (tmp_path / "x").exists()  # nothing half-written
 
 
+def test_an_auto_batch_is_at_most_the_training_images(tmp_path):
+    """`optim.batch_size: auto` is the device kind's batch (128 on a CPU, 512 on CUDA). On a set smaller than that
+    the run stopped with "optim.batch_size=128 is larger than the 100 training images; lower --batch-size", a batch
+    the user never chose (the cifar preset on a small npz, or any GPU run under 512 images); it trains at most the
+    images now, in equal micro-batches of every process, and resumes so."""
+    from hne_edge.train.config import resolve_for_device
+
+    def batch(*args):
+        preset = TrainConfig.from_preset("cifar", {"optim": {"accum_steps": 3}})
+        return resolve_for_device(preset, *args).optim.batch_size
+
+    # in equal micro-batches (512 made "optim.batch_size=512 must be divisible by optim.accum_steps=3")
+    assert (batch("cuda"), batch("cpu"), batch("cuda", 600), batch("cpu", 128)) == (510, 126, 510, 126)
+    assert (batch("cuda", 200), batch("cpu", 100), batch("cuda", 200, 2)) == (198, 99, 198)
+    assert batch("cuda", 5, 2) == 510  # fewer images than one micro-batch a process: the run refuses, naming them
+    config = TrainConfig.from_preset("digits", {"out": str(tmp_path / "r"), "quiet": True, "threads": 1,
+                                                "device": "cpu", "data": {"limit": 100},
+                                                "optim": {"epochs": 2, "batch_size": "auto", "accum_steps": 3}})
+    fit(config, stop_after=1)
+    state = load_checkpoint(tmp_path / "r" / "checkpoint.pt")
+    assert state["config"]["optim"]["batch_size"] == 99 and len(state["extra"]["step_losses"]) == 1
+    resumed = load_checkpoint(fit(config, resume=True).checkpoint)  # the same images resolve the same batch
+    assert resumed["epoch"] == 2 and len(resumed["extra"]["step_losses"]) == 2
+
+
 # -- fit and checkpoints ------------------------------------------------------
 def test_fit_writes_a_complete_checkpoint(tmp_path):
     result = fit(_small(tmp_path / "run"))
