@@ -170,6 +170,13 @@ def dead_writers_scratch(target: Path, kind: str = "tmp") -> Path:
     return Path(proc.stdout.strip())
 
 
+# `train` and `eval` default to --device auto: a GPU where there is one, at its own batch (512), in bfloat16 and with
+# TF32. The suite's training and evaluation tests read CPU runs (bit-exact resumes, step counts, "on cpu" in a line,
+# accuracies against a float64 model), so they say --device cpu and pass on a GPU machine too; the GPU paths have
+# tests of their own (marked gpu, or skipped without CUDA).
+CPU_DEVICE = ("--device", "cpu")
+
+
 def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
     """Run ``hne-edge`` in a subprocess (what users do) and return the CompletedProcess."""
     proc = subprocess.run(

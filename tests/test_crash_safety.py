@@ -109,7 +109,8 @@ def test_train_killed_at_random_points_leaves_a_loadable_checkpoint(tmp_path):
 
     run = tmp_path / "run"
     ckpt = run / "checkpoint.pt"
-    args = ["train", "--epochs", "6", "--limit", "96", "--batch-size", "32", "--out", str(run), "--quiet"]
+    args = ["train", "--epochs", "6", "--limit", "96", "--batch-size", "32", "--out", str(run), "--quiet",
+            "--device", "cpu"]
     rng = random.Random(13)
     epochs = []
     for attempt in range(3):  # kill at a random moment after this process wrote a checkpoint (mid-epoch or mid-write)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, dead_writers_scratch, one_line_error, run_cli, tree_digest
+from conftest import CPU_DEVICE, REPO, dead_writers_scratch, one_line_error, run_cli, tree_digest
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
 _HERE = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -134,7 +134,7 @@ def test_force_checks_again_just_before_the_swap(tiny_bundle, tmp_path):
 
 # -- train --out -----------------------------------------------------------------------------------------
 
-TRAIN = ("train", "--data", "digits", "--epochs", "1", "--limit", "200", "--quiet")
+TRAIN = ("train", "--data", "digits", "--epochs", "1", "--limit", "200", "--quiet", *CPU_DEVICE)
 
 
 def test_train_refuses_a_folder_holding_a_users_files(tmp_path):
@@ -199,7 +199,7 @@ def test_eval_on_a_full_disk_leaves_nothing(tiny_bundle, tmp_path, frames, plots
     env = _full_disk_env(tmp_path)
     before = tree_digest(tmp_path)
     proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(out),
-                   *(() if plots else ("--no-plots",)), env=env)  # fmt: skip
+                   *(() if plots else ("--no-plots",)), *CPU_DEVICE, env=env)  # fmt: skip
     one_line_error(proc, "No space left on device", after_progress=True)
     assert tree_digest(tmp_path) == before
 
@@ -210,7 +210,7 @@ def test_eval_on_a_full_disk_leaves_an_existing_folder_as_it_was(tiny_bundle, tm
     shutil.copy(tiny_bundle.checkpoint_path, run / "checkpoint.pt")  # the default --out: the checkpoint's folder
     env = _full_disk_env(tmp_path)
     before = tree_digest(tmp_path)
-    proc = run_cli("eval", str(run / "checkpoint.pt"), "--test-data", str(frames), env=env)
+    proc = run_cli("eval", str(run / "checkpoint.pt"), "--test-data", str(frames), *CPU_DEVICE, env=env)
     one_line_error(proc, "No space left on device", after_progress=True)
     assert tree_digest(tmp_path) == before
 
@@ -230,7 +230,8 @@ def test_bench_on_a_full_disk_leaves_nothing(tiny_bundle, tmp_path, frames):
 def test_eval_and_bench_write_into_a_new_nested_folder(tiny_bundle, tmp_path, frames):
     """The success path of the same commands: every file lands in --out, nothing beside it."""
     out = tmp_path / "new" / "eval"
-    proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(out), "--quiet")
+    proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(out), "--quiet",
+                   *CPU_DEVICE)
     assert proc.returncode == 0, proc.stderr
     names = sorted(p.name for p in out.iterdir())
     assert "metrics.json" in names and any(n.endswith(".png") for n in names), names
@@ -250,7 +251,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _eval(ckpt: Path, frames: Path, *args: str):
-    return run_cli("eval", str(ckpt), "--test-data", str(frames), "--quiet", *args)
+    return run_cli("eval", str(ckpt), "--test-data", str(frames), "--quiet", *CPU_DEVICE, *args)
 
 
 def test_eval_replaces_only_its_own_metrics_and_figures(tiny_bundle, tmp_path, frames):
@@ -459,7 +460,7 @@ def test_export_eval_and_bench_leave_a_users_look_alike_folders_beside_out_alone
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(bk), "--force", *FAST_EXPORT)
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(tmp_path / "ev"),
-                   "--no-plots", "--quiet")  # fmt: skip
+                   "--no-plots", "--quiet", *CPU_DEVICE)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("bench", str(bk), "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "be"), "--quiet")
     assert proc.returncode == 0, proc.stderr
@@ -570,9 +571,10 @@ def _writer(command: str, tiny_bundle, frames: Path, work: Path) -> tuple[list[s
                                                      True, set()),
         "train": ([*TRAIN, "--out", str(out)], out, False, everything),
         "train (the user's files inside)": ([*TRAIN, "--out", str(out)], out, True, set()),
-        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet"], out, True, set(METRICS_FILES)),
-        "eval (into the checkpoint's folder)": (["eval", str(ckpt), "--test-data", str(frames), "--quiet"], out, True,
-                                                set(METRICS_FILES)),
+        "eval": (["eval", ckpt, "--test-data", str(frames), "--out", str(out), "--quiet", *CPU_DEVICE], out, True,
+                 set(METRICS_FILES)),
+        "eval (into the checkpoint's folder)": (["eval", str(ckpt), "--test-data", str(frames), "--quiet", *CPU_DEVICE],
+                                                out, True, set(METRICS_FILES)),
         "bench": (["bench", str(tiny_bundle.bundle_dir), "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet"],
                   out, True, {"bench.json", "bench.png"}),
         "profile": (["profile", str(out), "--repeats", "2", "--warmup", "0", "--quiet"], out, True, {PROFILE_NAME}),

@@ -303,6 +303,7 @@ def test_train_out_writes_only_into_a_new_or_empty_folder(tiny_bundle, tmp_path,
         out = out / "new-run"  # a new folder, wherever it is
     before = tree_digest(tmp_path / "t")
     config = TrainConfig.for_data("digits", {"out": str(out), "quiet": True, "threads": 1, "eval_every": 1,
+                                             "device": "cpu",
                                              "data": {"limit": 64}, "optim": {"epochs": 1, "batch_size": 32}})  # fmt: skip
     try:
         fit(config)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from conftest import CPU_DEVICE, REPO, run_cli
 
 TRAIN = REPO / "benchmarks" / "train_reference.py"
 SHIP = REPO / "benchmarks" / "ship_reference.py"
@@ -102,7 +102,7 @@ def test_a_finished_training_run_ships_as_the_cpu_trained_demo(tmp_path):
     data = _cifar_like(tmp_path / "cifar10_train.npz")
     run = tmp_path / "run"
     command = ("train", "--config", "hne_edge/assets/cifar10_demo.yaml", "--data-dir", str(data), "--out", str(run),
-               "--epochs", "1", "--threads", "1")  # fmt: skip
+               "--epochs", "1", "--threads", "1", *CPU_DEVICE)  # fmt: skip
     run_cli(*command, check=True)
     out = tmp_path / "assets" / "cifar10_demo.pt"
     proc = _ship("--demo", run, "--out", out)

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import one_line_error, run_cli
+from conftest import CPU_DEVICE, one_line_error, run_cli
 from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle
 
 FAST_EXPORT = ("--no-verify", "--plan", "segments", "--no-first-leaf", "--no-torch-weights")
-SMALL = ("--data", "digits", "--limit", "200", "--epochs", "1", "--batch-size", "50", "--quiet", "--threads", "1")
+SMALL = ("--data", "digits", "--limit", "200", "--epochs", "1", "--batch-size", "50", "--quiet", "--threads", "1",
+         *CPU_DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +152,8 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "hne_loss", loss)
     monkeypatch.setattr(engine, "train_one_epoch", one_epoch)
     config = TrainConfig.for_data("digits", {"data": {"limit": 200}, "optim": {"epochs": 3, "batch_size": 50},
-                                             "out": str(tmp_path / "run"), "quiet": True, "threads": 1})  # fmt: skip
+                                             "out": str(tmp_path / "run"), "quiet": True, "threads": 1,
+                                             "device": "cpu"})  # fmt: skip
     with pytest.raises(TrainingDiverged, match=r"epoch 2 .*non-finite loss.*checkpoint.pt keeps epoch 1"):
         engine.fit(config)
     state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")  # the rule: usable

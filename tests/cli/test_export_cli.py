@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, one_line_error, run_cli
+from conftest import CPU_DEVICE, REPO, one_line_error, run_cli
 from gpu_env import HAS_CUDA, HAS_TRT
 
 
@@ -153,7 +153,7 @@ def test_without_a_terminal_export_eval_and_verify_print_progress_lines(tiny_bun
     proc = run_cli("verify", str(out), check=True)
     assert _progress_lines(proc.stderr, "verify")[-1].startswith("verify: 16/16 steps (100%)"), proc.stderr
     proc = run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", str(_frames(tmp_path)), "--out",
-                   str(tmp_path / "ev"), "--no-plots", check=True)  # fmt: skip
+                   str(tmp_path / "ev"), "--no-plots", *CPU_DEVICE, check=True)  # fmt: skip
     assert _progress_lines(proc.stderr, "eval")[-1].startswith("eval: 40/40 images (100%)"), proc.stderr
 
 

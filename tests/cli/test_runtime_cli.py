@@ -70,7 +70,7 @@ def test_run_reports_input_errors_in_one_line(cli_bundle, tmp_path):
 
 
 def test_gpu_options_on_a_cpu_backend_are_refused_in_one_line(cli_bundle):
-    proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "x.npy"), "--cuda-graph")
+    proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "x.npy"), "--cuda-graph", "--device", "cpu")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "Error: backend 'onnxruntime' on device 'cpu': received option(s) ['cuda_graph']; expected some of "
@@ -79,7 +79,8 @@ def test_gpu_options_on_a_cpu_backend_are_refused_in_one_line(cli_bundle):
 
 
 def test_profile_and_bench(cli_bundle, tmp_path):
-    proc = run_cli("profile", str(cli_bundle / "b"), "--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1", "--threads", "1", check=True)
+    proc = run_cli("profile", str(cli_bundle / "b"), "--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1",
+                   "--threads", "1", "--device", "cpu", check=True)  # auto: ONNX Runtime CUDA with onnxruntime-gpu
     assert "batch=2" in proc.stdout and "saved" in proc.stdout
     assert (cli_bundle / "b" / "profiles" / "cpu-onnxruntime-segments-fp32.json").is_file()
     out = tmp_path / "bench"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import one_line_error, run_cli
+from conftest import CPU_DEVICE as CPU, one_line_error, run_cli
 
-SMALL = ("--limit", "256", "--epochs", "2", "--batch-size", "32", "--quiet", "--threads", "1")
+SMALL = ("--limit", "256", "--epochs", "2", "--batch-size", "32", "--quiet", "--threads", "1", *CPU)
 
 
 def test_train_then_eval_on_digits(tmp_path):
@@ -23,7 +23,7 @@ def test_train_then_eval_on_digits(tmp_path):
     assert len(log["step_losses"]) == 2 * (256 // 32)
     # issue 20 item 6: --limit 256 capped validation at 256 too; it caps training only (digits holds out 180)
     assert log["epochs"][-1]["train_images"] == 256 and log["epochs"][-1]["val_images"] == 180
-    ev = run_cli("eval", str(out / "checkpoint.pt"), "--out", str(tmp_path / "ev"), check=True)
+    ev = run_cli("eval", str(out / "checkpoint.pt"), "--out", str(tmp_path / "ev"), *CPU, check=True)
     assert "per-leaf acc" in ev.stdout and " 16 " in ev.stdout
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert metrics["loss"] == "distill" and len(metrics["anytime"]) == 16
@@ -46,7 +46,7 @@ def test_train_then_eval_on_digits(tmp_path):
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "never"
-    one_line_error(run_cli("train", "--out", str(out), *args), message)
+    one_line_error(run_cli("train", "--out", str(out), *args, *CPU), message)
     assert not out.exists()
 
 
@@ -121,7 +121,7 @@ def test_eval_on_test_data_matches_the_model_on_those_images(tmp_path, digits_ru
 
     x, y = _digits_npz(tmp_path / "mine.npz")
     proc = run_cli("eval", str(digits_run / "checkpoint.pt"), "--test-data", str(tmp_path / "mine.npz"),
-                   "--out", str(tmp_path / "ev"), "--no-plots", check=True)
+                   "--out", str(tmp_path / "ev"), "--no-plots", *CPU, check=True)  # TF32 on a GPU: near-ties
     assert "test-data: 300 images" in proc.stdout
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert metrics["split"] == "test-data" and metrics["data"] == str(tmp_path / "mine.npz")
@@ -155,7 +155,7 @@ def test_eval_test_data_errors_are_one_line(tmp_path, digits_run):
 def test_train_weighting_flags(tmp_path):
     out = tmp_path / "w"
     run_cli("train", "--out", str(out), "--t-squared", "--epochs", "1", *SMALL[:2], "--batch-size", "64", "--quiet",
-            "--threads", "1", check=True)
+            "--threads", "1", *CPU, check=True)
     log = json.loads((out / "train_log.json").read_text())
     assert log["config"]["loss"]["weighting"] == "paper" and log["config"]["loss"]["temperature_squared"] is True
     proc = run_cli("train", "--out", str(tmp_path / "x"), "--weighting", "sum")
@@ -166,7 +166,7 @@ def test_train_normalize_flag(tmp_path):
     """--normalize label is saved with the run and named in its first line; --help says when to use it."""
     out = tmp_path / "n"
     proc = run_cli("train", "--out", str(out), "--normalize", "label", "--alpha", "0.25", "--epochs", "1", *SMALL[:2],
-                   "--batch-size", "64", "--threads", "1", check=True)
+                   "--batch-size", "64", "--threads", "1", *CPU, check=True)
     assert "loss hierarchical (paper, normalize label)" in proc.stderr
     log = json.loads((out / "train_log.json").read_text())
     assert log["config"]["loss"]["normalize"] == "label" and log["config"]["loss"]["alpha"] == 0.25
@@ -188,7 +188,8 @@ def test_ctrl_c_exits_130_in_one_line(tmp_path):
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(tmp_path / "run"), "--epochs", "200",
-                             "--threads", "1"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                             "--threads", "1", *CPU], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)
     try:
         first = proc.stderr.readline()  # "training hne_tiny ...": the command is inside its work
         assert first.startswith("training "), first
@@ -210,7 +211,7 @@ def _first_lines(args, until: str, limit: int = 12, timeout: float = 300) -> lis
 
     from conftest import REPO
 
-    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", *args], stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", *args, *CPU], stderr=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     timer = threading.Timer(timeout, proc.kill)  # a hang fails the test instead of stalling the suite
     timer.start()
@@ -230,12 +231,12 @@ def _first_lines(args, until: str, limit: int = 12, timeout: float = 300) -> lis
 def test_train_without_a_terminal_prints_progress_lines_and_percentages(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("train", "--out", str(out), "--limit", "256", "--epochs", "2", "--batch-size", "32", "--threads", "1",
-                   check=True)
+                   *CPU, check=True)
     err = proc.stderr.splitlines()
     assert err[0].startswith("training hne_tiny (the digits preset's model for --data digits; ")
     assert "256 train / 180 validation images" in err[0]
     capped = run_cli("train", "--out", str(tmp_path / "capped"), "--limit", "64", "--val-limit", "50", "--epochs", "1",
-                     "--batch-size", "64", "--threads", "1", check=True)
+                     "--batch-size", "64", "--threads", "1", *CPU, check=True)
     assert "64 train / 50 validation images" in capped.stderr.splitlines()[0]
     assert "M MACs per image for all 16 leaves" in err[0]
     progress = [line for line in err if line.startswith("train: ")]
@@ -271,11 +272,11 @@ def test_a_run_of_hours_says_so_and_names_a_faster_model(tmp_path):
 def test_a_run_that_ends_at_chance_says_so(tmp_path):
     """Reproduces issue 20 item 4: a run ended at 12% on 10 classes and nothing said so."""
     proc = run_cli("train", "--out", str(tmp_path / "run"), "--lr", "1e-9", *SMALL[:4], "--batch-size", "64", "--quiet",
-                   "--threads", "1", check=True)
+                   "--threads", "1", *CPU, check=True)
     assert "note: the model is at chance: the full ensemble's validation accuracy" in proc.stdout, proc.stdout
     assert "(±2.2% on 180 images)" in proc.stdout  # the whole hold-out, not --limit's 128
     assert "guessing among 10 classes (10.0%)" in proc.stdout
-    ev = run_cli("eval", str(tmp_path / "run" / "checkpoint.pt"), "--no-plots", check=True)
+    ev = run_cli("eval", str(tmp_path / "run" / "checkpoint.pt"), "--no-plots", *CPU, check=True)
     assert "note: the model is at chance" in ev.stdout  # the same rule where its accuracy is read again
 
 
@@ -290,12 +291,12 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_resume_says_from_where(tmp_path
     from conftest import REPO
 
     out = tmp_path / "run"
-    missing = run_cli("train", "--out", str(out), "--resume")
+    missing = run_cli("train", "--out", str(out), "--resume", *CPU)
     one_line_error(missing, f"--resume: no checkpoint at {out / 'checkpoint.pt'}, so there is nothing to resume")
     assert "start the run without --resume" in missing.stderr and "resume=False" not in missing.stderr
 
     proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(out), "--epochs", "200",
-                             "--threads", "1"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             "--threads", "1", *CPU], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     try:
         for line in proc.stderr:

@@ -67,7 +67,7 @@ def test_cli_run_torch_fp16_on_cpu(tiny_bundle, reference64, tmp_path):
     x, ref = reference64
     np.save(tmp_path / "x.npy", x)
     proc = run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "x.npy"), "--backend", "torch",
-                   "--precision", "fp16", "--batch-size", "3", "--json")  # fmt: skip
+                   "--precision", "fp16", "--batch-size", "3", "--device", "cpu", "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     records = json.loads(proc.stdout)["records"]
     assert [r["leaves"] for r in records] == [16] * 3

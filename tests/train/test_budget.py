@@ -23,8 +23,10 @@ from hne_edge.train.engine import fit
 
 
 def _budget_run(out, budget, **over) -> TrainConfig:
-    """hne_tiny on digits (6 steps of 32 images per epoch at --limit 192), one thread, to a time budget."""
+    """hne_tiny on digits (6 steps of 32 images per epoch at --limit 192), one thread, to a time budget, on the CPU
+    (a GPU machine's `auto` would train there: another pace and precision than these tests read)."""
     return TrainConfig.from_preset("digits", {"out": str(out), "quiet": True, "threads": 1, "time_budget": budget,
+                                              "device": "cpu",
                                               "data": {"limit": 192}, "optim": {"epochs": 1000, "batch_size": 32}, **over})
 
 

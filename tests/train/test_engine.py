@@ -16,9 +16,10 @@ from hne_edge.train.schedule import _Schedule
 
 
 def _small(out, **optim) -> TrainConfig:
-    """A digits run of a few steps: 192 images, batch 32 (6 steps per epoch)."""
+    """A digits run of a few steps: 192 images, batch 32 (6 steps per epoch), on the CPU (a GPU machine's `auto`
+    would train there, in bfloat16: the bit-exact resume tests are of the CPU's fixed-seed runs)."""
     return TrainConfig.from_preset("digits", {
-        "out": str(out), "quiet": True, "threads": 1,
+        "out": str(out), "quiet": True, "threads": 1, "device": "cpu",
         "data": {"limit": 192},
         "optim": {"epochs": 2, "batch_size": 32, **optim},
     })
@@ -93,7 +94,8 @@ def test_schedule_shapes():
 
 
 def test_data_contradicting_model_override_is_named(tmp_path):
-    config = TrainConfig.from_preset("digits", {"out": str(tmp_path / "x"), "model": {"overrides": {"in_chans": 3}}})
+    config = TrainConfig.from_preset("digits", {"out": str(tmp_path / "x"), "device": "cpu",
+                                                "model": {"overrides": {"in_chans": 3}}})
     with pytest.raises(ValueError, match=r"model.overrides.in_chans=3 contradicts the data \(in_chans=1\)"):
         fit(config)
     assert not (tmp_path / "x").exists()  # nothing half-written

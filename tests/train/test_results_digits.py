@@ -32,6 +32,7 @@ def published(section: str) -> tuple[list[str], dict[int, float]]:
 def test_the_digits_section_publishes_a_command_and_its_table():
     commands, table = published(digits_section())
     assert [c.split()[1] for c in commands] == ["train", "eval"] and "--threads 1" in commands[0]
+    assert all("--device cpu" in c for c in commands)  # the table is a CPU run's, on any machine that reruns it
     assert sorted(table) == [1, 2, 4, 8, 16] and all(0 <= v <= 100 for v in table.values())
     assert f"more than {TOLERANCE_IMAGES} of the 180" in (REPO / "RESULTS.md").read_text()
 
