@@ -162,9 +162,12 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def dead_writers_scratch(target: Path, kind: str = "tmp") -> Path:
     """The name a writer that has since exited gave its scratch sibling of ``target`` (``fileio.scratch_path``, run
-    in a process that is gone): what a killed writer leaves behind. The path is returned, not created."""
-    code = "import sys; from pathlib import Path; from hne_edge.fileio import scratch_path; " \
-           "print(scratch_path(Path(sys.argv[1]), sys.argv[2]))"  # fmt: skip
+    in a process that is gone): what a killed writer leaves behind. The path is returned, not created.
+
+    Its pid is one no process can have (Linux's largest pid_max is 2**22): a real exited writer's pid is reused by a
+    later process or thread within minutes on a busy machine (pytest-xdist workers), which would keep the scratch."""
+    code = "import os, sys; from pathlib import Path; from hne_edge.fileio import scratch_path; " \
+           "os.getpid = lambda: 2**22 + 1; print(scratch_path(Path(sys.argv[1]), sys.argv[2]))"  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code, str(target), kind], capture_output=True, text=True, check=True,
                           cwd=REPO, timeout=120)  # fmt: skip
     return Path(proc.stdout.strip())

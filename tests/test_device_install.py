@@ -20,7 +20,8 @@ import pytest
 
 from conftest import REPO, clone_working_tree
 
-pytestmark = pytest.mark.slow
+# one worker builds the module's venv (a clone, a wheel, a pip install) for all its tests under pytest-xdist
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("device_venv")]
 
 # what pip prints when it cannot reach an index (or the index lacks a package): not hne-edge's fault
 UNREACHABLE = ("Could not find a version that satisfies", "No matching distribution found", "Failed to establish",

@@ -26,6 +26,10 @@ def _cifar_like(path, n=300, seed=0):
     return path
 
 
+# one worker trains the module's stand-in run (12 s) for all its tests under pytest-xdist
+pytestmark = pytest.mark.xdist_group("stand_in")
+
+
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory):
     """A reference run's folder, made on the CPU: checkpoint.pt, config.yaml, record.json (and its data file)."""

@@ -136,8 +136,8 @@ def test_run_says_once_when_the_machine_is_too_busy_for_its_budgets(cli_bundle, 
     than this machine (as if made on a quiet one) and a budget that fits its first leaf: every frame misses, and
     one warning line says why (not a Python warning's two lines, not once per frame)."""
     bundle = tmp_path / "b"
-    shutil.copytree(cli_bundle / "b", bundle)
-    run_cli("profile", str(bundle), "--warmup", "2", "--repeats", "10", "--quiet", check=True)
+    shutil.copytree(cli_bundle / "b", bundle, ignore=shutil.ignore_patterns("profiles"))  # another test's, or none
+    run_cli("profile", str(bundle), "--warmup", "2", "--repeats", "10", "--quiet", "--device", "cpu", check=True)
     (path,) = (bundle / "profiles").glob("*.json")
     profile = json.loads(path.read_text())
     for step in profile["batch_sizes"]["1"]["leaves"]:
@@ -148,7 +148,8 @@ def test_run_says_once_when_the_machine_is_too_busy_for_its_budgets(cli_bundle, 
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "frames.npz", x=rng.integers(0, 256, (40, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 40))
     budget = profile["batch_sizes"]["1"]["leaves"][0]["p95_ms"] * 1.01
-    proc = run_cli("run", str(bundle), str(tmp_path / "frames.npz"), "--budget-ms", f"{budget:.6f}", check=True)
+    proc = run_cli("run", str(bundle), str(tmp_path / "frames.npz"), "--budget-ms", f"{budget:.6f}", "--device", "cpu",
+                   check=True)  # fmt: skip
     busy = [line for line in proc.stderr.splitlines() if "too busy" in line]
     assert len(busy) == 1 and busy[0].startswith("warning: this machine is too busy to keep its budgets"), proc.stderr
     assert "UserWarning" not in proc.stderr and "took a median " in busy[0], proc.stderr
