@@ -109,6 +109,41 @@ class Stopped(Exception):
     """SIGTERM: the caller's time is up."""
 
 
+def stop_on_sigterm(t0: float) -> None:
+    """SIGTERM raises :class:`Stopped` in the main thread - but never inside an import.
+
+    An exception raised while a module's body runs leaves it half-made (a submodule in ``sys.modules``, the package
+    gone): the stopped run then cannot keep its last epoch (``partially initialized module 'yaml'``, seen when the
+    signal met the first epoch's imports). So a stop that lands in an import is taken again 50 ms later, by SIGALRM.
+    """
+
+    def on_stop(signum: int, frame) -> None:
+        if _importing(frame):
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
+        raise Stopped(f"stopped by signal {signal.SIGTERM.value} (the caller's time was up) "
+                      f"{time.monotonic() - t0:.0f} s in")  # fmt: skip
+
+    signal.signal(signal.SIGALRM, on_stop)
+    signal.signal(signal.SIGTERM, on_stop)
+
+
+def ignore_stops() -> None:
+    """No more :class:`Stopped`: neither a new SIGTERM nor a deferred one."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs under the import machinery (a module's body, or importlib itself)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def machine() -> dict[str, Any]:
     import torch
 
@@ -191,10 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         record["seconds"]["total"] = round(time.monotonic() - t0, 1)
         atomic_write_json(args.out / RECORD, record, indent=1, allow_nan=True)
 
-    def on_term(signum, frame):
-        raise Stopped(f"stopped by signal {signum} (the caller's time was up) {time.monotonic() - t0:.0f} s in")
-
-    signal.signal(signal.SIGTERM, on_term)
+    stop_on_sigterm(t0)
     write()
     try:
         from hne_edge.train.data import npz_fingerprint
@@ -228,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         stopped = isinstance(exc, (Stopped, KeyboardInterrupt))
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["traceback"] = traceback.format_exc()[-4000:]
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the last words are the record's
+        ignore_stops()  # the last words are the record's
         status = "stopped" if stopped else "failed"
         run_checkpoint = args.run_dir / "checkpoint.pt"
         if run_checkpoint.is_file() and not (args.out / CHECKPOINT).is_file():

@@ -367,6 +367,39 @@ def test_a_reference_run_stopped_by_sigterm_keeps_its_last_epoch_and_says_so(tmp
     assert state["extra"]["partial"] is True
 
 
+def test_a_sigterm_during_an_import_stops_the_run_after_the_import_not_inside_it(tmp_path):
+    """Found under load: the stop met the first epoch's ``import yaml``, the half-made module stayed behind and the
+    stopped run could not keep its last epoch. A module whose body receives SIGTERM is still imported whole; the
+    stop comes after it."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "end = time.monotonic() + 0.3\n"
+        "while time.monotonic() < end:\n"
+        "    pass\n"
+        "COMPLETE = True\n")  # fmt: skip
+    script = f"""
+import importlib.util, sys, time
+sys.path.insert(0, {str(tmp_path)!r})
+spec = importlib.util.spec_from_file_location("train_reference", {str(REPO / "benchmarks" / "train_reference.py")!r})
+tr = importlib.util.module_from_spec(spec); spec.loader.exec_module(tr)
+tr.stop_on_sigterm(time.monotonic())
+try:
+    import slow_module
+    print("imported", slow_module.COMPLETE)
+    time.sleep(30)
+    print("never stopped")
+except tr.Stopped as exc:
+    print("Stopped:", exc, "| slow_module in sys.modules:", "slow_module" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "imported True", out.stdout + out.stderr
+    assert lines[1].startswith("Stopped: stopped by signal 15"), out.stdout
+    assert lines[1].endswith("in sys.modules: True"), out.stdout
+
+
 # -- caps (the plan shared with issue 25) ----------------------------------------------------------------------
 
 
