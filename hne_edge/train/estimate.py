@@ -74,7 +74,8 @@ class _RunEstimate:
         window = (self.steps - 1) // 2  # the latest half of the steps after the first (whose end is ends[0])
         if window == 0:
             if now - self.start >= 30 or self.steps == self.epoch_left:
-                self.say(now - self.start, now, "the first step, start-up included")
+                first = "the first step" if self.steps == 1 else f"the first {self.steps} steps"
+                self.say((now - self.start) / self.steps, now, f"{first}, start-up included")
             return
         per_step = (now - ends[-window - 1]) / window
         if window >= self.MIN_STEPS:
@@ -119,7 +120,8 @@ class _RunEstimate:
         # said at an epoch's last step (a short epoch's estimate), its checkpoint comes next: "in about 0.0 s" read
         # as a fault (issue 42)
         when = "as this epoch ends" if self.steps >= self.epoch_left else f"in about {format_duration(to_checkpoint)}"
-        line = (f"estimate: {format_duration(total)} for the {self.steps_left} training steps of this run on {self.device} "
+        steps = f"{self.steps_left} training step{'s' if self.steps_left != 1 else ''}"
+        line = (f"estimate: {format_duration(total)} for the {steps} of this run on {self.device} "
                 f"({format_duration(per_step)}/step over {measured}; "
                 f"validation adds to it); a checkpoint is written at the end of every epoch (the next {when})"
                 f"{' and on Ctrl-C' if self.on_ctrl_c else ''}")

@@ -488,6 +488,10 @@ def test_the_estimate_never_says_the_next_checkpoint_comes_in_0_0_s():
     assert "0.0 s" not in fast and "(10 ms/step over" in fast and "(the next in about 20 ms)" in fast, fast
     slow = said(10_000, 50, 0.2, 25)
     assert "(the next in about 5.0 s)" in slow, slow
+    one = said(1, 1, 0.2, 1)  # a run of one step, or two: what they took, in the words of their count
+    assert "0.2 s for the 1 training step of this run" in one and "(0.2 s/step over the first step," in one, one
+    two = said(2, 2, 0.2, 2)
+    assert "0.4 s for the 2 training steps" in two and "(0.2 s/step over the first 2 steps," in two, two
 
 
 def test_old_run_configs_resume_with_the_weighting_they_started_with():
