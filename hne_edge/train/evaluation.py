@@ -327,18 +327,23 @@ def predict(model: nn.Module, loader, device: torch.device = torch.device("cpu")
 
     ``progress`` counts images (its total is set here when it has none).
     """
+    from ..runtime.backends.torch_cuda import Fp32Policy  # noqa: PLC0415
+
     progress = progress or NULL_PROGRESS
     if progress.total is None:
         progress.total = _num_images(loader)
     model.eval()
     outs, labels = [], []
-    for x, y in loader:
-        x = x.to(device)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        outs.append(model(x).float().cpu())
-        labels.append(y.cpu())  # a device-resident loader yields CUDA labels; the logits are on the CPU
-        progress.update(len(y))
+    # fp32 means fp32: torch's default runs CUDA convolutions in TF32 (10-bit mantissas), which moves a near-tie
+    # image's answer between a GPU's evaluation and a CPU's; the runtime's torch backend turns it off the same way
+    with Fp32Policy(torch, allow_tf32=False, cudnn_benchmark=None, matmul=True):
+        for x, y in loader:
+            x = x.to(device)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            outs.append(model(x).float().cpu())
+            labels.append(y.cpu())  # a device-resident loader yields CUDA labels; the logits are on the CPU
+            progress.update(len(y))
     return torch.cat(outs), torch.cat(labels)
 
 

@@ -123,3 +123,30 @@ def test_write_metrics_replaces_only_its_own_files_whoever_evaluated(tmp_path):
     assert (out / "leaf_accuracy.png").read_bytes().endswith(b"my own figure")
     write_metrics(model, {}, tmp_path / "checkpoint.pt", logits, labels, source, out, plots=False)  # its own record
     assert json.loads((out / "metrics.json").read_text())["evaluated_with"] == "ONNX Runtime on the CPU"
+
+
+def test_predictions_run_fp32_in_fp32_and_leave_the_users_flags_as_they_were():
+    """torch's default runs CUDA convolutions in TF32, so a GPU's evaluation could answer a near-tie image otherwise
+    than a CPU's; inside predict fp32 is IEEE fp32 (the flags a CUDA call reads, set on any machine), and after it
+    the user's settings are back."""
+    from torch import nn
+
+    from hne_edge.train.evaluation import predict
+
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append((conv.fp32_precision, matmul.fp32_precision))
+            return x.flatten(1)[:, None, :3]
+
+    before = (conv.fp32_precision, matmul.fp32_precision)
+    try:
+        conv.fp32_precision = matmul.fp32_precision = "tf32"
+        loader = [(torch.zeros(2, 3, 4, 4), torch.tensor([0, 1]))]
+        logits, labels = predict(Probe(), loader)
+        assert seen == [("ieee", "ieee")] and logits.shape == (2, 1, 3) and labels.tolist() == [0, 1]
+        assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
+    finally:
+        conv.fp32_precision, matmul.fp32_precision = before
