@@ -15,8 +15,11 @@ PYTEST_ARGS ?=
 SETUP_KEY := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(EXTRAS)
 # Test workers (pytest-xdist): one per usable CPU (nproc: the affinity mask, e.g. taskset; not OMP_NUM_THREADS,
 # which nproc would obey) where there are more than 2; none (one process) on 1 or 2 CPUs, where workers only
-# compete for the cores. JOBS=0: one process.
+# compete for the cores. At most 16, and one per 2 GiB of memory (each worker imports torch and ONNX Runtime and
+# exports its own small bundles). JOBS=0: one process.
 JOBS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1); \
+	m=$$(awk '/^MemTotal:/ { print int($$2 / 2097152) }' /proc/meminfo 2>/dev/null); \
+	[ -n "$$m" ] && [ "$$m" -lt "$$n" ] && n=$$m; [ "$$n" -gt 16 ] && n=16; \
 	if [ "$$n" -gt 2 ]; then echo "$$n"; else echo 0; fi)
 WORKERS := $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadgroup)
 # What demo and test import; INSTALL=no checks that VENV has them.

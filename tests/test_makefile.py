@@ -110,11 +110,29 @@ def test_test_workers_one_per_cpu_only_beyond_two_cpus(tmp_path):
     make(REPO, "test", f"VENV={venv}", "JOBS=0")
     assert calls(venv) == ["-m pytest"]
     make(REPO, "test", f"VENV={venv}")
-    n = len(os.sched_getaffinity(0))
-    assert calls(venv) == ([f"-m pytest -n {n} --dist loadgroup"] if n > 2 else ["-m pytest"])
+    assert calls(venv) == _workers(len(os.sched_getaffinity(0)))
     eight = tmp_path / "eight_cpus"  # a machine with 8 usable CPUs: nproc says so (whatever OMP_NUM_THREADS says)
     eight.mkdir()
     (eight / "nproc").write_text('#!/bin/sh\n[ -n "$OMP_NUM_THREADS" ] && echo 1 || echo 8\n')
     (eight / "nproc").chmod(0o755)
     make(REPO, "test", f"VENV={venv}", env={"PATH": f"{eight}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"})
-    assert calls(venv) == ["-m pytest -n 8 --dist loadgroup"]
+    assert calls(venv) == _workers(8)
+    many = tmp_path / "many_cpus"  # 96 CPUs: at most 16 workers, and one per 2 GiB of memory
+    many.mkdir()
+    (many / "nproc").write_text("#!/bin/sh\necho 96\n")
+    (many / "nproc").chmod(0o755)
+    make(REPO, "test", f"VENV={venv}", env={"PATH": f"{many}{os.pathsep}{os.environ['PATH']}"})
+    assert calls(venv) == _workers(96)
+
+
+def _workers(cpus: int) -> list[str]:
+    """The pytest call on ``cpus`` usable CPUs: a worker per CPU, at most 16 and one per 2 GiB of the machine's
+    memory (where /proc/meminfo says it); one process where that leaves 2 or fewer."""
+    n = min(cpus, 16)
+    try:
+        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal:"))  # fmt: skip
+        n = min(n, kib // 2**21)
+    except (OSError, StopIteration):
+        pass
+    return [f"-m pytest -n {n} --dist loadgroup"] if n > 2 else ["-m pytest"]
