@@ -433,7 +433,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     cuda = device.type == "cuda"
     channels_last = config.channels_last and cuda
-    # 2. data and model (errors here also leave nothing behind)
+    # 2. data, the resumed config compared, model (errors here also leave nothing behind)
     bundle = load_data(config.data, seed=config.seed)
     # what depends on the device (and, for an auto batch, on the images) is fixed, and recorded so
     config = resolve_for_device(config, device.type, len(bundle.train), world_size)
