@@ -78,7 +78,7 @@ def test_evaluate_checkpoint_writes_metrics_and_plots(tmp_path):
     model = create_model("hne_tiny", in_chans=1, input_size=8)
     path = save_checkpoint(tmp_path / "checkpoint.pt", model=model, class_names=bundle.class_names,
                            normalization=bundle.normalization, epoch=0, config=config.to_dict())
-    metrics = evaluate_checkpoint(path, tmp_path / "eval", device="cpu")  # a GPU's TF32 could flip a near-tie
+    metrics = evaluate_checkpoint(path, tmp_path / "eval", device="cpu")  # a GPU's kernels could flip a near-tie
     on_disk = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert on_disk["num_images"] == 180 and on_disk["num_leaves"] == 16
     assert [r["macs"] for r in on_disk["anytime"]] == list(tree_cost(model).prefix_macs)
