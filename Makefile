@@ -13,14 +13,12 @@ PYTEST_ARGS ?=
 # The stamp holds a checksum of what the install depends on, not a time: every file of a fresh clone is
 # new, so a time stamp would reinstall into a virtualenv built from the very same files.
 SETUP_KEY := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(EXTRAS)
-# Test workers (pytest-xdist): one per usable CPU (nproc: the affinity mask, e.g. taskset; not OMP_NUM_THREADS,
-# which nproc would obey) where there are more than 2; none (one process) on 1 or 2 CPUs, where workers only
-# compete for the cores. At most 16, and one per 2 GiB of memory (each worker imports torch and ONNX Runtime and
-# exports its own small bundles). JOBS=0: one process.
-JOBS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1); \
-	m=$$(awk '/^MemTotal:/ { print int($$2 / 2097152) }' /proc/meminfo 2>/dev/null); \
-	[ -n "$$m" ] && [ "$$m" -lt "$$n" ] && n=$$m; [ "$$n" -gt 16 ] && n=16; \
-	if [ "$$n" -gt 2 ]; then echo "$$n"; else echo 0; fi)
+# Test workers (pytest-xdist): one per usable CPU (the affinity mask, e.g. taskset, and a container's CPU quota)
+# where there are more than 2; none (one process) on 1 or 2 CPUs, where workers only compete for the cores. At most
+# 16, and one per 2 GiB of memory (MemTotal, or a container's limit: each worker imports torch and ONNX Runtime and
+# exports its own small bundles). The rule is hne_edge.limits.suite_workers (standard library only, so PYTHON runs
+# it before any install). JOBS=0: one process.
+JOBS ?= $(shell $(PYTHON) -c 'from hne_edge.limits import suite_workers; print(suite_workers())' 2>/dev/null || echo 0)
 WORKERS := $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadgroup)
 # What demo and test import; INSTALL=no checks that VENV has them.
 NEEDED := torch onnx onnxruntime sklearn matplotlib yaml click pytest pytest_timeout $(if $(WORKERS),xdist)

@@ -46,6 +46,10 @@ __all__ = [
     "MAX_REPLAY_FRAMES",
     "REPLAY_FRAME_BYTES",
     "cpu_count",
+    "cgroup_cpu_limit",
+    "cgroup_memory_limit",
+    "total_memory",
+    "suite_workers",
     "load_average",
     "free_cpus_threads",
     "max_threads",
@@ -72,11 +76,102 @@ REPLAY_FRAME_BYTES = 600  # a replayed frame's arrival and record (measured: 173
 
 
 def cpu_count() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    """The CPUs this process may use: its affinity mask where the OS has one, lowered by a cgroup CPU quota (a
+    container given 4 CPUs' time on a 64-core host has the 64 in its mask and the quota in its cgroup)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpu_limit()
+    return min(cpus, quota) if quota is not None else cpus
+
+
+# -- the cgroup this process is in (Linux; v1 and v2) ----------------------------------------------------------
+# A container's limits are in its cgroup, not in /proc/meminfo or the affinity mask. The limits that bind are the
+# smallest of the process's own cgroup and its ancestors; where that path is not visible (a container's view of
+# the host's hierarchy), the mount's root is what the container sees of it.
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+
+
+def _cgroup_dirs(v1_controller: str, root: str = CGROUP_ROOT, proc: str = PROC_CGROUP) -> list[Path]:
+    """The folders whose files bound this process for one controller (``memory``, ``cpu``), its own cgroup first
+    then each ancestor up to the mount; the cgroup v2 hierarchy's and, on a v1 (or hybrid) host, the controller's."""
+    try:
+        lines = Path(proc).read_text().splitlines()
+    except OSError:
+        lines = []
+    mounts: list[tuple[Path, str]] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":  # the v2 hierarchy; a hybrid host mounts it at "unified"
+            base = Path(root) if Path(root, "cgroup.controllers").exists() else Path(root, "unified")
+            mounts.append((base, path))
+        elif v1_controller in controllers.split(","):
+            mounts.append((Path(root, v1_controller), path))
+    if not mounts:
+        mounts = [(Path(root), "/"), (Path(root, v1_controller), "/")]
+    dirs: list[Path] = []
+    for base, path in mounts:
+        parts = [part for part in path.split("/") if part]
+        here = base.joinpath(*parts)
+        if ".." in parts or not here.is_dir():  # outside the namespace's view, or not mounted here
+            here = base
+        while True:
+            dirs.append(here)
+            if here == base:
+                break
+            here = here.parent
+    return dirs
+
+
+def _cgroup_memory(root: str, proc: str) -> list[tuple[int, int | None]]:
+    """(limit, usage) in bytes of each cgroup that bounds this process's memory with a limit (v2 ``memory.max`` /
+    ``memory.current``, v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``)."""
+    found: list[tuple[int, int | None]] = []
+    for d in _cgroup_dirs("memory", root, proc):
+        for limit, usage in (("memory.max", "memory.current"), ("memory.limit_in_bytes", "memory.usage_in_bytes")):
+            cap = _read_int(d / limit)
+            if cap is not None and cap < 1 << 60:  # "max" (read as None) / the kernel's huge number: no limit
+                found.append((cap, _read_int(d / usage)))
+    return found
+
+
+def cgroup_memory_limit(root: str = CGROUP_ROOT, proc: str = PROC_CGROUP) -> int | None:
+    """Bytes this process's cgroup (or an ancestor) lets it use at most; None if unlimited."""
+    return min((cap for cap, _ in _cgroup_memory(root, proc)), default=None)
+
+
+def cgroup_cpu_limit(root: str = CGROUP_ROOT, proc: str = PROC_CGROUP) -> int | None:
+    """The CPUs' worth of time this process's cgroup may use (``cpu.max``, v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``), rounded up; None if unlimited."""
+    limits: list[int] = []
+    for d in _cgroup_dirs("cpu", root, proc):
+        try:
+            quota, period = Path(d, "cpu.max").read_text().split()[:2]
+        except (OSError, ValueError):
+            quota, period = str(_read_int(d / "cpu.cfs_quota_us")), str(_read_int(d / "cpu.cfs_period_us"))
+        if quota.isdigit() and period.isdigit() and int(period) > 0:  # "max" / -1 (read as None): no quota
+            limits.append(max(1, math.ceil(int(quota) / int(period))))
+    return min(limits) if limits else None
+
+
+def total_memory() -> int | None:
+    """Bytes of memory this process's machine has for it: MemTotal, lowered by a cgroup limit; None if unknown."""
+    found = [value for value in (_meminfo("MemTotal"), cgroup_memory_limit()) if value is not None]
+    return min(found) if found else None
+
+
+def suite_workers(cpus: int | None = None, memory: int | None = None) -> int:
+    """pytest-xdist workers for `make test` (its JOBS): one per usable CPU, at most 16 and one per 2 GiB of memory
+    (each imports torch and ONNX Runtime and exports its own small bundles); 0 (one process) where that leaves 2 or
+    fewer, where workers only compete for the cores. ``cpus`` / ``memory``: this machine's unless given."""
+    n = min(cpu_count() if cpus is None else cpus, 16)
+    memory = total_memory() if memory is None else memory
+    if memory is not None:
+        n = min(n, memory >> 31)
+    return n if n > 2 else 0
 
 
 def load_average() -> float | None:
@@ -132,7 +227,7 @@ def check_runners(count: int, where: str) -> int:
     return check_threads(count, where, cpus=max(1, os.cpu_count() or 1))
 
 
-def _read_int(path: str) -> int | None:
+def _read_int(path: str | Path) -> int | None:
     try:
         text = Path(path).read_text().split()[0]
     except (OSError, IndexError):
@@ -140,22 +235,23 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def available_memory() -> int | None:
-    """Bytes this process can still allocate: the kernel's MemAvailable, lowered by a cgroup limit; None if unknown."""
-    found: list[int] = []
+def _meminfo(field: str) -> int | None:
+    """A /proc/meminfo field in bytes; None if unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    found.append(int(line.split()[1]) * 1024)
-                    break
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2, v1
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):  # fmt: skip
-        cap, used = _read_int(limit), _read_int(usage)
-        if cap is not None and used is not None and cap < 1 << 60:  # "max" / a huge number: no limit
-            found.append(max(0, cap - used))
+    return None
+
+
+def available_memory(root: str = CGROUP_ROOT, proc: str = PROC_CGROUP) -> int | None:
+    """Bytes this process can still allocate: the kernel's MemAvailable, lowered by what its cgroup (or an
+    ancestor) has left under its limit; None if unknown."""
+    found = [value for value in (_meminfo("MemAvailable"),) if value is not None]
+    found += [max(0, cap - used) for cap, used in _cgroup_memory(root, proc) if used is not None]
     if not found and hasattr(os, "sysconf"):  # pragma: no cover - not Linux
         try:
             found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))

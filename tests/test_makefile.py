@@ -99,6 +99,8 @@ def test_install_no_names_what_the_virtualenv_lacks():
 def test_test_workers_one_per_cpu_only_beyond_two_cpus(tmp_path):
     """`make test` runs pytest-xdist workers, one per usable CPU, only where there are more than 2 CPUs; on 1 or 2
     (a small CI machine, taskset) one process; JOBS says how many (0: none)."""
+    from hne_edge.limits import suite_workers
+
     venv = fake_venv(tmp_path)
     make(REPO, "setup", f"VENV={venv}")
     calls(venv)
@@ -109,30 +111,21 @@ def test_test_workers_one_per_cpu_only_beyond_two_cpus(tmp_path):
     assert calls(venv) == ["-m pytest -n 3 --dist loadgroup"]
     make(REPO, "test", f"VENV={venv}", "JOBS=0")
     assert calls(venv) == ["-m pytest"]
-    make(REPO, "test", f"VENV={venv}")
-    assert calls(venv) == _workers(len(os.sched_getaffinity(0)))
-    eight = tmp_path / "eight_cpus"  # a machine with 8 usable CPUs: nproc says so (whatever OMP_NUM_THREADS says)
-    eight.mkdir()
-    (eight / "nproc").write_text('#!/bin/sh\n[ -n "$OMP_NUM_THREADS" ] && echo 1 || echo 8\n')
-    (eight / "nproc").chmod(0o755)
-    make(REPO, "test", f"VENV={venv}", env={"PATH": f"{eight}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"})
-    assert calls(venv) == _workers(8)
-    many = tmp_path / "many_cpus"  # 96 CPUs: at most 16 workers, and one per 2 GiB of memory
-    many.mkdir()
-    (many / "nproc").write_text("#!/bin/sh\necho 96\n")
-    (many / "nproc").chmod(0o755)
-    make(REPO, "test", f"VENV={venv}", env={"PATH": f"{many}{os.pathsep}{os.environ['PATH']}"})
-    assert calls(venv) == _workers(96)
+    make(REPO, "test", f"VENV={venv}", env={"OMP_NUM_THREADS": "1"})  # nproc would obey it; the rule does not
+    assert calls(venv) == _workers(suite_workers())
+    # the count is hne_edge.limits.suite_workers's (tested with containers' numbers in test_resource_bounds.py), run
+    # by PYTHON before anything is installed; a PYTHON that cannot run it means one process
+    rule = tmp_path / "rule"
+    rule.mkdir()
+    (rule / "says_7").write_text('#!/bin/sh\ncase "$*" in *suite_workers*) echo 7;; *) exit 3;; esac\n')
+    (rule / "fails").write_text("#!/bin/sh\nexit 1\n")
+    for name in ("says_7", "fails"):
+        (rule / name).chmod(0o755)
+    make(REPO, "test", f"VENV={venv}", f"PYTHON={rule / 'says_7'}")
+    assert calls(venv) == _workers(7)
+    make(REPO, "test", f"VENV={venv}", f"PYTHON={rule / 'fails'}")
+    assert calls(venv) == ["-m pytest"]
 
 
-def _workers(cpus: int) -> list[str]:
-    """The pytest call on ``cpus`` usable CPUs: a worker per CPU, at most 16 and one per 2 GiB of the machine's
-    memory (where /proc/meminfo says it); one process where that leaves 2 or fewer."""
-    n = min(cpus, 16)
-    try:
-        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal:"))  # fmt: skip
-        n = min(n, kib // 2**21)
-    except (OSError, StopIteration):
-        pass
-    return [f"-m pytest -n {n} --dist loadgroup"] if n > 2 else ["-m pytest"]
+def _workers(n: int) -> list[str]:
+    return [f"-m pytest -n {n} --dist loadgroup"] if n else ["-m pytest"]

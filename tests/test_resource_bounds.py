@@ -320,3 +320,74 @@ def test_an_accuracy_file_is_bounded_before_it_is_read(tiny_bundle, tmp_path):
                            (Path("/dev/zero"), "a character device")]:  # fmt: skip
         one_line_error(run_cli("bench-streams", b, "--accuracy", str(path), timeout=120), str(path), fragment,
                        "an eval metrics.json")  # fmt: skip
+
+
+# -- a container's share: its cgroup's CPU quota and memory limit ----------------------------------------------
+# A CI container given 4 CPUs' time and 8 GiB on a 64-core, 512 GiB host sees the host in its affinity mask and
+# /proc/meminfo; its share is in its cgroup. Fake hierarchies here, as the kernel lays them out.
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text + "\n")
+
+
+def test_a_cgroup_v2_quota_and_limit_are_read_from_the_process_cgroup_and_its_ancestors(tmp_path):
+    from hne_edge import limits
+
+    root = tmp_path / "cgroup"
+    proc = tmp_path / "proc_self_cgroup"
+    proc.write_text("0::/ci/job\n")
+    _write(root, {"cgroup.controllers": "cpu memory", "memory.max": "max", "cpu.max": "max 100000",
+                  "ci/memory.max": str(8 << 30), "ci/cpu.max": "800000 100000",
+                  "ci/job/memory.max": "max", "ci/job/cpu.max": "150000 100000"})  # fmt: skip
+    assert limits.cgroup_memory_limit(str(root), str(proc)) == 8 << 30  # the parent's binds
+    assert limits.cgroup_cpu_limit(str(root), str(proc)) == 2  # 1.5 CPUs' time: 2 threads keep it busy
+    _write(root, {"ci/cpu.max": "max 100000", "ci/job/cpu.max": "max 100000", "ci/memory.max": "max"})
+    assert limits.cgroup_memory_limit(str(root), str(proc)) is None
+    assert limits.cgroup_cpu_limit(str(root), str(proc)) is None
+    proc.write_text("0::/../elsewhere\n")  # a cgroup namespace's view of a path outside it: the mount's root
+    _write(root, {"memory.max": str(3 << 30), "cpu.max": "400000 100000"})
+    assert limits.cgroup_memory_limit(str(root), str(proc)) == 3 << 30
+    assert limits.cgroup_cpu_limit(str(root), str(proc)) == 4
+
+
+def test_a_cgroup_v1_quota_and_limit_are_read_per_controller(tmp_path):
+    from hne_edge import limits
+
+    root = tmp_path / "cgroup"
+    proc = tmp_path / "proc_self_cgroup"
+    # this development machine's layout: v1 controllers, the memory one nested, the v2 hierarchy empty
+    proc.write_text("4:memory:/process_api/abc\n1:cpu,cpuacct:/\n0::/\n")
+    _write(root, {"memory/memory.limit_in_bytes": "9223372036854771712",  # the kernel's "no limit"
+                  "memory/process_api/abc/memory.limit_in_bytes": str(6 << 30),
+                  "cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000", "unified/cgroup.procs": ""})  # fmt: skip
+    assert limits.cgroup_memory_limit(str(root), str(proc)) == 6 << 30
+    assert limits.cgroup_cpu_limit(str(root), str(proc)) is None
+    _write(root, {"memory/process_api/abc/memory.usage_in_bytes": str(5 << 30)})  # what a command may still take
+    assert limits.available_memory(str(root), str(proc)) <= 1 << 30
+    _write(root, {"cpu/cpu.cfs_quota_us": "300000"})
+    assert limits.cgroup_cpu_limit(str(root), str(proc)) == 3
+    assert limits.cgroup_cpu_limit(str(tmp_path / "nothing"), str(tmp_path / "no_proc")) is None  # not Linux
+
+
+def test_a_cpu_quota_lowers_the_cpus_every_thread_bound_counts(monkeypatch):
+    from hne_edge import limits
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    monkeypatch.setattr(limits, "cgroup_cpu_limit", lambda *a: None)
+    assert limits.cpu_count() == affinity
+    monkeypatch.setattr(limits, "cgroup_cpu_limit", lambda *a: 1)
+    assert limits.cpu_count() == 1
+    assert limits.max_threads() == limits.THREADS_PER_CPU
+
+
+@pytest.mark.parametrize(("cpus", "gib", "workers"), [(96, 512, 16), (96, 8, 4), (64, 24, 12), (8, None, 8),
+                                                      (8, 5, 0), (2, 64, 0), (1, None, 0), (3, 64, 3)])  # fmt: skip
+def test_make_test_runs_a_worker_per_cpu_at_most_16_and_one_per_2_gib(monkeypatch, cpus, gib, workers):
+    """`make test`'s JOBS: none (one process) where the rule leaves 2 or fewer."""
+    from hne_edge import limits
+
+    monkeypatch.setattr(limits, "total_memory", lambda: None)  # the machine's, where the case leaves it unknown
+    assert limits.suite_workers(cpus=cpus, memory=None if gib is None else gib << 30) == workers

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..limits import cpu_count
 from ..tensorrt_compat import device_support, import_cudart, normalize_compute_capability
 
 if TYPE_CHECKING:  # pragma: no cover - the runtime package needs numpy, and a broken numpy is a row of this report
@@ -87,7 +88,7 @@ class Cpu:
     model: str
     machine: str  # platform.machine(): x86_64, aarch64, arm64, AMD64
     logical_cores: int | None
-    usable_cores: int | None  # the process's affinity where the OS tells it (containers, taskset)
+    usable_cores: int | None  # the process's affinity and cgroup CPU quota (containers, taskset): limits.cpu_count
     features: dict[str, bool] = field(default_factory=dict)  # ISA_FEATURES names; empty: not known here
     features_source: str = ""
     load_average: float | None = None
@@ -248,10 +249,7 @@ def cpu_info() -> Cpu:
         features = {name: any(f in flags for f in names) for name, names in ISA_FEATURES[family].items()}
     elif family:
         source = "unknown here (no /proc/cpuinfo)"
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = None
+    usable = cpu_count()
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
