@@ -4,6 +4,7 @@ on a fake device (CPU tensors), CUDA graphs per unit and batch size, the TF32 / 
 
 from __future__ import annotations
 
+import threading
 import types
 
 import numpy as np
@@ -231,6 +232,49 @@ def test_fp32_policy_on_a_torch_without_the_fp32_precision_api():
     with Fp32Policy(fake, allow_tf32=False, matmul=True):
         assert (cudnn.allow_tf32, matmul.allow_tf32) == (False, False)
     assert matmul.allow_tf32 is True
+
+
+def test_fp32_policy_holds_across_threads_that_enter_and_leave_in_any_order():
+    """torch's flags are the process's: runners serving in two threads (A enters, B enters, A leaves, B runs on)
+    must not leave B running on the user's TF32 that A put back, nor end with A's flags. Where they ask differently
+    at once, fp32 wins over TF32 and autotuning is on if one asks."""
+    from hne_edge.runtime.backends.torch_cuda import Fp32Policy
+
+    conv = types.SimpleNamespace(fp32_precision="tf32")  # the user's: TF32, no autotuning
+    cudnn = types.SimpleNamespace(conv=conv, benchmark=False)
+    fake = types.SimpleNamespace(backends=types.SimpleNamespace(cudnn=cudnn))
+    a_entered, b_entered, a_left = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, tuple] = {}
+
+    def runner_a() -> None:
+        with Fp32Policy(fake, allow_tf32=False, cudnn_benchmark=True):
+            a_entered.set()
+            b_entered.wait(5)
+        a_left.set()
+
+    def runner_b() -> None:
+        a_entered.wait(5)
+        with Fp32Policy(fake, allow_tf32=False, cudnn_benchmark=True):
+            b_entered.set()
+            a_left.wait(5)
+            seen["b after a left"] = (conv.fp32_precision, cudnn.benchmark)
+
+    threads = [threading.Thread(target=runner_a), threading.Thread(target=runner_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"b after a left": ("ieee", True)}
+    assert (conv.fp32_precision, cudnn.benchmark) == ("tf32", False)  # the user's, once both left
+
+    tf32_runner, fp32_runner = Fp32Policy(fake, allow_tf32=True, cudnn_benchmark=None), Fp32Policy(fake)
+    conv.fp32_precision = "ieee"
+    with tf32_runner:
+        assert conv.fp32_precision == "tf32"
+        with fp32_runner:  # held at once (another thread's call): fp32 wins
+            assert (conv.fp32_precision, cudnn.benchmark) == ("ieee", True)
+        assert (conv.fp32_precision, cudnn.benchmark) == ("tf32", False)
+    assert conv.fp32_precision == "ieee"
 
 
 def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):

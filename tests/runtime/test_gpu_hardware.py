@@ -141,7 +141,7 @@ def test_gpu_torch_cuda_every_prefix(tiny_bundle, gpu_reference, plan, cuda_grap
     from hne_edge.runtime.backends.torch_cuda import Fp32Policy
 
     def flags():  # the flags the policy touches, through whichever API this torch has (2.11 on the H200)
-        return [getattr(obj, name) for obj, name, _ in Fp32Policy(torch).flags]
+        return [getattr(obj, name) for obj, name, *_ in Fp32Policy(torch).flags]
 
     x, ref = gpu_reference
     before = flags()

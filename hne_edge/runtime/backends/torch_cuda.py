@@ -14,8 +14,9 @@ moved to the GPU:
   to, which moved logits by 1.5e-4 on an H200. Each eager call and each
   capture runs under :class:`Fp32Policy`: TF32 off for cuDNN convolutions
   (``allow_tf32=True`` turns it on) and ``torch.backends.cudnn.benchmark``
-  as ``cudnn_benchmark`` says, set on entry and put back exactly on exit, so
-  the process's own torch settings are left alone outside the backend's calls.
+  as ``cudnn_benchmark`` says, set on entry and put back when the last call
+  holding them leaves (runners in several threads included), so the
+  process's own torch settings are left alone outside the backend's calls.
 * everything on **one stream** (a torch ``Stream`` of the backend); no
   synchronization until ``to_host`` (the leaf's logits).
 * ``cuda_graph=True`` (the default): per runner, one CUDA graph per **capture
@@ -46,6 +47,7 @@ Uses no torch API newer than 2.11; the TF32 flags go through the
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -60,8 +62,16 @@ __all__ = ["Fp32Policy", "TorchCudaBackend", "TorchCudaRunner", "capture_sizes"]
 class Fp32Policy:
     """Context manager: torch's TF32 and cuDNN autotuning flags as the backend wants them, inside its calls only.
 
-    On entry it reads the flags it is about to set and sets them; on exit it
-    writes back exactly what it read. cuDNN's convolution flag is touched:
+    On entry it sets the flags; when the last call holding them leaves, it
+    writes back what they were before the first came. The flags are the
+    process's (torch keeps one global context), so the holds are counted
+    process-wide: runners serving in several threads enter and leave in any
+    order, and a call never runs with another's restored flags (an earlier
+    version saved and restored per entry, so thread B could run on with the
+    user's TF32 that thread A put back). Where calls that hold them at once ask
+    differently, fp32 wins over TF32 (a call that promised fp32 keeps it; a
+    TF32 call then runs in fp32, never less precise) and cuDNN autotuning is on
+    if one asks for it. cuDNN's convolution flag is touched:
     every layer of the zoo's models is a convolution (classifier heads are 1x1
     convolutions); matmul's too only when the units run matmuls (``matmul``:
     the ``pointwise="bmm"`` lever), else matmul / RNN settings stay the user's.
@@ -82,26 +92,52 @@ class Fp32Policy:
         backends = torch.backends
         conv = getattr(backends.cudnn, "conv", None)
         mm = getattr(getattr(backends, "cuda", None), "matmul", None)
+        # (object, flag, the value asked, the value that wins when holders ask differently)
         if conv is not None and hasattr(conv, "fp32_precision"):
-            flags = [(conv, "fp32_precision", "tf32" if allow_tf32 else "ieee")]
-            flags += [(mm, "fp32_precision", "tf32" if allow_tf32 else "ieee")] if matmul else []
+            mode = "tf32" if allow_tf32 else "ieee"
+            flags = [(conv, "fp32_precision", mode, "ieee")] + ([(mm, "fp32_precision", mode, "ieee")] if matmul else [])
         else:  # torch < 2.9
-            flags = [(backends.cudnn, "allow_tf32", bool(allow_tf32))]
-            flags += [(mm, "allow_tf32", bool(allow_tf32))] if matmul else []
+            flags = [(backends.cudnn, "allow_tf32", bool(allow_tf32), False)]
+            flags += [(mm, "allow_tf32", bool(allow_tf32), False)] if matmul else []
         if cudnn_benchmark is not None:
-            flags.append((backends.cudnn, "benchmark", bool(cudnn_benchmark)))
+            flags.append((backends.cudnn, "benchmark", bool(cudnn_benchmark), True))
         self.flags = flags
-        self._saved: list[list[Any]] = []  # a stack: entered again from inside a call stays correct
 
     def __enter__(self) -> "Fp32Policy":
-        self._saved.append([getattr(obj, name) for obj, name, _ in self.flags])
-        for obj, name, value in self.flags:
-            setattr(obj, name, value)
+        with _FLAG_LOCK:
+            for obj, name, value, wins in self.flags:
+                hold = _FLAG_HOLDS.setdefault((id(obj), name), _FlagHold(obj, name, getattr(obj, name)))
+                hold.asks.append(value)
+                hold.apply(wins)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for (obj, name, _), value in zip(self.flags, self._saved.pop()):
-            setattr(obj, name, value)
+        with _FLAG_LOCK:
+            for obj, name, value, wins in self.flags:
+                hold = _FLAG_HOLDS[(id(obj), name)]
+                hold.asks.remove(value)
+                if hold.asks:
+                    hold.apply(wins)
+                else:
+                    setattr(obj, name, hold.before)
+                    del _FLAG_HOLDS[(id(obj), name)]
+
+
+class _FlagHold:
+    """One torch flag while calls hold it: its value before the first, and what each holder asked."""
+
+    def __init__(self, obj: Any, name: str, before: Any) -> None:
+        self.obj, self.name, self.before = obj, name, before
+        self.asks: list[Any] = []
+
+    def apply(self, wins: Any) -> None:
+        value = wins if wins in self.asks else self.asks[-1]
+        if getattr(self.obj, self.name) != value:
+            setattr(self.obj, self.name, value)
+
+
+_FLAG_LOCK = threading.Lock()
+_FLAG_HOLDS: dict[tuple[int, str], _FlagHold] = {}
 
 
 class _Graph:
