@@ -162,6 +162,61 @@ def test_a_thread_that_ended_leaves_its_graph_number_to_no_other():
     assert len({token for _, token, _ in seen}) == 5  # never an ended thread's, whatever the idents (often reused)
 
 
+def test_an_onnxruntime_capture_never_meets_another_threads_upload(tiny_bundle, reference64):
+    """ONNX Runtime's CUDA provider captures in CUDA's global mode (its cuda_graph.cc), where another thread's
+    potentially unsafe call - our upload's legacy-stream copy and device-wide wait - fails (or breaks the capture).
+    Modelled here as CUDA behaves: a runner warming (capturing) in one thread while a second runner uploads frames in
+    another; the upload waits for the capture to end instead of meeting it."""
+    import threading
+    import time
+
+    x, ref = reference64
+    capturing: list[int] = []  # the thread whose capture is underway
+    errors: list[str] = []
+    upload_asked = threading.Event()
+    serving = ort_values_on_cpu_backend(cuda_graph=True)
+
+    def device_synchronize() -> None:  # CUDA: prohibited in another thread while a global-mode capture is underway
+        if capturing and capturing[0] != threading.get_ident():
+            errors.append("operation not permitted when stream is capturing")
+
+    serving.cuda.device_synchronize = device_synchronize
+    warming = ort_values_on_cpu_backend(cuda_graph=True)
+    bundle = tiny_bundle.bundle_dir
+    with AnytimeRunner(bundle, backend=warming, plan="segments", load_profile=False, warmup=0) as cold, \
+            AnytimeRunner(bundle, backend=serving, plan="segments", load_profile=False) as busy:
+        for unit in cold._runners:
+            make = unit._graphs._capture
+
+            def capture(key, make=make):
+                run = make(key)
+                first = [True]
+
+                def replay() -> None:
+                    if first.pop() if first else False:  # the run that captures
+                        capturing.append(threading.get_ident())
+                        upload_asked.wait(5)
+                        time.sleep(0.05)  # the upload, if it does not wait, lands inside the capture
+                        try:
+                            run()
+                        finally:
+                            capturing.clear()
+                    else:
+                        run()
+
+                return replay
+
+            unit._graphs._capture = capture
+        other = threading.Thread(target=lambda: (upload_asked.set(), busy.run(x[:1])))
+        warm = threading.Thread(target=cold.warmup)
+        warm.start()
+        other.start()
+        warm.join(30)
+        other.join(30)
+        assert errors == [] and sum(unit._graphs.captures for unit in cold._runners) > 0
+        np.testing.assert_allclose(cold.run(x[:2]).logits, ref[:2].mean(1), **FP32)
+
+
 def test_a_worker_warm_up_that_fails_fails_the_scheduler_and_frees_the_runner(tiny_bundle, reference64, monkeypatch):
     from hne_edge.runtime import StreamScheduler
 

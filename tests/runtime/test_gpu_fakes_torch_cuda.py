@@ -4,6 +4,7 @@ on a fake device (CPU tensors), CUDA graphs per unit and batch size, the TF32 / 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import types
 
@@ -275,6 +276,59 @@ def test_fp32_policy_holds_across_threads_that_enter_and_leave_in_any_order():
             assert (conv.fp32_precision, cudnn.benchmark) == ("ieee", True)
         assert (conv.fp32_precision, cudnn.benchmark) == ("tf32", False)
     assert conv.fp32_precision == "ieee"
+
+
+def test_torch_cuda_captures_one_at_a_time_and_never_stops_other_threads_work():
+    """torch.cuda.graph's default mode, "global", makes every other thread's potentially unsafe CUDA call fail while a
+    capture is underway (a user's torch work, another runner's allocation), and torch allows one capture at a time in
+    a process. Modelled on a stand-in torch as CUDA behaves: two runners opening in two threads while a third thread
+    allocates; captures never overlap and the allocation never fails."""
+    import time
+
+    from hne_edge.runtime.backends.cuda import TorchCuda
+
+    underway: list[tuple[int, str]] = []  # (thread, mode) of the captures in progress
+    errors: list[str] = []
+    inside, allocated = threading.Event(), threading.Event()
+
+    class Graph:
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global") -> None:
+            self.mode = capture_error_mode
+
+        def __enter__(self):
+            if underway:
+                errors.append("two captures at once")
+            underway.append((threading.get_ident(), self.mode))
+            inside.set()
+
+        def __exit__(self, *exc):
+            underway.pop()
+
+    def empty(*shape, **kw) -> None:  # an allocation in another thread: fails under a global-mode capture
+        if any(t != threading.get_ident() and mode == "global" for t, mode in underway):
+            errors.append("operation not permitted when stream is capturing")
+
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    cuda = types.SimpleNamespace(CUDAGraph=object, graph_pool_handle=object, graph=Graph,
+                                 stream=lambda s: contextlib.nullcontext())
+    fake = types.SimpleNamespace(cuda=cuda, empty=empty)
+
+    def open_runner() -> None:
+        dev = TorchCuda.__new__(TorchCuda)
+        dev.torch, dev.stream, dev._pool = fake, stream, None
+        dev.capture(lambda: (allocated.wait(5), time.sleep(0.05)))  # long enough to meet the others
+
+    def user_work() -> None:
+        inside.wait(5)
+        fake.empty(16)
+        allocated.set()
+
+    threads = [threading.Thread(target=f) for f in (open_runner, open_runner, user_work)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert errors == []
 
 
 def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):

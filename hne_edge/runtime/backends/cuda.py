@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
@@ -49,6 +50,7 @@ from ...tensorrt_compat import import_cudart
 from .base import device_name, parse_device  # noqa: F401 - parse_device: the GPU backends' name for it
 
 __all__ = [
+    "CAPTURE_LOCK",
     "CudaProbe",
     "probe_cuda",
     "no_gpu_here",
@@ -67,6 +69,16 @@ __all__ = [
 ]
 
 log = logging.getLogger("hne_edge.runtime.gpu")
+
+# One capture at a time in this process (torch's CUDA notes: "only one capture may be underway at a time"). Ours are
+# in CUDA's thread-local mode: torch's default, "global", makes every other thread's potentially unsafe call (a
+# cudaMalloc: another runner serving, a done-callback's torch work) fail while it runs, so a runner opened, or a shape
+# captured, beside runners serving in other threads would break them. ONNX Runtime's CUDA provider captures in global
+# mode (its cuda_graph.cc: "for now cuda graph can only work with a single thread"), so its capturing runs hold this
+# lock too, and so do the unsafe calls of ours that may come while another thread captures: an allocation while
+# serving, ONNX Runtime's upload and device-wide wait. Captures happen when a runner opens (its warm-up) and for shapes
+# never warmed; never per frame.
+CAPTURE_LOCK = threading.RLock()
 
 
 # -- detection ------------------------------------------------------------------------------------
@@ -256,7 +268,8 @@ class TorchCuda(CudaDevice):
         return int(total - free)
 
     def malloc(self, nbytes: int) -> tuple[int, Any]:
-        t = self.torch.empty(max(int(nbytes), 1), dtype=self.torch.uint8, device=self.device)
+        with CAPTURE_LOCK:
+            t = self.torch.empty(max(int(nbytes), 1), dtype=self.torch.uint8, device=self.device)
         ptr = t.data_ptr()
         _TORCH_ALLOCS[ptr] = t
         return ptr, _Release(ptr, t)
@@ -320,12 +333,13 @@ class TorchCuda(CudaDevice):
         (issue 39: the GPU acceptance stage owes it)."""
         torch = self.torch
         graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        self.stream.synchronize()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self.stream):
-            launch()
-        self.stream.synchronize()
+        with CAPTURE_LOCK:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            self.stream.synchronize()
+            with torch.cuda.graph(graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
+                launch()
+            self.stream.synchronize()
 
         def replay() -> None:
             with torch.cuda.stream(self.stream):
@@ -333,6 +347,7 @@ class TorchCuda(CudaDevice):
 
         replay.graph = graph  # keep it alive with the replay
         return replay
+
 
 
 # Allocations made by TorchCuda.malloc, by base pointer: torch cannot wrap a raw pointer, so copies
@@ -378,7 +393,8 @@ class CudaPython(CudaDevice):
         self.stream_handle = int(self.stream)
 
     def malloc(self, nbytes: int) -> tuple[int, Any]:
-        ptr = int(_check(self.rt.cudaMalloc(max(int(nbytes), 1)), "cudaMalloc"))
+        with CAPTURE_LOCK:
+            ptr = int(_check(self.rt.cudaMalloc(max(int(nbytes), 1)), "cudaMalloc"))
         return ptr, _CudaFree(self.rt, ptr)
 
     def used_bytes(self) -> int | None:
@@ -421,12 +437,14 @@ class CudaPython(CudaDevice):
 
     def capture(self, launch: Callable[[], None]) -> Callable[[], None]:
         rt, stream = self.rt, self.stream
-        self.synchronize()
-        _check(rt.cudaStreamBeginCapture(stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
-        try:
-            launch()
-        finally:
-            graph = _check(rt.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
+        with CAPTURE_LOCK:
+            self.synchronize()
+            mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+            _check(rt.cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture")
+            try:
+                launch()
+            finally:
+                graph = _check(rt.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
         exe = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
 
         def replay() -> None:

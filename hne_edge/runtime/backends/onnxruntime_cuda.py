@@ -60,8 +60,8 @@ import numpy as np
 from ...errors import BackendUnavailable, InputError, install_hint
 from .base import Handle, LoadedPlan, Runner, Unit
 from .cuda import (
-    CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, WarmGraphsMixin, no_gpu_here,
-    open_device, require_cuda,
+    CAPTURE_LOCK, CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, WarmGraphsMixin,
+    no_gpu_here, open_device, require_cuda,
 )
 from .onnxruntime import OnnxRuntimeBackend, _batch, allocation_error, open_session
 
@@ -183,7 +183,11 @@ class OnnxRuntimeCudaRunner(Runner):
             return self._run_eager_into(x, slot)
         self._capture_input = x
         try:
-            self._graphs.get(key)()
+            if key in self._graphs.graphs:
+                self._graphs.get(key)()
+            else:  # this run captures, in CUDA's global mode (onnxruntime's cuda_graph.cc): no other capture, upload or
+                with CAPTURE_LOCK:  # device-wide wait of ours may run meanwhile in any thread
+                    self._graphs.get(key)()
         finally:
             self._capture_input = None
         return slot.handles
@@ -410,12 +414,13 @@ class OnnxRuntimeCudaBackend(WarmGraphsMixin, CudaTimingMixin, OnnxRuntimeBacken
     def from_host(self, array: np.ndarray) -> Handle:
         """Upload the image (already in the root units' dtype: the runner casts it, see LoadedPlan.image_dtype)."""
         array = np.ascontiguousarray(array)
-        if not self.cuda_graph:
-            value = self.ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, self.device_id)
-        else:  # a fixed staging buffer per batch size, so the root graphs can bind its address
-            value = self.io.stage(array)
-            value.update_inplace(array)
-        self.cuda.device_synchronize()  # ORT's host->device copy ran outside our stream
+        with CAPTURE_LOCK:  # a legacy-stream copy and a device-wide wait: never while another thread captures
+            if not self.cuda_graph:
+                value = self.ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, self.device_id)
+            else:  # a fixed staging buffer per batch size, so the root graphs can bind its address
+                value = self.io.stage(array)
+                value.update_inplace(array)
+            self.cuda.device_synchronize()  # ORT's host->device copy ran outside our stream
         return value
 
     def to_host(self, handle: Handle) -> np.ndarray:
