@@ -70,20 +70,28 @@ def normalize_compute_capability(cc: str | Sequence[int] | float) -> str:
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
-    """``"10.3.0.26"`` -> ``(10, 3, 0)`` (major, minor, patch; the build number is not part of any rule)."""
+    """``"10.3.0"`` -> ``(10, 3, 0)``, ``"10.13.3.9"`` -> ``(10, 13, 3, 9)``: major, minor, patch and, where the
+    version says it (TensorRT's wheels do), the build number."""
     parts = re.findall(r"\d+", str(version))
     if len(parts) < 2:
         raise InputError(f"TensorRT version must look like 10.3.0; received {version!r}")
-    return tuple(int(p) for p in parts[:3]) + (0,) * (3 - min(3, len(parts)))
+    return tuple(int(p) for p in parts[:4]) + (0,) * (3 - min(3, len(parts)))
+
+
+# Across major versions, a version-compatible engine runs only on these (built, runtime) majors (TensorRT's support
+# matrix, 11.4: "TensorRT 10 version-compatible engines can run with a TensorRT 11 runtime, and TensorRT 8
+# version-compatible engines can run with a TensorRT 10 runtime. No other combination across major versions").
+VERSION_COMPATIBLE_MAJORS = {(8, 10), (10, 11)}
 
 
 def engine_compatibility(build_info: dict, trt_version: str, compute_capability: str | Sequence[int]) -> str | None:
     """Why an engine cannot run here (``None``: it can).
 
-    Rules (TensorRT documentation, "Engine Compatibility"):
-      * version: by default only the exact TensorRT version that built it
-        (major.minor.patch); built with ``VERSION_COMPATIBLE``, any later
-        version of the same major.
+    Rules (TensorRT documentation, "Engine Compatibility" and its support policies):
+      * version: by default only the exact TensorRT version that built it ("version numbers must match across
+        major, minor, patch, and build"; the build number is compared where both versions state it); built with
+        ``VERSION_COMPATIBLE``, the same or a later version of the same major, or of the next major where
+        :data:`VERSION_COMPATIBLE_MAJORS` allows it (10 -> 11).
       * hardware: by default only the same compute capability;
         ``ampere_plus`` engines run on any GPU of compute capability >= 8.0.
     """
@@ -96,13 +104,16 @@ def engine_compatibility(build_info: dict, trt_version: str, compute_capability:
     here_cc = normalize_compute_capability(compute_capability)
     flags = {str(f).upper() for f in build_info.get("flags", [])}
     v_built, v_here = ".".join(map(str, built)), ".".join(map(str, here))
+    common = min(len(built), len(here))  # a build number is compared only where both versions state one
     if "VERSION_COMPATIBLE" in flags:
-        if here[0] != built[0] or here < built:
+        later = [m for b, m in sorted(VERSION_COMPATIBLE_MAJORS) if b == built[0]]
+        if (here[0] != built[0] or here[:common] < built[:common]) and here[0] not in later:
+            also = "".join(f" or {m}.x" for m in later)
             return (
-                f"engine built with TensorRT {v_built} (version-compatible) needs TensorRT {built[0]}.x >= {v_built}; "
-                f"this device has {v_here}"
+                f"engine built with TensorRT {v_built} (version-compatible) needs TensorRT {built[0]}.x >= {v_built}"
+                f"{also}; this device has {v_here}"
             )
-    elif here != built:
+    elif here[:common] != built[:common]:
         return f"engine built with TensorRT {v_built}; this device has TensorRT {v_here} (engines need the exact version)"
     level = str(build_info.get("hardware_compatibility", "none")).lower()
     if level == "ampere_plus":

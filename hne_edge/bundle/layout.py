@@ -111,7 +111,7 @@ def engine_dir(trt_version: str, compute_capability: Any) -> str:
     """``tensorrt/trt10.3_sm87``: engines of one TensorRT minor version and one GPU architecture."""
     from ..tensorrt_compat import normalize_compute_capability, version_tuple
 
-    major, minor, _ = version_tuple(trt_version)
+    major, minor = version_tuple(trt_version)[:2]
     cc = normalize_compute_capability(compute_capability).replace(".", "")
     return f"tensorrt/trt{major}.{minor}_sm{cc}"
 

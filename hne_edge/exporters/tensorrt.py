@@ -25,6 +25,7 @@ CUDA device, it raises :class:`BackendUnavailable` with an install hint.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +54,8 @@ from ..tensorrt_compat import (  # noqa: F401 - the exporter's public names; the
     normalize_compute_capability,
     version_tuple,
 )
+
+log = logging.getLogger("hne_edge.export")
 
 __all__ = [
     "INSTALL_HINT",
@@ -90,6 +93,22 @@ def engine_entry(source: ModelFile, rel: str, build: dict, data: bytes) -> Model
 # -- the builder ------------------------------------------------------------------------------------
 
 
+def _timing_cache(config, cache_file: Path):
+    """The folder's timing cache when TensorRT takes it, else a new one (which replaces it after the build), set on
+    ``config``. The
+    folder holds one TensorRT minor version's engines, and a cache serves only the exact version and device that
+    wrote it: TensorRT reports another's as a failure of ``set_timing_cache`` and builds without it."""
+    if cache_file.exists():
+        cache = config.create_timing_cache(cache_file.read_bytes())
+        if cache is not None and config.set_timing_cache(cache, False):
+            return cache
+        log.warning("TensorRT did not take %s (written by another TensorRT or device); starting a new one", cache_file)
+    cache = config.create_timing_cache(b"")
+    if cache is None or not config.set_timing_cache(cache, False):
+        raise ExportError("TensorRT refused a new timing cache (see the TensorRT log)")
+    return cache
+
+
 def build_engines(
     bundle_dir: str | os.PathLike,
     *,
@@ -112,7 +131,8 @@ def build_engines(
         workspace_mb: builder workspace limit (default: TensorRT's).
         optimization_level: ``builder_optimization_level`` 0..5 (default: TensorRT's, 3).
         hardware_compatibility: ``"none"`` | ``"same_compute_capability"`` | ``"ampere_plus"``.
-        version_compatible: set ``VERSION_COMPATIBLE`` (later TensorRT of the same major can run it).
+        version_compatible: set ``VERSION_COMPATIBLE``: later TensorRT of the same major (and 11 for 10) can run it;
+            each engine then embeds a lean runtime, which the runtime backend allows when it loads it.
         progress: counts the engines as they are built (each takes seconds to minutes); None: silent.
     """
     if hardware_compatibility not in HARDWARE_LEVELS:
@@ -180,8 +200,9 @@ def build_engines(
                 raise ExportError(f"TensorRT could not parse {source.path}: {errors}")
             config = builder.create_builder_config()
             if timing_cache is None:  # one cache for every file of the bundle (and later builds)
-                timing_cache = config.create_timing_cache(cache_file.read_bytes() if cache_file.exists() else b"")
-            config.set_timing_cache(timing_cache, False)
+                timing_cache = _timing_cache(config, cache_file)
+            elif not config.set_timing_cache(timing_cache, False):
+                raise ExportError(f"TensorRT {version} refused the timing cache it made itself (see the TensorRT log)")
             if workspace_mb:
                 config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_mb) << 20)
             if optimization_level is not None:

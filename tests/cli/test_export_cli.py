@@ -74,14 +74,14 @@ def test_tensorrt_export_on_a_gpu(tiny_bundle, tmp_path):
 
 
 def test_tensorrt_export_cli_with_a_fake_tensorrt(tiny_bundle, tmp_path):
-    """The same command and checks with TensorRT's API faked (runtime_fakes.FakeTensorRT), so the CLI's
+    """The same command and checks with TensorRT's API faked (tensorrt_fakes.FakeTensorRT), so the CLI's
     success path is checked on every machine, not only where TensorRT and a GPU are (never here)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(REPO / 'tests')!r})\n"
-        "from runtime_fakes import FakeTensorRT\n"
+        "from tensorrt_fakes import FakeTensorRT\n"
         "import hne_edge.exporters.tensorrt as trt\n"
         "fake = FakeTensorRT('10.3.0')\n"
         "trt.load_tensorrt = lambda: fake\n"

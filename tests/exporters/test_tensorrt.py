@@ -13,7 +13,7 @@ from hne_edge.bundle import engine_dir, file_path, read_manifest, update_manifes
 from hne_edge.errors import BackendUnavailable, BundleError, ExportError
 from hne_edge.exporters.tensorrt import build_engines, engine_entry
 from hne_edge.tensorrt_compat import device_support, engine_compatibility, normalize_compute_capability
-from runtime_fakes import FakeTensorRT as _FakeTRT
+from tensorrt_fakes import FakeTensorRT as _FakeTRT
 
 BUILD = {
     "tensorrt_version": "10.3.0",
@@ -47,13 +47,22 @@ def test_normalize_compute_capability():
 
 def test_engine_compatibility():
     assert engine_compatibility(BUILD, "10.3.0", "8.7") is None
-    assert engine_compatibility(BUILD, "10.3.0.30", (8, 7)) is None  # build number is not part of the rule
+    assert engine_compatibility(BUILD, "10.3.0.30", (8, 7)) is None  # a build number only one version states
     assert "exact version" in engine_compatibility(BUILD, "10.4.0", "8.7")
+    # NVIDIA's support policies: "version numbers must match across major, minor, patch, and build"
+    built = {**BUILD, "tensorrt_version": "10.3.0.26"}
+    assert engine_compatibility(built, "10.3.0.26", "8.7") is None
+    assert "built with TensorRT 10.3.0.26; this device has TensorRT 10.3.0.30 (engines need the exact version)" in \
+        engine_compatibility(built, "10.3.0.30", "8.7")  # fmt: skip
     assert "this GPU is 8.6 (sm_86)" in engine_compatibility(BUILD, "10.3.0", "8.6")
     vc = {**BUILD, "flags": ["STRONGLY_TYPED", "VERSION_COMPATIBLE"]}
     assert engine_compatibility(vc, "10.7.0", "8.7") is None
-    assert "needs TensorRT 10.x >= 10.3.0" in engine_compatibility(vc, "10.2.0", "8.7")
-    assert "needs TensorRT 10.x" in engine_compatibility(vc, "11.0.0", "8.7")
+    assert engine_compatibility(vc, "11.0.0", "8.7") is None  # the support matrix: 10's run on an 11 runtime
+    assert "needs TensorRT 10.x >= 10.3.0 or 11.x; this device has 10.2.0" in engine_compatibility(vc, "10.2.0", "8.7")
+    assert "needs TensorRT 10.x >= 10.3.0 or 11.x; this device has 12.0.0" in engine_compatibility(vc, "12.0.0", "8.7")
+    vc11 = {**vc, "tensorrt_version": "11.1.0"}  # no later major named for 11: 11.x only, and never older
+    assert "needs TensorRT 11.x >= 11.1.0; this device has 11.0.0" in engine_compatibility(vc11, "11.0.0", "8.7")
+    assert engine_compatibility({**vc, "tensorrt_version": "10.3.0.26"}, "10.3.0.30", "8.7") is None
     amp = {**BUILD, "compute_capability": "8.6", "hardware_compatibility": "ampere_plus"}
     assert engine_compatibility(amp, "10.3.0", "8.9") is None
     assert "Ampere and newer" in engine_compatibility(amp, "10.3.0", "7.5")
@@ -129,7 +138,7 @@ def test_build_real_engines(tiny_bundle, tmp_path):
     assert (bundle / entries[0].path).stat().st_size > 0
 
 
-@pytest.mark.parametrize("version, net_flags", [("10.3.0", 1), ("11.1.0", 0)])
+@pytest.mark.parametrize("version, net_flags", [("10.3.0", 2), ("11.1.0", 0)])
 def test_build_engines_against_the_documented_api(tiny_bundle, tmp_path, monkeypatch, version, net_flags):
     from hne_edge.exporters import tensorrt as trt_mod
 
@@ -162,6 +171,27 @@ def test_build_engines_against_the_documented_api(tiny_bundle, tmp_path, monkeyp
     # asking for a precision the bundle has no ONNX for is a clear error
     with pytest.raises(ExportError, match=r"no ONNX source for TensorRT engine\(s\) \['segments/fp16'\]"):
         build_engines(bundle, plans=("segments",), precisions=("fp16",))
+
+
+def test_a_timing_cache_tensorrt_refuses_is_replaced_not_ignored(tiny_bundle, tmp_path, monkeypatch, caplog):
+    """A folder's timing cache serves one exact TensorRT version and device; TensorRT reports another's as
+    set_timing_cache returning False (its header). The build then starts a new cache (and says so), whose timings
+    replace the old file, rather than building with no cache while the stale one stays."""
+    from hne_edge.exporters import tensorrt as trt_mod
+
+    fake = _FakeTRT("10.3.0")
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+    cache = bundle / "tensorrt/trt10.3_sm87/timing.cache"
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(b"a cache of TensorRT 10.3.1 on another Orin")
+    fake.cache_accepted = False
+    with caplog.at_level("WARNING", logger="hne_edge.export"):
+        build_engines(bundle, plans=("segments",), precisions=("fp32",), batch=(1, 2, 8))
+    assert "TensorRT did not take" in caplog.text and "timing.cache" in caplog.text
+    assert fake.calls["caches_created"] == 2 and fake.calls["set_cache"] == 18  # refused once, then the new one
+    assert cache.read_bytes() == b"timing-cache"  # the new cache's timings
 
 
 def test_export_with_engines_hashes_each_file_once_per_step_that_needs_it(tiny_bundle, tmp_path, monkeypatch):

@@ -139,9 +139,10 @@ def _fake_trt(manifest, tree, classes, dev, log):
             out = next(t for t in self.f.outputs if t.name == name)
             return (self.shape[0], *out.shape[1:])  # (batch, D), (batch, classes) or (batch, leaves, classes)
 
-        def set_tensor_address(self, name, ptr):
+        def set_tensor_address(self, name, ptr):  # the bindings return a bool: False for a name the engine lacks
             self.addr[name] = ptr
             log.append(("address", self.f.path, name))
+            return name in {*(t.name for t in self.f.inputs), *(t.name for t in self.f.outputs)}
 
         def execute_async_v3(self, stream):
             assert stream == dev.stream_handle and self.memory is not None
@@ -304,3 +305,34 @@ def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, 
     fake.__version__ = "10.3.0"
     with pytest.raises(BundleError, match="no tensorrt/fp16/segments model files.*rebuild the engines"):
         AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", precision="fp16", load_profile=False)
+
+
+def test_version_compatible_engines_are_loaded_with_their_embedded_runtime(tiny_bundle, reference64, tmp_path,
+                                                                             monkeypatch):  # fmt: skip
+    """`export --format tensorrt --version-compatible` embeds TensorRT's lean runtime (host code) in each engine,
+    which a Runtime refuses to deserialize unless told (engine_host_code_allowed, False by default: TensorRT's
+    docs, Polygraphy's and trtexec's loaders). Built by the real exporter, run by the real backend on the fakes."""
+    import shutil
+
+    from hne_edge.exporters.tensorrt import build_engines
+    from runtime_fakes import run_gpu_backends_on_fakes
+
+    run_gpu_backends_on_fakes(monkeypatch)
+    x, ref = reference64
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+    build_engines(bundle, plans=("segments",), precisions=("fp32",), version_compatible=True)
+    with AnytimeRunner(bundle, backend="tensorrt", device="cuda", plan="segments", load_profile=False) as runner:
+        np.testing.assert_allclose(runner.run(x[:2]).logits, ref[:2].mean(1), rtol=1e-4, atol=1e-4)
+
+
+def test_an_address_tensorrt_refuses_is_an_error_naming_the_tensor(fake_trt_bundle):
+    """set_tensor_address answers False for a name the engine lacks or an address it cannot take; running on
+    would read or write memory nobody bound."""
+    from hne_edge.errors import DeviceError
+
+    root = fake_trt_bundle.root
+    with AnytimeRunner(root, backend="tensorrt", device="cuda", load_profile=False, warmup=0) as runner:
+        for r in runner._runners:
+            r.context.set_tensor_address = lambda name, ptr: name != "image"
+        with pytest.raises(DeviceError, match=r"TensorRT refused address 0x[0-9a-f]+ for tensor 'image'"):
+            runner.run(np.zeros((1, 3, 4, 4), np.float32))

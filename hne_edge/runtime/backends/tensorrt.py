@@ -145,6 +145,11 @@ class TensorRTRunner(Runner):
     def activate_impl(self) -> None:
         b = self._backend
         trt = b.trt
+        flags = {str(f).upper() for f in ((self.unit.file.build if self.unit.file else None) or {}).get("flags", [])}
+        if "VERSION_COMPATIBLE" in flags and hasattr(b.runtime, "engine_host_code_allowed"):
+            # such an engine embeds TensorRT's lean runtime (host code), which a Runtime refuses unless allowed (its
+            # default: not); the file is the bundle's, checked against the manifest's sha256 as it is read
+            b.runtime.engine_host_code_allowed = True
         engine = b.runtime.deserialize_cuda_engine(b.read_file(self.unit.path, self.unit.file))
         if engine is None:
             raise BundleError(
@@ -192,9 +197,9 @@ class TensorRTRunner(Runner):
         index, slot = self._pool.acquire(x.shape, self._make_slot)
         addresses = (x.ptr, *(h.ptr for h in slot.handles))
         if addresses != self._addresses:
-            self.context.set_tensor_address(self._in_name, x.ptr)
-            for name, h in zip(self._out_names, slot.handles):
-                self.context.set_tensor_address(name, h.ptr)
+            for name, ptr in zip((self._in_name, *self._out_names), addresses):
+                if not self.context.set_tensor_address(name, ptr):  # an unknown name, a misaligned address
+                    raise DeviceError(f"{self.name}: TensorRT refused address {ptr:#x} for tensor {name!r} (see its log)")
             self._addresses = addresses
         if self._graphs is not None and index == 0 and b.is_fixed(x):
             self._graphs.get((x.shape, x.ptr))()
