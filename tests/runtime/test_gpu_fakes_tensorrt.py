@@ -336,3 +336,47 @@ def test_an_address_tensorrt_refuses_is_an_error_naming_the_tensor(fake_trt_bund
             r.context.set_tensor_address = lambda name, ptr: name != "image"
         with pytest.raises(DeviceError, match=r"TensorRT refused address 0x[0-9a-f]+ for tensor 'image'"):
             runner.run(np.zeros((1, 3, 4, 4), np.float32))
+
+
+def test_a_cuda_python_device_is_made_current_in_the_thread_that_uses_it(monkeypatch):
+    """CUDA keeps the current device per host thread, and a thread starts on device 0: a `cuda:1` device made on
+    the main thread and used by the stream scheduler's worker would allocate, wait for and time device 0. Modelled
+    on a cudart whose current device is per thread, as the CUDA runtime's is; the thread's own is restored after."""
+    import threading
+
+    import hne_edge.runtime.backends.cuda as cuda_mod
+
+    local = threading.local()
+    seen: list[tuple[str, int]] = []
+
+    def call(name):
+        def run(*args):
+            seen.append((name, getattr(local, "device", 0)))
+            return (0, {"cudaMalloc": 0x1000, "cudaMemGetInfo": (1, 2), "cudaEventCreate": object()}.get(name))
+        return run
+
+    def set_device(i):
+        local.device = i
+        return (0,)
+
+    rt = types.SimpleNamespace(cudaSetDevice=set_device, cudaGetDevice=lambda: (0, getattr(local, "device", 0)),
+                               cudaStreamCreateWithFlags=lambda flags: (0, 5), cudaStreamNonBlocking=1,
+                               cudaFree=lambda ptr: (0,), **{n: call(n) for n in (
+                                   "cudaMalloc", "cudaMemGetInfo", "cudaDeviceSynchronize", "cudaEventCreate")})  # fmt: skip
+    monkeypatch.setattr(cuda_mod, "import_cudart", lambda: rt)
+    device = cuda_mod.CudaPython(1)
+    seen.clear()
+
+    def worker() -> None:
+        local.device = 0  # a new thread's
+        device.malloc(64)
+        device.used_bytes()
+        device.device_synchronize()
+        device.timer()
+        seen.append(("after", local.device))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(10)
+    assert seen == [("cudaMalloc", 1), ("cudaMemGetInfo", 1), ("cudaDeviceSynchronize", 1), ("cudaEventCreate", 1),
+                    ("cudaEventCreate", 1), ("after", 0)]  # fmt: skip

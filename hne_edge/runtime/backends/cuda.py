@@ -36,12 +36,13 @@ is also what makes CUDA-graph replay possible.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -245,6 +246,12 @@ class CudaDevice:
         process's and others'); None where the device does not say."""
         return None
 
+    def current(self) -> Any:
+        """A context in which this device is the calling thread's current one, restored after. CUDA keeps the
+        current device per host thread, and a thread starts on device 0: a runner of ``cuda:1`` served by the
+        stream scheduler's worker would otherwise allocate, synchronize and run its engines on device 0."""
+        return contextlib.nullcontext()
+
 
 class TorchCuda(CudaDevice):
     kind = "torch"
@@ -258,6 +265,9 @@ class TorchCuda(CudaDevice):
         self.stream = torch.cuda.Stream(device=self.device)  # a real (non-default) stream: ORT ignores stream 0
         self.stream_handle = int(self.stream.cuda_stream)
         self._pool: Any = None  # one memory pool for every graph captured (vLLM's practice): see capture()
+
+    def current(self) -> Any:
+        return self.torch.cuda.device(self.device_id)
 
     def memory_reserved(self) -> int:
         """Bytes torch's caching allocator holds on this device (graphs' pools included)."""
@@ -392,13 +402,25 @@ class CudaPython(CudaDevice):
         self.stream = _check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
         self.stream_handle = int(self.stream)
 
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        before = int(_check(self.rt.cudaGetDevice(), "cudaGetDevice"))
+        if before != self.device_id:
+            _check(self.rt.cudaSetDevice(self.device_id), "cudaSetDevice")
+        try:
+            yield
+        finally:
+            if before != self.device_id:
+                self.rt.cudaSetDevice(before)
+
     def malloc(self, nbytes: int) -> tuple[int, Any]:
-        with CAPTURE_LOCK:
+        with CAPTURE_LOCK, self.current():
             ptr = int(_check(self.rt.cudaMalloc(max(int(nbytes), 1)), "cudaMalloc"))
         return ptr, _CudaFree(self.rt, ptr)
 
     def used_bytes(self) -> int | None:
-        free, total = _check(self.rt.cudaMemGetInfo(), "cudaMemGetInfo")
+        with self.current():
+            free, total = _check(self.rt.cudaMemGetInfo(), "cudaMemGetInfo")
         return int(total) - int(free)
 
     def upload(self, dst: int, array: np.ndarray) -> None:
@@ -407,11 +429,14 @@ class CudaPython(CudaDevice):
         _check(self.rt.cudaMemcpyAsync(dst, a.ctypes.data, a.nbytes, kind, self.stream), "cudaMemcpyAsync H2D")
 
     def device_synchronize(self) -> None:
-        _check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        with self.current():
+            _check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
     def download(self, src: int, out: np.ndarray) -> None:
         self.synchronize()
-        _check(self.rt.cudaMemcpy(out.ctypes.data, src, out.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy D2H")
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        with self.current():
+            _check(self.rt.cudaMemcpy(out.ctypes.data, src, out.nbytes, kind), "cudaMemcpy D2H")
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
@@ -422,8 +447,9 @@ class CudaPython(CudaDevice):
 
     def timer(self):
         rt, stream = self.rt, self.stream
-        start = _check(rt.cudaEventCreate(), "cudaEventCreate")
-        end = _check(rt.cudaEventCreate(), "cudaEventCreate")
+        with self.current():  # an event belongs to the current device, and must be the stream's
+            start = _check(rt.cudaEventCreate(), "cudaEventCreate")
+            end = _check(rt.cudaEventCreate(), "cudaEventCreate")
 
         def stop() -> float:
             _check(rt.cudaEventRecord(end, stream), "cudaEventRecord")
@@ -437,7 +463,7 @@ class CudaPython(CudaDevice):
 
     def capture(self, launch: Callable[[], None]) -> Callable[[], None]:
         rt, stream = self.rt, self.stream
-        with CAPTURE_LOCK:
+        with CAPTURE_LOCK, self.current():
             self.synchronize()
             mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
             _check(rt.cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture")
@@ -445,7 +471,7 @@ class CudaPython(CudaDevice):
                 launch()
             finally:
                 graph = _check(rt.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
-        exe = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+            exe = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
 
         def replay() -> None:
             _check(rt.cudaGraphLaunch(exe, stream), "cudaGraphLaunch")

@@ -143,6 +143,10 @@ class TensorRTRunner(Runner):
         self.context = None
 
     def activate_impl(self) -> None:
+        with self._backend.cuda.current():  # an engine is deserialized onto, and runs on, the current device
+            self._activate()
+
+    def _activate(self) -> None:
         b = self._backend
         trt = b.trt
         flags = {str(f).upper() for f in ((self.unit.file.build if self.unit.file else None) or {}).get("flags", [])}
@@ -180,8 +184,11 @@ class TensorRTRunner(Runner):
         b.register_scratch(engine_memory_size(engine))
 
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:
+        with self._backend.cuda.current():  # the calling thread's (a worker's starts on device 0)
+            return self._run(inputs[0])
+
+    def _run(self, x: DeviceArray) -> tuple[Handle, ...]:
         b = self._backend
-        x = inputs[0]
         if self._memory_generation != b.scratch_generation or b.scratch is None:
             b.ensure_scratch()
             set_context_memory(self.context, b.scratch.ptr, b.scratch.nbytes)
@@ -199,7 +206,7 @@ class TensorRTRunner(Runner):
         if addresses != self._addresses:
             for name, ptr in zip((self._in_name, *self._out_names), addresses):
                 if not self.context.set_tensor_address(name, ptr):  # an unknown name, a misaligned address
-                    raise DeviceError(f"{self.name}: TensorRT refused address {ptr:#x} for tensor {name!r} (see its log)")
+                    raise DeviceError(f"{self.name}: TensorRT refused address {ptr:#x} for tensor {name!r} (its log says why)")  # fmt: skip
             self._addresses = addresses
         if self._graphs is not None and index == 0 and b.is_fixed(x):
             self._graphs.get((x.shape, x.ptr))()

@@ -95,7 +95,8 @@ class Fp32Policy:
         # (object, flag, the value asked, the value that wins when holders ask differently)
         if conv is not None and hasattr(conv, "fp32_precision"):
             mode = "tf32" if allow_tf32 else "ieee"
-            flags = [(conv, "fp32_precision", mode, "ieee")] + ([(mm, "fp32_precision", mode, "ieee")] if matmul else [])
+            flags = [(conv, "fp32_precision", mode, "ieee")]
+            flags += [(mm, "fp32_precision", mode, "ieee")] if matmul else []
         else:  # torch < 2.9
             flags = [(backends.cudnn, "allow_tf32", bool(allow_tf32), False)]
             flags += [(mm, "allow_tf32", bool(allow_tf32), False)] if matmul else []
