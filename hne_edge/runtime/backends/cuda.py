@@ -359,7 +359,6 @@ class TorchCuda(CudaDevice):
         return replay
 
 
-
 # Allocations made by TorchCuda.malloc, by base pointer: torch cannot wrap a raw pointer, so copies
 # between raw pointers (TensorRT bindings) go through uint8 views of the owning tensor.
 _TORCH_ALLOCS: dict[int, Any] = {}
