@@ -13,6 +13,7 @@ so the runtime never imports the exporters.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from typing import Any, Sequence
@@ -170,9 +171,12 @@ def import_cudart() -> Any:
 
 
 def device_info(device_id: int = 0) -> tuple[str, str]:
-    """``(gpu name, compute capability "8.7")`` of CUDA device ``device_id``: cuda-python, nvidia-smi, then torch.
+    """``(gpu name, compute capability "8.7")`` of CUDA device ``device_id``: cuda-python, torch, then nvidia-smi.
 
-    :class:`BackendUnavailable` when none of them finds the device.
+    nvidia-smi numbers the GPUs in PCI bus order and ignores ``CUDA_VISIBLE_DEVICES``; CUDA numbers them fastest
+    first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. So its row is taken only where both numberings agree: one GPU
+    listed, or PCI order asked, and no ``CUDA_VISIBLE_DEVICES`` set (else another GPU's name and compute capability
+    would be recorded in the engines' build info). :class:`BackendUnavailable` when none of them finds the device.
     """
     try:
         err, prop = import_cudart().cudaGetDeviceProperties(device_id)
@@ -182,20 +186,21 @@ def device_info(device_id: int = 0) -> tuple[str, str]:
     except Exception:  # not installed / no device: try the next source
         pass
     try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--id={device_id}", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout.strip().splitlines()  # fmt: skip
-        if out:
-            name, cc = (s.strip() for s in out[0].rsplit(",", 1))
-            return name, normalize_compute_capability(cc)
-    except Exception:
-        pass
-    try:
         import torch
 
         if torch.cuda.is_available() and torch.cuda.device_count() > device_id:
             return torch.cuda.get_device_name(device_id), normalize_compute_capability(torch.cuda.get_device_capability(device_id))
     except Exception:
         pass
-    raise BackendUnavailable(f"no CUDA device {device_id} was found (tried cuda-python, nvidia-smi and torch)")
+    try:
+        rows = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout.strip().splitlines()  # fmt: skip
+        pci_order = len(rows) == 1 or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+        if pci_order and "CUDA_VISIBLE_DEVICES" not in os.environ and device_id < len(rows):
+            name, cc = (s.strip() for s in rows[device_id].rsplit(",", 1))
+            return name, normalize_compute_capability(cc)
+    except Exception:
+        pass
+    raise BackendUnavailable(f"no CUDA device {device_id} was found (tried cuda-python, torch and nvidia-smi)")

@@ -121,6 +121,37 @@ def test_engine_entries_make_a_valid_manifest(tiny_bundle, tmp_path):
         read_manifest(bundle)
 
 
+def test_nvidia_smi_names_a_gpu_only_where_its_numbering_is_cudas(monkeypatch):
+    """nvidia-smi numbers GPUs in PCI bus order and ignores CUDA_VISIBLE_DEVICES, CUDA fastest first: on a machine
+    with two GPUs, device 1 read from nvidia-smi's second row could be another GPU, whose compute capability would
+    then be written into the engines' build info. Without cuda-python or torch seeing the device, its row is taken
+    only where the numberings agree."""
+    import types
+
+    import hne_edge.tensorrt_compat as compat
+
+    def no_cudart():
+        raise ImportError("no cuda-python")
+
+    rows = ["NVIDIA A100-SXM4-40GB, 8.0", "NVIDIA H100 80GB HBM3, 9.0"]
+    monkeypatch.setattr(compat, "import_cudart", no_cudart)
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch not installed
+    monkeypatch.setattr(compat.subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout="\n".join(rows) + "\n"))
+    for name in ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(BackendUnavailable, match="no CUDA device 1 was found"):
+        compat.device_info(1)  # fastest first: CUDA's device 1 may be the A100
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert compat.device_info(1) == ("NVIDIA H100 80GB HBM3", "9.0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # CUDA's device 0 is nvidia-smi's 1
+    with pytest.raises(BackendUnavailable):
+        compat.device_info(0)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER")
+    rows[1:] = []  # one GPU: both number it 0
+    assert compat.device_info(0) == ("NVIDIA A100-SXM4-40GB", "8.0")
+
+
 @pytest.mark.tensorrt
 @pytest.mark.gpu
 def test_build_real_engines(tiny_bundle, tmp_path):
