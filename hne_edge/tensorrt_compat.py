@@ -26,6 +26,7 @@ __all__ = [
     "normalize_compute_capability",
     "version_tuple",
     "engine_compatibility",
+    "version_compatible",
     "device_support",
     "MIN_TENSORRT",
     "device_info",
@@ -85,6 +86,11 @@ def version_tuple(version: str) -> tuple[int, ...]:
 VERSION_COMPATIBLE_MAJORS = {(8, 10), (10, 11)}
 
 
+def version_compatible(build_info: dict) -> bool:
+    """Whether an engine's build info says it was built ``VERSION_COMPATIBLE`` (it then embeds a lean runtime)."""
+    return "VERSION_COMPATIBLE" in {str(f).upper() for f in (build_info or {}).get("flags", [])}
+
+
 def engine_compatibility(build_info: dict, trt_version: str, compute_capability: str | Sequence[int]) -> str | None:
     """Why an engine cannot run here (``None``: it can).
 
@@ -103,10 +109,9 @@ def engine_compatibility(build_info: dict, trt_version: str, compute_capability:
         return f"engine build info is incomplete or malformed ({exc}); rebuild the engines"
     here = version_tuple(trt_version)
     here_cc = normalize_compute_capability(compute_capability)
-    flags = {str(f).upper() for f in build_info.get("flags", [])}
     v_built, v_here = ".".join(map(str, built)), ".".join(map(str, here))
     common = min(len(built), len(here))  # a build number is compared only where both versions state one
-    if "VERSION_COMPATIBLE" in flags:
+    if version_compatible(build_info):
         later = [m for b, m in sorted(VERSION_COMPATIBLE_MAJORS) if b == built[0]]
         if (here[0] != built[0] or here[:common] < built[:common]) and here[0] not in later:
             also = "".join(f" or {m}.x" for m in later)

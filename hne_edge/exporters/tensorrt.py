@@ -94,10 +94,9 @@ def engine_entry(source: ModelFile, rel: str, build: dict, data: bytes) -> Model
 
 
 def _timing_cache(config, cache_file: Path):
-    """The folder's timing cache when TensorRT takes it, else a new one (which replaces it after the build), set on
-    ``config``. The
-    folder holds one TensorRT minor version's engines, and a cache serves only the exact version and device that
-    wrote it: TensorRT reports another's as a failure of ``set_timing_cache`` and builds without it."""
+    """The folder's timing cache, set on ``config``, when TensorRT takes it; else a new one (which replaces the file
+    after the build). The folder holds one TensorRT minor version's engines, and a cache serves only the exact
+    version and device that wrote it: TensorRT reports another's as a failure of ``set_timing_cache``."""
     if cache_file.exists():
         cache = config.create_timing_cache(cache_file.read_bytes())
         if cache is not None and config.set_timing_cache(cache, False):

@@ -62,7 +62,7 @@ import numpy as np
 from ...bundle import Manifest, ModelFile
 from ...errors import BackendUnavailable, BundleError, DeviceError
 from ...limits import check_threads
-from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt
+from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt, version_compatible
 from .base import Backend, Handle, LoadedPlan, Runner, Unit
 from .cuda import CudaIO, CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, open_device, require_cuda
 
@@ -149,8 +149,8 @@ class TensorRTRunner(Runner):
     def _activate(self) -> None:
         b = self._backend
         trt = b.trt
-        flags = {str(f).upper() for f in ((self.unit.file.build if self.unit.file else None) or {}).get("flags", [])}
-        if "VERSION_COMPATIBLE" in flags and hasattr(b.runtime, "engine_host_code_allowed"):
+        build = (self.unit.file.build if self.unit.file else None) or {}
+        if version_compatible(build) and hasattr(b.runtime, "engine_host_code_allowed"):
             # such an engine embeds TensorRT's lean runtime (host code), which a Runtime refuses unless allowed (its
             # default: not); the file is the bundle's, checked against the manifest's sha256 as it is read
             b.runtime.engine_host_code_allowed = True
