@@ -34,7 +34,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -601,7 +601,7 @@ class StreamScheduler:
                             self._busy_until = now + (decision.median if decision.median < INF else 0.0)
                             self._busy_margin = max(0.0, decision.seconds - decision.median) if decision.seconds < INF else 0.0
                 decided = [v.finished for _, v in out if isinstance(v, StreamResult)]
-                _hand_out(out)
+                _hand_out(out, self._clock)
                 if decided:  # how long after its decision an answer is in the caller's hands
                     end = self._clock()
                     with self._cond:
@@ -683,7 +683,7 @@ class StreamScheduler:
                         out.append(self._answer(frame, self._clock()))
                     if out:
                         self._cond.notify_all()  # the worker: frames gone from its plan
-                _hand_out(out)  # (callbacks included: the answer is in the caller's hands after them)
+                _hand_out(out, self._clock)  # (callbacks included: the answer is in the caller's hands after them)
                 end = self._clock()
                 with self._cond:
                     self._answer_lateness.push(max(0.0, end - (due - ahead)))
@@ -749,11 +749,17 @@ def _check_stream(stream: Any) -> None:
                          "equal to itself (a str, an int, or a tuple of them)")  # fmt: skip
 
 
-def _hand_out(out: list) -> None:
-    """Set each handle's result (or exception), outside the lock: callbacks run here and may submit."""
+def _hand_out(out: list, clock: Callable[[], float] | None = None) -> None:
+    """Set each handle's result (or exception), outside the lock: callbacks run here and may submit. With ``clock``
+    a result's ``finished`` is the moment it is set - its logits built, in the caller's hands - and ``met_deadline``
+    holds only if that is by its deadline (stamped when it was decided, a frame answered a moment late counted as
+    met, where a runner's ``run`` returning late does not)."""
     for handle, value in out:
         if isinstance(value, BaseException):
             handle.set_exception(value)
         else:
+            if clock is not None:
+                now = clock()
+                value = replace(value, finished=now, met_deadline=value.met_deadline and now <= value.deadline)
             handle.set_result(value)
     out.clear()

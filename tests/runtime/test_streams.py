@@ -580,6 +580,29 @@ def test_a_slow_callback_is_no_hand_out_lag(bundle):
         assert not r.late and r.met_deadline
 
 
+def test_an_answer_counts_when_it_is_in_the_callers_hands_not_when_it_was_decided(bundle, monkeypatch):
+    """``finished`` / ``met_deadline`` are the hand-out's, as ``runner.run`` returning is the runners' (the
+    benchmark's baselines are timed so): a frame decided before its deadline whose answer (its logits' mean) is
+    built after it counts as late. Here the result takes 0.2 s of the virtual clock against a 0.1 s budget with
+    room to spare; stamped at the decision, it counted as met."""
+    from hne_edge.runtime.session import AnytimeSession
+
+    streams, runner, backend = scheduler(bundle, batching=False)
+    with streams:
+        assert streams.submit("warm", frame(0), budget_ms=1e3).result(10).met_deadline
+        build = AnytimeSession.result
+
+        def slow_result(session):
+            backend.clock.t += 0.2
+            return build(session)
+
+        monkeypatch.setattr(AnytimeSession, "result", slow_result)
+        first_leaf = runner.cost.predict_step(0, 1)
+        handle = streams.submit(1, frame(1), budget_ms=(first_leaf + 0.1) * 1e3)
+        r = handle.result(10)
+        assert r.leaves >= 1 and r.finished > r.deadline and not r.met_deadline
+
+
 def test_a_hand_out_stall_is_charged_once_with_the_steps_stalls_not_on_top_of_them(bundle):
     """Hand-outs stalled on over 1 % of the answers (a woken thread waiting for a core beside busy loops) are
     planned for; the same stalls feed the step's allowance. One stall strikes a frame's sequence - its steps or
