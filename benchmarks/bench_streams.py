@@ -19,15 +19,22 @@ to serve the same arrivals and images (``hne_edge.runtime.bench.replay_streams``
   ``scheduler-nice=none``: the same with its threads at the nice they were created with, not weighted as the
   cameras it serves (``hne_edge/runtime/weight.py``).
 
-Each configuration runs ``--repeats`` (3) times, the three methods in turn each time (side by side under the
-same load); a row gives each number's median over its runs, and lists each run's miss rate and expected
-accuracy. Each row: frames, rejected (the scheduler's admission control), misses (answered after the deadline; their
-rate among answered frames), mean leaves (answered frames), expected accuracy (mean over every frame of the
-shipped checkpoint's accuracy after the leaves answered in time, ``hne_edge/assets/cifar10_demo.json``; 0 for a
-frame rejected or late), p50 / p99 latency (arrival to answer), device busy fraction (time in steps / runs over
-the wall time), and the scheduler's stacked calls. Overload rows (``--overload-fps``, 8 cameras for
-``--overload-seconds``, the same deadline): the first leaves alone exceed the device; the scheduler must
-reject, not miss.
+Every method's serving threads are weighed alike (``nice="streams"``, the scheduler's default): the scheduler's
+worker and watcher and the FIFO worker as the K cameras they serve, each runner's thread as its one camera, all
+with the short time slice, so beside busy neighbours the rows compare serving policies, not priorities;
+``fifo-nice=none`` / ``runners-nice=none`` leave a baseline's threads as created (rows of their own). A frame's
+answer time is when its result is in the caller's hands: ``run`` returning, the scheduler's handle set.
+
+Each configuration runs ``--repeats`` (3) times, the methods in turn each time (side by side under the same
+load), each repeat starting from the next method (runners, fifo, scheduler; then fifo, scheduler, runners; ...),
+so that a drift of the machine does not fall on one method; a row gives each number's median over its runs, and
+lists each run's miss rate and expected accuracy. Each row: frames, rejected (the scheduler's admission control),
+misses (answered after the deadline; their rate among answered frames), mean leaves (answered frames), expected
+accuracy (mean over every frame of the shipped checkpoint's accuracy after the leaves answered in time,
+``hne_edge/assets/cifar10_demo.json``; 0 for a frame rejected or late), p50 / p99 latency (arrival to answer), device
+busy fraction (time in steps / runs over the wall time), and the scheduler's stacked calls. Overload rows
+(``--overload-fps``, 8 cameras for ``--overload-seconds``, the same deadline): the first leaves alone exceed the
+device; the scheduler must reject, not miss.
 
 The device is ``T`` of the CPU's cores for ``T`` threads, or ``--cores`` of them for every thread count (Linux;
 ``--no-pin``: not pinned): every thread that runs the model - the K runners' threads, the FIFO worker, the
@@ -134,15 +141,17 @@ def median_run(runs: list[dict]) -> dict:
 
 def method_options(method: str) -> tuple[str, dict]:
     """``"scheduler-guard=0.25"``: the scheduler with ``guard_ms=0.25``; ``"scheduler-nice=none"`` (or ``=-5``): with
-    that ``nice`` (None: its threads as created, the scheduler before issue 39's weight) - rows beside the default's;
-    others as named."""
+    that ``nice`` (None: its threads as created, the scheduler before issue 39's weight), and ``"fifo-nice=none"`` /
+    ``"runners-nice=none"`` the baselines' serving threads so - rows beside the defaults', where every method's
+    threads are weighed as the cameras they serve; others as named."""
     name, _, option = method.partition("-")
     if not option:
         return name, {}
     key, _, value = option.partition("=")
-    if name != "scheduler" or key not in ("guard", "nice") or not value:
+    if name not in ("runners", "fifo", "scheduler") or key not in ("guard", "nice") or not value or \
+            (key == "guard" and name != "scheduler"):  # fmt: skip
         raise SystemExit(f"--methods: received {method!r}; expected runners, fifo, scheduler, scheduler-guard=MS or "
-                         "scheduler-nice=streams|none|N")  # fmt: skip
+                         "METHOD-nice=streams|none|N")  # fmt: skip
     if key == "guard":
         return name, {"guard_ms": float(value)}
     return name, {"nice": None if value == "none" else value if value == "streams" else int(value)}
@@ -279,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             if k_rates:
                 fps = "/".join(f"{r:g}" for r in k_rates[:k]) + (f" (burst {burst})" if burst > 1 else "")
             runs: dict[str, list[dict]] = {m: [] for m in methods}
-            for rep in range(args.repeats):  # the methods in turn, each repeat: side by side under the same load
-                for method in methods:
+            for rep in range(args.repeats):  # the methods in turn, each repeat: side by side under the same load,
+                for method in methods[rep % len(methods):] + methods[:rep % len(methods)]:  # each repeat from the next
                     gc.collect()
                     gc.freeze()  # what setup left (torch's import: 200,000 objects) is never scanned again mid-row
                     name, options = method_options(method)

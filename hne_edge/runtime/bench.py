@@ -260,6 +260,18 @@ def _pin(cores: Sequence[int] | None, thread_id: int = 0) -> None:
         os.sched_setaffinity(thread_id, cores)
 
 
+def _weigh(nice: int | str | None, cameras: int) -> None:
+    """Weigh the calling thread as a :class:`~.streams.StreamScheduler` weighs its worker (:mod:`.weight`): ``nice=
+    "streams"``, the nice of ``cameras`` ordinary threads and the short time slice; an int, that nice; None, as it
+    is. Refused (no ``CAP_SYS_NICE``), it stays as it is - as the scheduler's threads do."""
+    from . import weight
+
+    if nice is None or not weight.supported():
+        return
+    value = weight.nice_for_streams(cameras, weight.thread_nice()) if nice == "streams" else int(nice)
+    weight.set_thread_nice([threading.get_native_id()], value)
+
+
 def stream_profile_sizes(batch: tuple[int, int, int]) -> list[int]:
     """The batch sizes a streams replay profiles, of a bundle's ``(min, opt, max)``: 2, 4, 8 for the stacked calls'
     curve and both ends - the max being the most rows a scheduler stacks, so no size it runs is extrapolated."""
@@ -272,7 +284,8 @@ def replay_streams(method: str, open_runner: Callable[[], AnytimeRunner], frames
                    host_cores: Sequence[int] | None = None, **scheduler_options: Any) -> dict:  # fmt: skip
     """Serve ``arrivals`` in real time by ``method`` (:data:`STREAM_METHODS`); frame ``a`` is
     ``frames[a.index % len(frames)]`` (normalised, one batch-first image). ``open_runner()`` opens a runner (with
-    its cost profile; the method closes it); ``scheduler_options`` go to the :class:`~.streams.StreamScheduler`.
+    its cost profile; the method closes it); ``scheduler_options`` go to the :class:`~.streams.StreamScheduler`, and
+    their ``nice`` (default "streams") weighs the baselines' serving threads as the scheduler's worker is weighed.
 
     ``device_cores`` / ``host_cores`` (Linux; a CPU standing in for one accelerator): every thread that runs the
     model - K runners' threads, the FIFO worker, the scheduler's worker - is pinned to ``device_cores``, and the
@@ -309,6 +322,10 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
     def image(a: Arrival) -> np.ndarray:
         return frames[a.index % len(frames)][None]
 
+    # the baselines' threads weighed as the scheduler weighs its worker (nice "streams", the default of every
+    # method): a FIFO worker as the K cameras it serves, a runner's thread as its one camera - each with the short
+    # time slice - so that beside busy neighbours a comparison is of serving policies, not of priorities
+    nice = scheduler_options.get("nice", "streams")
     if method == "runners":
         per_stream: dict[int, list[Arrival]] = {}
         for a in arrivals:
@@ -321,6 +338,7 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
 
         def serve(runner: AnytimeRunner, mine: list[Arrival]) -> None:
             _pin(device_cores)
+            _weigh(nice, 1)
             for a in mine:
                 _sleep_until(t0 + a.time)
                 start = time.perf_counter()
@@ -350,8 +368,11 @@ def _replay(method: str, open_runner: Callable[[], AnytimeRunner], frames: np.nd
         todo: queue.Queue = queue.Queue()
         busy_s = [0.0]
 
+        cameras = len({a.stream for a in arrivals})
+
         def work() -> None:
             _pin(device_cores)
+            _weigh(nice, cameras)
             while (item := todo.get()) is not None:
                 a, t0 = item
                 start = time.perf_counter()

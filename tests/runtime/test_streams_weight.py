@@ -228,3 +228,62 @@ def test_admitting_a_frame_wakes_the_worker_and_not_the_deadline_watcher(bundle)
         assert quiet
         assert all(h.result(10).leaves > 0 for h in handles)
     assert woken  # first leaves done (and the close): it was woken for them
+
+
+@pytest.mark.parametrize("method", ["fifo", "runners"])
+def test_the_benchmarks_baselines_are_weighed_as_the_scheduler_is(bundle, method):
+    """bench_streams compares serving policies beside busy neighbours: a FIFO worker serving K cameras at nice 0
+    against the scheduler's worker at K cameras' weight measured the weight, not the policy (a fairness audit: at
+    4 cameras beside 6 loops, FIFO weighted as the scheduler served 0.61-0.62 where at nice 0 it served 0.58-0.61).
+    Each baseline's serving thread gets the scheduler's rule - the FIFO worker the nice of its K cameras, a runner's
+    thread its one camera's - and ``nice=None`` leaves them as created."""
+    reason = _may_lower_nice()
+    if reason:
+        pytest.skip(reason)
+    from hne_edge.bundle import read_manifest
+    from hne_edge.runtime import AnytimeRunner
+    from hne_edge.runtime.bench import camera_arrivals, replay_streams
+    from runtime_fakes import FakeBackend
+
+    m = read_manifest(bundle)
+    seen: list[int] = []
+
+    def open_runner():
+        runner = AnytimeRunner(bundle, backend=FakeBackend(m.tree, m.num_classes, batch_cost), plan="segments",
+                               load_profile=False, warmup=0)  # fmt: skip
+        run = runner.run
+
+        def noting(*args, **kwargs):
+            seen.append((weight.thread_nice(), _slice()))  # the serving thread's, as it runs a frame
+            return run(*args, **kwargs)
+
+        runner.run = noting
+        return runner
+
+    base, default_slice = weight.thread_nice(), _slice()
+    probe: list = []
+    t = threading.Thread(target=lambda: (weight.set_thread_nice([threading.get_native_id()], base),
+                                         probe.append(_slice())))  # fmt: skip
+    t.start()
+    t.join()
+    honoured = probe[0] == weight.SLICE_NS  # the short slice: Linux 6.12+ shows it in se.slice
+    frames = frame(0)
+    arrivals = camera_arrivals(4, 30.0, 0.2, None, 0.0, seed=0)
+    replay_streams(method, open_runner, frames, arrivals)
+    k = 4 if method == "fifo" else 1
+    assert seen and {nice for nice, _ in seen} == {weight.nice_for_streams(k, base)}
+    if honoured:
+        assert {slice_ns for _, slice_ns in seen} == {weight.SLICE_NS}
+    seen.clear()
+    replay_streams(method, open_runner, frames, arrivals, nice=None)
+    assert {nice for nice, _ in seen} == {base} and (not honoured or {s for _, s in seen} == {default_slice})
+
+
+def _slice() -> int | None:
+    """The calling thread's time slice in ns (``se.slice`` of /proc/thread-self/sched), None where not shown."""
+    try:
+        text = open("/proc/thread-self/sched").read()
+    except OSError:
+        return None
+    found = re.search(r"^se\.slice\s*:\s*(\d+)", text, re.M)
+    return int(found.group(1)) if found else None
