@@ -48,4 +48,4 @@ def test_tensorrt_compat_imports_neither_torch_nor_tensorrt_at_module_level():
     body = ast.parse((PACKAGE / "tensorrt_compat.py").read_text()).body  # top-level statements only
     top = {a.name.split(".")[0] for n in body if isinstance(n, ast.Import) for a in n.names}
     top |= {n.module.split(".")[0] for n in body if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-    assert top <= {"__future__", "re", "subprocess", "typing"}, top
+    assert top <= {"__future__", "os", "re", "subprocess", "typing"}, top  # the standard library only
