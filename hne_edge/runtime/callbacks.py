@@ -50,13 +50,17 @@ class Callbacks:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # close() waits on it for the lanes' callbacks
         self._lanes: dict[int, _Lane] = {}
+        self._on_shared: dict[int, int] = {}  # lanes sent to the shared one: their callbacks expected or not yet run
 
     def expect(self, lane: int) -> int:
         """A callback will be put on ``lane``: its thread started now, by the calling thread, unless running.
-        Returns the lane it goes to (the shared one beyond ``MAX_CALLBACK_LANES``)."""
+        Returns the lane it goes to: the shared one beyond ``MAX_CALLBACK_LANES``, and while the lane has callbacks
+        there (a lane of its own would run the next before them)."""
         with self._lock:
             ln = self._lanes.get(lane)
-            if ln is None and len(self._lanes) >= MAX_CALLBACK_LANES:
+            full = len(self._lanes) >= MAX_CALLBACK_LANES
+            if ln is None and lane != self.SHARED and (lane in self._on_shared or full):
+                self._on_shared[lane] = self._on_shared.get(lane, 0) + 1
                 lane = self.SHARED
                 ln = self._lanes.get(lane)
             if ln is None:
@@ -67,12 +71,12 @@ class Callbacks:
             ln.expected += 1
             return lane
 
-    def put(self, lane: int, fn: Callable[[Future], object], handle: Future) -> None:
-        """Run ``fn(handle)`` on ``lane``, as :meth:`expect` said."""
+    def put(self, lane: int, fn: Callable[[Future], object], handle: Future, own: int) -> None:
+        """Run ``fn(handle)`` on ``lane``, what :meth:`expect` answered for lane ``own``."""
         with self._lock:
             ln = self._lanes[lane]  # kept while expected
             ln.expected -= 1
-            ln.queue.append((fn, handle))
+            ln.queue.append((fn, handle, own))
             ln.wake.notify()
 
     def _drain(self, lane: int, ln: _Lane) -> None:
@@ -87,12 +91,22 @@ class Callbacks:
                         return
                     if not queue:  # callbacks expected: waits on
                         continue
-                fn, handle = queue.popleft()
+                fn, handle, own = queue.popleft()
                 ln.running = True
             try:
                 fn(handle)
             except Exception:
                 LOGGER.exception("exception calling callback for %r", handle)
+            if lane != own:
+                with self._lock:  # that lane's callbacks on this one: one fewer
+                    left = self._on_shared.pop(own) - 1
+                    if left:
+                        self._on_shared[own] = left
+
+    def lanes(self) -> set[int]:
+        """The lanes with a thread or with callbacks on the shared one: a stream keeps its number while it has one."""
+        with self._lock:
+            return set(self._lanes) | set(self._on_shared)
 
     def busy(self) -> int:
         """Lanes with callbacks to run or running."""

@@ -33,7 +33,7 @@ import os
 import threading
 import time
 import warnings
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -159,6 +159,9 @@ class FrameHandle(Future):
         self.stream, self.frame = stream, frame
         self._scheduler = scheduler
         self._lane = lane
+        # running from its submit (it is being scheduled): Future's own cancel, which generic code holding it as a
+        # plain Future calls, answers False as for any running future, rather than cancel it behind the scheduler
+        self.set_running_or_notify_cancel()
 
     def cancel(self) -> bool:
         return self._scheduler._cancel(self.frame)
@@ -168,8 +171,9 @@ class FrameHandle(Future):
             super().add_done_callback(fn)  # at once, in this thread
             return
         callbacks = self._scheduler._callbacks
-        lane = callbacks.expect(self._lane)  # its thread started here, by the registering thread, if not running
-        super().add_done_callback(lambda handle: callbacks.put(lane, fn, handle))
+        own = self._lane
+        lane = callbacks.expect(own)  # its thread started here, by the registering thread, if not running
+        super().add_done_callback(lambda handle: callbacks.put(lane, fn, handle, own))
 
     def __repr__(self) -> str:
         return f"<FrameHandle stream={self.stream!r} frame={self.frame} {'done' if self.done() else 'pending'}>"
@@ -459,8 +463,11 @@ class StreamScheduler:
         try:
             sid = sids.get(stream)
             if sid is None:
-                if len(sids) >= MAX_STREAM_IDS:  # forget the ids no pending frame has
-                    self._sids = sids = {f.stream: f.sid for f in self._frames.values()}
+                if len(sids) >= MAX_STREAM_IDS:  # forget the ids no pending frame has, nor a callback to run
+                    live = self._callbacks.lanes()  # (a new number is a new lane: it would run before those)
+                    kept = {s: n for s, n in sids.items() if n in live}
+                    kept.update((f.stream, f.sid) for f in self._frames.values())
+                    self._sids = sids = kept
                 sid = sids[stream] = self._count  # the frame's own number: unique
         except Exception as exc:  # its == or hash raised against another id's
             raise InputError(f"stream: received {_shown(stream)}, whose comparison with stream ids already seen raised "
@@ -753,13 +760,22 @@ def _hand_out(out: list, clock: Callable[[], float] | None = None) -> None:
     """Set each handle's result (or exception), outside the lock: callbacks run here and may submit. With ``clock``
     a result's ``finished`` is the moment it is set - its logits built, in the caller's hands - and ``met_deadline``
     holds only if that is by its deadline (stamped when it was decided, a frame answered a moment late counted as
-    met, where a runner's ``run`` returning late does not)."""
-    for handle, value in out:
-        if isinstance(value, BaseException):
-            handle.set_exception(value)
-        else:
-            if clock is not None:
-                now = clock()
-                value = replace(value, finished=now, met_deadline=value.met_deadline and now <= value.deadline)
-            handle.set_result(value)
-    out.clear()
+    met, where a runner's ``run`` returning late does not); its :class:`AnytimeResult` says the same. Each entry
+    leaves ``out`` as it is handed out, and a handle its holder completed itself (``Future.set_result``) is passed
+    over: one frame's handle never makes the others' answers fail (:meth:`StreamScheduler._fail` gets the rest)."""
+    while out:
+        handle, value = out.pop(0)
+        if not isinstance(value, BaseException) and clock is not None:
+            now = clock()
+            met = value.met_deadline and now <= value.deadline
+            if value.result is not None:  # the scheduler's own until now (a copy would build its logits again)
+                value.result.elapsed_ms = (now - value.submitted) * 1e3
+                value.result.met_budget = value.result.met_budget and met
+            value = replace(value, finished=now, met_deadline=met)
+        try:
+            if isinstance(value, BaseException):
+                handle.set_exception(value)
+            else:
+                handle.set_result(value)
+        except InvalidStateError:  # done by its holder: theirs stands
+            pass

@@ -601,6 +601,8 @@ def test_an_answer_counts_when_it_is_in_the_callers_hands_not_when_it_was_decide
         handle = streams.submit(1, frame(1), budget_ms=(first_leaf + 0.1) * 1e3)
         r = handle.result(10)
         assert r.leaves >= 1 and r.finished > r.deadline and not r.met_deadline
+        # the AnytimeResult it carries says the same (it said met_budget True, elapsed at the decision)
+        assert not r.result.met_budget and r.result.elapsed_ms == pytest.approx(r.latency_ms)
 
 
 def test_a_hand_out_stall_is_charged_once_with_the_steps_stalls_not_on_top_of_them(bundle):

@@ -125,3 +125,106 @@ def test_a_callback_that_raises_is_logged_and_the_scheduler_goes_on(bundle, capl
         streams.submit("a", frame(0)).add_done_callback(lambda h: 1 / 0)
         assert streams.submit("a", frame(1)).result(10).leaves == 16
     assert "ZeroDivisionError" in caplog.text
+
+
+def test_a_frame_cancelled_through_futures_own_cancel_stops_no_other_stream(bundle):
+    """``concurrent.futures.Future.cancel(handle)`` - generic code holding a handle as a plain Future - set the
+    handle CANCELLED behind the scheduler: its hand-out then raised ``InvalidStateError`` in the worker, which gave
+    every other stream's pending frame that error and closed the scheduler. A handle is running from its submit (a
+    frame is being scheduled), so Future's own cancel answers False, as it does for any running future;
+    ``handle.cancel()`` is the scheduler's."""
+    from concurrent.futures import Future
+
+    streams, runner, backend = scheduler(bundle, budget_ms=100.0)
+    with streams:
+        backend.gate = threading.Event()
+        try:
+            others = [streams.submit(f"cam{k}", frame(k)) for k in range(3)]
+            handle = streams.submit("bad", frame(9))
+            assert Future.cancel(handle) is False and handle.running() and not handle.cancelled()
+        finally:
+            backend.gate.set()
+        assert all(h.result(10).leaves >= 1 for h in others + [handle])
+        assert not streams.closed and streams.submit("later", frame(4)).result(10).leaves == 16
+
+
+def test_a_handle_done_behind_the_schedulers_back_is_passed_over_and_the_others_are_answered(bundle):
+    """Whatever completed a handle before its hand-out (``Future.set_result`` called by its holder), the hand-out
+    skips it and answers the rest: it gave them the ``InvalidStateError`` and closed the scheduler."""
+    from concurrent.futures import Future
+
+    streams, runner, backend = scheduler(bundle, budget_ms=100.0, batching=False)
+    with streams:
+        backend.gate = threading.Event()
+        try:
+            handles = [streams.submit(f"cam{k}", frame(k)) for k in range(3)]
+            Future.set_result(handles[1], "the holder's own")
+        finally:
+            backend.gate.set()
+        assert handles[1].result(10) == "the holder's own"
+        assert handles[0].result(10).leaves >= 1 and handles[2].result(10).leaves >= 1
+        assert not streams.closed and streams.submit("later", frame(4)).result(10).leaves == 16
+
+
+def test_a_streams_callbacks_stay_in_order_when_the_scheduler_forgets_ids(bundle, monkeypatch):
+    """Past ``MAX_STREAM_IDS`` ids the scheduler forgets the ids no pending frame has; a stream whose callback was
+    still running got a new number, so a lane of its own, and its next callback ran before the one still running."""
+    import hne_edge.runtime.streams as streams_module
+
+    monkeypatch.setattr(streams_module, "MAX_STREAM_IDS", 4)
+    streams, runner, backend = scheduler(bundle, budget_ms=100.0)
+    release, order = threading.Event(), []
+    with streams:
+        backend.gate = threading.Event()
+        try:
+            first = streams.submit("cam", frame(0))
+            first.add_done_callback(lambda h: (release.wait(5), order.append("first")))
+        finally:
+            backend.gate.set()
+        first.result(10)
+        for k in range(8):  # ids enough to be forgotten, "cam" with none pending
+            streams.submit(f"other{k}", frame(k)).result(10)
+        backend.gate = threading.Event()
+        try:
+            second = streams.submit("cam", frame(1))
+            second.add_done_callback(lambda h: order.append("second"))
+        finally:
+            backend.gate.set()
+        second.result(10)
+        time.sleep(0.1)
+        release.set()
+    assert order == ["first", "second"]
+
+
+def test_a_stream_on_the_shared_lane_keeps_its_callbacks_in_order(monkeypatch):
+    """Beyond ``MAX_CALLBACK_LANES`` lanes a stream's callback goes to the shared lane; when the lanes ended, its
+    next callback got a lane of its own and ran while the first still ran there. It stays on the shared lane while
+    it has a callback there."""
+    from concurrent.futures import Future
+
+    from hne_edge.runtime import callbacks as callbacks_module
+
+    monkeypatch.setattr(callbacks_module, "MAX_CALLBACK_LANES", 2)
+    monkeypatch.setattr(callbacks_module.Callbacks, "LINGER_S", 0.02)
+    lanes = callbacks_module.Callbacks()
+    busy, x_first, order = threading.Event(), threading.Event(), []
+
+    def run(lane: int, fn) -> None:
+        f: Future = Future()
+        to = lanes.expect(lane)
+        f.add_done_callback(lambda h: lanes.put(to, fn, h, lane))
+        f.set_result(None)
+
+    for lane in (0, 1):  # the lanes a camera may have at once, each blocked
+        run(lane, lambda h: busy.wait(5))
+    run(7, lambda h: (x_first.wait(5), order.append("first")))  # camera 7: on the shared lane
+    busy.set()
+    give_up = time.monotonic() + 5
+    while lanes.busy() > 1 and time.monotonic() < give_up:  # lanes 0 and 1 done, and ended
+        time.sleep(0.01)
+    time.sleep(0.1)
+    run(7, lambda h: order.append("second"))
+    time.sleep(0.1)
+    x_first.set()
+    assert lanes.wait(5) and order == ["first", "second"]
+    assert 7 not in lanes.lanes()  # both ran on the shared lane, and it keeps no count of them
