@@ -346,12 +346,15 @@ class _BatchModel:
         # again: kept from running, it is re-probed soon (16 frames), then after twice as long each time it is as slow
         self.probe_in[leaf] = min(PROBE_SOON, self.probe_after)
         if self.cm.profile is not None and not self.relearned[leaf]:
-            entry = self.loaded[leaf]
+            slow = self.speed.slow  # the measurement and the entry at the machine's pace now, as _check_entry's
+            entry = self.loaded[leaf] * slow
+            ratio = seconds * slow / entry
+            than = f"{ratio:.3g} times slower" if ratio >= 1 else f"{1 / ratio:.3g} times faster"
             name = self.cm.profile.label
             self.unconfirmed[leaf] = (  # said once the step's next call confirms it (not a burst's first stalls)
-                f"{name}: step {leaf} measured {seconds * self.speed.slow * 1e3:.3g} ms here "
-                f"{runs} times in a row, {seconds / entry:.3g} times slower than its entry ({entry * 1e3:.3g} ms); "
-                "learns it from measurements (run `hne-edge profile` again on this machine)"
+                f"{name}: step {leaf} measured {seconds * slow * 1e3:.3g} ms here {runs} times in a row, {than} than "
+                f"its entry ({entry * 1e3:.3g} ms); learns it from measurements (run `hne-edge profile` again on this "
+                "machine)"
             )  # fmt: skip
         self.relearned[leaf] = True
 

@@ -311,3 +311,26 @@ def test_a_warning_names_an_in_memory_profile_as_one_not_as_a_file(tmp_path):
     saved = open_runner()
     message = doubtful_warning(saved.profile(warmup=0, repeats=3))
     assert message.startswith(f"saved profile {saved.profile_path} (batch 1)"), message
+
+
+@pytest.mark.parametrize("own, said", [(3.0, "3 times slower"), (0.5, "2 times faster")])
+def test_a_relearned_entry_is_said_in_one_unit(tmp_path, own, said):
+    """A step's cost re-learned from calls in a row is said as the measurement and the entry at the machine's pace
+    now. On a machine running 2x slow the message gave the measurement at that pace and the ratio at full speed
+    ("0.104 ms ... 0.717 times slower than its entry (0.0779 ms)"), and "slower" for a step faster than its entry."""
+    import re
+
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2, 2), classes=4)
+    m = read_manifest(b)
+    runner = AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), load_profile=False, warmup=0)
+    runner.use_profile(runner.profile(warmup=0, repeats=3, save=False))
+    model = runner.cost.for_batch(1)
+    model.speed.slow = 2.0
+    entry = model.loaded[2]
+    model._relearn(2, own * entry, [], 3)
+    message = model.unconfirmed[2]
+    here, ratio, shown = (float(x) for x in re.search(r"measured (\S+) ms here 3 times in a row, (\S+) times \w+ than "
+                                                      r"its entry \((\S+) ms\)", message).groups())  # fmt: skip
+    assert said in message, message
+    assert here == pytest.approx(own * entry * 2e3, rel=1e-2) and shown == pytest.approx(entry * 2e3, rel=1e-2)
+    assert ratio == pytest.approx(max(here / shown, shown / here), rel=1e-2), message
