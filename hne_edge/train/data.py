@@ -7,7 +7,8 @@ Sources (``DataConfig.name``):
 * ``npz``: a numpy archive with ``x`` (N, H, W, C) or (N, H, W) uint8 and ``y`` (N,) int labels,
   optionally ``classes`` (like ``../shared/data/cifar10_train.npz``).
 * ``imagefolder``: ImageNet-style class folders (``data_dir/train`` + ``data_dir/val``, or one folder
-  split by ``val_split``).
+  split by ``val_split``). The classes are train/'s: val/'s images take train/'s labels (val/ may lack a
+  class; a class train/ has not is refused), and ``limit`` draws a seeded subset of every class.
 
 In-memory sources (all but imagefolder) are held as one uint8 tensor and
 augmented **in batch on tensors** (pad + random crop by gather, flip by
@@ -419,14 +420,15 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
     eval_tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
     if (root / "train").is_dir():
         train = datasets.ImageFolder(root / "train", transform=train_tf)
-        if cfg.limit is not None:
-            train = Subset(train, range(min(cfg.limit, len(train))))
+        classes = train.classes
+        if cfg.limit is not None:  # a seeded subset: train/ is sorted by class (its first images: its first classes)
+            train = Subset(train, _seeded_subset(len(train), cfg.limit, seed))
         has_val = (root / "val").is_dir()
         val = datasets.ImageFolder(root / "val", transform=eval_tf) if has_val else None
-        if val is not None and cfg.val_limit is not None:  # a seeded subset: val/ is sorted by class
-            keep = torch.randperm(len(val), generator=torch.Generator().manual_seed(seed))[: cfg.val_limit]
-            val = Subset(val, keep.sort().values.tolist())
-        classes = (train.dataset if isinstance(train, Subset) else train).classes
+        if val is not None:
+            _label_as(val, classes, root)
+        if val is not None and cfg.val_limit is not None:
+            val = Subset(val, _seeded_subset(len(val), cfg.val_limit, seed))
     else:
         if split == "test":
             raise InputError(f"split='test' needs {root}/val; the folder has no train/ and val/ subfolders")
@@ -440,6 +442,24 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
         train=train, val=val, class_names=list(classes), mean=IMAGENET_MEAN, std=IMAGENET_STD,
         in_chans=3, input_size=224, folder=True,
     )
+
+
+def _seeded_subset(n: int, limit: int, seed: int) -> list[int]:
+    keep = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:limit]
+    return keep.sort().values.tolist()
+
+
+def _label_as(val, classes: list[str], root: Path) -> None:
+    """Give ``val``'s images train/'s labels: ImageFolder numbers each folder's own sorted classes, so a val/ short of
+    one class shifted every later class's label (its images scored against another class's output)."""
+    extra = sorted(set(val.classes) - set(classes))
+    if extra:
+        raise InputError(f"{root}: val/ has class folders train/ has not: {extra[:5]}{' ...' if len(extra) > 5 else ''}; "
+                         "expected val/'s classes to be among train/'s (the model's outputs are train/'s classes)")  # fmt: skip
+    to_train = {val.class_to_idx[c]: i for i, c in enumerate(classes) if c in val.class_to_idx}
+    val.samples = [(path, to_train[label]) for path, label in val.samples]
+    val.imgs, val.targets = val.samples, [label for _, label in val.samples]
+    val.classes, val.class_to_idx = list(classes), {c: i for i, c in enumerate(classes)}
 
 
 class _FolderLoader:

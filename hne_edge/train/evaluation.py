@@ -189,6 +189,10 @@ def evaluate_checkpoint(
             f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels) does not match the "
             f"checkpoint's model ({model.config.num_classes} classes, {model.config.in_chans} channels)"
         )
+    trained = state.get("class_names")
+    if trained and list(bundle.class_names) != list(trained):  # as many, named otherwise: scored against other classes
+        raise InputError(f"data ({data_cfg.name}): class names {_names(bundle.class_names)} differ from the checkpoint's "
+                         f"{_names(trained)}; expected the data the checkpoint was trained on")  # fmt: skip
     if bundle.folder:
         loader = bundle.eval_loader(bundle.val, batch_size, data_cfg.num_workers)
     else:  # the checkpoint's normalisation is the one the weights were trained with
@@ -245,6 +249,13 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
     return _measure(model, state, path, loader, {"data": str(test_data), "dataset": Path(test_data).name,
                                                  "split": "test-data"}, out_dir, device, plots, progress,
                     predictions, force)  # fmt: skip
+
+
+def _names(names) -> str:
+    """A list of class names for a message: the first 12 and how many."""
+    names = list(names)
+    more = f", ... ({len(names)} classes)" if len(names) > 12 else ""
+    return "[" + ", ".join(repr(n) for n in names[:12]) + more + "]"
 
 
 def _measure(model, state, path: Path, loader, source: dict[str, str], out_dir, device: str, plots: bool,

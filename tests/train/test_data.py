@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -169,6 +171,46 @@ def test_imagefolder_source(tmp_path):
     assert x.shape == (4, 3, 224, 224) and y.shape == (4,)
     xv, _ = next(iter(bundle.eval_loader(bundle.val, 2)))
     assert xv.shape == (2, 3, 224, 224)
+
+
+def _image_folders(root, splits):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, classes in splits.items():
+        for cls in classes:
+            (root / split / cls).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(root / split / cls / f"{i}.png")
+
+
+def test_a_val_folder_without_one_class_keeps_the_training_labels(tmp_path):
+    """train/{ant,bee,cat} and val/{ant,cat}: each folder numbered its own classes, so every val/ "cat" image was
+    scored against the model's "bee" output (label 1 in val/, 2 in train/), silently."""
+    _image_folders(tmp_path, {"train": ["ant", "bee", "cat"], "val": ["ant", "cat"]})
+    bundle = load_data(DataConfig(name="imagefolder", data_dir=str(tmp_path), val_split=0.0), seed=0)
+    assert bundle.class_names == ["ant", "bee", "cat"]
+    val_labels = {Path(path).parent.name: label for path, label in bundle.val.samples}
+    assert val_labels == {"ant": 0, "cat": 2}
+    assert sorted({int(bundle.val[i][1]) for i in range(len(bundle.val))}) == [0, 2]
+
+
+def test_a_val_folder_with_a_class_training_never_saw_is_refused(tmp_path):
+    _image_folders(tmp_path, {"train": ["ant", "bee"], "val": ["ant", "bee", "cow"]})
+    with pytest.raises(InputError, match=r"val/ has class folders train/ has not: \['cow'\]; expected"):
+        load_data(DataConfig(name="imagefolder", data_dir=str(tmp_path), val_split=0.0), seed=0)
+
+
+def test_a_limit_on_a_train_folder_draws_from_every_class(tmp_path):
+    """``data.limit`` on train/ took the first images of the class-sorted list: the first classes only (limit 6 of 3
+    classes x 4 images: labels 0 and 1, class 2 never seen). A seeded draw, as the single-folder case's."""
+    _image_folders(tmp_path, {"train": ["ant", "bee", "cat"], "val": ["ant", "bee", "cat"]})
+    labels = set()
+    for seed in range(4):
+        bundle = load_data(DataConfig(name="imagefolder", data_dir=str(tmp_path), val_split=0.0, limit=6), seed=seed)
+        assert len(bundle.train) == 6
+        labels |= {int(bundle.train[i][1]) for i in range(6)}
+    assert labels == {0, 1, 2}
 
 
 def test_shared_cifar10_npz(shared_cifar10):

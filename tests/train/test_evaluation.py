@@ -150,3 +150,24 @@ def test_predictions_run_fp32_in_fp32_and_leave_the_users_flags_as_they_were():
         assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
     finally:
         conv.fp32_precision, matmul.fp32_precision = before
+
+
+def test_data_whose_class_names_are_not_the_checkpoints_is_refused(tmp_path):
+    """The rebuilt validation split was checked for its number of classes only (``--test-data`` for their names):
+    other data with as many classes - a ``--data-dir`` whose class folders differ - was scored silently."""
+    from hne_edge.errors import InputError
+    from hne_edge.models import create_model
+    from hne_edge.train.checkpoint import save_checkpoint
+    from hne_edge.train.config import TrainConfig
+    from hne_edge.train.data import load_data
+
+    config = TrainConfig.from_preset("digits", {"out": str(tmp_path)})
+    bundle = load_data(config.data, seed=0)
+    names = [f"class {k}" for k in range(len(bundle.class_names))]
+    assert names != bundle.class_names
+    path = save_checkpoint(tmp_path / "checkpoint.pt", model=create_model("hne_tiny", in_chans=1, input_size=8),
+                           class_names=names, normalization=bundle.normalization, epoch=0, config=config.to_dict())
+    with pytest.raises(InputError, match=r"data \(digits\): class names \['0', .*\] differ from the checkpoint's "
+                                         r"\['class 0', "):
+        evaluate_checkpoint(path, tmp_path / "eval", device="cpu")
+    assert not (tmp_path / "eval").exists()
