@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..limits import MAX_NUM_CLASSES
 from .config import DataConfig
 
 __all__ = ["ArrayDataset", "Augment", "DataBundle", "BatchLoader", "load_data", "load_npz", "npz_fingerprint", "split_indices",
@@ -285,8 +286,12 @@ def _from_arrays(x: np.ndarray, y: np.ndarray, where: str) -> ArrayDataset:
         raise InputError(f"{where}: y received {y.dtype} {y.shape}; expected integer labels of shape ({x.shape[0]},)")
     if x.shape[1] != x.shape[2]:
         raise InputError(f"{where}: images are {x.shape[1]}x{x.shape[2]}; expected square images")
+    if x.shape[0] == 0:
+        raise InputError(f"{where}: holds no samples (x {x.shape}); expected at least one image")
     if y.min() < 0:
         raise InputError(f"{where}: labels must be 0..K-1; received a minimum of {int(y.min())}")
+    if y.max() >= MAX_NUM_CLASSES:  # before a name is made for each class up to it
+        raise InputError(f"{where}: labels go up to {int(y.max())}; expected 0..K-1 with K at most {MAX_NUM_CLASSES:,}")
     images = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous()
     return ArrayDataset(images, torch.from_numpy(y.astype(np.int64)))
 

@@ -46,6 +46,22 @@ def test_run_refuses_a_scalar_and_an_empty_file_in_one_line(tiny_bundle, tmp_pat
                            "--out", str(tmp_path / "bench")), "empty.npy", "no samples")  # fmt: skip
 
 
+def test_npz_data_with_no_samples_or_labels_past_the_class_bound_is_one_line(tiny_bundle, tmp_path):
+    """Labels up to 10**9 made a name for each class up to it before any bound was checked (the process killed for
+    memory, or a MemoryError traceback); zero samples were a traceback from ``y.min()``. Both commands that read an
+    npz of labelled images: train and eval --test-data."""
+    np.savez(tmp_path / "huge.npz", x=np.zeros((20, 16, 16, 3), np.uint8), y=np.full(20, 10**9))
+    np.savez(tmp_path / "none.npz", x=np.zeros((0, 16, 16, 3), np.uint8), y=np.zeros(0, np.int64))
+    for name, said in (("huge.npz", "labels go up to 1000000000; expected 0..K-1 with K at most 100,000"),
+                       ("none.npz", "holds no samples")):  # fmt: skip
+        data = str(tmp_path / name)
+        one_line_error(run_cli("train", "--data", "npz", "--data-dir", data, "--model", "hne_tiny", "--epochs", "1",
+                               "--out", str(tmp_path / f"run-{name}"), "--quiet"), name, said)  # fmt: skip
+        one_line_error(run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", data,
+                               "--out", str(tmp_path / f"eval-{name}"), "--quiet"), name, said)  # fmt: skip
+        assert not (tmp_path / f"run-{name}").exists() and not (tmp_path / f"eval-{name}").exists()
+
+
 def test_agreement_nan_is_one_line_and_the_rule_refuses_nan_everywhere(tiny_bundle, tmp_path):
     from hne_edge.errors import InputError
     from hne_edge.runtime import Agreement
