@@ -61,6 +61,10 @@ class HNE(nn.Module):
                     nn.init.normal_(m.weight, 0, 0.01)
                     nn.init.zeros_(m.bias)
                 else:
+                    # torch's fan_out of a grouped convolution counts every branch's outputs: a block of 2^d branches
+                    # starts 2^(-d/2) the scale of its path built alone. A BatchNorm follows each such convolution (the
+                    # function is the same), but SGD's first steps are ~2^d larger against the deeper weights. Kept:
+                    # on digits (15 epochs, 2 seeds) it beat a per-branch fan_out at n = 1 and 16; CIFAR unmeasured.
                     nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
             elif isinstance(m, nn.BatchNorm2d):
                 nn.init.ones_(m.weight)
