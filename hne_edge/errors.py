@@ -28,6 +28,7 @@ __all__ = [
     "DeviceError",
     "ResourceExhausted",
     "MissingExtra",
+    "Terminated",
     "EXTRA_OF_MODULE",
     "missing_extra",
     "install_hint",
@@ -138,3 +139,9 @@ def missing_extra(exc: ImportError, what: str) -> MissingExtra | None:
         f"{what} needs {name}, which is not installed here: it comes with hne-edge's '{extra}' extra",
         hint=install_hint(extra),
     )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a supervisor, a container stopping) while a command runs: raised in the main thread as
+    Ctrl-C's ``KeyboardInterrupt`` is, so the same clean-up runs - scratch folders removed, nothing half-written where
+    the user asked for an output, training's resumable checkpoint saved - and the CLI exits 143 (128 + SIGTERM)."""

@@ -125,3 +125,46 @@ def test_train_killed_at_random_points_leaves_a_loadable_checkpoint(tmp_path):
     assert len(leftovers) <= 1  # at most the last killed writer's temp; the next save removes it
     assert epochs == sorted(epochs)  # each resume continued from the last complete checkpoint
     print("train epochs at SIGKILL:", epochs)
+
+
+@pytest.mark.parametrize("command", ["export", "eval", "bench"])
+def test_sigterm_while_an_output_is_staged_leaves_nothing_and_exits_143(tiny_bundle, tmp_path, command):
+    """``kill`` (SIGTERM, what a supervisor or a container's stop sends) ended export, eval and bench where they
+    stood, leaving their ``.NAME.hne-partial-*`` scratch folder (a 57-file partial bundle) in the user's folder;
+    Ctrl-C ran their clean-up. SIGTERM now runs the same clean-up: exit 143, the folder as it was."""
+    out = tmp_path / "out"
+    if command == "export":
+        args = ["export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--no-verify", "--quiet"]
+    elif command == "eval":
+        frames = _labelled_frames(tmp_path)
+        args = ["eval", str(tiny_bundle.checkpoint_path), "--test-data", str(frames), "--out", str(out), "--quiet"]
+    else:
+        args = ["bench", str(tiny_bundle.bundle_dir), "--repeats", "200", "--warmup", "0", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", *args], env=ENV, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        staged = None
+        give_up = time.monotonic() + 300
+        while staged is None and proc.poll() is None and time.monotonic() < give_up:
+            staged = next((p for p in tmp_path.iterdir() if ".hne-partial" in p.name), None)
+            time.sleep(0.002)
+        assert staged is not None, f"no staging folder seen (exit {proc.returncode})"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == "Terminated" and "Traceback" not in err, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["frames.npz"] if command == "eval" else [])
+
+
+def _labelled_frames(folder: Path) -> Path:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = folder / "frames.npz"
+    np.savez(path, x=rng.integers(0, 256, (64, 16, 16, 3), dtype=np.uint8), y=rng.integers(0, 10, 64),
+             classes=np.array([f"c{k}" for k in range(10)]))  # the tiny checkpoint's class names
+    return path

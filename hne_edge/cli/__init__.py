@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import signal
 import sys
+import threading
 import warnings
 from typing import Iterator
 
 import click
 
 from .. import __version__
-from ..errors import HNEError, missing_extra
+from ..errors import HNEError, Terminated, missing_extra
 
 # command name -> (module, function, one-line help). Help lives here so that
 # listing commands imports nothing.
@@ -57,7 +59,7 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            with warnings_as_lines():
+            with warnings_as_lines(), terminate_as_interrupt():
                 return super().invoke(ctx)
         except click.UsageError as exc:  # a bad option: one line too, naming the command's --help
             if ctx.obj and ctx.obj.get("debug"):
@@ -67,11 +69,12 @@ class LazyGroup(click.Group):
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click prints these itself
-        except KeyboardInterrupt:  # Ctrl-C: the shell convention 128 + SIGINT, not click's "Aborted!" and 1
+        except KeyboardInterrupt as exc:  # Ctrl-C: the shell convention 128 + SIGINT, not click's "Aborted!" and 1
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo("Interrupted", err=True)
-            sys.exit(130)
+            terminated = isinstance(exc, Terminated)
+            click.echo("Terminated" if terminated else "Interrupted", err=True)
+            sys.exit(128 + signal.SIGTERM if terminated else 130)
         except (HNEError, OSError, ImportError) as exc:  # the user's input, the file system, the install: one line, exit 2
             if ctx.obj and ctx.obj.get("debug"):
                 raise
@@ -82,6 +85,25 @@ class LazyGroup(click.Group):
             click.echo(f"Error: {one_line(exc)}", err=True)
             sys.exit(2)
         # anything else is a bug in hne-edge: Python's traceback and exit 1, never dressed up as a user error
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while the command runs (main thread only: Python's rule for handlers).
+    Once: a second SIGTERM during the clean-up is ignored rather than cutting it short (SIGKILL still ends it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

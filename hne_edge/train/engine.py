@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, HNEError, InputError
+from ..errors import CheckpointError, HNEError, InputError, Terminated
 from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch, new_folders, remove_new_folders
 from ..models import HNE, create_model, tree_cost
 from ..models.layers import set_pointwise
@@ -644,7 +644,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         raise
     progress.close(final=not interrupt.requested)  # stopped: the last words are where it stopped and how to go on
     if interrupt.requested:
-        raise KeyboardInterrupt
+        raise Terminated() if interrupt.signum == signal.SIGTERM else KeyboardInterrupt
     notes = [note] if main_process and (note := _final_chance_note(history, len(bundle.class_names))) else []
     if budget is not None and main_process and epoch == run_epochs():
         notes.append(budget.ending_note(time.perf_counter() - started))
@@ -655,33 +655,39 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
 
 
 class _Interrupt:
-    """Ctrl-C while training: finish the running step, save a resumable checkpoint there, then stop.
+    """Ctrl-C or SIGTERM while training: finish the running step, save a resumable checkpoint there, then stop
+    (``KeyboardInterrupt``; :class:`~hne_edge.errors.Terminated` for SIGTERM: the CLI exits 130 / 143).
 
-    A second Ctrl-C stops at once (Python's KeyboardInterrupt; the last checkpoint stays as it was). Only in
+    A second one stops at once (the last checkpoint stays as it was). Only in
     the main thread of a single process: under DDP every rank would have to stop at the same step.
     """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)  # SIGTERM: a supervisor's or a cluster's pre-emption, the same way
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.requested = False
-        self._previous = None
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
 
     def _handler(self, signum, frame) -> None:
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
+        self.requested, self.signum = True, signum
+        said = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         # no Progress here: the handler may run while the main thread holds its lock
-        print("\nCtrl-C: finishing this step to save a resumable checkpoint (Ctrl-C again: stop now, without it)",
+        print(f"\n{said}: finishing this step to save a resumable checkpoint ({said} again: stop now, without it)",
               file=sys.stderr, flush=True)  # fmt: skip
 
     def __enter__(self) -> "_Interrupt":
         if self.enabled:
-            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.enabled:
-            signal.signal(signal.SIGINT, self._previous)
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
 
 
 def format_epoch(record: dict[str, Any], epochs: int, num_leaves: int) -> str:

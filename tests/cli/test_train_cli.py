@@ -280,6 +280,38 @@ def test_a_run_that_ends_at_chance_says_so(tmp_path):
     assert "note: the model is at chance" in ev.stdout  # the same rule where its accuracy is read again
 
 
+def test_sigterm_saves_a_resumable_checkpoint_as_ctrl_c_does_and_exits_143(tmp_path):
+    """``kill`` (a cluster's pre-emption, a supervisor's stop) ended a training run where it stood: the epoch's
+    steps since the last checkpoint lost. SIGTERM now stops as Ctrl-C does - the running step finished, a resumable
+    checkpoint saved there - and exits 128 + SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(out), "--epochs", "200",
+                             "--threads", "1", *CPU], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    try:
+        for line in proc.stderr:
+            if line.startswith("train: "):  # inside the first epoch
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == "Terminated" and lines[0].startswith("SIGTERM: finishing this step"), lines
+    assert lines[-2].startswith("stopped in epoch 1/200 after step ") and "saved a resumable checkpoint" in lines[-2]
+    step = int(lines[-2].split("after step ")[1].split("/")[0])
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (state["epoch"], state["extra"]["step"]) == (0, step)
+
+
 def test_ctrl_c_saves_a_resumable_checkpoint_and_resume_says_from_where(tmp_path):
     """Reproduces issue 20 item 5: Ctrl-C before the first epoch ended left nothing, and --resume said only
     "checkpoint not found"."""
