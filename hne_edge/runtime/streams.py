@@ -145,7 +145,8 @@ class FrameHandle(Future):
 
     ``cancel()`` stops the frame at its next step boundary: it still gets a result (``stopped_by ==
     "cancelled"``, with the leaves already done), so ``result()`` never raises ``CancelledError``. It returns
-    False when the frame already had its result.
+    False when the frame already had its result. A handle is *running* from its submit: ``Future.cancel(handle)``,
+    the base class's, answers False as for any running future.
 
     ``add_done_callback(fn)``: ``fn(handle)`` runs on a thread of the frame's stream (one per stream with callbacks
     to run, in the order its frames were answered), never on the scheduler's own threads: a callback that blocks
