@@ -58,6 +58,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "swap_dir_into_place",
+    "absolute_folder",
     "check_output_dir",
     "foreign_entry",
     "is_scratch",
@@ -87,6 +88,14 @@ def _alive(pid: int) -> bool:
     except OSError:  # exists, owned by someone else
         return True
     return True
+
+
+def absolute_folder(path: str | os.PathLike) -> Path:
+    """``path`` made absolute, a last component ``..`` resolved to the folder it names: a writer's scratch siblings
+    (``.NAME.hne-partial-*``) go beside that folder, not inside the one below it (``--out bundle/onnx/..`` staged
+    into ``bundle/onnx/`` and then refused its own scratch folder as a file the bundle does not hold)."""
+    path = Path(path)
+    return path.resolve() if path.name == ".." else path.absolute()
 
 
 def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
@@ -296,7 +305,7 @@ def staged_output(out_dir: str | os.PathLike, what: str = "output folder", *, ou
     error the scratch folder, and any parent folder this call created, are removed: a failed ``eval`` or
     ``bench`` leaves ``out_dir`` as it was and no new empty folder behind.
     """
-    out = check_output_dir(out_dir, what).absolute()
+    out = absolute_folder(check_output_dir(out_dir, what))
     created = new_folders(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

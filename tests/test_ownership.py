@@ -95,6 +95,18 @@ def test_force_replaces_a_bundle_with_profiles_and_a_dead_writers_scratch(tiny_b
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_an_out_ending_in_dot_dot_is_the_folder_it_names(tiny_bundle, tmp_path):
+    """`export --out bundle/onnx/.. --force` staged its scratch folder inside bundle/onnx/ (the parent of the path
+    as written) and refused it: "it holds 'onnx/....hne-partial-...', which is not part of the bundle"."""
+    out = tmp_path / "out"
+    shutil.copytree(tiny_bundle.bundle_dir, out)
+    old = (out / "manifest.json").read_bytes()
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out / "onnx" / ".."), "--force", *FAST_EXPORT)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "manifest.json").read_bytes() != old and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not [p for p in out.rglob("*") if ".hne-" in p.name]
+
+
 def test_a_symlink_at_out_is_refused_and_nothing_changes(tiny_bundle, tmp_path):
     """Issue 19 (1): the link was replaced by a real folder, its target left stale and a .NAME.partial-* link
     left behind. We refuse a link at --out (with or without --force): pass the folder it points to."""

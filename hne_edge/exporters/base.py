@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 
 from ..bundle import EXPORT_PLANS, PLAN_GROUPS, PLANS, PRECISIONS, batch_range_ok, why_not_replaceable
 from ..errors import ExportError, InputError, short_repr
-from ..fileio import remove_stale, scratch_path, swap_dir_into_place
+from ..fileio import absolute_folder, remove_stale, scratch_path, swap_dir_into_place
 from ..limits import MAX_BATCH
 
 __all__ = [
@@ -238,7 +238,7 @@ def atomic_output_dir(
     if not str(out_dir).strip():  # Path("") is the current directory: never what an empty --out meant
         raise InputError("output folder: received an empty path; expected the name of a folder to create",
                          hint="pass out_dir='bundle' (any new folder)", cli_hint="pass --out DIR, e.g. --out bundle")  # fmt: skip
-    out = Path(out_dir).absolute()
+    out = absolute_folder(out_dir)
     _check_out(out, force, keep)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(out)
