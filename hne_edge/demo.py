@@ -34,12 +34,13 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .errors import InputError
-from .fileio import atomic_file, atomic_write_json, check_output_dir, foreign_entry
+from .fileio import (absolute_folder, atomic_file, atomic_write_json, check_output_dir, foreign_entry, new_folders,
+                     remove_new_folders, remove_stale, scratch_path)
 
 __all__ = ["DemoResult", "run_demo", "choose_data", "bundle_logits", "budget_sweep", "format_budget_table", "ensemble_rows",
            "format_ensemble_line", "how_to_run_hne_edge", "pretrained_checkpoint", "pretrained_record", "MARKER", "DEMO_LAYOUT",
@@ -272,8 +273,12 @@ def _train_config(out: Path, data: str, data_dir: str | None, model: str | None,
     return TrainConfig.from_preset(preset, overrides)
 
 
-def _prepare_out(out: Path, force: bool) -> None:
-    """Make ``out`` a new, empty demo folder, replacing only a previous demo's (see :data:`DEMO_LAYOUT`)."""
+@contextlib.contextmanager
+def _demo_folder(out: Path, force: bool) -> Iterator[None]:
+    """Make ``out`` a new, empty demo folder for the block, replacing only a previous demo's (see
+    :data:`DEMO_LAYOUT`). The previous one is moved aside, not deleted, until the block succeeds: a demo that fails
+    (bad data, a full disk) or is stopped (Ctrl-C, SIGTERM) leaves it as it was and no folder of its own. The new
+    demo is built at ``out`` itself, so the paths it records (the checkpoint's, the bundle's) are the final ones."""
     if out.is_symlink():
         raise InputError(f"--out {out} is a symbolic link (to {os.readlink(out)}); expected a folder",
                          hint="pass the folder it points to")  # fmt: skip
@@ -289,9 +294,38 @@ def _prepare_out(out: Path, force: bool) -> None:
                 f"{out} holds only what a demo writes but not its {MARKER} file, so it may not be a demo's",
                 hint="pass force=True to replace it", cli_hint="pass --force to replace it",
             )
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    (out / MARKER).write_text("written by hne-edge demo; the next demo run may replace this folder\n")
+    out = absolute_folder(out)
+    created = new_folders(out.parent)  # (out itself is removed with what is in it)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(out)  # a killed demo's previous one, set aside
+    previous = scratch_path(out, "old") if out.exists() else None
+    if previous is not None:
+        os.replace(out, previous)
+    try:
+        out.mkdir()
+        (out / MARKER).write_text("written by hne-edge demo; the next demo run may replace this folder\n")
+        yield
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        if previous is not None:
+            os.replace(previous, out)
+        else:
+            remove_new_folders(created)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def _refuse_inputs_inside(out: Path, inputs: list) -> None:
+    """An input of the demo inside ``--out`` (the ``frames.npz`` a previous demo wrote, as ``--data-dir``) would be
+    replaced with the folder before it is read: refused, as ``export`` refuses a folder holding its checkpoint."""
+    home = out.resolve()
+    for given in inputs:
+        if given is not None and (Path(given).resolve() == home or home in Path(given).resolve().parents):
+            raise InputError(f"--out {out} holds {given}, an input of this demo, which replacing the folder would "
+                             "delete; expected an --out that does not contain its inputs",
+                             hint="choose another out_dir, or move the input out of it",
+                             cli_hint="choose another --out, or move the input out of it")  # fmt: skip
 
 
 def run_demo(
@@ -310,19 +344,13 @@ def run_demo(
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the whole pipeline into ``out_dir`` (see the module docstring)."""
-    import torch
-
-    from .bundle import BOTH
-    from .exporters import export_onnx, verify_bundle
-    from .models import tree_cost
-    from .plots import plot_budget_sweep, plot_tree
-    from .progress import progress_for
-    from .runtime import AnytimeRunner
-    from .train import TrainConfig, fit, load_checkpoint, model_from_checkpoint
+    from .train import TrainConfig, load_checkpoint
     from .train.config import upgrade_config
-    from .train.data import load_data, npz_fingerprint
-    from .train.evaluation import dataset_name, write_metrics
+    from .train.data import npz_fingerprint
 
+    if not str(out_dir).strip():  # Path("") is the current directory: never what an empty --out meant
+        raise InputError("--out: received an empty path; expected the name of a folder for the demo's files",
+                         hint="pass out_dir='runs/demo'", cli_hint="pass --out DIR, e.g. --out runs/demo")  # fmt: skip
     out = Path(out_dir)
     auto = data == "auto"
     data, data_dir, note = choose_data(data, data_dir)
@@ -344,7 +372,27 @@ def run_demo(
         config = TrainConfig.from_dict({**stored, "data": {**stored["data"], "data_dir": data_dir}, "quiet": quiet})
     else:
         config = _train_config(out, data, data_dir, model, epochs, limit, seed, quiet)  # validate before touching the disk
-    _prepare_out(out, force)
+    _refuse_inputs_inside(out, [data_dir, shipped if use_shipped else None])
+    with _demo_folder(out, force):  # a demo that fails or is stopped leaves the previous one as it was
+        return _pipeline(out, config, note, use_shipped, shipped, record if use_shipped else None, data, frames, quiet,
+                         echo)  # fmt: skip
+
+
+def _pipeline(out: Path, config, note: str | None, use_shipped: bool, shipped: Path, record: dict | None, data: str,
+              frames: int | None, quiet: bool, echo: Callable[[str], None]) -> DemoResult:
+    """The demo's six steps into ``out`` (made empty by :func:`_demo_folder`)."""
+    import torch
+
+    from .bundle import BOTH
+    from .exporters import export_onnx, verify_bundle
+    from .models import tree_cost
+    from .plots import plot_budget_sweep, plot_tree
+    from .progress import progress_for
+    from .runtime import AnytimeRunner
+    from .train import fit, model_from_checkpoint
+    from .train.data import load_data
+    from .train.evaluation import dataset_name, write_metrics
+
     t_start = time.perf_counter()
 
     def step(n: int, text: str) -> None:

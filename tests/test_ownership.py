@@ -414,7 +414,7 @@ def test_demo_refuses_its_own_folder_once_a_user_file_is_in_it(tmp_path, force):
 
 
 def test_demo_force_adds_only_a_folder_of_demo_entries_without_its_marker(tmp_path):
-    from hne_edge.demo import MARKER, _prepare_out
+    from hne_edge.demo import MARKER, _demo_folder
 
     out = tmp_path / "demo"
     (out / "bundle").mkdir(parents=True)
@@ -422,11 +422,65 @@ def test_demo_force_adds_only_a_folder_of_demo_entries_without_its_marker(tmp_pa
     before = tree_digest(tmp_path)
     one_line_error(run_cli(*DEMO, "--out", str(out)), MARKER, "--force")  # no marker: not known to be a demo's
     assert tree_digest(tmp_path) == before
-    _prepare_out(out, force=True)  # what `demo --force` does before it trains
-    assert sorted(p.name for p in out.iterdir()) == [MARKER]
-    (out / "eval").mkdir()
-    _prepare_out(out, force=False)  # a demo's folder (its marker, demo entries): the next demo replaces it
-    assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    with _demo_folder(out, force=True):  # what `demo --force` does before it trains
+        assert sorted(p.name for p in out.iterdir()) == [MARKER]
+        (out / "eval").mkdir()
+    with _demo_folder(out, force=False):  # a demo's folder (its marker, demo entries): the next demo replaces it
+        assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]
+
+
+def _previous_demo(out):
+    from hne_edge.demo import MARKER
+
+    (out / "eval").mkdir(parents=True)
+    (out / MARKER).write_text("written by hne-edge demo\n")
+    (out / "demo.json").write_text('{"budgets": []}')
+    (out / "eval" / "metrics.json").write_text("{}")
+    np.savez(out / "frames.npz", x=np.zeros((4, 8, 8, 1), np.uint8), y=np.arange(4) % 2)
+
+
+def test_a_demo_that_fails_or_is_stopped_leaves_the_previous_demo_as_it_was(tmp_path):
+    """The demo deleted the previous demo before it loaded its data: `demo --data npz --data-dir junk.npz` failed
+    (exit 2) leaving only its marker where 72 files had been; Ctrl-C a few seconds in left a half-built folder. The
+    previous demo is set aside until the new one is done, and put back if it is not."""
+    from hne_edge.demo import _demo_folder
+
+    out = tmp_path / "demo"
+    _previous_demo(out)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    before = tree_digest(tmp_path)
+    one_line_error(run_cli("demo", "--data", "npz", "--data-dir", str(tmp_path / "junk.npz"), "--out", str(out),
+                           "--quiet"), "junk.npz")  # fmt: skip
+    assert tree_digest(tmp_path) == before
+    for stop in (KeyboardInterrupt, OSError):  # Ctrl-C / SIGTERM, a full disk
+        with pytest.raises(stop), _demo_folder(out, force=False):
+            (out / "demo.json").write_text("half")
+            raise stop()
+        assert tree_digest(tmp_path) == before
+    fresh = tmp_path / "new" / "deeper" / "demo"
+    with pytest.raises(KeyboardInterrupt), _demo_folder(fresh, force=False):
+        raise KeyboardInterrupt
+    assert tree_digest(tmp_path) == before  # no folder of its own left, its new parents neither
+
+
+@pytest.mark.parametrize("where", ["frames.npz", "."])
+def test_demo_refuses_an_input_inside_its_out(tmp_path, where):
+    """`demo --out D --data-dir D/frames.npz` (the frames a previous demo wrote there) deleted the folder, its input
+    with it, then failed: "npz data not found"."""
+    out = tmp_path / "demo"
+    _previous_demo(out)
+    before = tree_digest(tmp_path)
+    data = out / where if where != "." else out
+    proc = run_cli("demo", "--data", "npz", "--data-dir", str(data), "--epochs", "1", "--out", str(out), "--quiet")
+    one_line_error(proc, f"--out {out} holds {data}, an input of this demo")
+    assert tree_digest(tmp_path) == before
+
+
+def test_demo_refuses_an_empty_out(tmp_path):
+    """`demo --out ''` was taken as the current directory ("'.' was not written by hne-edge demo")."""
+    one_line_error(run_cli("demo", "--out", "", "--quiet", cwd=tmp_path), "--out: received an empty path")
+    assert not any(tmp_path.iterdir())
 
 
 # -- issue 29: inside a bundle, and beside any output ------------------------------------------------------
