@@ -7,6 +7,7 @@ that hung it, a model size that ended in a 200 GB allocation's traceback. The bo
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -227,6 +228,12 @@ def test_bench_streams_refuses_a_replay_past_the_bounds_up_front(tiny_bundle):
     with pytest.raises(InputError, match=r"streams 2 x fps 1e\+300 x seconds 1e\+300: more than 1e308 frames .* at most"):
         camera_arrivals(2, 1e300, 1e300)
     assert len(camera_arrivals(2, 10.0, 1.0)) == 20  # within the bounds, as before
+    for jitter in (math.nan, math.inf, 1e308, -1.0):  # 1e308: an OverflowError from the random jitter
+        with pytest.raises(InputError, match=r"jitter_ms: received .*; expected ms from 0 to 60,000"):
+            camera_arrivals(2, 10.0, 1.0, jitter_ms=jitter)
+    for deadline in (math.nan, math.inf, 0.0):
+        with pytest.raises(InputError, match=r"deadline_ms: received .*; expected a finite number of ms > 0"):
+            camera_arrivals(2, 10.0, 1.0, deadline_ms=deadline)
 
 
 def test_a_replay_is_checked_against_the_memory_this_machine_has(monkeypatch):

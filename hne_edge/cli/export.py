@@ -15,7 +15,7 @@ from ..exporters.onnx import DYNAMO_MIN_OPSET, EXPORTERS, exporter_opset  # torc
 from ..exporters.tensorrt import HARDWARE_LEVELS
 from ..progress import progress_for
 from . import printable
-from .options import BundlePath, batch_sizes_option, flag_names, quiet_option
+from .options import BundlePath, FiniteRange, batch_sizes_option, flag_names, quiet_option
 
 
 @click.command("export")
@@ -111,11 +111,11 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 @click.option("--frames", type=click.Path(exists=True, dir_okay=False), default=None, metavar="PATH.npz",
               help="Verify on these images (x: N,H,W,C uint8 or N,C,H,W float; one batch) instead of random ones.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random images.")
-@click.option("--atol", type=click.FloatRange(min=0), default=None,
+@click.option("--atol", type=FiniteRange(min=0), default=None,
               help="Absolute bound. Given --atol or --rtol, every element must have |ONNX - reference| <= atol + "
                    "rtol * |reference| (numpy.allclose, Polygraphy); neither: max |ONNX - reference| <= atol + rtol * "
                    "max |reference| per output [default: 1e-4 for fp32, 1e-3 for fp16].")
-@click.option("--rtol", type=click.FloatRange(min=0), default=None,
+@click.option("--rtol", type=FiniteRange(min=0), default=None,
               help="Relative bound, times each element's |reference| [default: 0 for fp32, 5e-3 for fp16].")
 @quiet_option
 def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] | None, frames: str | None, seed: int,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import os
 import re
 from pathlib import Path
@@ -32,6 +33,20 @@ from ..errors import HNEError
 from ..limits import THREADS_PER_CPU
 
 DEVICE_HELP = "auto (a GPU when one can be used here, else the CPU) | cpu | cuda[:N]."
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf``, which it lets through (a NaN compares false with
+    every bound): ``--jitter-ms inf`` was a traceback after the runner had opened, ``--guard-ms nan`` an error naming
+    a Python argument. Every float option of the CLI is one."""
+
+    name = "float range"  # the help as before: finite is what any reader of a range expects
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"received {value!r}; expected a finite number {self._describe_range()}", param, ctx)
+        return number
 
 
 class BundlePath(click.Path):

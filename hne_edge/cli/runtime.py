@@ -17,9 +17,11 @@ from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.bench import DURATION_S, MAX_SAMPLES, MIN_SAMPLES
 from ..runtime.inputs import check_labels
+from ..runtime.bench import MAX_JITTER_MS
 from ..runtime.streams import GUARD_MS, MAX_GUARD_MS
 from . import printable
-from .options import BundlePath, batch_sizes_option, device_option, flag_names, force_option, quiet_option, threads_option
+from .options import (BundlePath, FiniteRange, batch_sizes_option, device_option, flag_names, force_option, quiet_option,
+                      threads_option)
 
 
 class _BackendChoice(click.Choice):
@@ -105,7 +107,7 @@ _BENCH_FILES = {"bench.json": json_record(BENCH_FORMAT), "bench.png": sealed_png
 @click.argument("bundle", type=BundlePath())
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
-@click.option("--duration", type=click.FloatRange(min=0, max=86_400), default=DURATION_S, show_default=True,
+@click.option("--duration", type=FiniteRange(min=0, max=86_400), default=DURATION_S, show_default=True,
               help="Measure for at least this many seconds of timed runs (as trtexec's --duration) ...")
 @click.option("--min-samples", type=click.IntRange(min=1, max=MAX_SAMPLES), default=MIN_SAMPLES, show_default=True,
               help="... and at least this many runs of every level (their p99 is the 99th percentile of these).")
@@ -230,7 +232,7 @@ RUN_FLAGS = {"budget_ms": "--budget-ms", "max_leaves": "--max-leaves", "min_leav
 @click.option("--budget-ms", type=float, default=None, help="Per-frame time budget in milliseconds.")
 @click.option("--max-leaves", type=int, default=None)
 @click.option("--min-leaves", type=int, default=1, show_default=True)
-@click.option("--agreement", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--agreement", type=FiniteRange(0, 1, min_open=True), default=None,
               help="Stop early when this fraction of >= 2 leaves agree.")
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1), help="Samples per frame.")
 @click.option("--json", "as_json", is_flag=True,
@@ -301,23 +303,23 @@ def _streams(value: str) -> tuple[int, ...]:
 
 
 @click.command("bench-streams")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=BundlePath())
 @click.option("--streams", "streams", default="1,2,4", show_default=True, metavar="K[,K...]",
               help=f"Numbers of cameras to replay, one configuration each: at most {MAX_REPLAY_FRAMES:,} frames each "
                    f"(K x --fps x --seconds); with --methods runners (a thread per camera) at most {THREADS_PER_CPU} "
                    "cameras per CPU.")
-@click.option("--fps", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True, help="Frames per second per camera.")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="Replayed per configuration and method.")
-@click.option("--deadline-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--fps", type=FiniteRange(min=0, min_open=True), default=30.0, show_default=True, help="Frames per second per camera.")
+@click.option("--seconds", type=FiniteRange(min=0, min_open=True), default=5.0, show_default=True, help="Replayed per configuration and method.")
+@click.option("--deadline-ms", type=FiniteRange(min=0, min_open=True), default=None,
               help="A frame's deadline after its arrival (default: one frame period).")
-@click.option("--jitter-ms", type=click.FloatRange(min=0), default=2.0, show_default=True, help="Arrival jitter, uniform +-.")
+@click.option("--jitter-ms", type=FiniteRange(min=0, max=MAX_JITTER_MS), default=2.0, show_default=True, help="Arrival jitter, uniform +-.")
 @click.option("--methods", default="scheduler,runners,fifo", show_default=True,
               help="scheduler: one StreamScheduler; runners: one runner per camera in its own thread, budget the time "
                    "to the deadline; fifo: one runner, frames first in first out, budget the time left.")
 @click.option("--accuracy", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Accuracy per number of leaves (an `hne-edge eval` metrics.json or a checkpoint record): the "
                    "scheduler's value of a leaf, and the expected accuracy column.")
-@click.option("--guard-ms", type=click.FloatRange(min=0, max=MAX_GUARD_MS), default=GUARD_MS, show_default=True,
+@click.option("--guard-ms", type=FiniteRange(min=0, max=MAX_GUARD_MS), default=GUARD_MS, show_default=True,
               help="The scheduler plans every answer this much before its deadline, beyond the hand-out lags it "
                    "measures (a thread woken late, the interpreter's lock).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document: a row per configuration and method.")

@@ -221,6 +221,13 @@ class Arrival(NamedTuple):
     deadline: float
 
 
+MAX_JITTER_MS = 60_000  # a camera's arrivals jittered by a minute either way: far past any replay's sense
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def camera_arrivals(streams: int, fps: float, seconds: float, deadline_ms: float | None = None, jitter_ms: float = 0.0,
                     seed: int = 0, rates: Sequence[float] | None = None, burst: int = 1) -> list[Arrival]:  # fmt: skip
     """``streams`` cameras at ``fps`` (or camera ``k`` at ``rates[k % len(rates)]``) for ``seconds``, each with its own
@@ -232,6 +239,10 @@ def camera_arrivals(streams: int, fps: float, seconds: float, deadline_ms: float
     rates = [float(fps)] * streams if not rates else [float(rates[k % len(rates)]) for k in range(streams)]
     for rate in set(rates):
         check_replay(streams, rate, seconds)
+    if not (_is_number(jitter_ms) and 0 <= jitter_ms <= MAX_JITTER_MS):  # a NaN or 1e308 broke rng.uniform
+        raise InputError(f"jitter_ms: received {jitter_ms!r}; expected ms from 0 to {MAX_JITTER_MS:,}")
+    if deadline_ms is not None and not (_is_number(deadline_ms) and 0 < deadline_ms < math.inf):
+        raise InputError(f"deadline_ms: received {deadline_ms!r}; expected a finite number of ms > 0 (or None: a period)")
     if not (type(burst) is int and burst >= 1):
         raise InputError(f"burst: received {burst!r}; expected frames per burst, an int >= 1")
     rng = np.random.default_rng(seed)

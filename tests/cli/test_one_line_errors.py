@@ -62,13 +62,31 @@ def test_npz_data_with_no_samples_or_labels_past_the_class_bound_is_one_line(tin
         assert not (tmp_path / f"run-{name}").exists() and not (tmp_path / f"eval-{name}").exists()
 
 
+@pytest.mark.parametrize("flag, value", [("--jitter-ms", "inf"), ("--jitter-ms", "nan"), ("--jitter-ms", "1e308"),
+                                         ("--deadline-ms", "nan"), ("--guard-ms", "nan"), ("--fps", "inf"),
+                                         ("--seconds", "nan")])  # fmt: skip
+def test_bench_streams_refuses_a_timing_that_is_not_a_finite_number_naming_its_flag(tiny_bundle, flag, value):
+    """click's FloatRange lets nan and inf through: --jitter-ms inf / nan / 1e308 were an OverflowError traceback
+    from the arrivals' random jitter, --deadline-ms nan and --guard-ms nan errors naming a Python argument ("an
+    absolute time.perf_counter() value"), each after the runner had opened and profiled. Every float option is a
+    finite range now: refused as it is parsed, naming the flag."""
+    line = one_line_error(run_cli("bench-streams", str(tiny_bundle.bundle_dir), "--streams", "1", "--seconds", "0.3",
+                                  "--methods", "scheduler", "--quiet", flag, value), f"Invalid value for '{flag}'")  # fmt: skip
+    assert f"received '{value}'; expected a finite number" in line or "is not in the range 0<=x<=60000" in line, line
+
+
+def test_bench_streams_names_a_checkpoint_given_as_its_bundle(tiny_bundle):
+    one_line_error(run_cli("bench-streams", str(tiny_bundle.checkpoint_path), "--streams", "1"), "a checkpoint?",
+                   "hne-edge export")  # fmt: skip
+
+
 def test_agreement_nan_is_one_line_and_the_rule_refuses_nan_everywhere(tiny_bundle, tmp_path):
     from hne_edge.errors import InputError
     from hne_edge.runtime import Agreement
 
     np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
     one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "x.npy"), "--agreement", "nan"),
-                   "nan", "vote")  # fmt: skip
+                   "--agreement", "received 'nan'; expected a finite number 0<x<=1")  # fmt: skip
     for kwargs in ({"vote": float("nan")}, {"margin": float("nan")}, {"max_std": float("nan")}, {"min_leaves": True}):
         with pytest.raises(InputError, match="Agreement"):
             Agreement(**kwargs)
