@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..train.config import DATASETS
+from .options import flag_names
 
 
 @click.command("demo")
@@ -40,6 +41,15 @@ def demo(out_dir, data, data_dir, model, epochs, limit, frames, frames_alias, se
         raise click.UsageError(f"--data {data} needs --data-dir")
     if data in ("auto", "digits") and data_dir is not None:
         raise click.UsageError(f"--data-dir needs --data npz, cifar10, cifar100 or imagefolder; received --data {data}")
-    run_demo(out_dir, data=data, data_dir=data_dir, model=model, epochs=epochs, limit=limit, seed=seed,
-             frames=frames if frames is not None else frames_alias, force=force, quiet=quiet, pretrained=pretrained,
-             echo=click.echo)
+    ctx = click.get_current_context()
+    typed = {key: flag for key, (param, flag) in _FLAGS.items()
+             if ctx.get_parameter_source(param) is click.core.ParameterSource.COMMANDLINE}  # fmt: skip
+    with flag_names(typed):  # the training config's keys, as the flags that set them
+        run_demo(out_dir, data=data, data_dir=data_dir, model=model, epochs=epochs, limit=limit, seed=seed,
+                 frames=frames if frames is not None else frames_alias, force=force, quiet=quiet, pretrained=pretrained,
+                 echo=click.echo)  # fmt: skip
+
+
+# the training config's keys the demo's flags set: its errors name the flag typed ("--epochs: received 0")
+_FLAGS = {"optim.epochs": ("epochs", "--epochs"), "data.limit": ("limit", "--limit"), "seed": ("seed", "--seed"),
+          "model.name": ("model", "--model"), "data.data_dir": ("data_dir", "--data-dir")}

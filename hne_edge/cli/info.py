@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..tree import TREE_PRESETS
-from .options import force_option
+from .options import flag_names, force_option
 
 
 @click.command("info")
@@ -38,6 +38,8 @@ def info(
     from ..models.cost import format_cost
     from ..tree import parse_tree
 
+    if plot_path is not None and not plot_path.strip():  # Path("") is the current directory
+        raise InputError("--plot: received an empty path; expected the path of a PNG file to draw")
     if plot_path:  # before any work: a folder is not made, nor a file of the user's replaced
         folder = Path(plot_path).parent
         if not folder.is_dir():
@@ -47,7 +49,8 @@ def info(
     overrides = {"tree": parse_tree(tree, "--tree")}
     if input_size is not None:
         overrides["input_size"] = input_size
-    model = create_model(model_name, num_classes=num_classes, **overrides).eval()
+    with flag_names({"num_classes": "--num-classes", "input_size": "--input-size", "TreeSpec.branching": "--tree"}):
+        model = create_model(model_name, num_classes=num_classes, **overrides).eval()
     cost = tree_cost(model)
     if plot_path:
         from ..plots import plot_tree

@@ -13,7 +13,7 @@ import click
 from ..train.config import (DATASETS, DEFAULT_PRESET, EMA_AUTO, EMA_AUTO_WINDOW, HOLDOUTS, LOSSES,  # torch-free:
                             NORMALIZATIONS, POINTWISE, PRESETS, WEIGHTINGS)  # --help stays instant
 from ..tree import TREE_PRESETS
-from .options import (CheckpointPath, config_device_option, device_option, force_option, names_typed_flags,
+from .options import (CheckpointPath, config_device_option, device_option, flag_names, force_option, names_typed_flags,
                       quiet_option, threads_option, typed_flags)
 
 # config keys whose flag is not "--" + the key's last part with "-" for "_" (errors name the flag the user typed)
@@ -115,7 +115,7 @@ def train(data, data_dir, download, model, tree, loss, alpha, temperature, weigh
     put("model", "name", model)
     if tree is not None:
         overrides.setdefault("model", {}).setdefault("overrides", {})["tree"] = parse_tree(tree, "--tree")
-        flags["model.overrides"] = "--tree"
+        flags["model.overrides"] = flags["TreeSpec.branching"] = "--tree"
     for key, value in (("kind", loss), ("alpha", alpha), ("temperature", temperature), ("weighting", weighting),
                        ("temperature_squared", temperature_squared), ("normalize", normalize)):
         put("loss", key, value)
@@ -213,7 +213,8 @@ def eval_(checkpoint, out, split, test_data, data_dir, batch_size, device, no_pl
 
     if test_data and split:
         raise InputError(f"--test-data and --split {split} contradict each other: --test-data names the images to use")
-    with progress_for(None, "eval", "image", quiet=quiet) as progress:
+    device_flag = flag_names({"device: received": "--device: received"})  # not "no CUDA device"
+    with progress_for(None, "eval", "image", quiet=quiet) as progress, device_flag:
         metrics = evaluate_checkpoint(
             checkpoint, out, split=split or "val", test_data=test_data, data={"data_dir": data_dir} if data_dir else None,
             batch_size=batch_size, device=device, plots=not no_plots, progress=progress, force=force,

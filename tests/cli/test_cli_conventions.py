@@ -116,7 +116,7 @@ def test_verify_batch_sizes_outside_the_bundles_range(work):
         (("run", "{b}", "{notes_npz}"), ("notes.npz", "cannot read")),
         (("bench", "{b}", "--frames", "{notes_npz}"), ("notes.npz", "cannot read")),
         (("info", "hne_tiny", "--tree", "1,x"), ("--tree", "'1,x'", "branching factors")),
-        (("info", "hne_tiny", "--tree", "3,0"), ("branching",)),
+        (("info", "hne_tiny", "--tree", "3,0"), ("--tree", "positive integers")),
         (("info", "no_such_model"), ("no_such_model", "hne_tiny")),
         (("export", "{ckpt}", "--out", "{tmp}/o", "--batch-range", "4:2:1"), ("4:2:1", "MIN:OPT:MAX")),
         (("export", "{ckpt}", "--out", "{tmp}/o", "--precision", "fp8"), ("fp8", "fp32")),
@@ -134,6 +134,38 @@ def test_user_errors_are_one_line_hne_errors(work, tiny_bundle, tmp_path, args, 
     proc = run_cli(*(a.format(**values) for a in args), cwd=tmp_path)
     one_line_error(proc, *fragments)
     assert not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()
+
+
+PYTHON_NAMES = ("TreeSpec", "num_classes", "input_size", "optim.", "data.", "model.name", "batch_sizes[]", "device='",
+                "input image")  # what a Python caller or a config file calls these, never a shell user
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("info", "hne_tiny", "--tree", "1,0"), "--tree must hold positive integers"),
+        (("train", "--tree", "1,0", "--out", "{tmp}/o"), "--tree must hold positive integers"),
+        (("info", "hne_tiny", "--num-classes", "0"), "--num-classes must be a positive integer"),
+        (("info", "hne_tiny", "--input-size", "0"), "--input-size must be a positive integer"),
+        (("info", "hne_tiny", "--plot", ""), "--plot: received an empty path"),
+        (("demo", "--epochs", "0", "--out", "{tmp}/o"), "--epochs: received 0"),
+        (("demo", "--limit", "0", "--out", "{tmp}/o"), "--limit: received 0"),
+        (("demo", "--seed", "-1", "--out", "{tmp}/o"), "--seed: received -1"),
+        (("demo", "--model", "nope", "--out", "{tmp}/o"), "--model: received 'nope'"),
+        (("bench", "{b}", "--batch-size", "100", "--out", "{tmp}/o"), "Invalid value for --batch-size: received 100"),
+        (("profile", "{b}", "--batch-sizes", "9"), "Invalid value for --batch-sizes: received 9; expected 1..8"),
+        (("run", "{b}", "{frames}", "--device", "gpu"), "e.g. --device cuda"),
+        (("run", "{b}", "{frames}", "--agreement", "nan"), "Invalid value for '--agreement'"),
+        (("bench", "{b}", "--duration", "nan", "--out", "{tmp}/o"), "Invalid value for '--duration'"),
+    ],
+)
+def test_errors_name_the_flag_typed_not_a_python_argument(work, tmp_path, args, said):
+    """docs/cli.md: an error names the flag the user typed, never a Python argument or a config key. These named
+    TreeSpec.branching, num_classes, optim.epochs, batch_sizes[], "input image", device='cuda' or Agreement.vote."""
+    values = {"b": str(work / "b"), "frames": str(work / "frames.npz"), "tmp": str(tmp_path)}
+    line = one_line_error(run_cli(*(a.format(**values) for a in args), cwd=tmp_path), said)
+    assert not any(name in line for name in PYTHON_NAMES), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_only_hne_errors_are_one_line_other_exceptions_are_bugs(monkeypatch):

@@ -131,8 +131,9 @@ def parse_device(backend: str, device: str, devices: Sequence[str]) -> int:
         return int(index)
     cuda = " or 'cuda:N'" if "cuda" in devices else ""
     raise BackendUnavailable(
-        f"backend {backend!r}: received device {device!r}; expected one of {list(devices)}{cuda}"
-        + (" (e.g. device='cuda')" if cuda else " (GPU devices come with the GPU backends)")
+        f"backend {backend!r}: received device {device!r}; expected one of {list(devices)}{cuda}",
+        hint="e.g. device='cuda'" if cuda else "GPU devices come with the GPU backends",
+        cli_hint="e.g. --device cuda" if cuda else "GPU devices come with the GPU backends (--backend)",
     )
 
 
