@@ -42,19 +42,26 @@ NO_GPU_HINT = ("run on the CPU with backend 'onnxruntime' (or 'torch'), or build
                "hne_edge.exporters.build_engines(BUNDLE)")
 NO_GPU_CLI_HINT = ("run on the CPU: --backend onnxruntime (or torch); build the engines on the GPU device: hne-edge "
                    "export BUNDLE --format tensorrt")
+# an export: the ONNX bundle is made here, its engines on the device (export has no --backend)
+NO_GPU_EXPORT_HINT = ("export the ONNX bundle here (format='onnx') and build its engines on the GPU device: "
+                      "hne_edge.exporters.build_engines(BUNDLE)")
+NO_GPU_EXPORT_CLI_HINT = ("export the ONNX bundle here (--format onnx) and build its engines on the GPU device: "
+                          "hne-edge export BUNDLE --format tensorrt")
 
 
-def load_tensorrt() -> Any:
+def load_tensorrt(exporting: bool = False) -> Any:
     """``import tensorrt``, or :class:`BackendUnavailable`: on a machine without an NVIDIA GPU, saying so (installing
-    TensorRT cannot help there), else with the install hint."""
+    TensorRT cannot help there) and what to do instead (``exporting``: an export's, else a runner's), else with the
+    install hint."""
     try:
         import tensorrt as trt  # noqa: PLC0415
     except ImportError as exc:
         from .runtime.backends.cuda import no_gpu_here  # the one probe of the driver's device nodes
 
         if absent := no_gpu_here():
-            raise BackendUnavailable(f"TensorRT runs on an NVIDIA GPU, and {absent}", hint=NO_GPU_HINT,
-                                     cli_hint=NO_GPU_CLI_HINT) from None  # fmt: skip
+            hint, cli_hint = (NO_GPU_EXPORT_HINT, NO_GPU_EXPORT_CLI_HINT) if exporting else (NO_GPU_HINT, NO_GPU_CLI_HINT)
+            raise BackendUnavailable(f"TensorRT runs on an NVIDIA GPU, and {absent}", hint=hint,
+                                     cli_hint=cli_hint) from None  # fmt: skip
         raise BackendUnavailable(f"{INSTALL_HINT} (import tensorrt failed: {exc})") from None
     return trt
 

@@ -75,7 +75,7 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
                                    "accepted with --format tensorrt, to add engines to it)")  # fmt: skip
         from ..exporters.tensorrt import build_engines, device_info, load_tensorrt
 
-        load_tensorrt()  # fail before any work: clear message + install hint, exit 2
+        load_tensorrt(exporting=True)  # fail before any work: clear message + install hint, exit 2
         device_info()
         with progress_for(None, "tensorrt", "engine", quiet=quiet) as progress:
             entries = build_engines(source, precisions=precisions,

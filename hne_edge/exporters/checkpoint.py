@@ -63,7 +63,7 @@ def export_checkpoint(
     if format == "tensorrt":
         from .tensorrt import build_engines, device_info, load_tensorrt
 
-        load_tensorrt()  # fail before any work: a clear message and the install hint
+        load_tensorrt(exporting=True)  # fail before any work: a clear message and the install hint
         device_info()
         plans = None if plan in PLAN_GROUPS else parse_plan(plan)  # the default: every plan exported
 

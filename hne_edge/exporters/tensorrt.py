@@ -136,7 +136,7 @@ def build_engines(
     """
     if hardware_compatibility not in HARDWARE_LEVELS:
         raise InputError(f"hardware_compatibility must be one of {list(HARDWARE_LEVELS)}; received {hardware_compatibility!r}")
-    trt = load_tensorrt()
+    trt = load_tensorrt(exporting=True)
     gpu, cc = device_info()
     bundle_dir = Path(bundle_dir)
     # each ONNX source is hashed once, on the bytes the parser reads (read_verified below)
