@@ -478,7 +478,7 @@ def run_gpu_backends_on_fakes(monkeypatch) -> "OrtTensorRT":
     device = FakeDevice()
     fake = OrtTensorRT(device)
     for module in (trt_backend, trt_exporter):
-        monkeypatch.setattr(module, "load_tensorrt", lambda: fake)
+        monkeypatch.setattr(module, "load_tensorrt", lambda exporting=False: fake)
         monkeypatch.setattr(module, "device_info", lambda device_id=0: ("FakeGPU", "8.7"))
     monkeypatch.setattr(trt_backend, "require_cuda", lambda *a, **k: None)
     monkeypatch.setattr(trt_backend, "open_device", lambda device_id, memory: device)

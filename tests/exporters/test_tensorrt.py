@@ -90,7 +90,7 @@ def test_build_without_tensorrt_is_a_clear_error(tiny_bundle, monkeypatch, tmp_p
     if sys.platform.startswith("linux"):  # issue 42: without a driver, installing TensorRT cannot help
         monkeypatch.setattr(cuda, "_NVIDIA_DEVICE_NODES", (str(tmp_path / "nvidia0"),))
         with pytest.raises(BackendUnavailable, match=r"^TensorRT runs on an NVIDIA GPU, and this machine has no NVIDIA GPU"
-                                                     r" .*run on the CPU with backend 'onnxruntime'") as caught:  # fmt: skip
+                                                     r" .*export the ONNX bundle here \(format='onnx'\)") as caught:  # fmt: skip
             build_engines(tiny_bundle.bundle_dir)
         assert "install" not in str(caught.value)
 
@@ -174,7 +174,7 @@ def test_build_engines_against_the_documented_api(tiny_bundle, tmp_path, monkeyp
     from hne_edge.exporters import tensorrt as trt_mod
 
     fake = _FakeTRT(version)
-    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda exporting=False: fake)
     monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
     bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
     entries = build_engines(bundle, plans=("segments",), precisions=("fp32",), batch=(1, 2, 8))
@@ -211,7 +211,7 @@ def test_a_timing_cache_tensorrt_refuses_is_replaced_not_ignored(tiny_bundle, tm
     from hne_edge.exporters import tensorrt as trt_mod
 
     fake = _FakeTRT("10.3.0")
-    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda exporting=False: fake)
     monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
     bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
     cache = bundle / "tensorrt/trt10.3_sm87/timing.cache"
@@ -238,7 +238,7 @@ def test_export_with_engines_hashes_each_file_once_per_step_that_needs_it(tiny_b
     from hne_edge.exporters import tensorrt as trt_mod
 
     fake = _FakeTRT("10.3.0")
-    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda exporting=False: fake)
     monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
     counted = []
 

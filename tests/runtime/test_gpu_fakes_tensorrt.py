@@ -206,7 +206,7 @@ def fake_trt_bundle(tmp_path, monkeypatch):
     fake = _fake_trt(manifest, manifest.tree, 4, dev, log)
     fake.Logger = lambda level: None
     fake.Logger.WARNING, fake.Logger.VERBOSE = 1, 0
-    monkeypatch.setattr(trt_backend, "load_tensorrt", lambda: fake)
+    monkeypatch.setattr(trt_backend, "load_tensorrt", lambda exporting=False: fake)
     monkeypatch.setattr(trt_backend, "require_cuda", lambda *a, **k: None)
     monkeypatch.setattr(trt_backend, "device_info", lambda i: ("FakeGPU", "8.7"))
     monkeypatch.setattr(trt_backend, "open_device", lambda i, memory: dev)
