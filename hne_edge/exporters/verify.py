@@ -304,11 +304,11 @@ def verify_bundle(
         if batch_sizes is not None:
             raise InputError("received batch sizes and input images: the images are the one batch verified",
                              hint="pass batch_sizes or inputs, not both", cli_hint="pass --batch-sizes or --frames, not both")
-        given, top = len(inputs), manifest.input.batch[2]
+        images_given, top = len(inputs), manifest.input.batch[2]
         inputs = check_input(np.asarray(inputs)[:top], manifest.input)
         batch_sizes = [len(inputs)]
-        report.notes.append(f"inputs: the first {top} of the {given} given images (one batch: the bundle's largest)"
-                            if given > top else f"inputs: {given} given images (one batch)")  # fmt: skip
+        report.notes.append(f"inputs: the first {top} of the {images_given} given images (one batch: the bundle's "
+                            f"largest)" if images_given > top else f"inputs: {images_given} given images (one batch)")  # fmt: skip
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
             f"the reference model ({model.config.name}) is not the architecture of the bundle "

@@ -356,6 +356,8 @@ def test_verify_takes_tolerances_and_inputs_as_polygraphy_users_expect(tiny_bund
     b, ckpt, frames = str(work / "b"), str(tiny_bundle.checkpoint_path), str(work / "frames.npz")
     proc = run_cli("verify", b, "--checkpoint", ckpt, "--frames", frames, "--atol", "1", "--quiet", check=True)
     assert "note: inputs: 4 given images (one batch)" in proc.stdout and "bounds: fp32 1 + 0 x |ref| per element" in proc.stdout
+    proc = run_cli("verify", b, "--checkpoint", ckpt, "--frames", frames, "--quiet", check=True)  # no --atol/--rtol
+    assert "note: inputs: 4 given images (one batch)" in proc.stdout and "bounds:" not in proc.stdout, proc.stdout
     err = one_line_error(run_cli("verify", b, "--checkpoint", ckpt, "--seed", "5", "--atol", "1e-12", "--quiet"),
                          "bundle verification failed: ", "exceeds the bound 1e-12", after_progress=True)  # fmt: skip
     assert "max abs difference" in err
