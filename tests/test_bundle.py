@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from hne_edge.bundle import MANIFEST_NAME, read_manifest
-from hne_edge.errors import BundleError
+from hne_edge.errors import BundleError, InputError
 
 
 @pytest.fixture
@@ -277,6 +277,28 @@ def test_an_input_normalisation_that_overflows_float32_is_refused(bundle, std, m
     with pytest.raises(BundleError, match=r"input\.std\[1\]|input\.mean\[1\]") as info:
         read_manifest(bundle, verify_files=False)
     assert repr(std) in str(info.value) and "float32" in str(info.value)
+
+
+def test_a_normalisation_that_overflows_float16_is_refused_where_fp16_files_read_the_image(steps_bundle, tiny_bundle,
+                                                                                           tmp_path):
+    """docs/guarantees.md: a finite image is never made inf by the manifest. The check was float32's only: with
+    ``std = 1e-5`` a pixel of 1 normalises to 1e5, finite in float32, inf once cast to float16 for the fp16 files -
+    and the user's image was blamed ("received 768 non-finite value(s)"). Refused at read where fp16 files are, and
+    at export before any file is written; an fp32-only bundle keeps the float32 bound."""
+    from hne_edge.exporters import export_onnx
+
+    copy = shutil.copytree(steps_bundle, tmp_path / "fp16")
+    edit(copy, lambda d: d["input"].__setitem__("std", [1e-5] * 3))
+    with pytest.raises(BundleError, match=r"input\.mean\[0\] = 0\.0 with input\.std\[0\] = 1e-05 normalises a pixel "
+                                          r"in \[0, 1\] beyond float16 \(its fp16 files read the image so\)'s largest"):
+        read_manifest(copy, verify_files=False)
+    fp32 = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "fp32")
+    edit(fp32, lambda d: d["input"].__setitem__("std", [1e-5] * 3))
+    assert read_manifest(fp32, verify_files=False).input.std == (1e-5,) * 3  # 1e5 is a finite float32
+    with pytest.raises(InputError, match=r"normalization\.mean\[0\] = 0\.5 .* beyond float16"):
+        export_onnx(tiny_bundle.model, tmp_path / "never", normalization={"mean": [0.5] * 3, "std": [1e-6] * 3},
+                    precisions=("fp32", "fp16"), plan="segments", batch=(1, 1, 2))
+    assert not (tmp_path / "never").exists() and not [p for p in tmp_path.iterdir() if ".hne-" in p.name]
 
 
 @pytest.mark.parametrize("key, value, match", [

@@ -43,6 +43,7 @@ __all__ = [
     "ModelFile",
     "Manifest",
     "batch_range_ok",
+    "normalisation_overflow",
     "parse_json",
 ]
 
@@ -172,6 +173,7 @@ def parse_json(data: bytes, where: str, expected: str = "a manifest") -> Any:
 
 _FLOAT32_MAX = float.fromhex("0x1.fffffep+127")  # 3.4e38
 _FLOAT32_TINY = 2.0**-126  # the smallest positive normal float32, 1.2e-38
+_FLOAT16_MAX = 65504.0
 
 
 def _check_normalisation(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
@@ -183,10 +185,22 @@ def _check_normalisation(mean: tuple[float, ...], std: tuple[float, ...]) -> Non
             raise BundleError(f"manifest: input.std[{i}] = {s!r} is not a positive normal float32 ({_FLOAT32_TINY:.3g} "
                               f"to {_FLOAT32_MAX:.3g}), which the runtime normalises with; expected a pixel std such "
                               "as 0.25")  # fmt: skip
-        if max(abs(m), abs(1 - m)) / s > _FLOAT32_MAX:
-            raise BundleError(f"manifest: input.mean[{i}] = {m!r} with input.std[{i}] = {s!r} normalises a pixel in "
-                              f"[0, 1] beyond float32's largest value ({_FLOAT32_MAX:.3g}); expected a pixel mean and "
-                              "std such as 0.5 and 0.25")  # fmt: skip
+    problem = normalisation_overflow(mean, std, fp16=False, where="input.")
+    if problem:
+        raise BundleError(f"manifest: {problem}")
+
+
+def normalisation_overflow(mean, std, fp16: bool, where: str) -> str | None:
+    """Why a pixel in [0, 1] normalised by ``mean`` / ``std`` (named ``where``: "input.", "normalization.") is not a
+    finite number of the type the files read - float32, or float16 (largest 65504) where ``fp16`` files read the
+    image: a finite image made inf, then blamed as non-finite - or None. The one home of this rule: the manifest's
+    reader and the exporter ask it."""
+    top, kind = (_FLOAT16_MAX, "float16 (its fp16 files read the image so)") if fp16 else (_FLOAT32_MAX, "float32")
+    for i, (m, s) in enumerate(zip(mean, std)):
+        if max(abs(m), abs(1 - m)) / s > top:
+            return (f"{where}mean[{i}] = {m!r} with {where}std[{i}] = {s!r} normalises a pixel in [0, 1] beyond {kind}'s "
+                    f"largest value ({top:.6g}); expected a pixel mean and std such as 0.5 and 0.25")  # fmt: skip
+    return None
 
 
 def _check_model_config(config: dict, num_classes: int, shape: tuple[int | str, ...]) -> None:
@@ -516,6 +530,10 @@ class Manifest:
         model_config = _typed(model["config"], dict, "model.config")
         _check_model_config(model_config, len(class_names), input_spec.shape)
         files = tuple(ModelFile.from_dict(f, f"files[{i}]") for i, f in enumerate(_typed(d["files"], list, "files")))
+        if any(f.precision == "fp16" for f in files):  # the image is cast to float16 for them
+            problem = normalisation_overflow(input_spec.mean, input_spec.std, fp16=True, where="input.")
+            if problem:
+                raise BundleError(f"manifest: {problem}")
         manifest = cls(
             model_name=_typed(model["name"], str, "model.name"),
             model_config=model_config,

@@ -57,6 +57,7 @@ from ..bundle import (
     TensorSpec,
     activation_name,
     file_path,
+    normalisation_overflow,
     read_manifest,
     sha256_file,
     write_manifest,
@@ -344,6 +345,10 @@ def _check_request(model: "HNE", class_names, normalization, precisions, plan, b
         raise InputError(f"class_names has {len(class_names)} entries; the model has {config.num_classes} classes")
     normalization = normalization or {"mean": [0.0] * config.in_chans, "std": [1.0] * config.in_chans}
     check_normalization(normalization, config.in_chans)
+    problem = normalisation_overflow(normalization["mean"], normalization["std"], fp16="fp16" in precisions,
+                                     where="normalization.")  # fmt: skip
+    if problem:  # before any file is written (the manifest's reader would refuse it at the end)
+        raise InputError(problem)
     return _Request(tuple(class_names), normalization, precisions, plans, batch, opset, exporter, bool(first_leaf),
                     bool(torch_weights))  # fmt: skip
 
