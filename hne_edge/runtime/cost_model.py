@@ -345,7 +345,8 @@ class _BatchModel:
         # stalls in a row that only looked like its cost (a burst's first ones) would keep it from ever running
         # again: kept from running, it is re-probed soon (16 frames), then after twice as long each time it is as slow
         self.probe_in[leaf] = min(PROBE_SOON, self.probe_after)
-        if self.cm.profile is not None and not self.relearned[leaf]:
+        # a batch the profile does not hold has no entries (0.0): nothing its measurement could be said to differ from
+        if self.cm.profile is not None and self.loaded[leaf] > 0 and not self.relearned[leaf]:
             slow = self.speed.slow  # the measurement and the entry at the machine's pace now, as _check_entry's
             entry = self.loaded[leaf] * slow
             ratio = seconds * slow / entry

@@ -334,3 +334,22 @@ def test_a_relearned_entry_is_said_in_one_unit(tmp_path, own, said):
     assert said in message, message
     assert here == pytest.approx(own * entry * 2e3, rel=1e-2) and shown == pytest.approx(entry * 2e3, rel=1e-2)
     assert ratio == pytest.approx(max(here / shown, shown / here), rel=1e-2), message
+
+
+def test_a_step_relearned_at_a_batch_its_profile_does_not_hold_is_learned_without_a_message(tmp_path):
+    """A profile measured at batch 1 only (what `hne-edge demo` writes) and a runner at batch 16 (`bench --frames`'
+    accuracy pass): that batch has no entries (0.0 each), and a step slow several calls in a row divided by its entry
+    in the re-learn message - a ZeroDivisionError out of the cost model, on a busy machine."""
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2, 2), classes=4)
+    m = read_manifest(b)
+    runner = AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), load_profile=False, warmup=0)
+    runner.use_profile(runner.profile(batch_sizes=(1,), warmup=0, repeats=3, save=False))
+    model = runner.cost.for_batch(2)
+    assert model.loaded == [0.0] * len(model.loaded)  # no entry at this batch
+    for _ in range(40):  # steady costs first
+        for leaf in range(len(model.steady)):
+            model.observe(leaf, 1e-3)
+    for _ in range(30):  # then one step 50x as slow, call after call: its cost now
+        model.observe(5, 50e-3)
+        model.observe(0, 1e-3)
+    assert model.steady[5] > 10e-3 and 5 not in model.unconfirmed
