@@ -18,13 +18,15 @@ import numpy as np
 
 from hne_edge.cli.scripts import ArgumentParser, positive, run_main
 from hne_edge.runtime import AnytimeRunner
+from hne_edge.runtime.bench import load_arrays
+from hne_edge.runtime.inputs import check_labels
 
 
 def frames_from(path: str | None, runner: AnytimeRunner, count: int):
     """Yield (uint8 HWC frame, label or None). A camera callback would take this place."""
-    if path:
-        data = np.load(path)
-        x, y = data["x"], data["y"] if "y" in data.files else None
+    if path:  # read and checked as `hne-edge run` reads frames: a bad file is one line, not a traceback
+        x, y = load_arrays(path)
+        y = None if y is None else check_labels(y, len(x), runner.num_classes, path)
         for i in range(min(count, len(x))):
             yield x[i], (None if y is None else int(y[i]))
         return

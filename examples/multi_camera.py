@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hne_edge.cli.scripts import ArgumentParser, positive, run_main
+from hne_edge.cli.scripts import ArgumentParser, positive, run_main, seed
 from hne_edge.errors import InputError
 from hne_edge.runtime import AnytimeRunner, StreamScheduler
 from hne_edge.runtime.bench import camera_arrivals
@@ -41,7 +41,10 @@ def camera_frames(runner: AnytimeRunner, folders: list[str], streams: int, seed:
         return [runner.preprocess(rng.integers(0, 256, size=(8, h, w, c), dtype=np.uint8)) for _ in range(streams)]
     out = []
     for folder in folders:
-        paths = sorted(p for p in Path(folder).iterdir() if is_image_path(p)) if Path(folder).is_dir() else []
+        if not Path(folder).is_dir():
+            raise InputError(f"--cameras: {folder} {'is not a folder' if Path(folder).exists() else 'does not exist'}; "
+                             "expected a folder of images (.png, .jpg, ...)")  # fmt: skip
+        paths = sorted(p for p in Path(folder).iterdir() if is_image_path(p))
         if not paths:
             raise InputError(f"--cameras: {folder} holds no image files; expected a folder of images (.png, .jpg, ...)")
         out.append(runner.preprocess(np.stack([read_image(p, runner.input_spec.channels) for p in paths])))
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accuracy", default=None, help="accuracy record (metrics.json / checkpoint record)")
     parser.add_argument("--refresh", type=positive(float, "a number of seconds"), default=1.0)
     parser.add_argument("--threads", type=positive(int, "a number of threads"), default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     args = parser.parse_args(argv)
 
     folders = [c for c in args.cameras.split(",") if c] if args.cameras else []

@@ -85,6 +85,11 @@ def test_autonomous_stack(bundle_copy, labelled_frames, tmp_path):
         assert 0.05 <= float(r["load"]) <= 0.9
     assert (out / "timeline.png").stat().st_size > 10_000
     assert "answers late:" in proc.stdout and "accuracy on time" in proc.stdout
+    # the summary counts what the CSV shows: a late answer is one whose latency (from the frame's start) is past its
+    # budget; it counted the runner's met_budget, timed from refine (41 rows over budget, 14 said late, on digits)
+    late = sum(float(r["first_latency_ms"]) > float(r["budget_ms"]) for r in rows)
+    assert all(int(r["first_met_budget"]) == (float(r["first_latency_ms"]) <= float(r["budget_ms"])) for r in rows)
+    assert f"answers late: {late} (" in proc.stdout, proc.stdout
 
 
 def test_autonomous_stack_without_matplotlib_keeps_its_csv(bundle_copy, tmp_path):
@@ -121,6 +126,24 @@ def test_examples_speak_as_the_cli_does(bundle_copy, tmp_path):
                    "npz data not found")  # the old spelling still works, and is no longer advertised
     helptext = run_example("train_cifar.py", "--help").stdout
     assert "--data {cifar10,cifar100,npz}" in helptext and "--dataset" not in helptext and "--val-limit" in helptext
+
+    # frame files as `hne-edge run` reads them: each was a KeyError / IndexError / numpy traceback (exit 1), an
+    # empty one a 0-byte timeline.csv and an IndexError; a negative seed numpy's ValueError
+    bad = {"no_x.npz": lambda p: np.savez(p, y=np.zeros(3, np.int64)), "empty.npz": lambda p: p.write_bytes(b""),
+           "text.npz": lambda p: p.write_text("hello"),
+           "short_y.npz": lambda p: np.savez(p, x=np.zeros((4, 16, 16, 3), np.uint8), y=np.zeros(2, np.int64)),
+           "no_frames.npz": lambda p: np.savez(p, x=np.zeros((0, 16, 16, 3), np.uint8))}  # fmt: skip
+    for name, make in bad.items():
+        make(tmp_path / name)
+        for example, out in (("embedded_app.py", ()), ("autonomous_stack.py", ("--out", str(tmp_path / "s")))):
+            one_line_error(run_example(example, str(bundle_copy), "--frames", str(tmp_path / name), *out), name)
+    assert not (tmp_path / "s").exists()  # nothing written for input it refused
+    for example in ("autonomous_stack.py", "multi_camera.py"):
+        one_line_error(run_example(example, str(bundle_copy), "--seed", "-1", "--out", str(tmp_path / "s"))
+                       if example == "autonomous_stack.py" else run_example(example, str(bundle_copy), "--seed", "-1"),
+                       "--seed: received '-1'; expected an integer >= 0")  # fmt: skip
+    one_line_error(run_example("multi_camera.py", str(bundle_copy), "--cameras", str(tmp_path / "nope")),
+                   "nope does not exist")  # it said "holds no image files"
 
 
 def test_shipped_training_configs_load():

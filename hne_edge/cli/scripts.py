@@ -19,7 +19,7 @@ from typing import Callable
 
 from ..errors import HNEError
 
-__all__ = ["ArgumentParser", "positive", "run_main"]
+__all__ = ["ArgumentParser", "positive", "seed", "run_main"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -45,6 +45,18 @@ def positive(kind: Callable[[str], float] = float, what: str = "a number") -> Ca
         return value
 
     return parse
+
+
+def seed(text: str) -> int:
+    """An argparse ``type`` for a random seed: an int >= 0 (numpy's generators refuse a negative one with a
+    traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"received {text!r}; expected an integer >= 0")
+    return value
 
 
 def run_main(main: Callable[[], int | None]) -> int:
