@@ -43,7 +43,7 @@ from .fileio import (absolute_folder, atomic_file, atomic_write_json, check_outp
                      remove_new_folders, remove_stale, scratch_path)
 
 __all__ = ["DemoResult", "run_demo", "choose_data", "bundle_logits", "budget_sweep", "format_budget_table", "ensemble_rows",
-           "format_ensemble_line", "how_to_run_hne_edge", "pretrained_checkpoint", "pretrained_record", "MARKER", "DEMO_LAYOUT",
+           "format_ensemble_line", "how_to_run_hne_edge", "examples_folder", "pretrained_checkpoint", "pretrained_record", "MARKER", "DEMO_LAYOUT",
            "CIFAR10_NPZ", "PRETRAINED", "REFERENCE"]
 
 MARKER = ".hne-edge-demo"  # a folder with this file (and nothing a demo does not write) was written by the demo
@@ -489,6 +489,19 @@ def _pipeline(out: Path, config, note: str | None, use_shipped: bool, shipped: P
     echo(f"  hne-edge inspect {bundle}")
     echo(f"  hne-edge bench {bundle} --frames {out / 'frames.npz'} --out {out / 'bench'}")
     echo(f"  hne-edge run {bundle} {out / 'frames.npz'} --budget-ms {rows[3]['budget_ms']:.3f}")
-    echo(f"  python examples/embedded_app.py {bundle} --frames {out / 'frames.npz'}")
-    echo(f"  python examples/autonomous_stack.py {bundle} --frames {out / 'frames.npz'} --out {out / 'stack'}")
+    examples = examples_folder()
+    if examples is not None:  # a checkout's (an installed wheel has none)
+        echo(f"  python {examples / 'embedded_app.py'} {bundle} --frames {out / 'frames.npz'}")
+        echo(f"  python {examples / 'autonomous_stack.py'} {bundle} --frames {out / 'frames.npz'} --out {out / 'stack'}")
     return DemoResult(out, checkpoint, bundle, metrics, rows)
+
+
+def examples_folder(cwd: str | Path = ".") -> Path | None:
+    """The checkout's ``examples/`` as a shell user in ``cwd`` reaches it (relative below ``cwd``, else absolute), or
+    None where there is none: the demo printed ``python examples/...``, which only worked from the repository's
+    root."""
+    folder = Path(__file__).resolve().parent.parent / "examples"
+    if not (folder / "embedded_app.py").is_file():
+        return None
+    here = Path(cwd).resolve()
+    return Path(os.path.relpath(folder, here)) if folder.is_relative_to(here) else folder

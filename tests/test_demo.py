@@ -60,6 +60,7 @@ def test_demo_end_to_end(digits_demo, tmp_path):
     if (scripts / "hne-edge").exists():
         reach = f"hne-edge is in {scripts}/, not on your PATH"
         assert reach in text.split("next:")[1], text[-2000:]
+    _the_next_commands_run_as_printed(text, digits_demo)
     # a second run replaces its own folder; a foreign folder is refused with exit 2 and left alone
     foreign = tmp_path / "mine"
     foreign.mkdir()
@@ -329,3 +330,33 @@ def test_the_demo_evaluates_the_validation_images_once_through_the_bundle(tmp_pa
     for row in result.metrics["anytime"]:
         correct = (logits[:, : row["n"]].mean(1).argmax(-1) == labels).double().mean().item()
         assert row["accuracy"] == pytest.approx(correct, abs=1 / 180), row["n"]
+
+
+def _the_next_commands_run_as_printed(text: str, demo) -> None:
+    """Each command under "next:" runs as printed, where the demo ran (with the hne-edge and python it says to use
+    while they are off the PATH). Nothing ran them: `bench --frames` died of a ZeroDivisionError in the cost model
+    on a busy machine, and `python examples/...` worked only from the repository's root."""
+    import shlex
+    import subprocess
+
+    lines = [line.strip() for line in text.split("next:")[1].splitlines()[1:] if line.startswith("  ")]
+    hint = next((line for line in lines if line.startswith("(hne-edge is in ")), None)
+    where = hint.split("hne-edge is in ")[1].split("/,")[0] if hint else None
+    commands = [shlex.split(line) for line in lines if not line.startswith("(")]
+    assert [c[0] for c in commands] == ["hne-edge"] * 3 + ["python"] * 2, lines
+    for argv in commands:
+        argv = [f"{where}/{argv[0]}" if where else argv[0], *argv[1:]]
+        if "autonomous_stack.py" in argv[1]:
+            argv += ["--count", "40"]  # its 300 frames at 1.5x the tree's time: the same run, shorter
+        proc = subprocess.run(argv, cwd=demo.root, env=demo.env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (argv, proc.stdout[-2000:], proc.stderr[-3000:])
+
+
+
+def test_the_examples_are_named_so_that_they_run_from_where_the_demo_ran(tmp_path):
+    """The demo printed `python examples/embedded_app.py ...`, which exists only from the repository's root."""
+    from hne_edge.demo import examples_folder
+
+    assert examples_folder(REPO) == Path("examples")
+    elsewhere = examples_folder(tmp_path)
+    assert elsewhere.is_absolute() and (elsewhere / "embedded_app.py").is_file()

@@ -84,7 +84,7 @@ def test_tensorrt_export_cli_with_a_fake_tensorrt(tiny_bundle, tmp_path):
         "from tensorrt_fakes import FakeTensorRT\n"
         "import hne_edge.exporters.tensorrt as trt\n"
         "fake = FakeTensorRT('10.3.0')\n"
-        "trt.load_tensorrt = lambda: fake\n"
+        "trt.load_tensorrt = lambda exporting=False: fake\n"
         "trt.device_info = lambda: ('Orin (fake)', '8.7')\n"
     )
     out = tmp_path / "b"

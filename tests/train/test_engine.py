@@ -439,7 +439,11 @@ def test_a_run_at_chance_says_so_and_a_learning_run_does_not():
     assert chance_note(0.121, 2000, 10) is None
     note = chance_note(0.52, 100, 2, "training")  # 50% +- 5 points: 52% is guessing
     assert "training accuracy 52.0%" in note and "guessing among 2 classes (50.0%)" in note
+    assert "within them" in note
     assert chance_note(0.5, 0, 10) is None
+    # 7.2% of 10 classes on 5,000 images is 7 standard errors below chance: it said "within 3 standard errors"
+    note = chance_note(0.072, 5000, 10)
+    assert "is not above guessing among 10 classes (10.0%) by 3 standard errors" in note and "below them" in note, note
 
 
 def test_the_run_estimate_names_a_faster_model_when_it_is_hours():
