@@ -29,6 +29,7 @@ __all__ = [
     "ResourceExhausted",
     "MissingExtra",
     "Terminated",
+    "raise_terminated",
     "EXTRA_OF_MODULE",
     "missing_extra",
     "install_hint",
@@ -145,3 +146,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, a supervisor, a container stopping) while a command runs: raised in the main thread as
     Ctrl-C's ``KeyboardInterrupt`` is, so the same clean-up runs - scratch folders removed, nothing half-written where
     the user asked for an output, training's resumable checkpoint saved - and the CLI exits 143 (128 + SIGTERM)."""
+
+
+def raise_terminated(signum: int, frame: Any) -> None:
+    """hne-edge's SIGTERM handler (the CLI installs it for a command's run): :class:`Terminated`, once - a second
+    SIGTERM during the clean-up is ignored rather than cutting it short (SIGKILL still ends it). Training replaces
+    it, or the default action, with its own (finish the step, save, stop), never a handler the host installed."""
+    import signal  # noqa: PLC0415
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()

@@ -149,7 +149,7 @@ def test_info_refuses_an_absurd_model_size_in_one_line(flag, value, bound):
     from hne_edge import limits
 
     limit = {"num_classes": limits.MAX_NUM_CLASSES, "input_size": limits.MAX_INPUT_SIZE}[bound]
-    one_line_error(run_cli("info", "hne_tiny", flag, value, timeout=120), f"{bound} must be", f"at most {limit}", value)
+    one_line_error(run_cli("info", "hne_tiny", flag, value, timeout=120), f"{flag} must be", f"at most {limit}", value)
 
 
 def test_model_size_bounds_hold_for_the_library_and_for_configs_without_torch():

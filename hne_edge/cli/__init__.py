@@ -17,7 +17,7 @@ from typing import Iterator
 import click
 
 from .. import __version__
-from ..errors import HNEError, Terminated, missing_extra
+from ..errors import HNEError, Terminated, missing_extra, raise_terminated
 
 # command name -> (module, function, one-line help). Help lives here so that
 # listing commands imports nothing.
@@ -89,17 +89,12 @@ class LazyGroup(click.Group):
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` while the command runs (main thread only: Python's rule for handlers).
-    Once: a second SIGTERM during the clean-up is ignored rather than cutting it short (SIGKILL still ends it)."""
+    """SIGTERM raises :class:`~hne_edge.errors.Terminated` while the command runs (main thread only: Python's rule
+    for handlers), once (:func:`~hne_edge.errors.raise_terminated`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def on_term(signum, frame) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:

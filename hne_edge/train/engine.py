@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, HNEError, InputError, Terminated
+from ..errors import CheckpointError, HNEError, InputError, Terminated, raise_terminated
 from ..fileio import atomic_write_json, atomic_write_text, check_output_dir, is_scratch, new_folders, remove_new_folders
 from ..models import HNE, create_model, tree_cost
 from ..models.layers import set_pointwise
@@ -681,7 +681,9 @@ class _Interrupt:
 
     def __enter__(self) -> "_Interrupt":
         if self.enabled:
-            self._previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
+            for sig in self.SIGNALS:  # SIGTERM: not where the host installed its own (a script's deadline)
+                if sig != signal.SIGTERM or signal.getsignal(sig) in (signal.SIG_DFL, raise_terminated):
+                    self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
     def __exit__(self, *exc: Any) -> None:

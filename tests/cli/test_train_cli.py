@@ -274,7 +274,7 @@ def test_a_run_that_ends_at_chance_says_so(tmp_path):
     proc = run_cli("train", "--out", str(tmp_path / "run"), "--lr", "1e-9", *SMALL[:4], "--batch-size", "64", "--quiet",
                    "--threads", "1", *CPU, check=True)
     assert "note: the model is at chance: the full ensemble's validation accuracy" in proc.stdout, proc.stdout
-    assert "(±2.2% on 180 images)" in proc.stdout  # the whole hold-out, not --limit's 128
+    assert "(±2.2% on 180 images;" in proc.stdout  # the whole hold-out, not --limit's 128
     assert "guessing among 10 classes (10.0%)" in proc.stdout
     ev = run_cli("eval", str(tmp_path / "run" / "checkpoint.pt"), "--no-plots", *CPU, check=True)
     assert "note: the model is at chance" in ev.stdout  # the same rule where its accuracy is read again
