@@ -280,18 +280,14 @@ def test_a_run_that_ends_at_chance_says_so(tmp_path):
     assert "note: the model is at chance" in ev.stdout  # the same rule where its accuracy is read again
 
 
-def test_sigterm_saves_a_resumable_checkpoint_as_ctrl_c_does_and_exits_143(tmp_path):
-    """``kill`` (a cluster's pre-emption, a supervisor's stop) ended a training run where it stood: the epoch's
-    steps since the last checkpoint lost. SIGTERM now stops as Ctrl-C does - the running step finished, a resumable
-    checkpoint saved there - and exits 128 + SIGTERM."""
+def _stopped_in_its_first_epoch(out, signum) -> tuple[int, str]:
+    """`hne-edge train --out OUT` (200 epochs) sent ``signum`` once inside its first epoch: (exit code, stderr)."""
     import os
-    import signal
     import subprocess
     import sys
 
     from conftest import REPO
 
-    out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(out), "--epochs", "200",
                              "--threads", "1", *CPU], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
@@ -299,11 +295,22 @@ def test_sigterm_saves_a_resumable_checkpoint_as_ctrl_c_does_and_exits_143(tmp_p
         for line in proc.stderr:
             if line.startswith("train: "):  # inside the first epoch
                 break
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 143, err
+    return proc.returncode, err
+
+
+def test_sigterm_saves_a_resumable_checkpoint_as_ctrl_c_does_and_exits_143(tmp_path):
+    """``kill`` (a cluster's pre-emption, a supervisor's stop) ended a training run where it stood: the epoch's
+    steps since the last checkpoint lost. SIGTERM now stops as Ctrl-C does - the running step finished, a resumable
+    checkpoint saved there - and exits 128 + SIGTERM."""
+    import signal
+
+    out = tmp_path / "run"
+    returncode, err = _stopped_in_its_first_epoch(out, signal.SIGTERM)
+    assert returncode == 143, err
     lines = err.strip().splitlines()
     assert lines[-1] == "Terminated" and lines[0].startswith("SIGTERM: finishing this step"), lines
     assert lines[-2].startswith("stopped in epoch 1/200 after step ") and "saved a resumable checkpoint" in lines[-2]
@@ -315,30 +322,15 @@ def test_sigterm_saves_a_resumable_checkpoint_as_ctrl_c_does_and_exits_143(tmp_p
 def test_ctrl_c_saves_a_resumable_checkpoint_and_resume_says_from_where(tmp_path):
     """Reproduces issue 20 item 5: Ctrl-C before the first epoch ended left nothing, and --resume said only
     "checkpoint not found"."""
-    import os
     import signal
-    import subprocess
-    import sys
-
-    from conftest import REPO
 
     out = tmp_path / "run"
     missing = run_cli("train", "--out", str(out), "--resume", *CPU)
     one_line_error(missing, f"--resume: no checkpoint at {out / 'checkpoint.pt'}, so there is nothing to resume")
     assert "start the run without --resume" in missing.stderr and "resume=False" not in missing.stderr
 
-    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", "train", "--out", str(out), "--epochs", "200",
-                             "--threads", "1", *CPU], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    try:
-        for line in proc.stderr:
-            if line.startswith("train: "):  # inside the first epoch
-                break
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
+    returncode, err = _stopped_in_its_first_epoch(out, signal.SIGINT)
+    assert returncode == 130, err
     lines = err.strip().splitlines()
     assert lines[-1] == "Interrupted" and lines[0].startswith("Ctrl-C: finishing this step"), lines
     stopped = lines[-2]
