@@ -15,7 +15,7 @@ from ..exporters.onnx import DYNAMO_MIN_OPSET, EXPORTERS, exporter_opset  # torc
 from ..exporters.tensorrt import HARDWARE_LEVELS
 from ..progress import progress_for
 from . import printable
-from .options import BundlePath, FiniteRange, batch_sizes_option, flag_names, quiet_option
+from .options import BundlePath, FiniteRange, batch_sizes_option, flag_names, quiet_option, within_batch_range
 
 
 @click.command("export")
@@ -133,11 +133,7 @@ def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] |
         inputs = preprocess(x, read_manifest(bundle, verify_files=False).input) if x.dtype == np.uint8 else x
 
     if batch_sizes:
-        low, _, high = read_manifest(bundle, verify_files=False).input.batch
-        outside = [b for b in batch_sizes if not low <= b <= high]
-        if outside:
-            raise click.BadParameter(f"received {','.join(map(str, outside))}; expected sizes in {low}..{high}, the "
-                                     f"batch range {bundle} was exported for", param_hint="--batch-sizes")  # fmt: skip
+        within_batch_range(read_manifest(bundle, verify_files=False).input.batch, batch_sizes, "--batch-sizes")
     model = None
     if checkpoint is not None:
         from ..train.checkpoint import model_from_checkpoint

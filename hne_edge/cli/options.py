@@ -138,6 +138,17 @@ def batch_sizes_option(default: str | None, help: str) -> Callable[[Callable], C
                         callback=lambda ctx, param, value: parse_sizes(value, "--batch-sizes"), help=help)  # fmt: skip
 
 
+def within_batch_range(batch: tuple[int, int, int], sizes, flag: str) -> None:
+    """Batch sizes the user typed against a bundle's batch range ``(min, opt, max)``, refused naming ``flag`` (the
+    runtime's own error names its argument: "batch_sizes[]", "input image"). One check for run, bench, profile and
+    verify."""
+    lo, _, hi = batch
+    outside = [b for b in sizes if not lo <= b <= hi]
+    if outside:
+        raise click.BadParameter(f"received {','.join(map(str, outside))}; expected {lo}..{hi} (the batch range the "
+                                 "bundle was exported and verified for)", param_hint=flag)  # fmt: skip
+
+
 @contextlib.contextmanager
 def flag_names(names: dict[str, str]) -> Iterator[None]:
     """Errors raised inside name the flags the user typed, not the Python parameters or config keys they set:

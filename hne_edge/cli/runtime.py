@@ -21,7 +21,7 @@ from ..runtime.bench import MAX_JITTER_MS
 from ..runtime.streams import GUARD_MS, MAX_GUARD_MS
 from . import printable
 from .options import (BundlePath, FiniteRange, batch_sizes_option, device_option, flag_names, force_option, quiet_option,
-                      threads_option)
+                      threads_option, within_batch_range)
 
 
 class _BackendChoice(click.Choice):
@@ -76,7 +76,7 @@ def profile(bundle, batch_sizes, warmup, repeats, force, backend, device, plan, 
                                                                 cuda_graph) as runner:  # fmt: skip
         warnings.simplefilter("always")
         lo, opt, _ = runner.input_spec.batch
-        _within_batch_range(runner, batch_sizes or (), "--batch-sizes")
+        within_batch_range(runner.input_spec.batch, batch_sizes or (), "--batch-sizes")
         sizes = batch_sizes or tuple(sorted({lo, opt}))
         name = profile_filename(runner.device, runner.backend.name, plan, precision)
         check_profile_target(bundle, name, force)  # before it measures; checked again when it saves
@@ -134,7 +134,7 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
 
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner, \
             progress_for(None, "bench", "repetition", quiet=quiet) as progress:
-        _within_batch_range(runner, [batch_size], "--batch-size")
+        within_batch_range(runner.input_spec.batch, [batch_size], "--batch-size")
         out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
         if check_output_dir(out_dir, "--out").is_dir():  # checked before anything is measured, and again at the move
             for name, judge in _BENCH_FILES.items():  # no figure without matplotlib (the runtime install's)
@@ -225,16 +225,6 @@ def _load_inputs(paths, runner):
     return items
 
 
-def _within_batch_range(runner, sizes, flag: str) -> None:
-    """Batch sizes the user typed, against the bundle's batch range, refused naming ``flag`` (the runtime's error
-    names its own argument: "batch_sizes[]", "input image")."""
-    lo, _, hi = runner.input_spec.batch
-    outside = [b for b in sizes if not lo <= b <= hi]
-    if outside:
-        raise click.BadParameter(f"received {','.join(map(str, outside))}; expected {lo}..{hi} (the batch range the "
-                                 "bundle was exported and verified for)", param_hint=flag)  # fmt: skip
-
-
 RUN_FLAGS = {"budget_ms": "--budget-ms", "max_leaves": "--max-leaves", "min_leaves": "--min-leaves"}  # run()'s names
 
 
@@ -257,7 +247,8 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
     records, results = [], []
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
-        _within_batch_range(runner, [batch_size], "--batch-size")  # not the size of the frame made of their samples
+        # the size the user typed, not the size of the frame made of their samples
+        within_batch_range(runner.input_spec.batch, [batch_size], "--batch-size")
         for source, x, y in _load_inputs(inputs, runner):
             for start in range(0, len(x), batch_size):
                 xb = x[start : start + batch_size]
