@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -422,3 +423,37 @@ def test_a_profile_entry_too_large_for_a_float_is_refused_not_a_traceback(profil
     with pytest.warns(UserWarning, match=r"ignoring saved profile .*leaves\[5\]\.median_ms must be a positive finite number"):
         runner = open_runner()
     assert runner.cost.profile is None
+
+
+@pytest.mark.parametrize(
+    "plan, path, edit",
+    [
+        # two activations of one shape swapped: leaf 2 read leaf 0's b3.0 where its parent b2.0 belonged, and ran
+        ("segments", "onnx/fp32/segments/leaf00.onnx", "swap act_b2.0 act_b3.0"),
+        ("subtrees", "onnx/fp32/subtrees/unit00.onnx", "swap act_b2.0 act_b3.0"),
+        ("segments", "onnx/fp32/segments/leaf02.onnx", "node 0 b3.0"),
+        ("nodes", "onnx/fp32/nodes/b3.1.onnx", "node 0 b3.0"),
+        ("nodes", "onnx/fp32/nodes/b3.1.onnx", "name 0 logits"),
+    ],
+)
+def test_a_manifest_whose_outputs_name_other_nodes_is_refused(every_file_bundle, tmp_path, plan, path, edit):
+    """The runtime stores each output in the slot of its manifest `node`: an edited manifest (hashes intact) that
+    swapped two activations of one shape loaded and answered from the wrong parent. Every output must be the
+    activation of a node its file computes, under that node's name, and a leaf's logits."""
+    from conftest import edit_manifest
+    from hne_edge.errors import BundleError
+    from hne_edge.runtime import AnytimeRunner
+
+    def tamper(d):
+        outputs = next(f for f in d["files"] if f["path"] == path)["outputs"]
+        what, *args = edit.split()
+        if what == "swap":
+            i, j = (next(o for o in outputs if o["name"] == name) for name in args)
+            i["node"], j["node"] = j["node"], i["node"]
+        else:
+            outputs[int(args[0])][what] = args[1]
+
+    bundle = shutil.copytree(every_file_bundle, tmp_path / "b")
+    edit_manifest(bundle, tamper)
+    with pytest.raises(BundleError, match=re.escape(path)):
+        AnytimeRunner(bundle, plan=plan).close()

@@ -30,6 +30,7 @@ from .vocabulary import (
     PLAN_TABLE,
     PLANS,
     PRECISIONS,
+    SEGMENTS,
     SUBTREES,
     WEIGHTS,
     activation_name,
@@ -612,6 +613,8 @@ class Manifest:
                     if [o.name for o in f.outputs] != wanted:
                         raise BundleError(f"manifest: {f.path} outputs {[o.name for o in f.outputs]}; expected {wanted}")
             for f in group:
+                if plan in (SEGMENTS, NODES, FIRST) or (plan == SUBTREES and f.leaf == 0):  # leaf 0's chain
+                    self._check_outputs_name_their_nodes(f)  # the runtime stores each output in its node's slot
                 expected_in = self.tree.node(f.nodes[0]).parent
                 if len(f.inputs) != 1 or f.inputs[0].node != expected_in:
                     raise BundleError(
@@ -619,6 +622,21 @@ class Manifest:
                         f"received {[t.name for t in f.inputs]}"
                     )
 
+
+    def _check_outputs_name_their_nodes(self, f: ModelFile) -> None:
+        """A file of nodes, segments or first, or subtrees' leaf 0 chain: each output the activation of a node it
+        computes, as act_<node>, and the logits of the leaf it ends at (a node file: its node's one output)."""
+        last = self.tree.node(f.nodes[-1])
+        for i, t in enumerate(f.outputs):
+            if t.name == "logits" and (t.node, i, last.is_leaf) == (last.id, len(f.outputs) - 1, True):
+                continue
+            if t.name == "logits" or t.node not in f.nodes or t.name != activation_name(t.node):
+                raise BundleError(f"manifest: {f.path} outputs {t.name} as node {t.node}; expected the activation "
+                                  f"act_<node> of a node it computes ({', '.join(f.nodes)}) or the logits of its "
+                                  "last node, a leaf")  # fmt: skip
+        if f.plan == NODES and [t.node for t in f.outputs] != [last.id]:
+            raise BundleError(f"manifest: {f.path} outputs {[t.name for t in f.outputs]}; expected its node's one "
+                              f"output, {'logits' if last.is_leaf else activation_name(last.id)}")  # fmt: skip
 
     def _check_units(self, plan: str, label: str, group: list[ModelFile]) -> None:
         """Plan "subtrees": one file per :attr:`TreeSpec.subtree_units` unit; "fused": one file, every node.
