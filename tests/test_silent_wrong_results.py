@@ -165,13 +165,13 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 # -- a profile that disagrees with the machine ----------------------------------------------------------
 
 
-@pytest.fixture
-def profiled(tmp_path):
+@pytest.fixture(params=[("segments", "nodes")], ids=["segments"])
+def profiled(tmp_path, request):
     """A 4-leaf fake bundle (virtual clock: 1 ms per node) with its saved profile, and a runner factory."""
     from hne_edge.bundle import read_manifest
     from hne_edge.runtime import AnytimeRunner
 
-    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4, plans=request.param)
     m = read_manifest(b)
 
     def open_runner():
@@ -206,6 +206,21 @@ def test_a_profile_an_order_of_magnitude_off_is_dropped_after_the_first_measurem
         misses = _misses(runner)
     assert misses <= 2, misses  # before the rule: 30 of 30 frames missed at 1e-300 (recovery took thousands)
     np.testing.assert_allclose(runner.predicted_ms(1), [3, 1, 2, 1], rtol=0.5)  # learned from measurements
+
+
+@pytest.mark.parametrize("profiled", [("segments", "nodes", "first")], ids=["with the first-leaf file"], indirect=True)
+def test_a_profile_far_slower_is_dropped_where_frames_stop_in_the_first_leaf_file(profiled):
+    """A profile 100x slower than the machine (made on a busier one) predicted that no step after leaf 0 fits, so
+    every frame ran the export-free first-leaf file - whose time is not a sample of leaf 0's step - and the audit
+    never got its measurements: 1 leaf of 4 under a budget 4x the full tree, forever, with no warning (a runtime
+    review). While the audit waits, leaf 0 runs its own step, measured."""
+    path, open_runner = profiled
+    _scale_profile(path, 100.0)
+    runner = open_runner()
+    with pytest.warns(UserWarning, match=rf"{path.name} .* times slower than the first \d+ measurements here; dropped"):
+        x = np.zeros((1, C, H, W), np.float32)[:, :, :4, :4]
+        leaves = [runner.run(x, budget_ms=28.0).leaves for _ in range(30)]
+    assert leaves[-10:] == [4] * 10, leaves
 
 
 @pytest.mark.parametrize("factor", [1.0, 3.0, 0.4])

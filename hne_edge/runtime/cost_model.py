@@ -111,7 +111,7 @@ import math
 import time
 import warnings
 from collections import deque
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from ..errors import InputError
 from .stalls import STALL_FLOOR_S, STALL_RATIO, Speed, Stalls, SteadyWindow
@@ -500,6 +500,8 @@ class CostModel:
         path: the steps that make up the whole tree once (default: every step); a mixed runner's
             bigger steps are alternatives to some of them.
         clock: the clock the stall rate decays by (the backend's).
+        measured_here: the profile's batch sizes this process measured (``AnytimeRunner.profile``): their entries
+            need no audit against the first measurements (a profile loaded or given does).
     """
 
     def __init__(
@@ -515,6 +517,7 @@ class CostModel:
         probe_after: int = 500,
         path: Sequence[int] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        measured_here: Collection[int] = (),
     ) -> None:
         if not 0.5 <= quantile < 1.0:
             raise InputError(f"quantile must be in [0.5, 1); received {quantile!r}")
@@ -523,6 +526,7 @@ class CostModel:
         self.step_macs = list(step_macs)
         self.path = None if path is None else tuple(path)
         self.profile = profile
+        self.measured_here = frozenset(measured_here)  # its batch sizes measured in this process: no audit
         self.quantile = quantile
         self.window = window
         self.alpha = alpha
@@ -606,7 +610,10 @@ class CostModel:
             base = [doubtful.get(i, b) for i, b in enumerate(base)]
             times = [[] if i in doubtful else ts for i, ts in enumerate(times)]
             seeds = [r for k, r in enumerate(seeds) if k % len(leaves) not in doubtful]
-        return _BatchModel(self.step_macs, base, seeds, self, times)
+        model = _BatchModel(self.step_macs, base, seeds, self, times)
+        if nearest in self.measured_here:  # measured on this machine, now: the audit's question is answered
+            model.audit = None
+        return model
 
 
 def _lower_quartile(samples: Sequence[float], default: float) -> float:

@@ -331,8 +331,9 @@ class AnytimeRunner:
             plan=repr(self.plan),
         )
 
-    def _cost_model(self, profile: Profile | None) -> CostModel:
-        return CostModel(self.step_macs, profile, quantile=self.quantile, path=self._program.path, clock=self.backend.clock)
+    def _cost_model(self, profile: Profile | None, measured_here: frozenset[int] = frozenset()) -> CostModel:
+        return CostModel(self.step_macs, profile, quantile=self.quantile, path=self._program.path, clock=self.backend.clock,
+                         measured_here=measured_here)  # fmt: skip
 
     @property
     def first_leaf_file(self) -> str | None:
@@ -574,10 +575,12 @@ class AnytimeRunner:
             backend_info=self.backend.describe(),
             host=host_info(),
         )
+        measured = frozenset(profile.batches)  # measured here, now: what a profile's audit would ask (not the rest)
         if self.profile_data is not None:  # keep other batch sizes of the loaded profile
             for b, v in self.profile_data.batches.items():
                 profile.batches.setdefault(b, v)
         self.use_profile(profile)
+        self.cost = self._cost_model(profile, measured)
         self.profile_status = "measured, not saved"
         if save:
             self.profile_path, fell_back = save_profile(profile, self.bundle_dir)

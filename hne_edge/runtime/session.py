@@ -591,9 +591,11 @@ class AnytimeSession:
         pred, observe = self._model.pred, self._model.observe
         median, known = getattr(self._model, "base", None), getattr(self._model, "known", None)  # mixed programs
         decide_at = None if stop_at is None else stop_at - getattr(self._model, "exit", 0.0)  # room for the exit
-        # a run() that stops after leaf 0 whatever comes next (its budget holds no later step) runs that file too
+        # a run() that stops after leaf 0 whatever comes next (its budget holds no later step) runs that file too;
+        # not while a profile's audit waits for measurements: that file's time is not one
         first_only = (final and last != 1 and n_min <= 1 and program.first_leaf and decide_at is not None
-                      and median is not None and known is not None and self._next == 0)  # fmt: skip
+                      and median is not None and known is not None and self._next == 0
+                      and getattr(self._model, "audit", None) is None)  # fmt: skip
         n = self._next
         now = clock()
         t_forced = now
