@@ -332,8 +332,8 @@ class AnytimeRunner:
         )
 
     def _cost_model(self, profile: Profile | None, measured_here: frozenset[int] = frozenset()) -> CostModel:
-        return CostModel(self.step_macs, profile, quantile=self.quantile, path=self._program.path, clock=self.backend.clock,
-                         measured_here=measured_here)  # fmt: skip
+        return CostModel(self.step_macs, profile, quantile=self.quantile, path=self._program.path,
+                         clock=self.backend.clock, measured_here=measured_here)  # fmt: skip
 
     @property
     def first_leaf_file(self) -> str | None:
