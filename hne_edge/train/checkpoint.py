@@ -97,10 +97,11 @@ def save_release(path: str | os.PathLike, checkpoint: str | os.PathLike | dict[s
     its ``extra`` (``extra["weights_dtype"]`` says how the weights are stored)."""
     state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     model, _ = model_from_checkpoint(state)
-    history = (state.get("extra") or {}).get("history", [])
+    kept = {k: v for k, v in (state.get("extra") or {}).items() if k in ("history", "data")}  # data: its images' sha256
     return save_checkpoint(path, model=model, class_names=state["class_names"], normalization=state["normalization"],
                            epoch=state.get("epoch"), config=state.get("config"), weights_dtype=weights_dtype,
-                           extra={"history": history, "weights_dtype": str(weights_dtype).replace("torch.", ""), **(extra or {})})  # fmt: skip
+                           extra={"history": [], **kept, "weights_dtype": str(weights_dtype).replace("torch.", ""),
+                                  **(extra or {})})  # fmt: skip
 
 
 def torch_bytes(obj: Any) -> bytes:

@@ -394,6 +394,17 @@ def _ema_text(ema: float | str | None) -> str:
     return f", an EMA of the weights ({decay}) delivered"
 
 
+def _same_images(state: dict, bundle, data) -> None:
+    """A resume over the images the run started on: an npz replaced at the same path (another order is another
+    hold-out and other batches; another size, another model) is refused. Runs saved before the record pass."""
+    started_on = (state.get("extra") or {}).get("data")
+    if started_on and bundle.fingerprint and started_on != bundle.fingerprint:
+        where = data.data_dir if data.name == "npz" else f"{data.name} under {data.data_dir or 'data'}"
+        raise InputError(f"--resume: the training images at {where} are not those this run started on (their sha256 "
+                         f"{bundle.fingerprint[:12]}, the run's {started_on[:12]}); expected the same file, or a new "
+                         "run in another --out")  # fmt: skip
+
+
 def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
         stop_after_steps: int | None = None, model_source: str | None = None) -> FitResult:
     """Train ``config``; return where the checkpoint and log are.
@@ -441,6 +452,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
         if diffs:
             raise InputError(f"--resume with a different config: {'; '.join(diffs)}")
+        _same_images(state, bundle, config.data)
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     np.random.seed(config.seed)
@@ -573,6 +585,7 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                 progress.total = schedule.total_steps
                 progress.write(budget.describe())
             extra = {"history": history, "step_losses": step_losses, "rng": capture_rng_state(),
+                     "data": bundle.fingerprint,  # the sha256 of the images: a resume or an evaluation checks it
                      "scaler": scaler.state_dict() if scaler is not None else None, "world_size": world_size,
                      "step": step, "partial": partial if step else None,
                      "budget": budget.record() if budget is not None else None}  # fmt: skip

@@ -187,11 +187,21 @@ def evaluate_checkpoint(
         raise InputError(f"the run held out no validation images (data.val_split={data_cfg.val_split})",
                          hint="use split='test', evaluate on your own images with test_data=PATH.npz, or set val_split",
                          cli_hint="use --split test, or evaluate on your own images with --test-data PATH.npz")
-    if len(bundle.class_names) != model.config.num_classes or bundle.in_chans != model.config.in_chans:
+    cfg = model.config
+    size = bundle.input_size if not bundle.folder else cfg.input_size  # folders are resized to the model's
+    if (len(bundle.class_names), bundle.in_chans, size) != (cfg.num_classes, cfg.in_chans, cfg.input_size):
         raise InputError(
-            f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels) does not match the "
-            f"checkpoint's model ({model.config.num_classes} classes, {model.config.in_chans} channels)"
+            f"data ({data_cfg.name}: {len(bundle.class_names)} classes, {bundle.in_chans} channels, {size}x{size} "
+            f"images) does not match the checkpoint's model ({cfg.num_classes} classes, {cfg.in_chans} channels, "
+            f"{cfg.input_size}x{cfg.input_size})"
         )
+    started_on = (state.get("extra") or {}).get("data")  # the sha256 of the images the run was given
+    if split == "val" and started_on and bundle.fingerprint and started_on != bundle.fingerprint:
+        raise InputError(f"data ({dataset_name(data_cfg)}): the images are not those this checkpoint was trained on "
+                         f"(sha256 {bundle.fingerprint[:12]}, the run's {started_on[:12]}), so its validation split "
+                         "would be another draw, partly of training images; expected the run's data",
+                         hint="score other images with test_data=PATH.npz",
+                         cli_hint="score other images with --test-data PATH.npz")  # fmt: skip
     trained = state.get("class_names")
     if trained and list(bundle.class_names) != list(trained):  # as many, named otherwise: scored against other classes
         raise InputError(f"data ({data_cfg.name}): class names {_names(bundle.class_names)} differ from the checkpoint's "
@@ -244,14 +254,31 @@ def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, 
     top = int(dataset.labels.max())
     if top >= cfg.num_classes:
         raise InputError(f"--test-data {test_data}: labels go up to {top}; the checkpoint's model has {cfg.num_classes} classes (0..{cfg.num_classes - 1})")
-    trained = state.get("class_names")
-    if trained and len(classes) == len(trained) and classes != list(trained):
-        raise InputError(f"--test-data {test_data}: class names {classes} differ from the checkpoint's {list(trained)}")
+    dataset = _labelled_as_the_checkpoint(dataset, classes, state.get("class_names"), test_data)
     norm = state["normalization"]
     loader = BatchLoader(dataset, batch_size, mean=norm["mean"], std=norm["std"])
     return _measure(model, state, path, loader, {"data": str(test_data), "dataset": Path(test_data).name,
                                                  "split": "test-data"}, out_dir, device, plots, progress,
                     predictions, force)  # fmt: skip
+
+
+def _labelled_as_the_checkpoint(dataset, classes: list[str], trained, test_data):
+    """``dataset`` with its labels numbering the checkpoint's classes: a file that names its classes (``classes``)
+    labels by those names, each of which must be the checkpoint's - a file of fives and sevens labelled 0 / 1 is
+    scored against the "five" and "seven" outputs; a file without names numbers the model's outputs."""
+    import numpy as np  # noqa: PLC0415
+
+    with np.load(test_data, allow_pickle=False) as archive:  # read once already (load_npz): not a new failure
+        named = "classes" in archive.files
+    if not trained or not named:
+        return dataset
+    index = {name: i for i, name in enumerate(trained)}
+    unknown = [name for name in classes if name not in index]
+    if unknown:
+        raise InputError(f"--test-data {test_data}: class names {_names(unknown)} are not among the checkpoint's "
+                         f"{_names(trained)}; expected each class the file names to be one the model was trained on")  # fmt: skip
+    to_model = torch.tensor([index[name] for name in classes])
+    return type(dataset)(dataset.images, to_model[dataset.labels])
 
 
 def _names(names) -> str:

@@ -675,3 +675,48 @@ def test_torch_gets_the_cpus_other_processes_leave_free():
     assert free_cpus_threads(2, cpus=2, load=1.2) == (1, "load average 1.2 on 2 CPUs")  # one busy core: one free
     assert free_cpus_threads(32, cpus=64, load=40.0) == (24, "load average 40.0 on 64 CPUs")
     assert free_cpus_threads(4, cpus=64, load=3.0) == (4, None)  # never above the default
+
+
+def _digits_npz(path, order_seed=None, upsample: int = 1):
+    """The digits as an npz (x: N,8,8,1 uint8 - or upsampled - y, classes), optionally in another order."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    y = digits.target
+    if order_seed is not None:
+        order = np.random.default_rng(order_seed).permutation(len(y))
+        x, y = x[order], y[order]
+    x = x.repeat(upsample, axis=1).repeat(upsample, axis=2)
+    np.savez(path, x=x, y=y, classes=np.array([str(k) for k in range(10)]))
+    return path
+
+
+def _npz_run(out, data) -> TrainConfig:
+    """hne_tiny on an npz, its input size and channels the data's (no override)."""
+    config = TrainConfig.from_preset("digits", {
+        "out": str(out), "quiet": True, "threads": 1, "device": "cpu",
+        "data": {"name": "npz", "data_dir": str(data), "limit": 192},
+        "optim": {"epochs": 2, "batch_size": 32},
+    }).to_dict()
+    return TrainConfig.from_dict({**config, "model": {**config["model"], "overrides": {}}})
+
+
+@pytest.mark.parametrize("replaced_by", ["the same images in another order", "the images at twice the size"])
+def test_resume_refuses_training_images_replaced_at_the_same_path(tmp_path, replaced_by):
+    """`--resume` compared the config only: an npz replaced at the same path (another order: another hold-out and
+    other batches; another size: the model's input size changed between epochs) was trained on silently (a
+    training review). The run records its images' sha256; a resume over other images is refused."""
+    data = _digits_npz(tmp_path / "data.npz")
+    fit(_npz_run(tmp_path / "r", data), stop_after=1)
+    before = (tmp_path / "r" / "checkpoint.pt").read_bytes()
+    if replaced_by.startswith("the same"):
+        _digits_npz(data, order_seed=1)
+    else:
+        _digits_npz(data, upsample=2)
+    with pytest.raises(ValueError, match=r"--resume: the training images .*data\.npz.* are not those this run "
+                                         r"started on"):
+        fit(_npz_run(tmp_path / "r", data), resume=True)
+    assert (tmp_path / "r" / "checkpoint.pt").read_bytes() == before
+    _digits_npz(data)  # put back: the run goes on
+    assert load_checkpoint(fit(_npz_run(tmp_path / "r", data), resume=True).checkpoint)["epoch"] == 2

@@ -171,3 +171,115 @@ def test_data_whose_class_names_are_not_the_checkpoints_is_refused(tmp_path):
                                          r"\['class 0', "):
         evaluate_checkpoint(path, tmp_path / "eval", device="cpu")
     assert not (tmp_path / "eval").exists()
+
+
+# -- the images an evaluation scores (a training review) ------------------------------------------------------
+
+
+def _digits(path, keep=None, labels=None, classes="names", upsample: int = 1, order_seed=None):
+    """The digits as an npz: ``keep`` the classes kept, ``labels`` how they are numbered in the file (default:
+    their digit), ``classes`` the names stored ("names": zero..nine for all ten, a list, or None: no key)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    y = digits.target
+    if order_seed is not None:
+        order = np.random.default_rng(order_seed).permutation(len(y))
+        x, y = x[order], y[order]
+    if keep is not None:
+        mask = np.isin(y, keep)
+        x, y = x[mask], y[mask]
+        if labels is not None:
+            y = np.array([labels[keep.index(v)] for v in y])
+    x = x.repeat(upsample, axis=1).repeat(upsample, axis=2)
+    arrays = {"x": x, "y": y}
+    if classes is not None:
+        arrays["classes"] = np.array(NAMES if classes == "names" else classes)
+    np.savez(path, **arrays)
+    return path
+
+
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+@pytest.fixture
+def named_checkpoint(tmp_path):
+    """A randomized hne_tiny for the 8x8 digits, its classes named zero..nine, with its training config (npz)."""
+    from conftest import randomize_
+
+    from hne_edge.models import create_model
+    from hne_edge.train.checkpoint import save_checkpoint
+    from hne_edge.train.config import TrainConfig
+
+    torch.manual_seed(0)
+    data = _digits(tmp_path / "digits.npz")
+    config = TrainConfig.from_preset("digits", {"out": str(tmp_path / "run"), "data": {"name": "npz",
+                                                                                       "data_dir": str(data)}})  # fmt: skip
+    model = randomize_(create_model("hne_tiny", in_chans=1, input_size=8))
+    return save_checkpoint(tmp_path / "checkpoint.pt", model=model, class_names=NAMES, epoch=0,
+                           normalization={"mean": [0.5], "std": [0.25]}, config=config.to_dict())  # fmt: skip
+
+
+def test_test_data_naming_some_of_the_classes_is_scored_by_name(tmp_path, named_checkpoint):
+    """`--test-data` with fewer classes than the model skipped the names check: a file of fives and sevens labelled
+    0 / 1 (classes ["five", "seven"]) was scored against the model's "zero" and "one" outputs. Labels now mean the
+    file's names, scored against the model's outputs of those names; a file without names numbers the model's."""
+    from hne_edge.errors import InputError
+
+    def nll(data, out):
+        metrics = evaluate_checkpoint(named_checkpoint, tmp_path / out, test_data=data, device="cpu", plots=False)
+        return [m["nll"] for m in metrics["anytime"]]
+
+    by_digit = nll(_digits(tmp_path / "full.npz", keep=[5, 7]), "full")
+    assert nll(_digits(tmp_path / "sub.npz", keep=[5, 7], labels=[0, 1], classes=["five", "seven"]), "sub") == \
+        pytest.approx(by_digit, rel=1e-6)  # fmt: skip
+    assert nll(_digits(tmp_path / "bare.npz", keep=[5, 7], classes=None), "bare") == pytest.approx(by_digit, rel=1e-6)
+    nll(_digits(tmp_path / "all_bare.npz", classes=None), "all_bare")  # ten unnamed classes: the model's, not "0".."9"
+    with pytest.raises(InputError, match=r"class names \['eleven'\] .* not among the checkpoint's"):
+        nll(_digits(tmp_path / "odd.npz", keep=[5, 7], labels=[0, 1], classes=["five", "eleven"]), "odd")
+
+
+@pytest.mark.parametrize("other", ["the same images in another order", "the images at twice the size"])
+def test_the_validation_split_of_other_images_is_refused(tmp_path, named_checkpoint, other):
+    """`eval --data-dir` rebuilt the hold-out from any file: the same images in another order drew another
+    hold-out, partly of training images (23 of 180); 16x16 images ran through a model built for 8x8 (a training
+    review). A checkpoint records its images' sha256 (an older one: at least their size is checked)."""
+    from hne_edge.errors import InputError
+    from hne_edge.train.checkpoint import model_from_checkpoint, save_checkpoint
+    from hne_edge.train.data import load_npz
+
+    model, state = model_from_checkpoint(named_checkpoint)
+    recorded = save_checkpoint(tmp_path / "recorded.pt", model=model, class_names=NAMES, epoch=0,
+                               normalization=state["normalization"], config=state["config"],
+                               extra={"data": load_npz(tmp_path / "digits.npz")[0].fingerprint()})  # fmt: skip
+    moved = _digits(tmp_path / "moved.npz", order_seed=1) if other.startswith("the same") else \
+        _digits(tmp_path / "moved.npz", upsample=2)  # fmt: skip
+    evaluate_checkpoint(recorded, tmp_path / "right", device="cpu", plots=False)  # the run's own file: scored
+    refused = r"not those this checkpoint was trained on.*test_data=PATH.npz" if other.startswith("the same") else \
+        r"16x16 images\) does not match the checkpoint's model \(10 classes, 1 channels, 8x8\)"  # fmt: skip
+    with pytest.raises(InputError, match=refused):
+        evaluate_checkpoint(recorded, tmp_path / "e1", data={"data_dir": str(moved)}, device="cpu", plots=False)
+    if not other.startswith("the same"):  # without the record (an older checkpoint): the size still tells
+        with pytest.raises(InputError, match=refused):
+            evaluate_checkpoint(named_checkpoint, tmp_path / "e2", data={"data_dir": str(moved)}, device="cpu",
+                                plots=False)  # fmt: skip
+    assert not (tmp_path / "e1").exists() and not (tmp_path / "e2").exists()
+
+
+def test_the_official_test_set_is_scored_whole_whatever_the_runs_val_limit(monkeypatch):
+    """`--val-limit` caps the validation hold-out a run scores each epoch; `eval --split test` took the first
+    val_limit images of the official test set too (50 of 2,000 in the review's stand-in), silently."""
+    from hne_edge.train import data as data_module
+    from hne_edge.train.config import DataConfig
+
+    def fake_cifar(cfg, train):
+        n = 300 if train else 200
+        return data_module.ArrayDataset(torch.zeros(n, 3, 32, 32, dtype=torch.uint8), torch.arange(n) % 10), \
+            [str(k) for k in range(10)]  # fmt: skip
+
+    monkeypatch.setattr(data_module, "_load_cifar", fake_cifar)
+    cfg = DataConfig(name="cifar10", val_split=0.1, val_limit=20)
+    assert len(data_module.load_data(cfg, seed=0).val) == 20  # the run's hold-out: capped
+    assert len(data_module.load_data(cfg, seed=0, split="test").val) == 200  # the official test set: whole
