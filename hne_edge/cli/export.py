@@ -134,15 +134,16 @@ def verify(bundle: Path, checkpoint: Path | None, batch_sizes: tuple[int, ...] |
 
     if batch_sizes:
         within_batch_range(read_manifest(bundle, verify_files=False).input.batch, batch_sizes, "--batch-sizes")
-    model = None
+    model = state = None
     if checkpoint is not None:
         from ..train.checkpoint import model_from_checkpoint
 
-        model, _ = model_from_checkpoint(checkpoint)
+        model, state = model_from_checkpoint(checkpoint)
     with progress_for(None, "verify", "step", quiet=quiet) as progress:
         with flag_names({"atol": "--atol", "rtol": "--rtol"}):
             report = verify_bundle(bundle, model=model, batch_sizes=list(batch_sizes) if batch_sizes else None,
-                                   progress=progress, inputs=inputs, seed=seed, atol=atol, rtol=rtol)  # fmt: skip
+                                   progress=progress, inputs=inputs, seed=seed, atol=atol, rtol=rtol,
+                                   checkpoint=state)  # fmt: skip
     click.echo(_printable_lines(report.format_table()))
     report.raise_for_failures()
 

@@ -213,6 +213,24 @@ def compare_outputs(file: str, check: str, got: np.ndarray, ref: np.ndarray, pre
     return Check(file, check, worst, bound, worst <= bound, detail)
 
 
+def _against_checkpoint(manifest, state: dict) -> list[Check]:
+    """The manifest's input normalisation and class names against the checkpoint's: exact (the exporter copies them)."""
+    norm = state.get("normalization") or {}
+    theirs = np.array([*norm.get("mean", ()), *norm.get("std", ())], np.float64)
+    ours = np.array([*manifest.input.mean, *manifest.input.std], np.float64)
+    diff = float(np.abs(theirs - ours).max()) if theirs.shape == ours.shape else float("inf")
+    checks = [Check("manifest.json", "input mean/std == checkpoint's", diff, 0.0, diff == 0.0,
+                    "" if diff == 0.0 else f"manifest mean {list(manifest.input.mean)} std {list(manifest.input.std)}, "
+                    f"checkpoint mean {norm.get('mean')} std {norm.get('std')}")]  # fmt: skip
+    names, trained = list(manifest.class_names), list(state.get("class_names") or manifest.class_names)
+    wrong = sum(a != b for a, b in zip(names, trained)) + abs(len(names) - len(trained))
+    first = next((i for i, (a, b) in enumerate(zip(names, trained)) if a != b), None)
+    checks.append(Check("manifest.json", "class names == checkpoint's", float(wrong), 0.0, wrong == 0,
+                        "" if first is None else f"output {first} is {names[first]!r} here, {trained[first]!r} "
+                        "in the checkpoint"))  # fmt: skip
+    return checks
+
+
 def _bound(value: float, name: str) -> float:
     """``atol`` / ``rtol``: a finite number >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 <= value < float("inf"):
@@ -276,6 +294,7 @@ def verify_bundle(
     inputs: np.ndarray | None = None,
     atol: float | None = None,
     rtol: float | None = None,
+    checkpoint: dict | None = None,
 ) -> VerifyReport:
     """Verify a bundle (see module docstring). Raises BundleError/ShapeError for structural problems;
     numerical results are in the returned report (``report.raise_for_failures()`` to make them errors).
@@ -285,6 +304,10 @@ def verify_bundle(
     bundle's range). ``atol`` / ``rtol`` replace the precisions' bounds (:data:`~.base.TOLERANCES`, ``max |y - ref|
     <= atol + rtol * max |ref|`` per output tensor) with ``|y - ref| <= atol + rtol * |ref|`` for every element,
     as ``numpy.allclose`` and Polygraphy compare; the one not given keeps the precision's value.
+
+    ``checkpoint`` (optional): the model's checkpoint state (``model_from_checkpoint``); the manifest's input
+    normalisation and class names are compared with what it records (the manifest is not hashed: an edited one
+    would preprocess and label otherwise than the model was trained to).
 
     ``node_modules`` (optional): ``model.node_modules()`` already computed by the caller, to skip re-slicing.
     ``progress`` counts steps: each file of a variant run through the runtime (which loads and runs them all),
@@ -309,6 +332,8 @@ def verify_bundle(
         batch_sizes = [len(inputs)]
         report.notes.append(f"inputs: the first {top} of the {images_given} given images (one batch: the bundle's "
                             f"largest)" if images_given > top else f"inputs: {images_given} given images (one batch)")  # fmt: skip
+    if checkpoint is not None:
+        report.checks += _against_checkpoint(manifest, checkpoint)
     if model is not None and model.config.to_dict() != manifest.model_config:
         raise OutputMismatchError(
             f"the reference model ({model.config.name}) is not the architecture of the bundle "

@@ -209,3 +209,29 @@ def test_dynamo_exporter_refuses_what_it_cannot_write_before_any_work(tiny_bundl
     assert proc.stderr == "", proc.stderr  # no torch warnings, no logged traceback
     manifest = json.loads((out / "manifest.json").read_text())
     assert {f["opset"] for f in manifest["files"]} == {18}
+
+
+@pytest.mark.parametrize("edit", ["normalisation", "class names"])
+def test_verify_against_a_checkpoint_checks_its_preprocessing_and_class_names(tiny_bundle, tmp_path, edit):
+    """The manifest is not hashed: edited to another normalisation (its images scored 6 of 6 wrong against the
+    model on rightly normalised ones) or with its class names reversed, it passed `verify --checkpoint` 65 of 65
+    (a runtime review). What the checkpoint records of its inputs and outputs is compared too."""
+    from conftest import edit_manifest
+
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "b")
+
+    def tamper(d):
+        if edit == "normalisation":
+            d["input"]["mean"] = d["input"]["std"] = [0.5, 0.5, 0.5]
+        else:
+            d["model"]["class_names"] = d["model"]["class_names"][::-1]
+
+    proc = run_cli("verify", str(tiny_bundle.bundle_dir), "--checkpoint", str(tiny_bundle.checkpoint_path))
+    assert proc.returncode == 0, proc.stderr
+    edit_manifest(bundle, tamper)
+    proc = run_cli("verify", str(bundle), "--checkpoint", str(tiny_bundle.checkpoint_path))
+    assert proc.returncode == 2 and "FAILED" in proc.stdout, proc.stdout[-2000:]
+    check = "input mean/std == checkpoint's" if edit == "normalisation" else "class names == checkpoint's"
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("manifest.json") and check in line)
+    assert row.rstrip().endswith("NO"), row
+    assert f"Error: bundle verification failed: manifest.json ({check})" in proc.stderr, proc.stderr
