@@ -472,3 +472,15 @@ def test_a_manifest_whose_outputs_name_other_nodes_is_refused(every_file_bundle,
     edit_manifest(bundle, tamper)
     with pytest.raises(BundleError, match=re.escape(path)):
         AnytimeRunner(bundle, plan=plan).close()
+
+
+def test_a_manifest_whose_input_dtype_is_not_the_files_is_refused(bundle_copy):
+    """`input.dtype` edited to float16 where every file reads float32 loaded: preprocess rounded each image to
+    float16 and the runtime cast it back up, moving the logits by 8e-4 silently (a runtime review)."""
+    from conftest import edit_manifest
+    from hne_edge.errors import BundleError
+    from hne_edge.runtime import AnytimeRunner
+
+    edit_manifest(bundle_copy, lambda d: d["input"].update(dtype="float16"))
+    with pytest.raises(BundleError, match=r"input.dtype float16; its files read the image as \['float32'\]"):
+        AnytimeRunner(bundle_copy).close()

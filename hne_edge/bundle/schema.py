@@ -557,6 +557,10 @@ class Manifest:
         if len(set(paths)) != len(paths):
             raise BundleError("manifest: files lists the same path more than once")
         variants = self.variants()
+        images = sorted({t.dtype for f in self.files for t in f.inputs if t.node is None})
+        if images and self.input.dtype != ("float32" if "float32" in images else images[0]):
+            raise BundleError(f"manifest: input.dtype {self.input.dtype}; its files read the image as {images}: expected "
+                              f"{'float32' if 'float32' in images else images[0]} (what preprocess returns)")  # fmt: skip
         for f in self.files:  # the runtime fills a (leaves, batch, classes) array with every file's logits
             for t in f.outputs:
                 if t.name == "logits" and (not t.shape or t.shape[-1] != self.num_classes):
