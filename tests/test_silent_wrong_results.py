@@ -484,3 +484,21 @@ def test_a_manifest_whose_input_dtype_is_not_the_files_is_refused(bundle_copy):
     edit_manifest(bundle_copy, lambda d: d["input"].update(dtype="float16"))
     with pytest.raises(BundleError, match=r"input.dtype float16; its files read the image as \['float32'\]"):
         AnytimeRunner(bundle_copy).close()
+
+
+def test_two_node_files_swapped_in_the_manifest_are_refused_by_their_own_labels(bundle_copy):
+    """The entries (path, sha256, bytes) of sibling leaves b4.0 and b4.1 swapped in the manifest: every hash held,
+    and leaf 0 answered with leaf 1's weights (a runtime review). Each ONNX file names the nodes it computes in its
+    metadata (`hne_edge.nodes`, written by the exporter); a session checks them against the manifest's."""
+    from conftest import edit_manifest
+    from hne_edge.errors import BundleError
+    from hne_edge.runtime import AnytimeRunner
+
+    def swap(d):
+        a, b = (next(f for f in d["files"] if f["path"] == f"onnx/fp32/nodes/b4.{k}.onnx") for k in (0, 1))
+        for key in ("path", "sha256", "bytes"):
+            a[key], b[key] = b[key], a[key]
+
+    edit_manifest(bundle_copy, swap)
+    with pytest.raises(BundleError, match=r"onnx/fp32/nodes/b4\.1\.onnx.*computes b4\.1 .*the manifest lists it as b4\.0"):
+        AnytimeRunner(bundle_copy, plan="nodes", first_leaf=False).close()

@@ -67,6 +67,10 @@ def open_session(runner: Runner, ort: Any, sess_options: Any, providers: list, w
         raise allocation_error(exc, runner.name) or BundleError(
             f"{runner.name}: onnxruntime could not load the model{where}: {exc}"
         ) from None
+    labelled = session.get_modelmeta().custom_metadata_map.get("hne_edge.nodes")  # the exporter's label of it
+    if labelled is not None and labelled.split(",") != list(runner.unit.nodes):
+        raise BundleError(f"{runner.name}: the ONNX file computes {labelled} (its metadata); the manifest lists it as "
+                          f"{','.join(runner.unit.nodes)}")  # fmt: skip
     names_in = [i.name for i in session.get_inputs()]
     names_out = [o.name for o in session.get_outputs()]
     if names_in != list(runner.input_names) or sorted(names_out) != sorted(runner.output_names):
