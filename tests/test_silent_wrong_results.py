@@ -500,5 +500,6 @@ def test_two_node_files_swapped_in_the_manifest_are_refused_by_their_own_labels(
             a[key], b[key] = b[key], a[key]
 
     edit_manifest(bundle_copy, swap)
-    with pytest.raises(BundleError, match=r"onnx/fp32/nodes/b4\.1\.onnx.*computes b4\.1 .*the manifest lists it as b4\.0"):
+    refused = r"onnx/fp32/nodes/b4\.1\.onnx.*computes b4\.1 .*the manifest lists it as b4\.0"
+    with pytest.raises(BundleError, match=refused):
         AnytimeRunner(bundle_copy, plan="nodes", first_leaf=False).close()
