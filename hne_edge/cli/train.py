@@ -198,8 +198,10 @@ def _spawn_torchrun(nproc: int, config, resume: bool) -> None:
 @click.option("--split", type=click.Choice(["val", "test"]), default=None,
               help="val (default): the run's seeded hold-out; test: the official test set (cifar10/100, imagefolder val/).")
 @click.option("--test-data", type=click.Path(dir_okay=False), default=None,
-              help="Evaluate on this .npz instead (x: N,H,W,C uint8; y: N; optional classes), e.g. your own test set.")
-@click.option("--data-dir", default=None, help="Where the run's data lives now, if it moved.")
+              help="Evaluate on this .npz instead (x: N,H,W,C uint8; y: N; optional classes: y indexes these names, "
+                   "each one of the checkpoint's; without them y numbers the model's classes), e.g. your own test set.")
+@click.option("--data-dir", default=None, help="Where the run's data lives now, if it moved (the same images: their "
+              "sha256 is checked where the run recorded it).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @device_option
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
