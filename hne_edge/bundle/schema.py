@@ -557,7 +557,8 @@ class Manifest:
         if len(set(paths)) != len(paths):
             raise BundleError("manifest: files lists the same path more than once")
         variants = self.variants()
-        images = sorted({t.dtype for f in self.files for t in f.inputs if t.node is None})
+        # the model files' (the torch weights, run in float32 whatever was exported, state their own)
+        images = sorted({t.dtype for f in self.files if f.plan != WEIGHTS for t in f.inputs if t.node is None})
         if images and self.input.dtype != ("float32" if "float32" in images else images[0]):
             raise BundleError(f"manifest: input.dtype {self.input.dtype}; its files read the image as {images}: expected "
                               f"{'float32' if 'float32' in images else images[0]} (what preprocess returns)")  # fmt: skip
