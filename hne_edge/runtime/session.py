@@ -280,6 +280,8 @@ class AnytimeSession:
         plan: the runner's plan name (for error messages).
         clock: the backend's clock (seconds); to_host: the backend's blocking download.
         guard: ``(acquire, release)`` of the runner's one-call-at-a-time lock.
+        cold_calls: the backend's count of calls that paid a one-off (a graph's capture, a shape's first run): a
+            step across which it moved is not a sample of the step's cost, nor a stall.
     """
 
     def __init__(
@@ -295,9 +297,11 @@ class AnytimeSession:
         to_host: Callable[[Any], np.ndarray],
         guard: tuple[Callable[[], None], Callable[[], None]],
         plan: str = "",
+        cold_calls: Callable[[], int] = lambda: 0,
     ) -> None:
         self._program = program
         self._plan = plan
+        self._cold_calls = cold_calls
         self._num_leaves = program.num_leaves
         self.batch = batch
         self._class_names = class_names
@@ -586,7 +590,7 @@ class AnytimeSession:
         # the export-free first-leaf file costs less than leaf 0's chain: not a sample of that step's cost
         unobserved = at[0] if last == 1 and program.first_leaf else -1
         whole = final and stop_when is None and n_stop == num_leaves  # nothing can cancel, refine or stop it early
-        to_host, clock = self._to_host, self._clock
+        to_host, clock, cold_calls = self._to_host, self._clock, self._cold_calls
         out = self._leaf_logits
         pred, observe = self._model.pred, self._model.observe
         median, known = getattr(self._model, "base", None), getattr(self._model, "known", None)  # mixed programs
@@ -623,6 +627,7 @@ class AnytimeSession:
                     break
             step = steps[j]
             alone = first_only and n == 0 and j == at[0] and ends_after_leaf_0(program, now, decide_at, self._fast(j), pred, known)
+            cold = cold_calls()
             run_step(cache, step, alone or step.hi == last)
             if deferred:  # the last frame's last step
                 cost.flush()
@@ -633,7 +638,7 @@ class AnytimeSession:
             logits = to_host(cache[logits_slot])
             t = clock()
             self._absorb(j, logits, t - now)
-            if j != unobserved and not alone:
+            if j != unobserved and not alone and cold_calls() == cold:  # a capture's time is no sample of it
                 if known is not None and known[j] and getattr(model, "audit", None) is None:
                     learn = (j, t - now)
                 else:  # a first measurement (what the steps not measured yet, or a profile's audit, are judged by):

@@ -627,7 +627,7 @@ class StreamScheduler:
 
     def _run(self, j: int, frames: list[_Frame], out: list) -> None:
         error = None
-        seconds = 0.0
+        seconds, warm = 0.0, True
         try:
             runner = self.runner
             for f in frames:
@@ -638,7 +638,9 @@ class StreamScheduler:
             # the lock, deciding, uploading. Counted from the decision only, it read a median of 0.5 ms at 300 fps
             # where the whole gap was 1.1 ms (bench_streams): the plans ran behind their predictions.
             gap = self._clock() - self._ready_at
+            cold = getattr(runner.backend, "cold_calls", 0)
             seconds = step_together([f.session for f in frames], j, self._concat, self._split)
+            warm = getattr(runner.backend, "cold_calls", 0) == cold  # a capture's time is no sample of the step
         except Exception as exc:  # the backend failed this call: its frames' outcome
             error = exc
         now = self._ready_at = self._clock()
@@ -647,7 +649,7 @@ class StreamScheduler:
             self.busy_seconds += seconds
             self.calls += 1
             self.stacked_calls += len(frames) > 1
-            if error is None:
+            if error is None and warm:
                 self.runner.cost.for_batch(sum(f.rows for f in frames)).observe(j, seconds)
                 self._gaps.push(gap)
                 self._overhead = (self._gaps.median(), self._gaps.quantile())

@@ -90,3 +90,11 @@ def test_without_the_warm_up_a_new_shapes_first_call_is_a_stall_not_a_cost(tiny_
             leaves.append(runner.run(x[:1], budget_ms=5e3 * full).leaves)
         assert leaves[1::2] == [runner.num_leaves] * 7, leaves
         assert max(runner.predicted_ms(1)) / 1e3 < 3 * max(dev.replay_cost(1) * dev.eager_factor, full), runner.predicted_ms(1)
+        # the new row count's own frames (an issue-39 audit: its first call, a capture, was learned as step 0's
+        # cost, and all 200 of its frames after it ran one leaf under a budget of 5x the full tree). Without the
+        # warm-up each step's first call at 2 rows captures (a frame's whole budget): one more leaf a frame, then
+        # every leaf once each step has run at that size
+        steps = len(runner.steps)
+        two = [runner.run(x[:2], budget_ms=5e3 * full).leaves for _ in range(steps + 8)]
+        assert two[steps:] == [runner.num_leaves] * 8, two
+        assert all(b >= a for a, b in zip(two, two[1:])), two

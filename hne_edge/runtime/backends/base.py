@@ -321,6 +321,15 @@ class Backend(ABC):
     #: Why this CPU backend stands in for the GPU one asked for (``create_backend(..., fallback_to_cpu=True)``).
     fallback_reason: str | None = None
 
+    #: Calls that paid a one-off since the backend opened: a CUDA graph captured, a shape's first run (its
+    #: allocations, cuDNN's search). Their time is neither a step's cost nor a stall of the machine (issue 39: a
+    #: capture learned as a step's cost held a new row count's frames to one leaf): a caller that sees the count
+    #: move across a call does not feed that call's time to the cost model. CPU backends never count one.
+    cold_calls: int = 0
+
+    def count_cold_call(self) -> None:
+        self.cold_calls += 1
+
     #: Check each model file's sha256 on the very bytes handed to the device runtime
     #: (``AnytimeRunner(verify=...)`` sets it); a file is never reopened by path after its check.
     verify: bool = True

@@ -638,10 +638,12 @@ class GraphCache:
     returns a replay callable; tests pass fakes.
     """
 
-    def __init__(self, capture: Callable[[Hashable], Callable[[], Any]], max_graphs: int = 4) -> None:
+    def __init__(self, capture: Callable[[Hashable], Callable[[], Any]], max_graphs: int = 4,
+                 on_capture: Callable[[], None] | None = None) -> None:  # fmt: skip
         if max_graphs < 1:
             raise ValueError(f"max_graphs: received {max_graphs}; expected >= 1")
         self._capture = capture
+        self._on_capture = on_capture  # the backend's count of cold calls
         self.max_graphs = max_graphs
         self.graphs: dict[Hashable, Callable[[], Any]] = {}
         self.pinned: set[Hashable] = set()
@@ -669,6 +671,8 @@ class GraphCache:
         if replay is None:
             replay = self._capture(key)
             self.captures += 1
+            if self._on_capture is not None:
+                self._on_capture()
             loose = [] if self._holding else [k for k in self.graphs if k not in self.pinned]  # least recent first
             for k in loose[: max(0, len(loose) - self.max_graphs + 1)]:
                 del self.graphs[k]

@@ -124,7 +124,8 @@ class OnnxRuntimeCudaRunner(Runner):
         self._io = self.session.io_binding()
         self._run = self.session.run_with_iobinding
         self._pool = SlotPool()
-        self._graphs = GraphCache(self._capture, max_graphs=b.max_graphs) if b.cuda_graph else None
+        self._graphs = (GraphCache(self._capture, max_graphs=b.max_graphs, on_capture=b.count_cold_call)
+                        if b.cuda_graph else None)  # fmt: skip
         self._capture_input = None
 
     # -- eager path: ORT allocates the outputs on the device --------------------------------------
@@ -152,6 +153,7 @@ class OnnxRuntimeCudaRunner(Runner):
     # -- CUDA graph path: fixed output OrtValues per batch size, graphs per (batch, input address) ----
     def _make_slot(self, x: Handle) -> Slot:
         # one eager run tells the output shapes; the fixed outputs get those shapes
+        self._backend.count_cold_call()  # a batch's first run: its allocations and kernel search
         shapes = [o.shape() for o in self._run_eager(x, self._backend.run_options_no_graph)]
         outs = tuple(self._backend.io.alloc(s, dt) for s, dt in zip(shapes, self._out_dtypes))
         return Slot(outs)

@@ -180,7 +180,8 @@ class TensorRTRunner(Runner):
         self._addresses: tuple[int, ...] | None = None
         self._memory_generation = -1
         self._pool = SlotPool()
-        self._graphs = GraphCache(self._capture, max_graphs=b.max_graphs) if b.cuda_graph else None
+        self._graphs = (GraphCache(self._capture, max_graphs=b.max_graphs, on_capture=b.count_cold_call)
+                        if b.cuda_graph else None)  # fmt: skip
         b.register_scratch(engine_memory_size(engine))
 
     def run_impl(self, inputs: Sequence[Handle]) -> tuple[Handle, ...]:

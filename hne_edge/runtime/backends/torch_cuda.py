@@ -164,8 +164,10 @@ class TorchCudaRunner(TorchRunner):
         b = self._backend
         self._policy = b.policy
         self._stream_context = b.cuda.stream_context
-        self._graphs = GraphCache(self._capture, max_graphs=b.max_graphs) if b.cuda_graph else None
+        self._graphs = (GraphCache(self._capture, max_graphs=b.max_graphs, on_capture=b.count_cold_call)
+                        if b.cuda_graph else None)  # fmt: skip
         self._pending: Any = None
+        self._shapes: set = set()  # the shapes run eagerly so far (without graphs): a new one is a cold call
 
     def _call(self, x: Any) -> tuple[Any, ...]:
         with self._policy:
@@ -179,6 +181,9 @@ class TorchCudaRunner(TorchRunner):
         x = inputs[0]
         with self._torch.inference_mode(), self._stream_context():
             if self._graphs is None:
+                if (tuple(x.shape), x.dtype) not in self._shapes:
+                    self._shapes.add((tuple(x.shape), x.dtype))
+                    self._backend.count_cold_call()
                 return self._call(x)
             rows = x.shape[0]
             size = self._backend.padded(rows)
