@@ -211,19 +211,23 @@ class Timeslices:
         return t + (s - pos) + s + left - self.clock.t
 
 
-def test_preemption_at_2x_oversubscription_misses_at_most_1_percent_beyond_the_forced_leaves(bundle16):
-    """4 ms slices of a busy neighbour: a call straddling one waits 4 ms (a stall), and about one call in 160 does.
-    Under a 10 ms budget the runner keeps its optional leaves clear of a slice's length before the deadline: at
-    most 1 % of the frames miss beyond those whose forced first leaf met a slice, and it runs at least half the
-    leaves a clairvoyant runner would."""
+@pytest.mark.parametrize("budget_ms, leaves", [(10.0, 8), (4.0, 1)])
+def test_preemption_at_2x_oversubscription_misses_at_most_1_percent_beyond_the_forced_leaves(bundle16, budget_ms,
+                                                                                                leaves):  # fmt: skip
+    """4 ms slices of a busy neighbour: about half of the frames start inside its slice, and a call straddling
+    one's start waits 4 ms (a stall). Under a 10 ms budget (the whole tree, 0.8 ms, and one slice fit) the runner
+    runs at least half the leaves; under 4 ms (where a slice met by an optional leaf is a miss) it keeps its optional
+    leaves clear of one: at most 1 % of the frames miss beyond those whose forced first leaf met a slice (an
+    issue-39 audit: at 10 ms alone no frame could miss, whatever the runner did; at 4 ms without the stall
+    allowance 36 of 600 did)."""
     m = read_manifest(bundle16)
     backend = FakeBackend(m.tree, m.num_classes)
     slices = Timeslices(backend.clock)
     backend.cost = slices
     runner = AnytimeRunner(bundle16, backend=backend, load_profile=False, warmup=0)
-    camera(runner, backend, 60, 10.0, slices.new_frame)
-    out = camera(runner, backend, 600, 10.0, slices.new_frame)
+    camera(runner, backend, 60, budget_ms, slices.new_frame)
+    out = camera(runner, backend, 600, budget_ms, slices.new_frame)
     misses = sum(not met for _, met in out)
     forced = sum(not met and n == 1 for n, met in out)
     assert misses - forced <= 0.01 * len(out), (misses, forced)
-    assert np.mean([n for n, _ in out]) >= 8, np.mean([n for n, _ in out])
+    assert np.mean([n for n, _ in out]) >= leaves, np.mean([n for n, _ in out])
