@@ -65,10 +65,13 @@ def camera_frame(runner, budget_ms):
     return r
 
 
+BURST_ONSET = 12  # frames of a burst in which its stalls are not yet a pattern (measured: the last such miss, 8)
+
+
 @pytest.mark.parametrize("budget_ms", [5.0, 2 * 31 * NODE_S * 1e3])
 def test_leaves_recover_within_a_stated_time_after_a_burst_of_stalls(bundle16, budget_ms):
     """A burst of stalls (16-44 ms on about one node call in 20, 40 frames of a 30 fps camera) keeps optional steps
-    from starting while it lasts (any of them would likely miss); once it is over the stalls' decayed count falls
+    from starting while it lasts (any of them would likely miss: none misses after its first 12 frames); once it is over the stalls' decayed count falls
     below MIN_STALLS within HORIZON_S * ln(count / MIN_STALLS), or a quiet run of work makes its rate improbable
     (measured: 40 frames, 1.3 s) and
     every leaf runs again: within 50 frames (1.7 s)."""
@@ -76,9 +79,14 @@ def test_leaves_recover_within_a_stated_time_after_a_burst_of_stalls(bundle16, b
     for _ in range(30):  # quiet: learn the costs
         stalls.draw(0.0)
         assert camera_frame(runner, budget_ms).leaves == 16
+    burst = []
     for _ in range(40):  # a burst: about one stall in every frame
         stalls.draw(0.05)
-        camera_frame(runner, budget_ms)
+        burst.append(camera_frame(runner, budget_ms))
+    # past its onset no optional leaf meets a stall (an issue-39 audit: this test passed with a stall learned as a
+    # cost - frames 34 and 35 missed with optional leaves - and without the allowance: 14 such frames)
+    late = [i for i, r in enumerate(burst) if not r.met_budget and r.leaves > 1]
+    assert [i for i in late if i >= BURST_ONSET] == [], late
     k = 50
     leaves = []
     for _ in range(60):  # quiet again
