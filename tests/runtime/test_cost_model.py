@@ -71,10 +71,10 @@ BURST_ONSET = 12  # frames of a burst in which its stalls are not yet a pattern 
 @pytest.mark.parametrize("budget_ms", [5.0, 2 * 31 * NODE_S * 1e3])
 def test_leaves_recover_within_a_stated_time_after_a_burst_of_stalls(bundle16, budget_ms):
     """A burst of stalls (16-44 ms on about one node call in 20, 40 frames of a 30 fps camera) keeps optional steps
-    from starting while it lasts (any of them would likely miss: none misses after its first 12 frames); once it is over the stalls' decayed count falls
-    below MIN_STALLS within HORIZON_S * ln(count / MIN_STALLS), or a quiet run of work makes its rate improbable
-    (measured: 40 frames, 1.3 s) and
-    every leaf runs again: within 50 frames (1.7 s)."""
+    from starting while it lasts (any of them would likely miss: none misses after its first 12 frames); once it
+    is over the stalls' decayed count falls below MIN_STALLS within HORIZON_S * ln(count / MIN_STALLS), or a quiet
+    run of work makes its rate improbable (measured: 40 frames, 1.3 s) and every leaf runs again: within 50 frames
+    (1.7 s)."""
     runner, stalls = stalled_runner(bundle16)
     for _ in range(30):  # quiet: learn the costs
         stalls.draw(0.0)
