@@ -86,6 +86,25 @@ def harness():
     return module
 
 
+def test_the_busy_neighbours_run_while_measured_and_end_with_the_block(harness, monkeypatch):
+    """`bench_streams --busy N` starts its own busy loops and stops them (issue 39 item 5): they run while the block
+    measures, none outlives it (killed on exit, and each ends by itself after its time should the parent die)."""
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(harness.subprocess, "Popen", popen)
+    with harness.cpu_load(2, seconds=60) as running:
+        assert running() and len(started) == 2 and all(p.poll() is None for p in started)
+    assert all(p.poll() is not None for p in started)  # killed and reaped at the block's end
+    with harness.cpu_load(1, seconds=0.1) as running:
+        started[-1].wait(timeout=30)  # the loop's own end: the block learns that it outlasted the load
+        assert not running()
+
+
 def test_paired_calls_alternate_abba_and_give_medians(harness):
     order: list[str] = []
     a_ms, b_ms = harness.paired(lambda: order.append("a"), lambda: order.append("b"), repeats=4)
