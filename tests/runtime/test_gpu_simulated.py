@@ -98,3 +98,25 @@ def test_without_the_warm_up_a_new_shapes_first_call_is_a_stall_not_a_cost(tiny_
         two = [runner.run(x[:2], budget_ms=5e3 * full).leaves for _ in range(steps + 8)]
         assert two[steps:] == [runner.num_leaves] * 8, two
         assert all(b >= a for a, b in zip(two, two[1:])), two
+
+
+def test_the_simulated_h200_charges_what_the_issue_says(tiny_bundle, reference64, h200):
+    """The stand-in's own figures (issue 39 item 4), read from its log of unit calls through the real backend: a
+    new shape's first call (cuDNN's search, the warm-up runs, the capture) costs 100-1,500 ms, an eager call 4x a
+    replay, and no call less than the per-call floor."""
+    x, _ = reference64
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend="torch", device="cuda", load_profile=False, warmup=0) as runner:
+        (dev,) = h200
+        for rows in (1, 1, 2, 2):
+            before = dev.clock.t
+            session = runner.start(x[:rows])
+            session.step()  # leaf 0's unit alone
+            session.close()
+            dev.log.append(("frame", rows, dev.clock.t - before))
+        frames = [s for phase, _, s in dev.log if phase == "frame"]
+        assert 0.1 <= frames[0] <= 1.5 and 0.1 <= frames[2] <= 1.5, frames  # a new shape: 1 and 2 rows
+        assert frames[1] < 0.01 and frames[3] < 0.01, frames  # the same shapes again: replays
+        replays = [s for phase, rows, s in dev.log if phase == "replay" and rows == 1]
+        assert replays and min(replays) >= dev.floor_s
+        eager = [s for phase, rows, s in dev.log if phase == "eager" and rows == 1]  # its first: the search too
+        assert eager and eager[0] - dev.first_call_s == pytest.approx(dev.eager_factor * np.median(replays), rel=1e-6)
