@@ -180,6 +180,31 @@ def dead_writers_scratch(target: Path, kind: str = "tmp") -> Path:
 CPU_DEVICE = ("--device", "cpu")
 
 
+def digits_npz(path: Path, *, keep=None, labels=None, classes=None, upsample: int = 1, order_seed=None) -> Path:
+    """scikit-learn's digits as an npz (x: N,8,8,1 uint8, y, and ``classes`` when given): ``keep`` the digits kept,
+    ``labels`` how they are numbered in the file (default: the digit), ``upsample`` each side repeated, the images
+    in another order with ``order_seed``."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    y = digits.target
+    if order_seed is not None:
+        order = np.random.default_rng(order_seed).permutation(len(y))
+        x, y = x[order], y[order]
+    if keep is not None:
+        mask = np.isin(y, keep)
+        x, y = x[mask], y[mask]
+        if labels is not None:
+            y = np.array([labels[keep.index(v)] for v in y])
+    arrays = {"x": x.repeat(upsample, axis=1).repeat(upsample, axis=2), "y": y}
+    if classes is not None:
+        arrays["classes"] = np.array(classes)
+    np.savez(path, **arrays)
+    return path
+
+
 def run_cli(*args: str, check: bool = False, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
     """Run ``hne-edge`` in a subprocess (what users do) and return the CompletedProcess."""
     proc = subprocess.run(

@@ -678,18 +678,9 @@ def test_torch_gets_the_cpus_other_processes_leave_free():
 
 
 def _digits_npz(path, order_seed=None, upsample: int = 1):
-    """The digits as an npz (x: N,8,8,1 uint8 - or upsampled - y, classes), optionally in another order."""
-    from sklearn.datasets import load_digits
+    from conftest import digits_npz
 
-    digits = load_digits()
-    x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
-    y = digits.target
-    if order_seed is not None:
-        order = np.random.default_rng(order_seed).permutation(len(y))
-        x, y = x[order], y[order]
-    x = x.repeat(upsample, axis=1).repeat(upsample, axis=2)
-    np.savez(path, x=x, y=y, classes=np.array([str(k) for k in range(10)]))
-    return path
+    return digits_npz(path, order_seed=order_seed, upsample=upsample, classes=[str(k) for k in range(10)])
 
 
 def _npz_run(out, data) -> TrainConfig:

@@ -177,28 +177,11 @@ def test_data_whose_class_names_are_not_the_checkpoints_is_refused(tmp_path):
 
 
 def _digits(path, keep=None, labels=None, classes="names", upsample: int = 1, order_seed=None):
-    """The digits as an npz: ``keep`` the classes kept, ``labels`` how they are numbered in the file (default:
-    their digit), ``classes`` the names stored ("names": zero..nine for all ten, a list, or None: no key)."""
-    import numpy as np
-    from sklearn.datasets import load_digits
+    """The digits as an npz (conftest's digits_npz); ``classes``: "names" (zero..nine), a list, or None (no key)."""
+    from conftest import digits_npz
 
-    digits = load_digits()
-    x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
-    y = digits.target
-    if order_seed is not None:
-        order = np.random.default_rng(order_seed).permutation(len(y))
-        x, y = x[order], y[order]
-    if keep is not None:
-        mask = np.isin(y, keep)
-        x, y = x[mask], y[mask]
-        if labels is not None:
-            y = np.array([labels[keep.index(v)] for v in y])
-    x = x.repeat(upsample, axis=1).repeat(upsample, axis=2)
-    arrays = {"x": x, "y": y}
-    if classes is not None:
-        arrays["classes"] = np.array(NAMES if classes == "names" else classes)
-    np.savez(path, **arrays)
-    return path
+    return digits_npz(path, keep=keep, labels=labels, classes=NAMES if classes == "names" else classes,
+                      upsample=upsample, order_seed=order_seed)  # fmt: skip
 
 
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
