@@ -582,9 +582,8 @@ class AnytimeRunner:
         if self.profile_data is not None:  # keep other batch sizes of the loaded profile
             for b, v in self.profile_data.batches.items():
                 profile.batches.setdefault(b, v)
-        self.use_profile(profile)
+        self.profile_data, self.profile_status = profile, "measured, not saved"
         self.cost = self._cost_model(profile, measured)
-        self.profile_status = "measured, not saved"
         if save:
             self.profile_path, fell_back = save_profile(profile, self.bundle_dir)
             self.profile_status = f"saved {self.profile_path}" + (" (bundle dir not writable)" if fell_back else "")
