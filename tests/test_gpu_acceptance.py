@@ -390,14 +390,16 @@ try:
     time.sleep(30)
     print("never stopped")
 except tr.Stopped as exc:
-    print("Stopped:", exc, "| slow_module in sys.modules:", "slow_module" in sys.modules)
+    print("Stopped:", exc, "| imported whole:", getattr(sys.modules.get("slow_module"), "COMPLETE", False))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "imported True", out.stdout + out.stderr
-    assert lines[1].startswith("Stopped: stopped by signal 15"), out.stdout
-    assert lines[1].endswith("in sys.modules: True"), out.stdout
+    # the deferred stop is taken within 50 ms of the import's end: before or after the print that follows it (a
+    # process descheduled there on a loaded machine took it before, CI 2026-11-30); never inside the import
+    assert lines[-1].startswith("Stopped: stopped by signal 15"), out.stdout + out.stderr
+    assert lines[-1].endswith("imported whole: True") and "never stopped" not in out.stdout, out.stdout
+    assert lines[:-1] in ([], ["imported True"]), out.stdout
 
 
 # -- caps (the plan shared with issue 25) ----------------------------------------------------------------------
