@@ -559,9 +559,10 @@ class Manifest:
         variants = self.variants()
         # the model files' (the torch weights, run in float32 whatever was exported, state their own)
         images = sorted({t.dtype for f in self.files if f.plan != WEIGHTS for t in f.inputs if t.node is None})
-        if images and self.input.dtype != ("float32" if "float32" in images else images[0]):
+        wanted = ("float32" if "float32" in images else images[0]) if images else self.input.dtype
+        if self.input.dtype != wanted:
             raise BundleError(f"manifest: input.dtype {self.input.dtype}; its files read the image as {images}: expected "
-                              f"{'float32' if 'float32' in images else images[0]} (what preprocess returns)")  # fmt: skip
+                              f"{wanted} (what preprocess returns)")  # fmt: skip
         for f in self.files:  # the runtime fills a (leaves, batch, classes) array with every file's logits
             for t in f.outputs:
                 if t.name == "logits" and (not t.shape or t.shape[-1] != self.num_classes):

@@ -252,6 +252,14 @@ class DataBundle:
     folder: bool = False
     fingerprint: str | None = None  # the whole training file's (ArrayDataset.fingerprint); None for folders
 
+    def not_the_images_of(self, state: dict) -> tuple[str, str] | None:
+        """(these images' sha256, the run's), shortened, when a checkpoint ``state`` records other images than
+        these; None when they agree or either side has no record (folders; runs saved before the record)."""
+        recorded = (state.get("extra") or {}).get("data")
+        if recorded and self.fingerprint and recorded != self.fingerprint:
+            return self.fingerprint[:12], recorded[:12]
+        return None
+
     @property
     def normalization(self) -> dict[str, list[float]]:
         return {"mean": [float(m) for m in self.mean], "std": [float(s) for s in self.std]}

@@ -397,12 +397,11 @@ def _ema_text(ema: float | str | None) -> str:
 def _same_images(state: dict, bundle, data) -> None:
     """A resume over the images the run started on: an npz replaced at the same path (another order is another
     hold-out and other batches; another size, another model) is refused. Runs saved before the record pass."""
-    started_on = (state.get("extra") or {}).get("data")
-    if started_on and bundle.fingerprint and started_on != bundle.fingerprint:
+    differ = bundle.not_the_images_of(state)
+    if differ:
         where = data.data_dir if data.name == "npz" else f"{data.name} under {data.data_dir or 'data'}"
         raise InputError(f"--resume: the training images at {where} are not those this run started on (their sha256 "
-                         f"{bundle.fingerprint[:12]}, the run's {started_on[:12]}); expected the same file, or a new "
-                         "run in another --out")  # fmt: skip
+                         f"{differ[0]}, the run's {differ[1]}); expected the same file, or a new run in another --out")  # fmt: skip
 
 
 def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,

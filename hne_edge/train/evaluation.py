@@ -195,10 +195,10 @@ def evaluate_checkpoint(
             f"images) does not match the checkpoint's model ({cfg.num_classes} classes, {cfg.in_chans} channels, "
             f"{cfg.input_size}x{cfg.input_size})"
         )
-    started_on = (state.get("extra") or {}).get("data")  # the sha256 of the images the run was given
-    if split == "val" and started_on and bundle.fingerprint and started_on != bundle.fingerprint:
+    differ = bundle.not_the_images_of(state) if split == "val" else None  # the test set is not drawn from them
+    if differ:
         raise InputError(f"data ({dataset_name(data_cfg)}): the images are not those this checkpoint was trained on "
-                         f"(sha256 {bundle.fingerprint[:12]}, the run's {started_on[:12]}), so its validation split "
+                         f"(sha256 {differ[0]}, the run's {differ[1]}), so its validation split "
                          "would be another draw, partly of training images; expected the run's data",
                          hint="score other images with test_data=PATH.npz",
                          cli_hint="score other images with --test-data PATH.npz")  # fmt: skip
