@@ -36,7 +36,8 @@ class Callbacks:
     frames a second): a callback that blocks holds its own stream's later callbacks only. A callback wakes its own
     lane's thread only (one condition for all woke every lane's thread at each of 240 results a second). Beyond
     ``MAX_CALLBACK_LANES`` lanes at once, new ones share one. An exception in a callback is logged, as
-    ``concurrent.futures`` does.
+    ``concurrent.futures`` does; so is a ``SystemExit`` or ``KeyboardInterrupt`` (``sys.exit()`` in a callback ended
+    its lane's thread, marked running: the stream's later callbacks never ran and ``close()`` waited forever).
 
     A lane's thread is started at the registration of a callback (:meth:`expect`, in the registering thread) and
     lives while callbacks are expected: a thread inherits its creator's nice, cores and scheduling policy, and
@@ -51,6 +52,7 @@ class Callbacks:
         self._idle = threading.Condition(self._lock)  # close() waits on it for the lanes' callbacks
         self._lanes: dict[int, _Lane] = {}
         self._on_shared: dict[int, int] = {}  # lanes sent to the shared one: their callbacks expected or not yet run
+        self._waiting: set[threading.Thread] = set()  # threads inside wait(): a lane's is not waited for
 
     def expect(self, lane: int) -> int:
         """A callback will be put on ``lane``: its thread started now, by the calling thread, unless running.
@@ -95,7 +97,7 @@ class Callbacks:
                 ln.running = True
             try:
                 fn(handle)
-            except Exception:
+            except BaseException:  # sys.exit() included: the lane goes on (a thread would end silently)
                 LOGGER.exception("exception calling callback for %r", handle)
             if lane != own:
                 with self._lock:  # that lane's callbacks on this one: one fewer
@@ -114,9 +116,18 @@ class Callbacks:
             return sum(1 for ln in self._lanes.values() if ln.queue or ln.running)
 
     def wait(self, timeout: float | None) -> bool:
-        """Wait until every lane has run its callbacks, but the calling thread's own (close() from a callback);
-        False on timeout."""
+        """Wait until every lane has run its callbacks, but the calling thread's own (close() from a callback) and,
+        from a callback, those of lanes whose callback waits here too: two cameras' callbacks that each closed the
+        scheduler waited for each other, forever. Any other thread waits for them all. False on timeout."""
         me = threading.current_thread()
         with self._lock:
-            return self._idle.wait_for(lambda: all(ln.thread is me for ln in self._lanes.values()
-                                                   if ln.queue or ln.running), timeout)  # fmt: skip
+            lane = any(ln.thread is me for ln in self._lanes.values())
+            if lane:
+                self._waiting.add(me)
+                self._idle.notify_all()  # a callback waiting for this one's: it need not
+            try:
+                return self._idle.wait_for(lambda: all(ln.thread is me or lane and ln.thread in self._waiting
+                                                       for ln in self._lanes.values() if ln.queue or ln.running),
+                                           timeout)
+            finally:
+                self._waiting.discard(me)

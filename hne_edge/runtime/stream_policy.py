@@ -69,8 +69,11 @@ time per call (deciding, handing over, uploading) counts likewise: its median in
 5. *Never start a step predicted to make an admitted frame miss:* the step that runs ends by its frames'
    deadlines and leaves every first leaf in the plan on time (as predicted). A first leaf that can no longer
    make its deadline even at the medians (in EDF order behind the others, stacked where that keeps more on
-   time) is run late, flagged, rather than dropped; one that can still make it at the medians keeps its place
-   (the quantile is admission's promise, not a reason to send an admitted frame to the back of the queue).
+   time) is run late, flagged - or, with ``late="reject"`` (the scheduler's default) while other frames are
+   pending, taken back: answered "rejected" (:func:`decide`'s ``drop_late``: its answer would be worth nothing
+   by then, and its run delays every frame that can still make it); one that can still make it at the medians
+   keeps its place (the quantile is admission's promise, not a reason to send an admitted frame to the back of
+   the queue).
 6. *Delivery.* A frame's result is delivered as soon as it has every leaf, no step of it can end before its
    deadline, its next step adds nothing (value <= 0), or it is cancelled - and, with a leaf, at its deadline
    whatever runs then (:class:`~.streams.StreamScheduler`'s watcher: the answer the caller has by the deadline

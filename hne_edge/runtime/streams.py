@@ -90,10 +90,11 @@ class StreamResult:
     or cancelled before its first); ``logits`` their mean, exactly as ``AnytimeRunner.run`` returns it.
 
     ``stopped_by``: "complete" (every leaf), "deadline" (no further step could end by it, or add anything),
-    "cancelled", "rejected" (admission control: its first leaf could not end in time). ``met_deadline``: it has
-    a leaf and was answered by its deadline (``finished``, when the scheduler handed it to the handle, ``<=
-    deadline``; the scheduler plans for the time that takes (callbacks run after, on the stream's thread), as ``AnytimeRunner.run``
-    returning by it). ``late``: its first leaf ran although predicted to miss
+    "cancelled", "rejected" (admission control: its first leaf could not end in time - at submit, or, admitted,
+    once it no longer could even at the medians while other frames waited, with ``late="reject"``).
+    ``met_deadline``: it has a leaf and was answered by its deadline (``finished``, when the scheduler handed it
+    to the handle, ``<= deadline``; the scheduler plans for the time that takes (callbacks run after, on the
+    stream's thread), as ``AnytimeRunner.run`` returning by it). ``late``: its first leaf ran although predicted to miss
     (``late="run"``, or its prediction grew after admission). ``submitted`` / ``deadline`` / ``finished`` (its
     delivery) are clock seconds; ``batched``: how many frames each of its steps' calls ran for (1: alone).
     """
@@ -212,8 +213,9 @@ class StreamScheduler:
         budget_ms: the deadline of a frame submitted without one, in ms from its ``submit``.
         accuracy: the bundle's accuracy after ``n`` leaves (:func:`gain_curve`; a file path: :func:`read_accuracy`);
             None: a leaf is worth one.
-        late: "reject" (default): a frame whose first leaf cannot end by its deadline is rejected at once;
-            "run": it runs late, flagged.
+        late: "reject" (default): a frame whose first leaf cannot end by its deadline is rejected at once, and an
+            admitted one whose first leaf no longer can, even at the medians, while other frames wait, is taken
+            back (answered "rejected"); "run": it runs late, flagged.
         batching: stack frames waiting at the same step into one call where the cost model says it is cheaper.
             Backends whose handles cannot be stacked (``Backend.row_batching`` False) never do.
         max_rows: the most rows one call stacks (default: the bundle's max batch).
@@ -429,7 +431,9 @@ class StreamScheduler:
         start = time.monotonic()
         worker.join(timeout)
         if worker.is_alive():
-            raise TimeoutError(f"StreamScheduler.close: {len(self._frames)} frame(s) still pending after {timeout} s")
+            pending = len(self._frames)
+            raise TimeoutError(f"StreamScheduler.close: {pending} frame(s) still pending after {timeout} s" if pending
+                               else f"StreamScheduler.close: its worker still ending after {timeout} s")
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))

@@ -127,6 +127,60 @@ def test_a_callback_that_raises_is_logged_and_the_scheduler_goes_on(bundle, capl
     assert "ZeroDivisionError" in caplog.text
 
 
+@pytest.mark.parametrize("cameras", [2, 3])
+def test_callbacks_of_several_streams_that_each_close_the_scheduler_all_return(bundle, cameras):
+    """Each camera's callback stops serving (close() is idempotent and may be called from a callback): each close
+    waited for the other lanes' callbacks, themselves inside close() - every one of them hung (a review, 3 of 3)."""
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0)
+    returned: list[str] = []
+
+    def stop(handle):
+        streams.close()
+        returned.append(handle.stream)
+
+    backend.gate = threading.Event()  # both frames pending when their callbacks are registered
+    handles = [streams.submit(f"cam{k}", frame(k)) for k in range(cameras)]
+    for h in handles:
+        h.add_done_callback(stop)
+    backend.gate.set()
+    streams.close(timeout=10)  # raised TimeoutError: "done-callbacks of 2 stream(s) still running"
+    assert sorted(returned) == [f"cam{k}" for k in range(cameras)]
+
+
+@pytest.mark.parametrize("exit_with", [SystemExit(0), KeyboardInterrupt()])
+def test_a_callback_that_exits_is_logged_and_its_stream_goes_on(bundle, caplog, exit_with):
+    """sys.exit() in a callback ended its lane's thread with the lane marked running: the stream's later callbacks
+    never ran and close() never returned (the guide's with-block hung)."""
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0)
+    after: list[int] = []
+
+    def leave(handle):
+        raise exit_with
+
+    with streams:
+        streams.submit("a", frame(0)).add_done_callback(leave)
+        streams.submit("a", frame(1)).add_done_callback(lambda h: after.append(h.frame))
+        assert streams.submit("b", frame(2)).result(10).leaves == 16
+        streams.close(timeout=10)
+    assert after == [1] and type(exit_with).__name__ in caplog.text
+
+
+def test_close_that_times_out_says_what_it_waited_for(bundle):
+    streams, runner, backend = scheduler(bundle, budget_ms=50.0)
+    backend.gate = threading.Event()
+    streams.submit("a", frame(0))
+    with pytest.raises(TimeoutError, match=r"1 frame\(s\) still pending"):
+        streams.close(timeout=0.01)
+    backend.gate.set()
+    streams.close(timeout=10)
+    idle, _, _ = scheduler(bundle, budget_ms=50.0)
+    try:  # nothing pending: the worker was still ending (it said "0 frame(s) still pending")
+        idle.close(timeout=0)
+    except TimeoutError as exc:
+        assert "0 frame" not in str(exc) and "worker" in str(exc)
+    idle.close(timeout=10)
+
+
 def test_a_frame_cancelled_through_futures_own_cancel_stops_no_other_stream(bundle):
     """``concurrent.futures.Future.cancel(handle)`` - generic code holding a handle as a plain Future - set the
     handle CANCELLED behind the scheduler: its hand-out then raised ``InvalidStateError`` in the worker, which gave
