@@ -6,8 +6,10 @@ unit) after warm-up and saves a :class:`Profile` next to the bundle, as
 batch size. If the bundle directory is read-only it goes to the user cache
 (``$HNE_EDGE_CACHE`` or ``$XDG_CACHE_HOME/hne-edge`` or ``~/.cache/hne-edge``,
 under ``profiles/<manifest sha256[:16]>/``) with a warning. A new runner
-loads the first profile that matches the manifest's sha256, backend, device,
-plan and precision (bundle first, then cache).
+loads a profile that matches the manifest's sha256, backend, device, plan and
+precision; where both the bundle and the cache hold one, the one measured last
+(its ``created`` time) wins, the bundle's on a tie: profiling a read-only
+bundle again replaces its stale profile as profiling a writable one does.
 
 The online model that predicts from a profile is :mod:`.cost_model`.
 """
@@ -20,6 +22,7 @@ import platform
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -336,7 +339,9 @@ def find_profile(
     num_leaves: int | None = None,
     batch_range: Sequence[int] | None = None,
 ) -> tuple[Profile | None, Path | None, str]:
-    """The matching saved profile (bundle dir first, then the user cache), its path, and why (not) found.
+    """The matching saved profile, its path, and why (not) found: of the bundle's and the user cache's, the one
+    measured last (the bundle's on a tie, or when neither says when), so that a profile saved to the cache because
+    the bundle is read-only is not hidden by the bundle's older one.
 
     An invalid profile, or one reached through a symlink out of the bundle, is ignored with a warning; so is one
     made for another version of the bundle or another variant, once a process (each runner on the bundle would
@@ -345,7 +350,7 @@ def find_profile(
     name = profile_filename(device, backend, plan, precision)
     in_bundle = Path(bundle_dir) / PROFILES_DIR / name
     candidates = [in_bundle, user_cache_dir() / "profiles" / manifest_sha256[:16] / name]
-    reasons = []
+    reasons, found = [], []
     for path in candidates:
         if not path.is_file():
             continue
@@ -365,5 +370,20 @@ def find_profile(
                 warnings.warn(f"ignoring saved profile {path}: {why}; profiling the bundle again replaces it", stacklevel=2)
             reasons.append(f"{path}: ignored ({why})")
             continue
-        return profile, path, f"loaded {path}"
-    return None, None, "; ".join(reasons) or f"no saved profile {name}"
+        found.append((profile, path))
+    if not found:
+        return None, None, "; ".join(reasons) or f"no saved profile {name}"
+    profile, path = max(found, key=lambda pair: _measured_at(pair[0]))  # max keeps the first on a tie: the bundle's
+    older = [str(p) for other, p in found if _measured_at(other) < _measured_at(profile)]
+    return profile, path, f"loaded {path}" + (f" (measured after {older[0]})" if older else "")
+
+
+def _measured_at(profile: Profile) -> float:
+    """When ``profile`` was measured (seconds since the epoch, as its ``created`` says); -inf when it does not say."""
+    try:
+        return datetime.strptime(profile.created, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        try:  # another ISO 8601 form; without a zone, local time (as time.strftime wrote it)
+            return datetime.fromisoformat(profile.created).timestamp()
+        except ValueError:
+            return -math.inf

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hne_edge.bundle import read_manifest
-from hne_edge.runtime import AnytimeRunner
+from hne_edge.runtime import AnytimeRunner, profile_file
 from runtime_fakes import C, H, W, FakeBackend, make_fake_bundle
 
 NODE_S = 0.000025  # 31 nodes: the full tree of 16 leaves takes 0.775 ms
@@ -269,6 +269,36 @@ def test_profiles_symlinked_out_of_the_bundle_are_neither_read_nor_written(profi
     (b / "profiles" / path.name).symlink_to(outside / path.name)
     with pytest.warns(UserWarning, match="outside the bundle"):
         assert open_runner().profile_path != b / "profiles" / path.name
+
+
+def test_of_the_bundles_profile_and_the_caches_the_one_measured_last_is_used(profiled, tmp_path, monkeypatch):
+    """A read-only bundle's stale profile (5x too fast) hid the fresh one ``hne-edge profile`` saved to the user
+    cache: every runner read the bundle's first, so profiling again, as the runtime advises, changed nothing."""
+    b, path, open_runner = profiled
+    monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))
+
+    def stale(d):
+        d["created"] = "2020-01-01T00:00:00+0000"
+        for leaf in (leaf for entry in d["batch_sizes"].values() for leaf in entry["leaves"]):
+            leaf.update({k: v * 0.2 for k, v in leaf.items() if k.endswith("_ms") and k != "samples_ms"})
+            leaf["samples_ms"] = [v * 0.2 for v in leaf["samples_ms"]]
+
+    _edit(path, stale)
+    np.testing.assert_allclose(open_runner().predicted_ms(1), [0.6, 0.2, 0.4, 0.2])
+    real = profile_file.atomic_write_json
+    monkeypatch.setattr(profile_file, "atomic_write_json",  # the bundle cannot be written: the cache gets it
+                        lambda p, data: _refuse(p) if str(p).startswith(str(b)) else real(p, data))
+    with pytest.warns(UserWarning, match="not writable"):
+        open_runner().profile(warmup=0, repeats=5)
+    runner = open_runner()
+    assert str(runner.profile_path).startswith(str(tmp_path / "cache")), runner.profile_status
+    np.testing.assert_allclose(runner.predicted_ms(1), [3, 1, 2, 1])
+    _edit(runner.profile_path, lambda d: d.update(created="2019-06-01T00:00:00+0000"))  # the bundle's is newer
+    assert open_runner().profile_path == path
+
+
+def _refuse(path):
+    raise PermissionError(13, "Permission denied", str(path))
 
 
 def test_a_leaf_timed_at_zero_seconds_does_not_break_the_model():
