@@ -14,7 +14,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -136,12 +136,16 @@ def _fill(words: Sequence[str], chars: int) -> list[str]:
     return lines
 
 
-def _save(fig, path: str | os.PathLike) -> Path:
+def _save(fig, path: str | os.PathLike, check: Callable[[str | os.PathLike], None] | None = None) -> Path:
     """Write ``fig`` to ``path`` as a PNG sealed as ours (:func:`~hne_edge.fileio.seal_png`: the next command that
-    draws it may replace it; a figure the user edited since, it may not)."""
+    draws it may replace it; a figure the user edited since, it may not). ``check(path)``, run once the figure is
+    rendered, just before it is written, raises to leave what is at ``path`` (a file the user saved meanwhile)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=fig.dpi)
-    return atomic_write_bytes(path, seal_png(buffer.getvalue()))
+    data = seal_png(buffer.getvalue())
+    if check is not None:
+        check(path)
+    return atomic_write_bytes(path, data)
 
 
 # -- the tree ------------------------------------------------------------------------------------------------------
@@ -231,9 +235,11 @@ def plot_tree(
     path: str | os.PathLike,
     node_macs: Mapping[str, int] | None = None,
     title: str | None = None,
+    check: Callable[[str | os.PathLike], None] | None = None,
 ) -> Path:
-    """Write :func:`tree_figure` to ``path`` (PNG)."""
-    return _save(tree_figure(tree, node_macs, title), path)
+    """Write :func:`tree_figure` to ``path`` (PNG); ``check``: as :func:`_save`'s (a command's check of ``path``
+    again, just before the figure is written)."""
+    return _save(tree_figure(tree, node_macs, title), path, check)
 
 
 # -- the demo's budget sweep ---------------------------------------------------------------------------------------

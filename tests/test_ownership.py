@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -370,6 +372,28 @@ def test_info_plot_refuses_a_missing_folder_and_a_file_it_did_not_draw(tmp_path)
     for extra in ((), ("--force",)):
         err = one_line_error(run_cli(*info, "/proc/version", *extra), "/proc/version")
         assert ".hne-" not in err and ".version" not in err, err
+
+
+def test_info_plot_checks_again_just_before_the_figure_is_moved_in(tmp_path):
+    """`info --plot FILE` checked FILE only before drawing: a file the user saved there while the figure rendered
+    was replaced, exit 0. Here the user's file appears as the figure is drawn (after the first check)."""
+    plot = tmp_path / "tree.png"
+    user_saves_while_drawing = (
+        "import sys, hne_edge.plots as plots\n"
+        "draw = plots.tree_figure\n"
+        "def drawing(*args, **kwargs):\n"
+        f"    open({str(plot)!r}, 'w').write('my notes, not a figure')\n"
+        "    return draw(*args, **kwargs)\n"
+        "plots.tree_figure = drawing\n"
+        "from hne_edge.cli import main\n"
+        "sys.argv = ['hne-edge', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", user_saves_while_drawing, "info", "hne_tiny", "--json", "--plot",
+                           str(plot)], capture_output=True, text=True, cwd=REPO, env={**os.environ, **_HERE})  # fmt: skip
+    one_line_error(proc, "refusing to replace", str(plot), "--force")
+    assert plot.read_text() == "my notes, not a figure"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree.png"]
 
 
 def test_train_on_a_full_disk_leaves_nothing(tmp_path):

@@ -38,6 +38,9 @@ def info(
     from ..models.cost import format_cost
     from ..tree import parse_tree
 
+    def check_plot(path: str) -> None:  # before any work, and again just before the figure is written
+        refuse_foreign(path, sealed_png, force=force, flag="--plot FILE")
+
     if plot_path is not None and not plot_path.strip():  # Path("") is the current directory
         raise InputError("--plot: received an empty path; expected the path of a PNG file to draw")
     if plot_path:  # before any work: a folder is not made, nor a file of the user's replaced
@@ -45,7 +48,7 @@ def info(
         if not folder.is_dir():
             raise InputError(f"--plot {plot_path}: {folder} {'is not a folder' if folder.exists() else 'does not exist'};"
                              " expected a PNG path in an existing folder (create the folder first)")  # fmt: skip
-        refuse_foreign(plot_path, sealed_png, force=force, flag="--plot FILE")
+        check_plot(plot_path)
     overrides = {"tree": parse_tree(tree, "--tree")}
     if input_size is not None:
         overrides["input_size"] = input_size
@@ -55,7 +58,8 @@ def info(
     if plot_path:
         from ..plots import plot_tree
 
-        plot_tree(model.tree, plot_path, {k: v.macs for k, v in cost.nodes.items()}, title=f"{model_name}: {model.tree.branching}")
+        macs = {k: v.macs for k, v in cost.nodes.items()}
+        plot_tree(model.tree, plot_path, macs, title=f"{model_name}: {model.tree.branching}", check=check_plot)
     if as_json:
         data = cost.to_dict()
         data["tree"] = {
