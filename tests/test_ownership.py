@@ -374,6 +374,13 @@ def test_info_plot_refuses_a_missing_folder_and_a_file_it_did_not_draw(tmp_path)
         assert ".hne-" not in err and ".version" not in err, err
 
 
+def test_info_plot_to_a_folder_that_does_not_exist_is_refused(tmp_path):
+    """`info --plot out/` (no such folder) drew a PNG named `out` in the current folder, exit 0."""
+    one_line_error(run_cli("info", "hne_tiny", "--plot", "out/", cwd=tmp_path), "--plot out/", "does not exist",
+                   "create the folder first")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_info_plot_checks_again_just_before_the_figure_is_moved_in(tmp_path):
     """`info --plot FILE` checked FILE only before drawing: a file the user saved there while the figure rendered
     was replaced, exit 0. Here the user's file appears as the figure is drawn (after the first check)."""

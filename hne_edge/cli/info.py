@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -44,7 +45,8 @@ def info(
     if plot_path is not None and not plot_path.strip():  # Path("") is the current directory
         raise InputError("--plot: received an empty path; expected the path of a PNG file to draw")
     if plot_path:  # before any work: a folder is not made, nor a file of the user's replaced
-        folder = Path(plot_path).parent
+        # "out/" names a folder (Path drops the slash: its parent would be the current folder)
+        folder = Path(plot_path) if plot_path.endswith(("/", os.sep)) else Path(plot_path).parent
         if not folder.is_dir():
             raise InputError(f"--plot {plot_path}: {folder} {'is not a folder' if folder.exists() else 'does not exist'};"
                              " expected a PNG path in an existing folder (create the folder first)")  # fmt: skip

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import InputError
 from ..limits import check_model_size
-from ..tree import TreeSpec
+from ..tree import TREE_PRESETS, TreeSpec, hne_tree
 
 if TYPE_CHECKING:
     from torch import nn
@@ -53,10 +53,12 @@ class HNEConfig:
             raise TypeError(f"tree must be a TreeSpec or a tuple of branching factors; received {self.tree!r}")
         # bounded here, before anything is allocated (hne_edge.limits: the rule manifests and checkpoints read by too)
         check_model_size({name: getattr(self, name) for name in ("num_classes", "in_chans", "input_size")})
-        if len(self.block_rows()) != self.tree.num_blocks:
+        blocks = len(self.block_rows())
+        if blocks != self.tree.num_blocks:  # "TreeSpec.branching": the CLI names its --tree (cli.options.flag_names)
             raise InputError(
-                f"{self.name}: the tree has {self.tree.num_blocks} blocks (branching {self.tree.branching}) "
-                f"but the architecture table has {len(self.block_rows())} rows; they must match"
+                f"TreeSpec.branching {','.join(map(str, self.tree.branching))}: {self.name} has {blocks} blocks, "
+                f"this tree {self.tree.num_blocks}; expected {blocks} branching factors, one per block (e.g. "
+                f"{','.join(map(str, hne_tree(blocks - 1).branching))}), or a preset ({', '.join(TREE_PRESETS)})"
             )
 
     def block_rows(self) -> tuple:  # pragma: no cover - overridden

@@ -12,7 +12,7 @@ import hne_edge
 from hne_edge.models import tree_cost
 from hne_edge.models.hne import ResNetHNEConfig, HNE
 from hne_edge.tree import hne_tree
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 
 
 def counted_macs(module, x) -> float:
@@ -85,3 +85,9 @@ def test_info_cli_table_and_errors(tmp_path):
     assert "received (1, 0, 2, 2, 2)" in bad.stderr and "Traceback" not in bad.stderr
     bad = run_cli("info", "nosuchmodel")
     assert bad.returncode == 2 and "unknown model 'nosuchmodel'" in bad.stderr
+
+
+def test_info_tree_of_the_wrong_length_names_the_flag_and_what_to_type():
+    """`info hne_tiny --tree 1,2,2` said "the architecture table has 5 rows; they must match", naming neither --tree
+    nor what to type."""
+    one_line_error(run_cli("info", "hne_tiny", "--tree", "1,2,2"), "--tree 1,2,2", "5 blocks", "1,2,2,2,2")

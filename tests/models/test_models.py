@@ -156,7 +156,7 @@ def test_config_round_trip_and_validation():
         cfg = model_config(name)
         again = config_from_dict(cfg.to_dict())
         assert again == cfg
-    with pytest.raises(ValueError, match=r"the tree has 3 blocks \(branching \(1, 2, 2\)\).*5 rows"):
+    with pytest.raises(ValueError, match=r"TreeSpec.branching 1,2,2: .* has 5 blocks, this tree 3; expected 5 "):
         hne_edge.create_model("hne_resnet", tree=(1, 2, 2))
     with pytest.raises(ValueError, match="divisible by reduction=2; received 33"):
         hne_edge.create_model("hne_tiny", blocks=((33, 1, 1),) * 5)
