@@ -353,6 +353,27 @@ def test_profile_replaces_only_a_profile_it_wrote(tiny_bundle, tmp_path, monkeyp
     assert f"saved {mine}" in proc.stdout
 
 
+def test_profile_force_replaces_a_link_at_the_profiles_name_not_what_it_points_to(tiny_bundle, tmp_path):
+    """`profile --force` kept a link at the profile's name (the refusal without it said "pass --force to replace
+    it") and saved to the user cache, exit 0."""
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle.bundle_dir, bundle)
+    link = bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json"
+    link.parent.mkdir(exist_ok=True)
+    link.unlink(missing_ok=True)
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"user": "notes"}\n')
+    link.symlink_to(notes)
+    args = ("profile", str(bundle), "--repeats", "2", "--warmup", "0", "--quiet")
+    env = {"HNE_EDGE_CACHE": str(tmp_path / "cache")}
+    one_line_error(run_cli(*args, env=env), "refusing to replace", str(link), "symbolic link", "--force")
+    proc = run_cli(*args, "--force", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not link.is_symlink() and json.loads(link.read_text())["format"] == "hne-edge-profile"
+    assert notes.read_text() == '{"user": "notes"}\n' and not (tmp_path / "cache").exists()
+    assert f"saved {link}" in proc.stdout
+
+
 def test_info_plot_refuses_a_missing_folder_and_a_file_it_did_not_draw(tmp_path):
     """Issue 42 (4): `info --plot` overwrote any FILE and made its missing parent folders, exit 0; `--plot
     /proc/version` named an internal scratch file in its error."""

@@ -290,13 +290,13 @@ def save_profile(profile: Profile, bundle_dir: str | os.PathLike, force: bool = 
 
     Never writes through a symlink that leads out of the bundle (``profiles/`` or the file itself), and never
     over what is not a profile the runtime wrote (:func:`~hne_edge.bundle.not_a_profile`: a user's file of that
-    name, a link; ``force`` replaces those) nor over a folder: what is there stays, and the profile goes to the
-    user cache, with a warning.
+    name, a link; ``force`` replaces those, a link itself, not what it points to) nor over a folder: what is there
+    stays, and the profile goes to the user cache, with a warning.
     """
     if not profile.created:
         profile.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     target = Path(bundle_dir) / PROFILES_DIR / profile.filename
-    why = _outside(bundle_dir, target)
+    why = _outside(bundle_dir, target.parent if force else target)  # force replaces a link at the name, not its target
     if why is None and (foreign := foreign_file(target, not_a_profile, force=force, under=bundle_dir)) is not None:
         why = f"refusing to replace {target}: {foreign}"
     if why is None:
