@@ -34,7 +34,8 @@ class _BackendChoice(click.Choice):
 
 def _runner_options(f):
     f = click.option("--cuda-graph", type=click.Choice(["on", "off"]), default=None, is_flag=False, flag_value="on",
-                     help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others off).")(f)
+                     help="GPU backends: replay a CUDA graph per unit and batch size (default: torch on, others "
+                          "off; the CPU runs none: off).")(f)
     f = threads_option("Intra-op")(f)
     f = click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS))(f)
     f = click.option("--plan", default=DEFAULT_PLAN, show_default=True, type=click.Choice(RUNNER_PLANS),
@@ -46,15 +47,21 @@ def _runner_options(f):
 
 
 def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
+    from ..errors import InputError
     from ..limits import check_threads
     from ..runtime import AnytimeRunner
     from ..runtime.devices import resolve_device
 
     threads = check_threads(threads or None, "--threads")  # named as typed (the backends' bound says "threads:")
 
-    options = {} if cuda_graph is None else {"cuda_graph": cuda_graph == "on"}  # CPU backends refuse it with a clear error
-    return AnytimeRunner(bundle, backend=backend, device=resolve_device(backend, device), plan=plan, precision=precision,
-                         threads=threads, **options)  # fmt: skip
+    resolved = resolve_device(backend, device)
+    if cuda_graph == "on" and resolved.partition(":")[0] == "cpu":  # off is what the CPU does: create_backend takes it
+        chose = " (no GPU here: it chose the CPU)" if device == "auto" else ""
+        raise InputError(f"--cuda-graph on: received with --device {device}{chose}; expected a GPU device (--device "
+                         "cuda, on a machine with an NVIDIA GPU): on the CPU, leave --cuda-graph off")
+    options = {} if cuda_graph is None else {"cuda_graph": cuda_graph == "on"}
+    return AnytimeRunner(bundle, backend=backend, device=resolved, plan=plan, precision=precision, threads=threads,
+                         **options)  # fmt: skip
 
 
 @click.command()

@@ -309,7 +309,7 @@ def test_cli_errors_name_flags_not_python_arguments(tiny_bundle, work, tmp_path)
         (("export", str(tiny_bundle.checkpoint_path), "--out", str(work / "b")), "pass --force to replace it"),
         (("run", str(work / "b"), str(work / "nhwc.npy")), "NHWC? save the frames as uint8 images (N,H,W,C)"),
         (("run", str(work / "b"), str(work / "f64.npy")), "save the frames as uint8 images (N,H,W,C), which the command"),
-        (("run", str(work / "b"), str(work / "frames.npz"), "--device", "cpu", "--cuda-graph", "on"), "pass --device cuda"),
+        (("run", str(work / "b"), str(work / "frames.npz"), "--device", "cpu", "--cuda-graph", "on"), "--device cuda"),
         (("train", "--out", str(tmp_path / "none"), "--resume"), "start the run without --resume"),
     ]
     for args, fragment in cases:

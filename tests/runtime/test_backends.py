@@ -43,6 +43,8 @@ def test_registry_is_keyed_by_name_and_device_kind():
         create_backend("tpu")
     with pytest.raises(BackendUnavailable, match=r"backend 'tensorrt': received device 'cpu'; expected one of \['cuda'\] or 'cuda:N'"):
         create_backend("tensorrt", "cpu")
+    for name in ("onnxruntime", "torch"):  # no CUDA graph is what the CPU does: asked for, it is not refused
+        assert create_backend(name, "cpu", cuda_graph=False).device == "cpu"
 
 
 def test_fallback_to_cpu_returns_the_cpu_backend_with_the_reason(monkeypatch, caplog):

@@ -50,6 +50,8 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
         parse_device(name, device, tuple(kinds))  # raises: names the devices this backend runs on
     cls = backend_class(name, kind)
     accepted = [p for p in inspect.signature(cls).parameters if p != "device"]
+    if "cuda_graph" not in accepted and options.get("cuda_graph") is False:  # no graph is what a CPU backend does
+        options = {k: v for k, v in options.items() if k != "cuda_graph"}
     unknown = sorted(k for k in options if k not in accepted)
     if unknown:
         raise InputError(
