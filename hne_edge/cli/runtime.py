@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import warnings
@@ -77,21 +78,22 @@ def profile(bundle, batch_sizes, warmup, repeats, force, backend, device, plan, 
     """Measure each leaf step and model file; save the cost model next to the bundle."""
     from ..runtime.profile_file import check_profile_target, save_profile
 
-    # the runtime's warnings (a file at the profile's name that is no profile, ignored at load) are notes, once it
-    # is known that the command goes on
-    with warnings.catch_warnings(record=True) as caught, _open(bundle, backend, device, plan, precision, threads,
-                                                                cuda_graph) as runner:  # fmt: skip
-        warnings.simplefilter("always")
-        lo, opt, _ = runner.input_spec.batch
-        within_batch_range(runner.input_spec.batch, batch_sizes or (), "--batch-sizes")
-        sizes = batch_sizes or tuple(sorted({lo, opt}))
-        name = profile_filename(runner.device, runner.backend.name, plan, precision)
-        check_profile_target(bundle, name, force)  # before it measures; checked again when it saves
+    with contextlib.ExitStack() as stack:
+        # the runtime's warnings at load (a file at the profile's name ignored) wait until the command is known to go
+        # on (a refusal is one line, nothing before it); then they are said, before it measures, as warnings are
+        with warnings.catch_warnings(record=True) as held:
+            warnings.simplefilter("always")
+            runner = stack.enter_context(_open(bundle, backend, device, plan, precision, threads, cuda_graph))
+            lo, opt, _ = runner.input_spec.batch
+            within_batch_range(runner.input_spec.batch, batch_sizes or (), "--batch-sizes")
+            sizes = batch_sizes or tuple(sorted({lo, opt}))
+            name = profile_filename(runner.device, runner.backend.name, plan, precision)
+            check_profile_target(bundle, name, force)  # before it measures; checked again when it saves
+        for w in held:
+            warnings.warn(w.message, stacklevel=1)
         with progress_for(None, "profile", "pass", quiet=quiet) as progress:
             prof = runner.profile(batch_sizes=sizes, warmup=warmup, repeats=repeats, save=False, progress=progress)
             saved, _ = save_profile(prof, bundle, force)  # a user's file that appeared meanwhile stays: the cache gets it
-        for w in caught:
-            click.echo(f"note: {w.message}")
         for b in sizes:
             data = prof.batches[b]
             levels = {level["n"]: level for level in data["levels"]}

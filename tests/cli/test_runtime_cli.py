@@ -93,6 +93,22 @@ def test_profile_and_bench(cli_bundle, tmp_path):
     assert (out / "bench.png").is_file() and "accuracy" in proc.stdout
 
 
+def test_profile_warns_on_stderr_when_it_happens_and_keeps_stdout_for_its_table(cli_bundle, tmp_path):
+    """`profile` printed its warnings ("ignoring saved profile ...") on stdout as `note: ...`, after measuring."""
+    bundle = tmp_path / "b"
+    shutil.copytree(cli_bundle / "b", bundle)
+    invalid = bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json"
+    invalid.parent.mkdir(exist_ok=True)
+    invalid.write_text('{"format": "hne-edge-profile", "version": 1}\n')  # a profile of ours, but not valid
+    proc = run_cli("profile", str(bundle), "--warmup", "0", "--repeats", "2", "--device", "cpu", check=True)
+    assert "note:" not in proc.stdout and "ignoring" not in proc.stdout, proc.stdout
+    assert proc.stdout.startswith("hne_tiny ") and f"saved {invalid}" in proc.stdout, proc.stdout
+    err = proc.stderr.splitlines()
+    said = [i for i, line in enumerate(err) if line.startswith(f"warning: ignoring saved profile {invalid}: ")]
+    measuring = [i for i, line in enumerate(err) if line.startswith("profile: ")]
+    assert len(said) == 1 and measuring and said[0] < measuring[0], proc.stderr  # said when read, before measuring
+
+
 def test_run_output_speaks_one_vocabulary(cli_bundle, tmp_path):
     """Issue 15: --json budget_ms carried float noise, label was a name but label_true an index, the text said
     "ok" for a correct answer (an app says "ok" for a met budget), and the summary had no count of misses."""
