@@ -26,7 +26,7 @@ import statistics
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -79,7 +79,8 @@ class Check:
     plan: str
     bundle: str  # "fresh" | "shipped"
     ok: bool = False
-    prefixes: int = 0  # anytime prefixes that matched the reference (of ``leaves``)
+    prefixes: list[int] = field(default_factory=list)  # the leaf counts of the anytime prefixes that matched the
+    # reference through run(), in order: the plan's stops (fused: [16]; subtrees: [1, 2, 4, 8, 16]), as far as it got
     leaves: int = 0
     max_error: float | None = None  # the worst |runtime - float64 reference| over every comparison
     bound: float | None = None  # its bound (fp32: 1e-4; fp16: 1e-3 + 5e-3 max|ref|)
@@ -271,7 +272,7 @@ def _run_checks(tiny: TinyBundle, check: Check, repeats: int, options: dict) -> 
                 raise CheckFailed(f"run(max_leaves={n}) evaluated {r.leaves} leaves")
             first = f" (first-leaf file {runner.first_leaf_file})" if n == 1 and runner.first_leaf_file else ""
             compare(r.logits, n, f"run(max_leaves={n}){first}")
-            check.prefixes = n
+            check.prefixes.append(n)
         # times at batch 1 (medians); the cost model has learned from every run above
         if stops[0] == 1:  # plan "fused" has no first-leaf stop
             check.first_leaf_ms = _median_ms(lambda: runner.run(x1, max_leaves=1), repeats)

@@ -59,6 +59,11 @@ def format_environment(env: "Environment") -> list[str]:
     return [f"  {k:<{width}}  {v}" for k, v in rows]
 
 
+def prefixes_cell(prefixes: list[int], leaves: int) -> str:
+    """The prefixes column: how many anytime prefixes matched, and the largest (of the tree's leaves)."""
+    return f"{len(prefixes)} up to {prefixes[-1]}/{leaves}" if prefixes else f"0/{leaves}"
+
+
 def format_report(report: "DoctorReport") -> str:
     env = report.environment
     lines = [f"hne-edge {env.hne_edge} doctor", "", "environment", *format_environment(env), ""]
@@ -70,7 +75,7 @@ def format_report(report: "DoctorReport") -> str:
     table = [COLUMNS] if not report.broken else []
     for c in report.checks:
         error = f"{c.max_error:.1e} / {c.bound:.1e}" if c.max_error is not None else "-"
-        table.append((c.backend, c.device, c.precision, c.plan, c.bundle, f"{c.prefixes}/{c.leaves}", error,
+        table.append((c.backend, c.device, c.precision, c.plan, c.bundle, prefixes_cell(c.prefixes, c.leaves), error,
                       c.budget or "-", c.cancel.split(" (")[0] if c.cancel else "-", _ms(c.first_leaf_ms),
                       _ms(c.full_tree_ms), "ok" if c.ok else "FAILED"))  # fmt: skip
     widths = [max(len(str(row[i])) for row in table) for i in range(len(COLUMNS))] if table else []

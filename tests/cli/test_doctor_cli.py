@@ -57,7 +57,7 @@ def test_doctor_json_checks_every_backend_precision_and_plan_present(tmp_path):
                 assert (backend, "cpu", precision, plan) in rows, (backend, precision, plan)
     for c in report["checks"]:
         assert c["ok"] and c["error"] is None
-        assert c["prefixes"] == c["leaves"] == 16
+        assert c["prefixes"][-1] == c["leaves"] == 16 and c["prefixes"] == sorted(set(c["prefixes"]))
         assert 0 <= c["max_error"] <= c["bound"] and c["full_tree_ms"] > 0
         assert c["first_leaf_ms"] > 0 if c["plan"] != "fused" else c["first_leaf_ms"] is None  # fused: 16 or nothing
         assert c["cancel"].startswith("ok") and "/16 leaves" in c["budget"]
@@ -82,7 +82,7 @@ def test_doctor_on_a_runtime_only_install_runs_the_shipped_bundle(tmp_path):
     assert "shipped  doctor_tiny.tar.xz" in out and "fresh " not in out
     table = [line.split() for line in out.splitlines() if line.startswith("onnxruntime  cpu")]
     assert sorted((row[2], row[3]) for row in table) == sorted((p, q) for p in PRECISIONS for q in RUNNER_PLANS)
-    assert all(row[4] == "shipped" and row[5] == "16/16" and row[-1] == "ok" for row in table)
+    assert all(row[4] == "shipped" and row[6:9] == ["up", "to", "16/16"] and row[-1] == "ok" for row in table)
     assert "torch cpu: torch is not installed; to get it: pip install 'hne_edge-0.1.0-py3-none-any.whl[train]'" in out
     # with onnxruntime-gpu and a GPU, its CUDA rows are checks too
     checks = [line for line in out.splitlines() if re.match(r"onnxruntime  cuda\S* ", line)] + table

@@ -6,6 +6,7 @@ checked against the float64 reference; and GPU rows that fail are failures (exit
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -81,7 +82,7 @@ def test_gpu_rows_run_every_precision_and_plan_through_the_fakes(here, fake_gpu)
             for plan in RUNNER_PLANS:
                 c = rows[(name, kind, precision, plan)]
                 assert c.ok, c.label + ": " + str(c.error)
-                assert c.prefixes == c.leaves == 16 and c.max_error <= c.bound and c.cancel.startswith("ok")
+                assert c.prefixes[-1] == c.leaves == 16 and c.max_error <= c.bound and c.cancel.startswith("ok")
     # TensorRT: the exporter built one engine per ONNX file of every plan and precision, at optimisation level 0
     assert len(fake_gpu.built) == len(set(fake_gpu.built)) and {o.get("builder_optimization_level") for o in fake_gpu.options} == {0}
     assert {p.split("/")[-3:-1][0] for p in fake_gpu.built} == set(PRECISIONS)
@@ -121,3 +122,20 @@ def test_the_budget_column_says_whether_the_budget_was_kept_and_why_not():
         "16/16 leaves in 0.12 ms, over 0.04 ms (its first step is forced)")
     assert checks.budget_cell(7, 16, 0.60, 0.52, met=False, forced=False) == (
         "7/16 leaves in 0.60 ms, over 0.52 ms (a late step; not judged)")
+
+
+def test_the_prefixes_column_says_which_prefixes_were_checked(here, tmp_path):
+    """The column showed the largest prefix checked: plan fused (1 prefix, all 16 leaves) and subtrees (5) both
+    read "16/16", as segments (16 prefixes) does."""
+    from hne_edge.doctor import DoctorReport
+    from hne_edge.doctor.tiny import unpack_shipped
+
+    tiny = unpack_shipped(tmp_path)
+    rows = {plan: checks.check_variant(tiny, "onnxruntime", "cpu", "fp32", plan, repeats=1)
+            for plan in ("fused", "subtrees", "segments")}  # fmt: skip
+    assert all(c.ok for c in rows.values()), {p: c.error for p, c in rows.items()}
+    assert rows["fused"].prefixes == [16] and rows["subtrees"].prefixes == [1, 2, 4, 8, 16]
+    assert rows["segments"].prefixes == list(range(1, 17))
+    table = DoctorReport(here, [], list(rows.values())).format_table()
+    cells = [re.split(r"\s{2,}", line)[5] for line in table.splitlines() if line.startswith("onnxruntime  cpu")]
+    assert cells == ["1 up to 16/16", "5 up to 16/16", "16 up to 16/16"], table
