@@ -47,6 +47,8 @@ __all__ = ["Availability", "Check", "CheckFailed", "availability", "plans_for", 
 
 NO_GPU = "needs an NVIDIA GPU; none was found on this machine"
 CUDA_TORCH = "install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
+DRIVER_HOW = ("update the NVIDIA driver to one for the CUDA version of torch / cuda-python here, or run on the CPU: "
+              "--device cpu")
 
 
 def _pip(module: str) -> str:
@@ -122,6 +124,15 @@ def _availability(env: Environment, name: str, kind: str) -> Availability:
     def broken() -> Availability:  # installed but does not import: present, so its check runs and fails
         return Availability(name, kind, True)
 
+    def no_stream(reason: str, how: str) -> Availability:  # neither torch nor cuda-python sees the GPU: why
+        refused = env.cuda.driver_error if env.gpus else None
+        if refused is None:
+            return absent(reason, how)
+        # a GPU was found (nvidia-smi, a Jetson), so a driver is installed: older than the CUDA libraries, here already
+        driver = f" {env.gpus[0].driver}" if env.gpus[0].driver else ""
+        return absent(f"the GPU's driver{driver} is too old for the CUDA libraries installed here ({refused})",
+                      DRIVER_HOW)
+
     if (name, kind) == ("onnxruntime", "cpu"):
         if ort.error:
             return broken()
@@ -143,8 +154,8 @@ def _availability(env: Environment, name: str, kind: str) -> Availability:
                 "one goes first)",
             )
         if not env.cuda.device_count:
-            return absent("no library here gives it a CUDA stream: neither torch with CUDA nor cuda-python sees the GPU",
-                          f"{_pip('cuda')} (cuda-python), or a CUDA build of torch")  # fmt: skip
+            return no_stream("no library here gives it a CUDA stream: neither torch with CUDA nor cuda-python sees the "
+                             "GPU", f"{_pip('cuda')} (cuda-python), or a CUDA build of torch")  # fmt: skip
         return Availability(name, kind, True)
     if (name, kind) == ("torch", "cuda"):
         if not torch.ok:
@@ -158,8 +169,9 @@ def _availability(env: Environment, name: str, kind: str) -> Availability:
         if not trt.ok:
             return absent("TensorRT is not installed", TENSORRT_HINT.split(": ", 1)[-1].split(" and run on")[0])
         if not env.cuda.device_count:  # its device memory and stream come from torch with CUDA or cuda-python
-            return absent("no library here gives it device memory and a stream: neither torch with CUDA nor cuda-python "
-                          "sees the GPU", f"{_pip('tensorrt')} (brings cuda-python), or a CUDA build of torch")  # fmt: skip
+            return no_stream("no library here gives it device memory and a stream: neither torch with CUDA nor "
+                             "cuda-python sees the GPU", f"{_pip('tensorrt')} (brings cuda-python), or a CUDA build of "
+                             "torch")  # fmt: skip
         return Availability(name, kind, True)
     # a backend this doctor does not know yet: present when it can be created here
     try:

@@ -43,6 +43,8 @@ def format_environment(env: "Environment") -> list[str]:
         rows.append(("GPU", "none found" + (f" ({'; '.join(env.gpu_notes)})" if env.gpu_notes else "")))
     elif env.gpu_notes:
         rows.append(("GPU notes", "; ".join(env.gpu_notes)))
+    if env.gpus and env.cuda is not None and env.cuda.notes:  # a GPU that torch / cuda-python could not use: why
+        rows.append(("CUDA", "; ".join(env.cuda.notes)))
     c = env.cpu
     usable = f" ({c.usable_cores} usable)" if c.usable_cores not in (None, c.logical_cores) else ""
     cores = f"{c.logical_cores} logical cores{usable}"

@@ -139,3 +139,22 @@ def test_the_prefixes_column_says_which_prefixes_were_checked(here, tmp_path):
     table = DoctorReport(here, [], list(rows.values())).format_table()
     cells = [re.split(r"\s{2,}", line)[5] for line in table.splitlines() if line.startswith("onnxruntime  cpu")]
     assert cells == ["1 up to 16/16", "5 up to 16/16", "16 up to 16/16"], table
+
+
+def test_a_driver_too_old_for_the_cuda_libraries_is_named_with_its_fix(here):
+    """A GPU whose driver is older than the installed CUDA libraries (cudaErrorInsufficientDriver): the doctor told
+    the machine to install cuda-python or a CUDA torch, both installed, and the driver's error appeared nowhere."""
+    from hne_edge.doctor import DoctorReport
+
+    env = gpu_env(here)
+    old = dataclasses.replace(env, gpus=[dataclasses.replace(GPU, driver="470.82")], cuda=CudaProbe(
+        torch=env.cuda.torch, torch_cuda_build="12.4", cuda_python=True,
+        notes=["cudaGetDeviceCount failed: <cudaError_t.cudaErrorInsufficientDriver: 35>"]))  # fmt: skip
+    rows = by_key(old)
+    for key in (("onnxruntime", "cuda"), ("tensorrt", "cuda")):
+        a = rows[key]
+        assert not a.present and "driver 470.82 is too old" in a.reason and "cudaErrorInsufficientDriver" in a.reason, a
+        assert "update the NVIDIA driver" in a.how and "--device cpu" in a.how, a
+        assert "pip install" not in a.how and "build of torch" not in a.how, a
+    table = DoctorReport(old, checks.availability(old), []).format_table()
+    assert "cudaErrorInsufficientDriver" in table.split("absent")[0], table  # in the environment, where it was found

@@ -100,6 +100,12 @@ class CudaProbe:
     def available(self) -> bool:
         return self.device_count > 0
 
+    @property
+    def driver_error(self) -> str | None:
+        """The note of a CUDA query refused for the driver (cudaErrorInsufficientDriver: where a driver is installed,
+        it is older than the CUDA libraries here; installing those cannot help), else None."""
+        return next((note for note in self.notes if "InsufficientDriver" in note), None)
+
     def explain(self) -> str:
         parts = []
         if self.torch is None:
