@@ -15,6 +15,8 @@ the others are predicted to leave and uses the anytime contract:
 
 Writes ``timeline.csv`` (one row per frame) and ``timeline.png`` (where matplotlib is installed: a device
 with the ``runtime`` extra alone gets the CSV), and prints misses, leaves and accuracy (when labels are given).
+Like ``hne-edge bench``, it replaces a file there only when it wrote it (a CSV with the timeline's header, a
+PNG with hne-edge's seal); anything else is refused before any work, unless ``--force``.
 
     python examples/autonomous_stack.py runs/demo/bundle --frames frames.npz --out runs/stack
 """
@@ -22,6 +24,8 @@ with the ``runtime`` extra alone gets the CSV), and prints misses, leaves and ac
 from __future__ import annotations
 
 import csv
+import importlib.util
+import io
 import sys
 import time
 from pathlib import Path
@@ -29,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from hne_edge.cli.scripts import ArgumentParser, positive, run_main, seed
+from hne_edge.errors import InputError
+from hne_edge.fileio import atomic_write_text, check_output_dir, refuse_foreign, sealed_png, staged_output
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.bench import load_arrays
 from hne_edge.runtime.inputs import check_input, check_labels
@@ -65,6 +71,38 @@ def load_frames(path: str | None, runner: AnytimeRunner, count: int, seed: int):
     return runner.preprocess(x), None
 
 
+COLUMNS = ["frame", "period_ms", "budget_ms", "first_latency_ms", "first_leaves", "first_met_budget", "load",
+           "slack_ms", "final_leaves", "first_pred", "final_pred", "overran_frame"]  # timeline.csv's, in order
+LABEL_COLUMNS = ["label", "first_correct", "final_correct"]  # with --frames that have labels
+
+
+def our_timeline(path: Path) -> str | None:
+    """Whether the CSV at ``path`` is a timeline this script wrote (its header line is ours), as ``bench.json`` is
+    ``bench``'s by its "format": None if it is, else why not (:data:`hne_edge.fileio.Judge`)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.readline(1024).rstrip(b"\r\n")
+    except OSError:
+        head = b""
+    if head in (",".join(COLUMNS).encode(), ",".join(COLUMNS + LABEL_COLUMNS).encode()):
+        return None
+    return "its first line is not the header of the stack's timeline"
+
+
+FILES = {"timeline.csv": our_timeline, "timeline.png": sealed_png}  # what the stack writes, and whose it is
+
+
+def check_out(out: str, force: bool) -> Path:
+    """Refuse, before any work, an --out that would replace what the stack did not write (the CLI's rule)."""
+    if not out.strip():  # Path("") is the current folder
+        raise InputError("--out: received an empty path; expected a folder to write timeline.csv and timeline.png into")
+    if check_output_dir(out, "--out").is_dir():
+        for name, judge in FILES.items():  # no figure without matplotlib (a device's runtime install)
+            if name != "timeline.png" or importlib.util.find_spec("matplotlib") is not None:
+                refuse_foreign(Path(out) / name, judge, force=force, flag="--out")
+    return Path(out)
+
+
 def simulate(runner: AnytimeRunner, x: np.ndarray, y, period_ms: float, seed: int) -> list[dict]:
     load = LoadProcess(seed)
     expected_load = load.base  # what the stack predicts the others will need (EWMA of observed demand)
@@ -77,9 +115,9 @@ def simulate(runner: AnytimeRunner, x: np.ndarray, y, period_ms: float, seed: in
         frame_end = frame_start + period_ms / 1e3
         budget_ms = max(0.0, period_ms * (1.0 - expected_load) - margin_ms)
         session = runner.start(x[t : t + 1])
-        # the answer is due budget_ms after the frame starts: refine gets what is left of it after start()
-        left_ms = max(0.0, budget_ms - (time.perf_counter() - frame_start) * 1e3)
-        first = session.refine(budget_ms=left_ms)  # yields when the next leaf would not fit
+        # the answer is due budget_ms after the frame starts: a deadline, which may have passed already when start()
+        # ran long (a loaded machine; refine(budget_ms=0) is refused): then the forced first leaf is the answer, late
+        first = session.refine(deadline=frame_start + budget_ms / 1e3)  # yields when the next leaf would not fit
         published = time.perf_counter()
         demand = load.next()  # the other modules' actual need this frame
         busy_wait_until(published + demand * period_ms / 1e3)
@@ -148,8 +186,10 @@ def timeline_figure(rows: list[dict], num_leaves: int | None = None):
     return fig
 
 
-def plot(rows: list[dict], path: Path, num_leaves: int | None = None) -> None:
-    timeline_figure(rows, num_leaves).savefig(path)
+def plot(rows: list[dict], path: Path, num_leaves: int | None = None) -> Path:
+    from hne_edge.plots import _save  # the CLI's figure writer: atomic, sealed as ours (a later run may replace it)
+
+    return _save(timeline_figure(rows, num_leaves), path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="frame period (default: 1.5 x the profiled full-tree latency)")
     parser.add_argument("--out", default="runs/autonomous_stack")
     parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument("--force", action="store_true",
+                        help="also replace a timeline.csv / timeline.png in --out that hne-edge did not write (yours, "
+                             "or an older version's; a link itself, not what it points to); never a folder")
     args = parser.parse_args(argv)
+    out = check_out(args.out, args.force)
     runner = AnytimeRunner(args.bundle)
-    out = Path(args.out)
     with runner:
         if runner.profile_data is None or 1 not in runner.profile_data.batches:
             runner.profile(batch_sizes=(1,), warmup=5, repeats=30)
@@ -171,16 +214,18 @@ def main(argv: list[str] | None = None) -> int:
         period_ms = args.period_ms if args.period_ms is not None else 1.5 * full_ms
         x, y = load_frames(args.frames, runner, args.count, args.seed)
         rows = simulate(runner, x, y, period_ms, args.seed)
-    out.mkdir(parents=True, exist_ok=True)  # once there is something to write: a bad input leaves no folder
-    with open(out / "timeline.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    # staged, then moved in (a bad input, a failure leaves no folder, no half a file); a user's file that appeared
+    # meanwhile stays
+    with staged_output(out, "--out", ours=FILES, force=args.force) as stage:
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=COLUMNS + (LABEL_COLUMNS if y is not None else []))  # our header
         writer.writeheader()
         writer.writerows(rows)
-    try:
-        plot(rows, out / "timeline.png", runner.num_leaves)
-        png = out / "timeline.png"
-    except ImportError:  # matplotlib is not part of the runtime's dependencies (a device): the CSV is the result
-        png = None
+        atomic_write_text(stage / "timeline.csv", text.getvalue())
+        try:
+            png = out / plot(rows, stage / "timeline.png", runner.num_leaves).relative_to(stage)
+        except ImportError:  # matplotlib is not part of the runtime's dependencies (a device): the CSV is the result
+            png = None
     n = len(rows)
     misses = sum(1 - r["first_met_budget"] for r in rows)
     print(f"{n} frames at {period_ms:.3f} ms period (full tree {full_ms:.3f} ms)")

@@ -228,3 +228,36 @@ def test_multi_camera_replays_synthetic_cameras_and_image_folders(bundle_copy, t
     (tmp_path / "empty").mkdir()
     proc = run_example("multi_camera.py", str(bundle_copy), "--cameras", str(tmp_path / "empty"))
     assert proc.returncode == 2 and proc.stderr.startswith("Error: ") and "holds no image files" in proc.stderr
+
+
+def test_autonomous_stack_replaces_only_its_own_timeline(bundle_copy, tmp_path):
+    """A review found the stack wrote timeline.csv / timeline.png over a user's files in --out (exit 0), through a
+    link onto the file it points to, and `--out ""` into the current folder. Like `hne-edge bench`, it replaces only
+    its own files, refuses anything else in one line before any work (--force: a file or link, never through it)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "timeline.csv").write_text("my own measurements\n")
+    (out / "timeline.png").write_bytes(b"my figure")
+    for name in ("timeline.csv", "timeline.png"):
+        proc = run_example("autonomous_stack.py", str(bundle_copy), "--count", "5", "--out", str(out))
+        assert proc.returncode == 2 and proc.stderr.startswith("Error: refusing to replace ") and \
+            len(proc.stderr.splitlines()) == 1 and "--force" in proc.stderr, proc.stderr  # fmt: skip
+        assert proc.stdout == "" and not (bundle_copy / "profiles").exists()  # before any work (no profile written)
+        (out / name).unlink()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious notes\n")
+    (out / "timeline.csv").symlink_to(precious)
+    proc = run_example("autonomous_stack.py", str(bundle_copy), "--count", "5", "--out", str(out))
+    assert proc.returncode == 2 and "symbolic link" in proc.stderr, proc.stderr
+    proc = run_example("autonomous_stack.py", str(bundle_copy), "--count", "5", "--out", str(out), "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert precious.read_text() == "precious notes\n" and not (out / "timeline.csv").is_symlink()  # the link replaced
+    assert sorted(p.name for p in out.iterdir()) == ["timeline.csv", "timeline.png"]  # no scratch file left
+    first = (out / "timeline.csv").read_text()
+    proc = run_example("autonomous_stack.py", str(bundle_copy), "--count", "6", "--out", str(out))  # its own: replaced
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "timeline.csv").read_text() != first and len((out / "timeline.csv").read_text().splitlines()) == 7
+    proc = run_example("autonomous_stack.py", str(bundle_copy), "--count", "5", "--out", "")
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: --out: received an empty path"), proc.stderr
+    assert not (REPO / "timeline.csv").exists()
+
