@@ -14,8 +14,9 @@ demo names on its "checkpoint" line (the one shipped with hne-edge, unless the d
     python examples/export_tensorrt.py bundle --precision fp16                        # on the device
 
 It adds the engines to the bundle's manifest (``hne-edge export --format
-tensorrt`` does the same), checks them against ONNX Runtime, and prints the
-latency of every anytime level with the TensorRT backend.
+tensorrt`` does the same), checks them against ONNX Runtime (fails, exit 2, beyond the precision's bound,
+the one ``hne-edge doctor`` uses: fp32 1e-4, fp16 1e-3 + 5e-3 x max|logit|), and prints the latency of every
+anytime level with the TensorRT backend.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-graph", action="store_true", help="capture a CUDA graph per engine and batch size")
     args = p.parse_args(argv)
     from hne_edge.exporters import build_engines
+    from hne_edge.exporters.verify import compare_outputs
     from hne_edge.runtime import AnytimeRunner
 
     built = build_engines(args.bundle, precisions=[args.precision], plans=None if args.plan == "mixed" else [args.plan])
@@ -47,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ) as runner:
         spec = runner.input_spec
         x = np.random.default_rng(0).standard_normal((1, spec.channels, *spec.spatial)).astype(spec.dtype)
-        diff = np.abs(runner.run(x).logits - reference.run(x).logits).max()
-        print(f"TensorRT vs ONNX Runtime CPU, all leaves: max |diff| = {diff:.2e}")
+        # judged as the doctor judges a backend (the precision's bound, TOLERANCES): a wrong engine stops here, exit 2
+        check = compare_outputs(f"TensorRT {args.precision} engines", "all leaves, vs ONNX Runtime CPU",
+                                runner.run(x).logits, reference.run(x).logits, args.precision)
+        check.raise_if_failed()
+        print(f"TensorRT vs ONNX Runtime CPU, all leaves: max |diff| = {check.max_abs_diff:.2e}, within the "
+              f"{args.precision} bound {check.bound:.3g}")
         profile = runner.profile(batch_sizes=(1,))
         for level in profile.batches[1]["levels"]:
             print(f"n={level['n']:2d}  median {level['median_ms']:.3f} ms  p95 {level['p95_ms']:.3f} ms")

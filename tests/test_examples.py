@@ -261,3 +261,45 @@ def test_autonomous_stack_replaces_only_its_own_timeline(bundle_copy, tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("Error: --out: received an empty path"), proc.stderr
     assert not (REPO / "timeline.csv").exists()
 
+
+def load_example(name: str):
+    """The example's module, to run its ``main`` in this process (on fakes a subprocess cannot see)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(name).stem, EXAMPLES / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("offset", [0.0, 3.0])
+def test_export_tensorrt_judges_the_engines_against_onnx_runtime(bundle_copy, monkeypatch, capsys, offset):
+    """On the TensorRT fakes (engines = the ONNX files run by ONNX Runtime): engines that compute what ONNX Runtime
+    does pass and their levels are timed; engines whose every output is off by ``offset`` (a miscompiled engine) are
+    refused in one line naming the bound, exit 2. A review found it printed `max |diff| = 1.96e+01` and exited 0."""
+    import tensorrt_fakes
+    from runtime_fakes import run_gpu_backends_on_fakes
+
+    import hne_edge.runtime.backends.cuda as cuda
+
+    run_gpu_backends_on_fakes(monkeypatch)
+    monkeypatch.setattr(cuda, "no_gpu_here", lambda: False, raising=False)
+    real = tensorrt_fakes._OrtContext.execute_async_v3
+
+    def shifted(self, stream):
+        real(self, stream)
+        engine = self.engine
+        for name in engine.outputs:
+            engine.trt.device.view(self.address[name], self.out_shapes[name], engine.dtypes[name])[...] += offset
+        return True
+
+    monkeypatch.setattr(tensorrt_fakes._OrtContext, "execute_async_v3", shifted)
+    example = load_example("export_tensorrt.py")
+    rc = example.run_main(lambda: example.main([str(bundle_copy)]))
+    out, err = capsys.readouterr()
+    levels = [line for line in out.splitlines() if line.startswith("n=")]
+    if offset == 0.0:
+        assert rc == 0 and "within the fp32 bound 0.0001" in out and len(levels) == 16, (out, err)
+    else:
+        assert rc == 2 and err.startswith("Error: ") and len(err.splitlines()) == 1, (out, err)
+        assert "exceeds the bound 0.0001" in err and not levels, (out, err)
