@@ -47,7 +47,14 @@ def camera_frames(runner: AnytimeRunner, folders: list[str], streams: int, seed:
         paths = sorted(p for p in Path(folder).iterdir() if is_image_path(p))
         if not paths:
             raise InputError(f"--cameras: {folder} holds no image files; expected a folder of images (.png, .jpg, ...)")
-        out.append(runner.preprocess(np.stack([read_image(p, runner.input_spec.channels) for p in paths])))
+        frames = []
+        for p in paths:  # one at a time, as `hne-edge run` reads images: an odd one is named, not a numpy traceback
+            image = read_image(p, runner.input_spec.channels)
+            try:
+                frames.append(runner.preprocess(image))
+            except InputError as exc:
+                raise InputError(f"--cameras: {p}: {exc}") from None
+        out.append(np.concatenate(frames))
     return out
 
 

@@ -396,3 +396,15 @@ def test_multi_camera_table_counts_misses_rejections_and_leaves():
     assert rows["a"][:4] == ["3", "1", "1", "4.00"] and rows["b"][:4] == ["1", "0", "0", "16.00"], rows
     assert sorted(table.on_time()) == [0, 0, 3, 16]
 
+
+def test_multi_camera_names_an_image_of_another_size(bundle_copy, tmp_path):
+    """A review found a camera folder with images of two sizes ended in numpy's ValueError traceback (exit 1)."""
+    from PIL import Image
+
+    (tmp_path / "front").mkdir()
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "front" / "a.png")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "front" / "b.png")
+    proc = run_example("multi_camera.py", str(bundle_copy), "--cameras", str(tmp_path / "front"), "--seconds", "0.5")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"Error: --cameras: {tmp_path / 'front' / 'b.png'}: ") and "8x8" in proc.stderr
+
