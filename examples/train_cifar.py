@@ -23,7 +23,21 @@ import argparse
 import sys
 
 from hne_edge.cli.scripts import ArgumentParser, positive, run_main
+from hne_edge.errors import InputError
 from hne_edge.train.config import LOSSES, NORMALIZATIONS, WEIGHTINGS  # torch-free: --help stays instant
+
+
+def check_test_data(path: str) -> None:
+    """Refuse a --test-data that is not an .npz of images with labels (the archive's checks against the model come
+    after training, from evaluate_checkpoint)."""
+    from hne_edge.train.data import load_npz
+
+    try:
+        load_npz(path)
+    except FileNotFoundError:
+        raise InputError(f"--test-data: {path} does not exist; expected an .npz (x: N,32,32,3 uint8; y: N)") from None
+    except InputError as exc:
+        raise InputError(f"--test-data: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resume", action="store_true")
     args = p.parse_args(argv)
     from hne_edge.train import TrainConfig, evaluate_checkpoint, fit
+
+    if args.test_data:  # read now, before any work: a mistyped path is not found after the whole training
+        check_test_data(args.test_data)
 
     config = TrainConfig.from_preset(
         "cifar",

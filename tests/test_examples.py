@@ -408,3 +408,16 @@ def test_multi_camera_names_an_image_of_another_size(bundle_copy, tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"Error: --cameras: {tmp_path / 'front' / 'b.png'}: ") and "8x8" in proc.stderr
 
+
+def test_train_cifar_checks_test_data_before_training(tmp_path):
+    """A review found a mistyped --test-data was noticed only after the whole training (200 epochs by default)."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "train.npz", x=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8), y=np.arange(64) % 10)
+    (tmp_path / "text.npz").write_text("not an archive")
+    for test_data, why in (("nope.npz", "does not exist"), ("text.npz", "cannot read as a numpy .npz archive")):
+        proc = run_example("train_cifar.py", "--data", "npz", "--data-dir", str(tmp_path / "train.npz"), "--model",
+                           "hne_tiny", "--epochs", "1", "--out", str(tmp_path / "run"), "--test-data",
+                           str(tmp_path / test_data))  # fmt: skip
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith(f"Error: --test-data: {tmp_path / test_data}") and why in proc.stderr, proc.stderr
+        assert not (tmp_path / "run").exists()  # nothing trained
