@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hne_edge.cli.options import flag_names
 from hne_edge.cli.scripts import ArgumentParser, positive, run_main, seed
 from hne_edge.errors import InputError
 from hne_edge.runtime import AnytimeRunner, StreamScheduler
@@ -117,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError(f"--cameras: received folders named {names}; expected a different name for each camera")
     record = read_accuracy(args.accuracy) if args.accuracy else None
     table = Table(names)
+    with flag_names({"jitter_ms": "--jitter-ms", "deadline_ms": "--deadline-ms"}):  # the flags, not the parameters
+        arrivals = camera_arrivals(len(names), args.fps, args.seconds, args.deadline_ms, args.jitter_ms, args.seed)
     with AnytimeRunner(args.bundle, threads=args.threads) as runner:
         frames = camera_frames(runner, folders, len(names), args.seed)
-        arrivals = camera_arrivals(len(names), args.fps, args.seconds, args.deadline_ms, args.jitter_ms, args.seed)
         with StreamScheduler(runner, accuracy=record) as streams:  # profiles the runner first if it has no profile
             print(f"{len(names)} cameras at {args.fps:g} fps for {args.seconds:g} s, deadline "
                   f"{args.deadline_ms or 1e3 / args.fps:.1f} ms after arrival; stacking {'on' if streams.batching else 'off'}")  # fmt: skip

@@ -421,3 +421,24 @@ def test_train_cifar_checks_test_data_before_training(tmp_path):
         assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
         assert proc.stderr.startswith(f"Error: --test-data: {tmp_path / test_data}") and why in proc.stderr, proc.stderr
         assert not (tmp_path / "run").exists()  # nothing trained
+
+
+def test_examples_warn_and_name_flags_as_the_cli_does(bundle_copy):
+    """A review found the examples printed Python's two-line `file:line: UserWarning` where every command prints
+    `warning: ...`, and multi_camera.py --jitter-ms -5 named the Python parameter `jitter_ms`."""
+    import json
+
+    from hne_edge.runtime import AnytimeRunner
+
+    with AnytimeRunner(bundle_copy) as runner:
+        runner.profile(batch_sizes=(1,), warmup=1, repeats=3)  # saved in the bundle; then made another version's
+    (profile,) = (bundle_copy / "profiles").glob("*.json")
+    record = json.loads(profile.read_text())
+    profile.write_text(json.dumps({**record, "manifest_sha256": "0" * 64}))
+    proc = run_example("embedded_app.py", str(bundle_copy), "--count", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("warning: ignoring saved profile "), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    proc = run_example("multi_camera.py", str(bundle_copy), "--jitter-ms=-5", "--seconds", "0.5")
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: --jitter-ms: received -5"), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr  # before any work: the bundle not opened, nothing warned

@@ -1,8 +1,9 @@
 """The CLI's voice for scripts built on hne-edge (``examples/``): the same one-line errors and exit codes.
 
 ``hne-edge`` prints a user error as one line, ``Error: what was received; what was expected``, and exits 2;
-a bad option says which command's ``--help`` to read; Ctrl-C exits 130. A script that parses its options with
-:class:`ArgumentParser` and runs its ``main`` through :func:`run_main` says things the same way::
+a bad option says which command's ``--help`` to read; a warning is one line, ``warning: ...``; Ctrl-C exits 130.
+A script that parses its options with :class:`ArgumentParser` and runs its ``main`` through :func:`run_main` says
+things the same way::
 
     parser = ArgumentParser(description="...")
     parser.add_argument("--period-ms", type=positive(float, "a number of milliseconds"), default=None)
@@ -61,11 +62,12 @@ def seed(text: str) -> int:
 
 def run_main(main: Callable[[], int | None]) -> int:
     """Run ``main``; a user error (:class:`~hne_edge.errors.HNEError`, the file system) is one line and exit 2,
-    Ctrl-C exit 130; anything else is a bug and keeps its traceback."""
-    from . import one_line
+    Ctrl-C exit 130; a warning one ``warning: ...`` line; anything else is a bug and keeps its traceback."""
+    from . import one_line, warnings_as_lines
 
     try:
-        return main() or 0
+        with warnings_as_lines():
+            return main() or 0
     except (HNEError, OSError) as exc:
         print(f"Error: {one_line(exc)}", file=sys.stderr)
         return 2
