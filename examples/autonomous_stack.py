@@ -187,9 +187,9 @@ def timeline_figure(rows: list[dict], num_leaves: int | None = None):
 
 
 def plot(rows: list[dict], path: Path, num_leaves: int | None = None) -> Path:
-    from hne_edge.plots import _save  # the CLI's figure writer: atomic, sealed as ours (a later run may replace it)
+    from hne_edge.plots import save_figure  # the CLI's figure writer: atomic, sealed as ours (a later run replaces it)
 
-    return _save(timeline_figure(rows, num_leaves), path)
+    return save_figure(timeline_figure(rows, num_leaves), path)
 
 
 def main(argv: list[str] | None = None) -> int:

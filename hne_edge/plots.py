@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "save_figure",
     "tree_figure",
     "plot_tree",
     "budget_sweep_figure",
@@ -136,7 +137,7 @@ def _fill(words: Sequence[str], chars: int) -> list[str]:
     return lines
 
 
-def _save(fig, path: str | os.PathLike, check: Callable[[str | os.PathLike], None] | None = None) -> Path:
+def save_figure(fig, path: str | os.PathLike, check: Callable[[str | os.PathLike], None] | None = None) -> Path:
     """Write ``fig`` to ``path`` as a PNG sealed as ours (:func:`~hne_edge.fileio.seal_png`: the next command that
     draws it may replace it; a figure the user edited since, it may not). ``check(path)``, run once the figure is
     rendered, just before it is written, raises to leave what is at ``path`` (a file the user saved meanwhile)."""
@@ -237,9 +238,9 @@ def plot_tree(
     title: str | None = None,
     check: Callable[[str | os.PathLike], None] | None = None,
 ) -> Path:
-    """Write :func:`tree_figure` to ``path`` (PNG); ``check``: as :func:`_save`'s (a command's check of ``path``
+    """Write :func:`tree_figure` to ``path`` (PNG); ``check``: as :func:`save_figure`'s (a command's check of ``path``
     again, just before the figure is written)."""
-    return _save(tree_figure(tree, node_macs, title), path, check)
+    return save_figure(tree_figure(tree, node_macs, title), path, check)
 
 
 # -- the demo's budget sweep ---------------------------------------------------------------------------------------
@@ -284,7 +285,7 @@ def plot_budget_sweep(
     rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, num_leaves: int | None = None
 ) -> Path:
     """Write :func:`budget_sweep_figure` to ``path`` (PNG)."""
-    return _save(budget_sweep_figure(rows, num_leaves), path)
+    return save_figure(budget_sweep_figure(rows, num_leaves), path)
 
 
 # -- evaluation (metrics.json) -------------------------------------------------------------------------------------
@@ -363,7 +364,7 @@ def plot_metrics(metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]], out_d
                  labels: Sequence[str] | None = None) -> list[Path]:
     """Write :func:`metrics_figures` into ``out_dir``; returns the paths."""
     out = Path(out_dir)
-    return [_save(fig, out / name) for name, fig in metrics_figures(metrics, labels).items()]
+    return [save_figure(fig, out / name) for name, fig in metrics_figures(metrics, labels).items()]
 
 
 # -- hne-edge bench ------------------------------------------------------------------------------------------------
@@ -454,4 +455,4 @@ def _label_points(ax, xs: Sequence[float], ys: Sequence[float], texts: Sequence[
 
 def plot_bench(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write :func:`bench_figure` to ``path`` (PNG)."""
-    return _save(bench_figure(result), path)
+    return save_figure(bench_figure(result), path)
