@@ -24,7 +24,6 @@ PNG with hne-edge's seal); anything else is refused before any work, unless ``--
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import sys
 import time
@@ -34,7 +33,8 @@ import numpy as np
 
 from hne_edge.cli.scripts import ArgumentParser, positive, run_main, seed
 from hne_edge.errors import InputError
-from hne_edge.fileio import atomic_write_text, check_output_dir, refuse_foreign, sealed_png, staged_output
+from hne_edge.fileio import atomic_write_text, check_outputs, sealed_png, staged_output
+from hne_edge.plots import can_draw, save_figure  # the CLI's figure writer: atomic, sealed as ours
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.bench import load_arrays
 from hne_edge.runtime.inputs import check_input, check_labels
@@ -96,11 +96,8 @@ def check_out(out: str, force: bool) -> Path:
     """Refuse, before any work, an --out that would replace what the stack did not write (the CLI's rule)."""
     if not out.strip():  # Path("") is the current folder
         raise InputError("--out: received an empty path; expected a folder to write timeline.csv and timeline.png into")
-    if check_output_dir(out, "--out").is_dir():
-        for name, judge in FILES.items():  # no figure without matplotlib (a device's runtime install)
-            if name != "timeline.png" or importlib.util.find_spec("matplotlib") is not None:
-                refuse_foreign(Path(out) / name, judge, force=force, flag="--out")
-    return Path(out)
+    plots = can_draw()  # no figure without matplotlib (a device's runtime install)
+    return check_outputs(out, {n: j for n, j in FILES.items() if plots or n != "timeline.png"}, force=force)
 
 
 def simulate(runner: AnytimeRunner, x: np.ndarray, y, period_ms: float, seed: int) -> list[dict]:
@@ -187,8 +184,6 @@ def timeline_figure(rows: list[dict], num_leaves: int | None = None):
 
 
 def plot(rows: list[dict], path: Path, num_leaves: int | None = None) -> Path:
-    from hne_edge.plots import save_figure  # the CLI's figure writer: atomic, sealed as ours (a later run replaces it)
-
     return save_figure(timeline_figure(rows, num_leaves), path)
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "swap_dir_into_place",
     "absolute_folder",
     "check_output_dir",
+    "check_outputs",
     "foreign_entry",
     "is_scratch",
     "staged_output",
@@ -466,3 +467,14 @@ def refuse_foreign(path: str | os.PathLike, judge: Judge, *, force: bool = False
                          cli_hint="move it away" + (f", or {other}" if flag else ""))  # fmt: skip
     raise InputError(f"refusing to replace {path}: {why}", hint="pass force=True to replace it, or write elsewhere",
                      cli_hint=f"pass --force to replace it, or {other}")  # fmt: skip
+
+
+def check_outputs(out_dir: str | os.PathLike, ours: Mapping[str, Judge], *, force: bool = False,
+                  flag: str = "--out") -> Path:  # fmt: skip
+    """Before any work, what :func:`staged_output` checks again at the move: ``out_dir`` is a folder or new
+    (:func:`check_output_dir`), and no file there of a name in ``ours`` is the user's (:func:`refuse_foreign`,
+    by its judge). Returns ``out_dir`` as a :class:`Path`."""
+    if check_output_dir(out_dir, flag).is_dir():
+        for name, judge in ours.items():
+            refuse_foreign(Path(out_dir) / name, judge, force=force, flag=flag)
+    return Path(out_dir)

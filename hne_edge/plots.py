@@ -9,6 +9,7 @@ in the caller's process, nothing left open.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
 import os
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "can_draw",
     "save_figure",
     "tree_figure",
     "plot_tree",
@@ -135,6 +137,15 @@ def _fill(words: Sequence[str], chars: int) -> list[str]:
         else:
             lines.append(word)
     return lines
+
+
+def can_draw() -> bool:
+    """Whether matplotlib can be imported here: a runtime-only install (a device) has none, and a command then writes
+    no figure (nor judges a file of its figure's name)."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except ImportError:  # a finder that refuses it (the tests' runtime-only installs)
+        return False
 
 
 def save_figure(fig, path: str | os.PathLike, check: Callable[[str | os.PathLike], None] | None = None) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -12,8 +11,9 @@ import click
 import numpy as np
 
 from ..bundle import DEFAULT_PLAN, MIXED, PLAN_TABLE, PRECISIONS, RUNNER_PLANS, path_component, profile_filename
-from ..fileio import atomic_write_json, check_output_dir, json_record, refuse_foreign, sealed_png, staged_output
+from ..fileio import atomic_write_json, check_outputs, json_record, sealed_png, staged_output
 from ..limits import MAX_REPLAY_FRAMES, THREADS_PER_CPU, check_replay
+from ..plots import can_draw
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.bench import DURATION_S, MAX_SAMPLES, MIN_SAMPLES
@@ -145,10 +145,8 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
             progress_for(None, "bench", "repetition", quiet=quiet) as progress:
         within_batch_range(runner.input_spec.batch, [batch_size], "--batch-size")
         out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
-        if check_output_dir(out_dir, "--out").is_dir():  # checked before anything is measured, and again at the move
-            for name, judge in _BENCH_FILES.items():  # no figure without matplotlib (the runtime install's)
-                if name != "bench.png" or importlib.util.find_spec("matplotlib") is not None:
-                    refuse_foreign(out_dir / name, judge, force=force, flag="--out")
+        plots = can_draw()  # no figure without matplotlib (the runtime install's)
+        check_outputs(out_dir, {n: j for n, j in _BENCH_FILES.items() if plots or n != "bench.png"}, force=force)
         if data:  # checked before anything is measured
             x, y = load_arrays(data)
             if y is None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, InputError
-from ..fileio import atomic_write_json, check_output_dir, json_record, refuse_foreign, sealed_png, staged_output
+from ..fileio import atomic_write_json, check_outputs, json_record, sealed_png, staged_output
 from ..plots import METRICS_FIGURES, plot_metrics  # its home is hne_edge.plots; importable from here as before
 from ..progress import NULL_PROGRESS, Progress
 from .losses import ensemble_logits
@@ -231,10 +231,7 @@ def _outputs(plots: bool) -> dict[str, Any]:
 def _check_out(out: Path, plots: bool, force: bool) -> Path:
     """``out``, once nothing there of the names an evaluation writes is the user's (checked again at the move, in
     :func:`write_metrics`)."""
-    if check_output_dir(out, "--out").is_dir():
-        for name, judge in _outputs(plots).items():
-            refuse_foreign(out / name, judge, force=force, flag="--out")
-    return out
+    return check_outputs(out, _outputs(plots), force=force)
 
 
 def _evaluate_on(model, state, path: Path, test_data, out_dir, batch_size: int, device: str, plots: bool,
