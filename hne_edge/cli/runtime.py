@@ -161,9 +161,9 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
                                  min_samples=min_samples, duration_s=duration)  # fmt: skip
         accuracy = None
         if data:
-            accuracy = level_accuracy(runner, x, y, progress=progress)
-            for level, acc in zip(levels, accuracy):
-                level["accuracy"] = acc
+            accuracy = level_accuracy(runner, x, y, progress=progress)  # one per leaf count 1..N
+            for level in levels:  # the plan's stops: 1..N, or 1, 2, 4, ..., N (subtrees), or N (fused)
+                level["accuracy"] = accuracy[level["n"] - 1]
         result = {
             "format": BENCH_FORMAT,
             "model": runner.manifest.model_name,

@@ -234,3 +234,28 @@ def test_bench_streams_replays_cameras_through_the_scheduler_and_its_baselines(c
     one_line_error(proc, "--methods", "received 'scheduler,lifo'; expected some of scheduler,runners,fifo")
     proc = run_cli("bench-streams", str(cli_bundle / "b"), "--guard-ms", "-1")
     one_line_error(proc, "--guard-ms", "-1")
+
+
+@pytest.mark.parametrize("plan", ["segments", "subtrees", "fused"])
+def test_bench_gives_each_level_its_own_accuracy(plan, tmp_path):
+    """bench --frames with plan subtrees (levels 1, 2, 4, 8, 16) or fused (16) gave level k the accuracy of the
+    first k+1 leaves. Checked against the doctor's tiny model in float64 (torch, independent of the runtime): the
+    labels are its 16-leaf answers, so level 16 scores 100% and the others what their own prefix scores."""
+    from hne_edge.doctor import tiny
+
+    shipped = tiny.unpack_shipped(tmp_path / "tiny")
+    x = np.random.default_rng(3).standard_normal((40, *shipped.x.shape[1:])).astype(np.float32)
+    logits = tiny.reference_logits(tiny.tiny_model(), x)  # (frames, leaves, classes) float64
+    prefix = np.cumsum(logits, axis=1) / np.arange(1, logits.shape[1] + 1)[None, :, None]
+    top2 = np.sort(prefix, axis=-1)[..., -2:]
+    clear = (top2[..., 1] - top2[..., 0]).min(axis=1) > 1e-3  # no near-tie that float32 could flip
+    x, prefix = x[clear], prefix[clear]
+    y = prefix[:, -1].argmax(-1)
+    expected = (prefix.argmax(-1) == y[:, None]).mean(axis=0)  # per leaf count 1..16
+    assert len(x) >= 20 and expected[0] < 1 and len(set(expected.round(6))) > 3  # the check can tell levels apart
+    np.savez(tmp_path / "frames.npz", x=x, y=y)
+    run_cli("bench", str(shipped.bundle_dir), "--plan", plan, "--frames", str(tmp_path / "frames.npz"), "--device",
+            "cpu", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "out"), "--quiet", check=True)  # fmt: skip
+    levels = json.loads((tmp_path / "out" / "bench.json").read_text())["levels"]
+    assert [lv["n"] for lv in levels] == {"segments": list(range(1, 17)), "subtrees": [1, 2, 4, 8, 16], "fused": [16]}[plan]
+    assert {lv["n"]: lv["accuracy"] for lv in levels} == {lv["n"]: pytest.approx(expected[lv["n"] - 1]) for lv in levels}
