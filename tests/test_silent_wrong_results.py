@@ -533,3 +533,29 @@ def test_a_runner_contended_from_its_first_frame_learns_the_contention_with_a_ri
     late = [i for i, r in enumerate(results) if not r.met_budget and not r.overran_min_leaves]
     assert len(late) <= 2, late
     assert 6 <= runner.cost.speed.slow <= 11, runner.cost.speed.slow  # the contention: the machine's speed
+
+
+def test_a_16_bit_image_is_read_as_its_picture_and_wider_pixels_are_refused(tiny_bundle, tmp_path):
+    """A 16-bit grayscale PNG (mode I;16, from a machine-vision camera) was read as an all-white image (Pillow's
+    convert clips at 255): a silent wrong prediction. It reads as its 8-bit picture; 32-bit integer (I) and float (F)
+    pixels, whose range says nothing of white, are refused in one line naming the file and its mode."""
+    from PIL import Image
+
+    from hne_edge.runtime.images import read_image
+
+    a = np.random.default_rng(0).integers(0, 256, (16, 16), dtype=np.uint8)
+    Image.fromarray(a).save(tmp_path / "gray8.png")
+    Image.fromarray(a.astype(np.uint16) * 257).save(tmp_path / "gray16.png")  # the same picture in 16 bits
+    assert Image.open(tmp_path / "gray16.png").mode == "I;16"
+    for channels in (1, 3):
+        read = [read_image(tmp_path / f"gray{bits}.png", channels) for bits in (16, 8)]
+        np.testing.assert_array_equal(*read)
+    proc = run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "gray8.png"), str(tmp_path / "gray16.png"),
+                   "--json", check=True)  # fmt: skip
+    eight, sixteen = json.loads(proc.stdout)["records"]
+    assert eight["class"] == sixteen["class"] and eight["prob"] == pytest.approx(sixteen["prob"], abs=1e-5)
+    for mode, values in (("I", a.astype(np.int32) * 1000), ("F", a.astype(np.float32) / 255)):
+        Image.fromarray(values).save(tmp_path / f"{mode}.tif")
+        assert Image.open(tmp_path / f"{mode}.tif").mode == mode
+        one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / f"{mode}.tif")), f"{mode}.tif",
+                       f"mode {mode}", "expected 8-bit or 16-bit")  # fmt: skip
