@@ -304,6 +304,32 @@ def test_a_frame_file_is_checked_against_the_memory_this_machine_has(tiny_bundle
     assert result.exit_code == 0, result.output
 
 
+def test_frames_are_normalised_one_at_a_time(tiny_bundle):
+    """run and bench --frames normalised a whole uint8 frame file at once: float32 copies 4x its size and more, never
+    checked against memory (load_arrays checks the file's own bytes), a MemoryError traceback where it ran out.
+    Normalised frame by frame, what Python allocates beside the file stays far below its size."""
+    import tracemalloc
+
+    from hne_edge.runtime import AnytimeRunner
+    from hne_edge.runtime.bench import level_accuracy
+    from hne_edge.runtime.inputs import as_samples, check_frames, frames
+
+    x = np.random.default_rng(0).integers(0, 256, (4000, 16, 16, 3), dtype=np.uint8)  # 3 MB; 12 MB as float32
+    with AnytimeRunner(tiny_bundle.bundle_dir, device="cpu", threads=1) as runner:
+        spec = runner.input_spec
+        tracemalloc.start()
+        try:
+            samples = as_samples(x, spec)
+            check_frames(samples, spec, 8, "x")
+            assert sum(count for _, _, count in frames(samples, spec, 8)) == len(x)
+            level_accuracy(runner, x, np.zeros(len(x), np.int64), batch_size=8)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    limit = x.nbytes // 4  # the float32 copy of the file would be 4 times its size
+    assert peak < limit, peak
+
+
 def test_an_accuracy_file_is_bounded_before_it_is_read(tiny_bundle, tmp_path):
     """Deep JSON was a RecursionError traceback, /dev/zero was read without end and a FIFO hung; a file past the
     size bound is refused unread (sparse here: nothing is written)."""

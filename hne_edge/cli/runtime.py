@@ -17,7 +17,7 @@ from ..plots import can_draw
 from ..progress import progress_for
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.bench import DURATION_S, MAX_SAMPLES, MIN_SAMPLES
-from ..runtime.inputs import check_labels
+from ..runtime.inputs import as_samples, check_frames, check_labels, frames
 from ..runtime.bench import MAX_JITTER_MS
 from ..runtime.streams import GUARD_MS, MAX_GUARD_MS
 from . import printable
@@ -147,16 +147,15 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
         out_dir = Path(out or f"bench-{path_component(runner.manifest.model_name)}")  # the name comes from a file
         plots = can_draw()  # no figure without matplotlib (the runtime install's)
         check_outputs(out_dir, {n: j for n, j in _BENCH_FILES.items() if plots or n != "bench.png"}, force=force)
-        if data:  # checked before anything is measured
+        if data:  # checked before anything is measured, every frame as the runner will; normalised as they run
             x, y = load_arrays(data)
             if y is None:
                 raise click.BadParameter(f"{data}: received no 'y'; expected labels for accuracy", param_hint="--frames")
-            y = np.atleast_1d(y)
+            x, y = as_samples(x, runner.input_spec), np.atleast_1d(y)
             if limit:
                 x, y = x[:limit], y[:limit]
-            if x.dtype == np.uint8:
-                x = runner.preprocess(x)
             y = check_labels(y, len(x), runner.num_classes, str(data))
+            check_frames(x, runner.input_spec, runner.input_spec.batch[2], str(data), pad=True)  # level_accuracy's
         levels = level_latencies(runner, batch=batch_size, warmup=warmup, repeats=repeats, progress=progress,
                                  min_samples=min_samples, duration_s=duration)  # fmt: skip
         accuracy = None
@@ -208,27 +207,40 @@ def bench(bundle, batch_size, warmup, duration, min_samples, repeats, frames, fr
 
 
 def _load_inputs(paths, runner):
-    """[(source name, x float NCHW, y or None)] from image files and .npy/.npz files."""
+    """[(name, x, y or None)]: the samples of each .npy/.npz, and of images given in a row (batched together, as
+    --batch-size says; name: one per image), batch first and not yet normalised (:func:`~..runtime.inputs.frames`
+    normalises a frame at a time)."""
+    from ..errors import InputError
+    from ..runtime.bench import load_arrays
     from ..runtime.images import is_image_path, read_image
 
-    items = []
+    spec, items, images = runner.input_spec, [], []
+
+    def samples(x, where):
+        try:
+            return as_samples(x, spec)
+        except InputError as exc:
+            raise InputError(f"{where}: {exc.args[0]}", hint=exc.hint, cli_hint=exc.cli_hint) from None
+
+    def batch_images():
+        if images:
+            items.append(([name for name, _ in images], np.concatenate([x for _, x in images]), None))
+            images.clear()
+
     for p in paths:
         path = Path(p)
         if path.suffix.lower() in (".npy", ".npz"):
-            from ..runtime.bench import load_arrays
-
+            batch_images()
             x, y = load_arrays(str(path))
-            if x.dtype == np.uint8:
-                x = runner.preprocess(x)
-            elif x.ndim == 3:
-                x = x[None]
+            x = samples(x, str(path))
             if y is not None:
                 y = check_labels(np.atleast_1d(y), len(x), runner.num_classes, str(path))
             items.append((path.name, x, y))
         elif is_image_path(path):
-            items.append((path.name, runner.preprocess(read_image(path, runner.input_spec.channels)), None))
+            images.append((path.name, samples(read_image(path, spec.channels), str(path))))
         else:
             raise click.BadParameter(f"{path}: received suffix {path.suffix!r}; expected an image or .npy/.npz")
+    batch_images()
     return items
 
 
@@ -243,12 +255,16 @@ RUN_FLAGS = {"budget_ms": "--budget-ms", "max_leaves": "--max-leaves", "min_leav
 @click.option("--min-leaves", type=int, default=1, show_default=True)
 @click.option("--agreement", type=FiniteRange(0, 1, min_open=True), default=None,
               help="Stop early when this fraction of >= 2 leaves agree.")
-@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1), help="Samples per frame.")
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Samples per frame, from each .npy/.npz and from images given in a row; a last frame holds what "
+                   "is left.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON document: {summary, records} (accuracy as a fraction, as in every JSON file).")
 @_runner_options
 def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size, as_json, backend, device, plan, precision, threads, cuda_graph):
-    """Anytime inference on images or .npy/.npz (x, optional y), one frame per --batch-size samples."""
+    """Anytime inference on images or .npy/.npz (x, optional y), one frame per --batch-size samples.
+
+    Every frame is checked before the first runs."""
     from ..runtime import Agreement, summarize_frames
 
     stop = Agreement(min_leaves=2, vote=agreement) if agreement is not None else None
@@ -256,16 +272,20 @@ def run(bundle, inputs, budget_ms, max_leaves, min_leaves, agreement, batch_size
     with _open(bundle, backend, device, plan, precision, threads, cuda_graph) as runner:
         # the size the user typed, not the size of the frame made of their samples
         within_batch_range(runner.input_spec.batch, [batch_size], "--batch-size")
-        for source, x, y in _load_inputs(inputs, runner):
-            for start in range(0, len(x), batch_size):
-                xb = x[start : start + batch_size]
+        sources = _load_inputs(inputs, runner)
+        for name, x, _ in sources:  # every frame, before the first runs
+            where = name if isinstance(name, str) else name[0] if len(name) == 1 else f"images {name[0]}..{name[-1]}"
+            check_frames(x, runner.input_spec, batch_size, where)
+        for name, x, y in sources:
+            for start, xb, _ in frames(x, runner.input_spec, batch_size):
                 with flag_names(RUN_FLAGS):
                     r = runner.run(xb, budget_ms=budget_ms, max_leaves=max_leaves, min_leaves=min_leaves, stop_when=stop)
                 results.append(r)
                 d = r.to_dict()
                 for k, s in enumerate(d.pop("samples")):
-                    idx = start + k
-                    rec = {"input": source, "index": idx, **s, **d, "total_leaves": runner.num_leaves}
+                    idx = start + k  # an image is its own input, sample 0
+                    source, index = (name, idx) if isinstance(name, str) else (name[idx], 0)
+                    rec = {"input": source, "index": index, **s, **d, "total_leaves": runner.num_leaves}
                     if y is not None:  # "class" is an index and "label" its name, for the truth as for the answer
                         rec["class_true"] = int(y[idx])
                         names = runner.class_names

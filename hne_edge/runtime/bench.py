@@ -19,7 +19,7 @@ from ..errors import InputError, ResourceExhausted
 from ..limits import check_memory, check_replay, check_runners, format_bytes, open_regular_file
 from ..progress import NULL_PROGRESS, Progress
 from .profile_file import summarize
-from .inputs import check_labels
+from .inputs import as_samples, check_labels, frames
 from .runner import AnytimeRunner
 from .session import check_count
 
@@ -118,18 +118,22 @@ def frame_oracles(runner: AnytimeRunner, x: np.ndarray, result: Any, budget_ms: 
 
 def level_accuracy(runner: AnytimeRunner, x: np.ndarray, y: np.ndarray, batch_size: int | None = None,
                    progress: Progress | None = None) -> list[float]:
-    """Top-1 accuracy of the first-n-leaves ensemble for every n, over (x, y); ``progress`` counts the frames."""
+    """Top-1 accuracy of the first-n-leaves ensemble for every n = 1..N (index n - 1), over (x, y); ``progress``
+    counts the frames. ``x``: normalised float NCHW, or uint8 images (normalised a frame at a time). A last frame
+    below the bundle's batch range is padded (:func:`~.inputs.frames`): every sample counts once."""
+    spec = runner.input_spec
+    x = as_samples(x, spec)
     y = check_labels(y, len(x), runner.num_classes)
     progress = progress or NULL_PROGRESS
     progress.restart(len(x), "accuracy", "frame")
-    batch_size = batch_size or runner.input_spec.batch[2]
+    batch_size = batch_size or spec.batch[2]
     correct = np.zeros(runner.num_leaves, dtype=np.int64)
-    for start in range(0, len(x), batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        ll = runner.run(xb).leaf_logits  # (N, B, C)
+    for start, xb, count in frames(x, spec, batch_size, pad=True):
+        yb = y[start : start + count]
+        ll = runner.run(xb).leaf_logits[:, :count]  # (N, B, C), padding dropped
         means = np.cumsum(ll, axis=0) / np.arange(1, runner.num_leaves + 1)[:, None, None]
         correct += (means.argmax(-1) == yb[None]).sum(axis=1)
-        progress.update(len(yb))
+        progress.update(count)
     return (correct / len(x)).tolist()
 
 

@@ -7,14 +7,14 @@ never validates again.
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ..bundle import InputSpec
 from ..errors import InputError
 
-__all__ = ["check_input", "check_labels", "preprocess"]
+__all__ = ["as_samples", "check_frames", "check_input", "check_labels", "frames", "preprocess"]
 
 
 _DTYPES: dict[str, np.dtype] = {}
@@ -77,7 +77,8 @@ def check_input(x: Any, spec: InputSpec) -> np.ndarray:
     if not lo <= x.shape[0] <= hi:
         raise InputError(
             f"input {spec.name}: received batch size {x.shape[0]}; expected {lo}..{hi} "
-            "(the batch range the bundle was exported and verified for; split the batch)"
+            "(the batch range the bundle was exported and verified for)",
+            hint="split the batch" if x.shape[0] > hi else f"join samples (or repeat one) into a batch of {lo} or more",
         )
     if not np.isfinite(x).all():
         bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
@@ -126,6 +127,11 @@ def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np
         images = np.stack(arrays)
     elif not isinstance(images, np.ndarray):
         raise InputError(f"preprocess: received {type(images).__name__}; expected a uint8 numpy array or a list of them")
+    return _normalise(_as_nhwc(images, spec), spec)
+
+
+def _as_nhwc(images: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """uint8 images as :func:`preprocess` accepts them -> a uint8 (N, H, W, C) view, checked against the spec."""
     c, (h, w) = spec.channels, spec.spatial
     if images.dtype != np.uint8:
         raise InputError(
@@ -147,11 +153,66 @@ def preprocess(images: np.ndarray | Sequence[np.ndarray], spec: InputSpec) -> np
         raise InputError(
             f"preprocess: received images of {images.shape[1]}x{images.shape[2]}; expected {h}x{w} (resize first)"
         )
+    return images
+
+
+def _normalise(images: np.ndarray, spec: InputSpec) -> np.ndarray:
+    c = spec.channels
     dtype = np.dtype(spec.dtype)
     mean = np.asarray(spec.mean, dtype=np.float32).reshape(1, c, 1, 1)
     inv_std = (1.0 / np.asarray(spec.std, dtype=np.float32)).reshape(1, c, 1, 1)
     x = images.transpose(0, 3, 1, 2).astype(np.float32) * np.float32(1 / 255)
     return np.ascontiguousarray(((x - mean) * inv_std).astype(dtype, copy=False))
+
+
+def as_samples(x: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """A frame file's x as samples, batch first, not yet normalised: uint8 images as (N, H, W, C) (one image gets
+    its N), float as given (one (C, H, W) sample gets its N). No copy: :func:`frames` normalises frame by frame."""
+    if x.dtype == np.uint8:
+        return _as_nhwc(x, spec)
+    return x[None] if x.ndim == 3 else x
+
+
+def frames(x: np.ndarray, spec: InputSpec, batch_size: int, *, pad: bool = False
+           ) -> Iterator[tuple[int, np.ndarray, int]]:  # fmt: skip
+    """(first sample, frame, samples in it) for ``x`` (:func:`as_samples`) cut into frames of ``batch_size``
+    samples, the last holding what is left. uint8 images are normalised as their frame comes, so memory holds one
+    frame's float copy, not the file's. ``pad``: a last frame below the batch range's min is filled up with copies
+    of its last sample, whose answers the caller drops (a frame's samples are answered independently)."""
+    for start in range(0, len(x), batch_size):
+        yield start, *_frame(x, spec, start, batch_size, pad)
+
+
+def _frame(x: np.ndarray, spec: InputSpec, start: int, batch_size: int, pad: bool) -> tuple[np.ndarray, int]:
+    xb = x[start : start + batch_size]
+    count = len(xb)
+    if x.dtype == np.uint8:
+        xb = _normalise(xb, spec)
+    if pad and count < spec.batch[0]:
+        xb = np.concatenate([xb, np.repeat(xb[-1:], spec.batch[0] - count, axis=0)])
+    return xb, count
+
+
+def check_frames(x: np.ndarray, spec: InputSpec, batch_size: int, where: str, *, pad: bool = False) -> None:
+    """Check every frame :func:`frames` makes of ``x`` as ``run()`` will (:func:`check_input`), before any runs:
+    an error names ``where`` and the frame. The frames of uint8 images differ only in their number of samples
+    (normalised pixels are finite: the manifest's mean and std are checked), so their first and last stand for all."""
+    last = (len(x) - 1) // batch_size
+    for k in sorted({0, last}) if x.dtype == np.uint8 else range(last + 1):
+        start = k * batch_size
+        xb, count = _frame(x, spec, start, batch_size, pad)
+        try:
+            check_input(xb, spec)
+        except InputError as exc:
+            hint, cli_hint = exc.hint, exc.cli_hint
+            if count < spec.batch[0] and start:  # the rest that batch_size leaves
+                hint = (f"this last frame holds the {count} sample(s) that batch_size={batch_size} leaves of "
+                        f"{len(x)}: choose a batch_size that leaves {spec.batch[0]} or more")  # fmt: skip
+                cli_hint = hint.replace("batch_size=", "--batch-size ").replace("a batch_size", "a --batch-size")
+            elif count < spec.batch[0]:
+                hint = cli_hint = f"it holds {len(x)} sample(s) in all: give {spec.batch[0]} or more"
+            raise InputError(f"{where}, frame {k} (samples {start}..{start + count - 1}): "
+                             f"{exc.args[0]}", hint=hint, cli_hint=cli_hint) from None  # fmt: skip
 
 
 def _refuse_color_for_gray(shape: tuple[int, ...], spatial: tuple[int, int]) -> None:

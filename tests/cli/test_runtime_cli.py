@@ -66,7 +66,8 @@ def test_run_reports_input_errors_in_one_line(cli_bundle, tmp_path):
     np.save(tmp_path / "bad.npy", np.zeros((1, 3, 8, 8), np.float32))
     proc = run_cli("run", str(cli_bundle / "b"), str(tmp_path / "bad.npy"))
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "Error: input image: received spatial size 8x8; expected 16x16 (resize the images to the bundle's input size)"
+    assert proc.stderr.strip() == ("Error: bad.npy, frame 0 (samples 0..0): input image: received spatial size 8x8; "
+                                   "expected 16x16 (resize the images to the bundle's input size)")  # fmt: skip
 
 
 def test_cuda_graph_on_the_cpu_is_refused_naming_the_flag_and_off_is_what_the_cpu_does(cli_bundle):
@@ -257,5 +258,66 @@ def test_bench_gives_each_level_its_own_accuracy(plan, tmp_path):
     run_cli("bench", str(shipped.bundle_dir), "--plan", plan, "--frames", str(tmp_path / "frames.npz"), "--device",
             "cpu", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "out"), "--quiet", check=True)  # fmt: skip
     levels = json.loads((tmp_path / "out" / "bench.json").read_text())["levels"]
-    assert [lv["n"] for lv in levels] == {"segments": list(range(1, 17)), "subtrees": [1, 2, 4, 8, 16], "fused": [16]}[plan]
-    assert {lv["n"]: lv["accuracy"] for lv in levels} == {lv["n"]: pytest.approx(expected[lv["n"] - 1]) for lv in levels}
+    stops = {"segments": list(range(1, 17)), "subtrees": [1, 2, 4, 8, 16], "fused": [16]}[plan]
+    assert [lv["n"] for lv in levels] == stops
+    assert [lv["accuracy"] for lv in levels] == [pytest.approx(expected[n - 1]) for n in stops]
+
+
+def test_frames_the_runner_refuses_are_refused_before_anything_runs(cli_bundle, tmp_path):
+    """bench --frames of float64 or NaN frames ran the whole latency measurement, then failed; run found a NaN in
+    frame 200 of 200 after 199 frames ran (their lines never printed) and named neither the file nor the frame."""
+    x = np.random.default_rng(0).standard_normal((200, 3, 16, 16))
+    np.savez(tmp_path / "f64.npz", x=x, y=np.zeros(200, np.int64))
+    x32 = x.astype(np.float32)
+    x32[-1, 0, 0, 0] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x32, y=np.zeros(200, np.int64))
+    for name, fragments in (("f64.npz", ("f64.npz", "received dtype float64; expected float32")),
+                            ("nan.npz", ("nan.npz", "samples 192..199", "non-finite"))):  # frames of 8: the max  # fmt: skip
+        proc = run_cli("bench", str(cli_bundle / "b"), "--frames", str(tmp_path / name), "--repeats", "3", "--warmup",
+                       "0", "--out", str(tmp_path / "out"))  # fmt: skip
+        one_line_error(proc, *fragments)  # no progress line before it: nothing was measured
+        assert not (tmp_path / "out").exists()
+    proc = run_cli("run", str(cli_bundle / "b"), str(cli_bundle / "x.npy"), str(tmp_path / "nan.npz"))
+    one_line_error(proc, "nan.npz", "frame 199", "non-finite")
+    assert proc.stdout == ""  # nothing ran: no line of the first file's frames
+
+
+def test_run_refuses_a_last_frame_below_the_bundles_batch_range_before_any_work(cli_bundle, tmp_path):
+    """A bundle for batches 2..4: `run --batch-size 2` on 3 samples failed at the last frame of 1 after running the
+    first, and on one image, with the hint "split the batch"; bench --frames counts every sample whatever is left."""
+    from conftest import edit_manifest
+
+    bundle = tmp_path / "b"
+    shutil.copytree(cli_bundle / "b", bundle, ignore=shutil.ignore_patterns("profiles"))
+    # a narrower range than the export's 1..8: every file still runs it
+    edit_manifest(bundle, lambda m: m["input"].update(batch=[2, 2, 4]))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "three.npz", x=rng.integers(0, 256, (3, 16, 16, 3), dtype=np.uint8), y=np.array([1, 2, 3]))
+    proc = run_cli("run", str(bundle), str(cli_bundle / "x.npy"), str(tmp_path / "three.npz"), "--batch-size", "2")
+    err = one_line_error(proc, "three.npz", "received batch size 1; expected 2..4", "--batch-size")
+    assert "split the batch" not in err and proc.stdout == "", err  # x.npy's frame of 2 did not run either
+    proc = run_cli("run", str(bundle), str(tmp_path / "three.npz"), "--batch-size", "3", "--json", check=True)
+    assert json.loads(proc.stdout)["summary"]["samples"] == 3
+    np.savez(tmp_path / "five.npz", x=rng.integers(0, 256, (5, 16, 16, 3), dtype=np.uint8), y=np.arange(5))
+    proc = run_cli("bench", str(bundle), "--frames", str(tmp_path / "five.npz"), "--batch-size", "2", "--repeats", "1",
+                   "--warmup", "0", "--out", str(tmp_path / "out"), "--quiet", "--json", check=True)  # fmt: skip
+    assert json.loads(proc.stdout)["samples"] == 5  # frames of 4 and 1: the last one padded, its copies not counted
+
+
+def test_run_batches_images_given_in_a_row(cli_bundle, tmp_path):
+    """`run --batch-size 4` on four images ran four frames of one: each image was its own source."""
+    from PIL import Image
+
+    images = np.random.default_rng(0).integers(0, 256, (5, 16, 16, 3), dtype=np.uint8)
+    paths = []
+    for i, a in enumerate(images):
+        Image.fromarray(a).save(tmp_path / f"cam{i}.png")
+        paths.append(str(tmp_path / f"cam{i}.png"))
+    proc = run_cli("run", str(cli_bundle / "b"), *paths, "--batch-size", "4", "--json", check=True)
+    document = json.loads(proc.stdout)
+    assert (document["summary"]["frames"], document["summary"]["samples"]) == (2, 5)  # 4, then the 1 left
+    assert [(r["input"], r["index"]) for r in document["records"]] == [(f"cam{i}.png", 0) for i in range(5)]
+    np.savez(tmp_path / "cams.npz", x=images)
+    same = json.loads(run_cli("run", str(cli_bundle / "b"), str(tmp_path / "cams.npz"), "--batch-size", "4", "--json",
+                              check=True).stdout)["records"]  # fmt: skip
+    assert [r["class"] for r in document["records"]] == [r["class"] for r in same]  # the same pixels, the same answers
