@@ -100,12 +100,36 @@ def absolute_folder(path: str | os.PathLike) -> Path:
 
 
 def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
-    """Refuse, before any work, an output folder that is an existing file (writing into it could only fail later)."""
+    """Refuse, before any work, an output folder writing into which could only fail later: an existing file, a
+    folder this user may not write to, or a new folder that cannot be created (a file on its path, its nearest
+    existing folder not writable, or one that refuses new names whatever its modes: /proc, to root too). Nothing
+    is left behind: a new folder is made by the writer, which removes it again when it fails."""
     from .errors import InputError
 
     path = Path(path)
+    expected = "expected a folder (new or existing) that this user can write into"
     if path.exists() and not path.is_dir():
-        raise InputError(f"{what} {path}: received an existing file; expected a folder (new or existing)")
+        raise InputError(f"{what} {path}: received an existing file; {expected}")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise InputError(f"{what} {path}: received a folder this user may not write to; {expected}")
+        return path
+    missing = path
+    while not os.path.lexists(missing.parent) and missing.parent != missing:
+        missing = missing.parent
+    parent = missing.parent  # the nearest existing path above: where the first new folder goes
+    if not parent.is_dir():
+        raise InputError(f"{what} {path}: received a path through {parent}, which is not a folder; {expected}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{what} {path}: cannot be created, {parent} is a folder this user may not write to; "
+                         f"{expected}")
+    probe = scratch_path(parent / "probe", "partial")  # access() answers from the modes; only making a folder tells
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot be created, {parent} refuses new folders ({exc.strerror}); "
+                         f"{expected}") from exc
     return path
 
 

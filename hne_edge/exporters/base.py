@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 
 from ..bundle import EXPORT_PLANS, PLAN_GROUPS, PLANS, PRECISIONS, batch_range_ok, why_not_replaceable
 from ..errors import ExportError, InputError, short_repr
-from ..fileio import absolute_folder, remove_stale, scratch_path, swap_dir_into_place
+from ..fileio import absolute_folder, check_output_dir, remove_stale, scratch_path, swap_dir_into_place
 from ..limits import MAX_BATCH
 
 __all__ = [
@@ -240,6 +240,7 @@ def atomic_output_dir(
                          hint="pass out_dir='bundle' (any new folder)", cli_hint="pass --out DIR, e.g. --out bundle")  # fmt: skip
     out = absolute_folder(out_dir)
     _check_out(out, force, keep)
+    check_output_dir(out_dir, "--out")  # a new folder that could not be made fails here, not as its scratch folder
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(out)
     tmp = scratch_path(out, "partial")

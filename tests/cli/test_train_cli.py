@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,3 +351,27 @@ def test_train_config_that_is_a_folder_says_so(tmp_path):
     line = one_line_error(run_cli("train", "--config", str(tmp_path / "somedir"), "--out", str(tmp_path / "run")),
                           str(tmp_path / "somedir"), "a folder", "YAML")  # fmt: skip
     assert "not found" not in line and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["a_file/run", "/proc/hne_run"])
+def test_an_out_folder_that_cannot_be_created_is_refused_before_training(tmp_path, where):
+    """`train --out /proc/hne_run` (or `--out a_file/run`) trained a whole epoch, then failed to save into it."""
+    if where.startswith("/proc") and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here (a folder that refuses new folders, to root too)")
+    (tmp_path / "a_file").write_text("x")
+    train = run_cli("train", "--out", where, "--limit", "256", "--epochs", "2", "--batch-size", "32", "--threads", "1",
+                    *CPU, cwd=tmp_path)  # not --quiet: any progress line before the error fails one_line_error
+    one_line_error(train, f"--out {where}", "expected a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"] and not Path(where).exists()
+
+
+def test_eval_and_export_refuse_an_out_folder_that_cannot_be_created_before_any_work(tmp_path, digits_run):
+    """`eval`/`export --out a_file/x` evaluated (exported) first, then said "File exists: a_file"; `--out /proc/x`
+    named its scratch folder /proc/.x.hne-partial-..."""
+    (tmp_path / "a_file").write_text("x")
+    ckpt = str(digits_run / "checkpoint.pt")
+    for where in ("a_file/x", "/proc/x") if Path("/proc/self").is_dir() else ("a_file/x",):
+        one_line_error(run_cli("eval", ckpt, "--out", where, *CPU, cwd=tmp_path), f"--out {where}", "expected a folder")
+        export = run_cli("export", ckpt, "--out", where, "--no-verify", "--plan", "segments", cwd=tmp_path)
+        assert ".hne-" not in one_line_error(export, f"--out {where}", "expected a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
