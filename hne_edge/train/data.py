@@ -42,12 +42,12 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, short_repr
 from ..limits import MAX_NUM_CLASSES
 from .config import DataConfig
 
@@ -306,6 +306,9 @@ def _from_arrays(x: np.ndarray, y: np.ndarray, where: str) -> ArrayDataset:
         raise InputError(f"{where}: images are {x.shape[1]}x{x.shape[2]}; expected square images")
     if x.shape[0] == 0:
         raise InputError(f"{where}: holds no samples (x {x.shape}); expected at least one image")
+    if x.shape[3] == 0:
+        raise InputError(f"{where}: images of 0 channels (x {x.shape}); expected (N, H, W, C) with C >= 1 "
+                         "(1 gray, 3 RGB)")
     if y.min() < 0:
         raise InputError(f"{where}: labels must be 0..K-1; received a minimum of {int(y.min())}")
     if y.max() >= MAX_NUM_CLASSES:  # before a name is made for each class up to it
@@ -322,6 +325,33 @@ def _load_digits() -> tuple[ArrayDataset, list[str]]:
     return _from_arrays(x, digits.target, "digits"), [str(i) for i in range(10)]
 
 
+# what each array of a data npz holds, for an error that cannot read it
+_NPZ_EXPECTED = {"x": "uint8 images (N,H,W,C)", "y": "integer labels (N,)", "classes": "names as text (np.str_)"}
+
+
+def _npz_array(archive, key: str, path: str | Path) -> np.ndarray:
+    """``archive[key]``, or a one-line error: an array of Python objects (``dtype=object``, which numpy loads only
+    by unpickling - running code from the file: never done here) or a member that cannot be read (truncated)."""
+    try:
+        return archive[key]
+    except Exception as exc:
+        pickled = isinstance(exc, ValueError) and "allow_pickle" in str(exc)
+        what = ("an array of Python objects (dtype=object), which is not loaded (unpickling runs code from the file)"
+                if pickled else f"an array that cannot be read ({type(exc).__name__})")
+        raise InputError(f"{path}: '{key}' received {what}; expected {_NPZ_EXPECTED[key]}") from exc
+
+
+def _class_name(name: Any, i: int, path: Path) -> str:
+    """A class name of an npz's ``classes``: bytes (dtype 'S', from h5py or np.char.encode) are decoded as UTF-8."""
+    if not isinstance(name, bytes):
+        return str(name)
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: 'classes'[{i}] received {short_repr(bytes(name))}, which is not UTF-8 text; "
+                         f"expected {_NPZ_EXPECTED['classes']} or UTF-8 bytes") from exc
+
+
 def npz_fingerprint(path: str | Path) -> str:
     """sha256 of an npz's ``x`` then ``y`` (as int64) bytes: the same images in the same order give the same
     fingerprint, so a checkpoint's record can tell whether a file is the one its hold-out was drawn from."""
@@ -334,8 +364,8 @@ def npz_fingerprint(path: str | Path) -> str:
     if not hasattr(archive, "files") or not {"x", "y"} <= set(archive.files):
         raise InputError(f"{path}: expected a .npz archive with 'x' (N,H,W,C uint8) and 'y' (N,)")
     with archive:
-        h = hashlib.sha256(np.ascontiguousarray(archive["x"]).tobytes())
-        h.update(np.ascontiguousarray(archive["y"]).astype(np.int64).tobytes())
+        h = hashlib.sha256(np.ascontiguousarray(_npz_array(archive, "x", path)).tobytes())
+        h.update(np.ascontiguousarray(_npz_array(archive, "y", path)).astype(np.int64).tobytes())
     return h.hexdigest()
 
 
@@ -356,9 +386,10 @@ def load_npz(path: str | Path) -> tuple[ArrayDataset, list[str]]:
         missing = [k for k in ("x", "y") if k not in archive.files]
         if missing:
             raise InputError(f"{path}: missing key(s) {missing}; expected 'x' (N,H,W,C uint8) and 'y' (N,) (found {archive.files})")
-        dataset = _from_arrays(archive["x"], archive["y"], str(path))
+        dataset = _from_arrays(_npz_array(archive, "x", path), _npz_array(archive, "y", path), str(path))
         num_classes = int(dataset.labels.max()) + 1
-        classes = [str(c) for c in archive["classes"]] if "classes" in archive.files else [str(i) for i in range(num_classes)]
+        classes = ([_class_name(c, i, path) for i, c in enumerate(_npz_array(archive, "classes", path))]
+                   if "classes" in archive.files else [str(i) for i in range(num_classes)])
     if len(classes) < num_classes:
         raise InputError(f"{path}: 'classes' has {len(classes)} names but labels go up to {num_classes - 1}")
     return dataset, classes

@@ -355,3 +355,24 @@ def test_a_file_whose_size_is_not_the_manifests_is_refused(bundle_copy, tmp_path
     args = {"run": ["run", str(bundle_copy), str(tmp_path / "x.npy")], "verify": ["verify", str(bundle_copy), "--quiet"]
             }.get(command, command.split() + [str(bundle_copy)])  # fmt: skip
     one_line_error(run_cli(*args), rel, f"{size} bytes", f"manifest says {size + 1}")
+
+
+def test_npz_data_of_python_objects_or_without_channels_is_one_line(tiny_bundle, tmp_path):
+    """An npz whose x, y or classes is an array of Python objects (np.array(names, dtype=object), pandas' .values)
+    was a 44-line ValueError traceback (numpy loads those only by unpickling: running code from the file, never
+    allowed); images of 0 channels a RuntimeError traceback from the normalisation statistics."""
+    x, y = np.zeros((40, 8, 8, 3), np.uint8), np.arange(40) % 4
+    np.savez(tmp_path / "obj_classes.npz", x=x, y=y, classes=np.array(["a", "b", "c", "d"], dtype=object))
+    np.savez(tmp_path / "obj_y.npz", x=x, y=y.astype(object))
+    np.savez(tmp_path / "obj_x.npz", x=x.astype(object), y=y)
+    np.savez(tmp_path / "c0.npz", x=np.zeros((40, 8, 8, 0), np.uint8), y=y)
+    for name, said in (("obj_classes.npz", "'classes' received an array of Python objects"),
+                       ("obj_y.npz", "'y' received an array of Python objects"),
+                       ("obj_x.npz", "'x' received an array of Python objects"),
+                       ("c0.npz", "images of 0 channels (x (40, 8, 8, 0))")):  # fmt: skip
+        data = str(tmp_path / name)
+        one_line_error(run_cli("train", "--data", "npz", "--data-dir", data, "--model", "hne_tiny", "--epochs", "1",
+                               "--out", str(tmp_path / f"run-{name}"), "--quiet"), name, said, "expected")  # fmt: skip
+        one_line_error(run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", data,
+                               "--out", str(tmp_path / f"eval-{name}"), "--quiet"), name, said)  # fmt: skip
+        assert not (tmp_path / f"run-{name}").exists() and not (tmp_path / f"eval-{name}").exists()

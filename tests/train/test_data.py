@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from hne_edge.errors import InputError
 from hne_edge.train.config import DataConfig
-from hne_edge.train.data import ArrayDataset, Augment, BatchLoader, epoch_generator, load_data, split_indices
+from hne_edge.train.data import (ArrayDataset, Augment, BatchLoader, epoch_generator, load_data, load_npz,
+                                 npz_fingerprint, split_indices)
 
 
 def _images(n=10, c=3, s=6, seed=0) -> torch.Tensor:
@@ -238,3 +239,20 @@ def test_cifar_download_without_a_network_is_one_clear_error_and_leaves_nothing(
     with pytest.raises(InputError, match="--download of cifar10 into .* failed .*URLError.*use --data npz"):
         load_data(DataConfig(name="cifar10", data_dir=str(root), download=True), seed=0)
     assert not root.exists()
+
+
+def test_npz_class_names_stored_as_bytes_are_text(tmp_path):
+    """Class names saved as bytes (dtype 'S': h5py, np.char.encode) became the names "b'cat'", "b'dog'"."""
+    x, y = np.zeros((8, 8, 8, 3), np.uint8), np.arange(8) % 2
+    np.savez(tmp_path / "bytes.npz", x=x, y=y, classes=np.char.encode(np.array(["cat", "chien é"]), "utf-8"))
+    assert load_npz(tmp_path / "bytes.npz")[1] == ["cat", "chien é"]
+    np.savez(tmp_path / "latin1.npz", x=x, y=y, classes=np.array([b"cat", b"chien \xe9"]))
+    with pytest.raises(InputError, match=r"'classes'\[1\] received b'chien \\xe9', which is not UTF-8 text"):
+        load_npz(tmp_path / "latin1.npz")
+
+
+def test_npz_fingerprint_of_an_array_of_python_objects_is_an_input_error(tmp_path):
+    """npz_fingerprint (the demo's check of its file) read x and y outside its error handling: a ValueError."""
+    np.savez(tmp_path / "obj.npz", x=np.zeros((4, 8, 8, 3), np.uint8), y=np.arange(4).astype(object))
+    with pytest.raises(InputError, match="'y' received an array of Python objects"):
+        npz_fingerprint(tmp_path / "obj.npz")
