@@ -42,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 import numpy as np
 import torch
@@ -296,15 +296,15 @@ class _null:
 
 
 
-def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+def _config_diff(a: dict, b: dict, prefix: str = "", free: Container[str] = ()) -> list[str]:
     diffs = []
     for key in sorted(set(a) | set(b)):
         name = f"{prefix}{key}"
-        if name in _RESUME_FREE:
+        if name in _RESUME_FREE or name in free:
             continue
         va, vb = a.get(key), b.get(key)
         if isinstance(va, dict) and isinstance(vb, dict) and key != "overrides":
-            diffs += _config_diff(va, vb, f"{name}.")
+            diffs += _config_diff(va, vb, f"{name}.", free)
         elif va != vb:
             diffs.append(f"{name} (checkpoint {va!r}, now {vb!r})")
     return diffs
@@ -444,11 +444,23 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
     cuda = device.type == "cuda"
     channels_last = config.channels_last and cuda
     # 2. data, the resumed config compared, model (errors here also leave nothing behind)
-    bundle = load_data(config.data, seed=config.seed)
+    try:
+        bundle = load_data(config.data, seed=config.seed)
+    except FileNotFoundError as exc:  # a resumed run's relative data_dir read from another folder: say so
+        recorded = (((state or {}).get("config") or {}).get("data") or {}).get("data_dir", ...)
+        if config.data.data_dir != recorded or Path(recorded or "data").is_absolute():
+            raise
+        raise InputError(f"--resume: {exc}; the run recorded data.data_dir {recorded or 'data'!r}, relative to the "
+                         "folder the run started in; expected the run's data from this folder",
+                         hint="pass data.data_dir with its path from here",
+                         cli_hint="pass --data-dir with its path from here") from exc
     # what depends on the device (and, for an auto batch, on the images) is fixed, and recorded so
     config = resolve_for_device(config, device.type, len(bundle.train), world_size)
     if state is not None:
-        diffs = _config_diff(upgrade_config(state["config"]), config.to_dict())
+        # the same images by another path (a run resumed from another folder, a file moved) are the run's: where
+        # both sides have a sha256 of them (not folders), _same_images decides, as eval's --data-dir does
+        free = ("data.data_dir",) if bundle.fingerprint and (state.get("extra") or {}).get("data") else ()
+        diffs = _config_diff(upgrade_config(state["config"]), config.to_dict(), free=free)
         if diffs:
             raise InputError(f"--resume with a different config: {'; '.join(diffs)}")
         _same_images(state, bundle, config.data)

@@ -375,3 +375,29 @@ def test_eval_and_export_refuse_an_out_folder_that_cannot_be_created_before_any_
         export = run_cli("export", ckpt, "--out", where, "--no-verify", "--plan", "segments", cwd=tmp_path)
         assert ".hne-" not in one_line_error(export, f"--out {where}", "expected a folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_resume_from_another_folder_takes_the_same_images_by_another_path(tmp_path, monkeypatch):
+    """An npz run records --data-dir as typed (relative): `--resume` from another folder said "npz data not found:
+    ok.npz", and `--data-dir ../ok.npz` (the same file) was refused as a different config (data.data_dir) before
+    the images' sha256 could accept it. As `eval --data-dir`: the same images by any path resume, others do not."""
+    from conftest import digits_npz
+    from hne_edge.train.config import TrainConfig
+    from hne_edge.train.engine import fit
+    from hne_edge.train.checkpoint import load_checkpoint
+
+    digits_npz(tmp_path / "data.npz")
+    digits_npz(tmp_path / "other.npz", order_seed=1)  # the same images in another order: another hold-out
+    monkeypatch.chdir(tmp_path)
+    config = TrainConfig.from_preset("digits", {"out": "r", "quiet": True, "threads": 1, "device": "cpu",
+                                                "data": {"name": "npz", "data_dir": "data.npz", "limit": 192},
+                                                "optim": {"epochs": 2, "batch_size": 32}}).to_dict()  # fmt: skip
+    fit(TrainConfig.from_dict({**config, "model": {**config["model"], "overrides": {}}}), stop_after=1)
+    (tmp_path / "sub").mkdir()
+    resume = ("train", "--resume", "--out", "../r", "--quiet", *CPU)
+    one_line_error(run_cli(*resume, cwd=tmp_path / "sub"), "data.npz", "relative to the folder the run started in",
+                   "--data-dir")  # fmt: skip
+    one_line_error(run_cli(*resume, "--data-dir", "../other.npz", cwd=tmp_path / "sub"),
+                   "other.npz", "are not those this run started on")  # fmt: skip
+    run_cli(*resume, "--data-dir", "../data.npz", cwd=tmp_path / "sub", check=True)
+    assert load_checkpoint(tmp_path / "r" / "checkpoint.pt")["epoch"] == 2
