@@ -25,9 +25,11 @@ from .options import BundlePath, FiniteRange, batch_sizes_option, flag_names, qu
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="onnx", show_default=True,
               help="onnx: the portable bundle. tensorrt: ONNX plus engines built on this GPU.")
 @click.option("--precision", "precision", multiple=True, metavar="|".join(PRECISIONS),
-              help="Repeat or comma-separate for several (e.g. --precision fp32,fp16). Default fp32.")
+              help="Repeat or comma-separate for several (e.g. --precision fp32,fp16). Default fp32; from a bundle: "
+                   "every precision it has ONNX for.")
 @click.option("--batch-range", "batch", default="1:1:16", show_default=True, metavar="MIN:OPT:MAX",
-              help="Batch sizes the bundle is built and verified for (engines: the optimization profile).")
+              help="Batch sizes the bundle is built and verified for (engines: the optimization profile). From a "
+                   "bundle: its own, the one range its manifest holds.")
 @click.option("--batch", "batch_alias", default=None, hidden=True)  # deprecated spelling of --batch-range
 @click.option("--opset", type=int, default=None,
               help=f"ONNX opset (default {DEFAULT_OPSET}, parsed by TensorRT 8.6+ and 10; {DYNAMO_MIN_OPSET} with "
@@ -75,12 +77,21 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
                                    "accepted with --format tensorrt, to add engines to it)")  # fmt: skip
         from ..exporters.tensorrt import build_engines, device_info, load_tensorrt
 
+        ctx = click.get_current_context()
+        typed = {p for p in ctx.params if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE}
+        # the runtime accepts the batches the manifest names, so engines get its one batch range, no other
+        bundle_batch = tuple(read_manifest(source, verify_files=False).input.batch)
+        if typed & {"batch", "batch_alias"} and batch_range != bundle_batch:
+            flag = "--batch" if batch_alias else "--batch-range"
+            raise click.UsageError(f"{flag} {batch_alias or batch}: engines added to a bundle are built for its batch "
+                                   f"range {':'.join(map(str, bundle_batch))} (its manifest holds one); expected that "
+                                   f"or no {flag} (export the checkpoint again for another)")  # fmt: skip
         load_tensorrt(exporting=True)  # fail before any work: clear message + install hint, exit 2
         device_info()
-        with progress_for(None, "tensorrt", "engine", quiet=quiet) as progress:
-            entries = build_engines(source, precisions=precisions,
+        with progress_for(None, "tensorrt", "engine", quiet=quiet) as progress:  # None: all the bundle has
+            entries = build_engines(source, precisions=precisions if precision else None,
                                     plans=None if plan in PLAN_GROUPS else parse_plan(plan),
-                                    batch=batch_range, progress=progress, **trt_options)  # fmt: skip  (None: every plan the bundle has)
+                                    batch=bundle_batch, progress=progress, **trt_options)  # fmt: skip
         click.echo(f"built {len(entries)} TensorRT engine(s) into {printable(source)}")
         return
     if out_dir is None:

@@ -73,11 +73,10 @@ def test_tensorrt_export_on_a_gpu(tiny_bundle, tmp_path):
     _check_tensorrt_export(run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), *TENSORRT_EXPORT), out)
 
 
-def test_tensorrt_export_cli_with_a_fake_tensorrt(tiny_bundle, tmp_path):
-    """The same command and checks with TensorRT's API faked (tensorrt_fakes.FakeTensorRT), so the CLI's
-    success path is checked on every machine, not only where TensorRT and a GPU are (never here)."""
+def _fake_tensorrt_env(tmp_path) -> dict:
+    """The environment of a subprocess in which TensorRT's API is faked (tensorrt_fakes.FakeTensorRT)."""
     site = tmp_path / "site"
-    site.mkdir()
+    site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(REPO / 'tests')!r})\n"
@@ -87,10 +86,38 @@ def test_tensorrt_export_cli_with_a_fake_tensorrt(tiny_bundle, tmp_path):
         "trt.load_tensorrt = lambda exporting=False: fake\n"
         "trt.device_info = lambda: ('Orin (fake)', '8.7')\n"
     )
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_tensorrt_export_cli_with_a_fake_tensorrt(tiny_bundle, tmp_path):
+    """The same command and checks with TensorRT's API faked (tensorrt_fakes.FakeTensorRT), so the CLI's
+    success path is checked on every machine, not only where TensorRT and a GPU are (never here)."""
     out = tmp_path / "b"
     proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), *TENSORRT_EXPORT,
-                   env={"PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])})
+                   env=_fake_tensorrt_env(tmp_path))
     _check_tensorrt_export(proc, out)
+
+
+def test_engines_added_to_a_bundle_follow_its_precisions_and_batch_range(tiny_bundle, tmp_path):
+    """docs/gpu.md's flow: export on the workstation, then `export BUNDLE --format tensorrt` on the device. The
+    engines are built for every precision the bundle has ONNX for and for its batch range (the runtime accepts what
+    the manifest says), not fp32 and 1:1:16 whatever it holds; another --batch-range is refused."""
+    from hne_edge.bundle import read_manifest
+
+    env = _fake_tensorrt_env(tmp_path)
+    out = tmp_path / "b16"
+    proc = run_cli("export", str(tiny_bundle.checkpoint_path), "--out", str(out), "--precision", "fp16",
+                   "--plan", "segments", "--batch-range", "1:2:8", "--no-torch-weights", "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("export", str(out), "--format", "tensorrt", "--quiet", env=env)
+    assert proc.returncode == 0, proc.stderr
+    engines = [f for f in read_manifest(out).files if f.format == "tensorrt"]
+    assert len(engines) == 17 and {e.precision for e in engines} == {"fp16"}
+    assert all(e.build["batch_profile"] == [1, 2, 8] for e in engines)
+    before = (out / "manifest.json").read_bytes()
+    proc = run_cli("export", str(out), "--format", "tensorrt", "--batch-range", "1:1:16", env=env)
+    one_line_error(proc, "--batch-range 1:1:16", "1:2:8")
+    assert (out / "manifest.json").read_bytes() == before
 
 
 @pytest.mark.skipif(HAS_TRT and HAS_CUDA, reason="TensorRT and a CUDA device are here: see test_tensorrt_export_on_a_gpu")
