@@ -44,7 +44,7 @@ from ..bundle import (
     update_manifest,
 )
 from ..errors import ExportError, InputError
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, new_folders, remove_new_folders, scratch_path
 from ..progress import NULL_PROGRESS, Progress
 from ..tensorrt_compat import (  # noqa: F401 - the exporter's public names; the rules live in tensorrt_compat
     INSTALL_HINT,
@@ -155,7 +155,6 @@ def build_engines(
     wanted += [(p, q) for p, q in onnx_variants if p == FIRST and (p, q) not in wanted and any(w[1] == q for w in wanted)]
 
     version = trt.__version__
-    major = version_tuple(version)[0]
     logger = trt.Logger(trt.Logger.VERBOSE if verbose else trt.Logger.WARNING)
     builder = trt.Builder(logger)
     if hardware_compatibility != "none" and not hasattr(trt.HardwareCompatibilityLevel, hardware_compatibility.upper()):
@@ -165,7 +164,6 @@ def build_engines(
         flags.append("VERSION_COMPATIBLE")
     out_rel = engine_dir(version, cc)
     out_dir = bundle_dir / out_rel
-    out_dir.mkdir(parents=True, exist_ok=True)
     cache_file = out_dir / "timing.cache"
     base_info = {
         "tensorrt_version": version,
@@ -177,9 +175,36 @@ def build_engines(
         "builder_optimization_level": optimization_level,
         "workspace_mb": workspace_mb,
     }
+    # each engine is staged beside its place and moved there only once all are built: a build failing or
+    # interrupted part-way leaves the bundle as it was (no unlisted engine, no new folder, listed ones untouched)
+    staged: dict[Path, Path] = {}
+    created = new_folders(out_dir)
+    try:
+        entries = _build_all(trt, builder, logger, manifest, wanted, bundle_dir, out_rel, cache_file, base_info, flags,
+                             staged, created, workspace_mb=workspace_mb, optimization_level=optimization_level,
+                             version_compatible=version_compatible, hardware_compatibility=hardware_compatibility,
+                             progress=progress or NULL_PROGRESS)  # fmt: skip
+        for scratch, target in staged.items():
+            os.replace(scratch, target)
+    except BaseException:
+        for scratch in staged:
+            scratch.unlink(missing_ok=True)
+        remove_new_folders(created)
+        raise
+    update_manifest(bundle_dir, entries)
+    return entries
+
+
+def _build_all(trt, builder, logger, manifest, wanted, bundle_dir: Path, out_rel: str, cache_file: Path,
+               base_info: dict, flags: list, staged: dict, created: list, *, workspace_mb, optimization_level,
+               version_compatible, hardware_compatibility, progress: Progress) -> list[ModelFile]:  # fmt: skip
+    """:func:`build_engines`' loop: each engine written to a scratch sibling of its place (``staged``: scratch ->
+    place; ``created``: the folders made for them), the timing cache written last; returns the manifest entries."""
+    version = trt.__version__
+    major = version_tuple(version)[0]
+    batch = base_info["batch_profile"]
     timing_cache = None
     entries: list[ModelFile] = []
-    progress = progress or NULL_PROGRESS
     progress.restart(sum(len(manifest.files_for(p, q, "onnx")) for p, q in wanted), "tensorrt", "engine")
     for plan, precision in wanted:
         # fp32 engines: no TF32 (on by default on Ampere+, Jetson Orin included), so an "fp32" engine
@@ -222,10 +247,13 @@ def build_engines(
             if serialized is None:
                 raise ExportError(f"TensorRT failed to build an engine from {source.path} (see the TensorRT log above)")
             data = bytes(serialized)
-            atomic_write_bytes(bundle_dir / rel, data)  # a killed build leaves no half engine beside the manifest
+            target = bundle_dir / rel
+            created += [p for p in new_folders(target.parent) if p not in created]
+            scratch = scratch_path(target, "partial")
+            staged[scratch] = target
+            atomic_write_bytes(scratch, data)  # a killed build leaves no half engine beside the manifest
             entries.append(engine_entry(source, rel, build_info, data))
             progress.update(note=rel)
     if timing_cache is not None:
         atomic_write_bytes(cache_file, bytes(timing_cache.serialize()))
-    update_manifest(bundle_dir, entries)
     return entries

@@ -259,3 +259,38 @@ def test_export_with_engines_hashes_each_file_once_per_step_that_needs_it(tiny_b
     assert len(onnx) == len(engines) == 17  # 16 segments and the first leaf
     # + 1: manifest.json itself, hashed by the AnytimeRunner the verification drives (profiles are keyed by it)
     assert len(counted) == 3 * len(onnx) + len(engines) + 1
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_an_engine_build_failing_part_way_leaves_the_bundle_as_it_was(tiny_bundle, tmp_path, monkeypatch, interrupt):
+    """A build that fails (or is interrupted) part-way leaves no engine, folder or listing behind: the bundle still
+    verifies and export --force still accepts it as a bundle; engines an earlier build listed stay as they were."""
+    from hne_edge.bundle import why_not_replaceable
+    from hne_edge.exporters import tensorrt as trt_mod
+
+    fake = _FakeTRT("10.3.0")
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda exporting=False: fake)
+    monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+    build_engines(bundle, plans=("nodes",), precisions=("fp32",), batch=(1, 2, 8))  # an earlier build, listed
+    fail_at = len(read_manifest(bundle).files_for("nodes", "fp32", "onnx")) + 3  # rebuilt nodes, then 3 segments
+    before = sorted((p.relative_to(bundle), p.read_bytes() if p.is_file() else None) for p in bundle.rglob("*"))
+    real_build = fake.Builder.build_serialized_network
+    built = []
+
+    def build(network, config):
+        built.append(1)
+        if len(built) == fail_at:
+            if interrupt:
+                raise KeyboardInterrupt
+            return None  # TensorRT's answer to a failed build
+        return real_build(None, network, config) + b" rebuilt"  # a rebuild's engines differ from the listed ones
+
+    monkeypatch.setattr(fake.Builder, "build_serialized_network", lambda self, n, c: build(n, c))
+    with pytest.raises(KeyboardInterrupt if interrupt else ExportError):
+        build_engines(bundle, plans=("nodes", "segments"), precisions=("fp32",), batch=(1, 2, 8))
+    assert len(built) == fail_at
+    after = sorted((p.relative_to(bundle), p.read_bytes() if p.is_file() else None) for p in bundle.rglob("*"))
+    assert after == before
+    read_manifest(bundle, verify_files=True)
+    assert why_not_replaceable(bundle) is None
