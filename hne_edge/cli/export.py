@@ -18,6 +18,12 @@ from . import printable
 from .options import BundlePath, FiniteRange, batch_sizes_option, flag_names, quiet_option, within_batch_range
 
 
+# export's options that only a checkpoint export uses: refused with a bundle source ({parameter: flag})
+_CHECKPOINT_ONLY = {"out_dir": "--out", "force": "--force", "no_verify": "--no-verify", "opset": "--opset",
+                    "exporter": "--exporter", "no_torch_weights": "--no-torch-weights",
+                    "no_first_leaf": "--no-first-leaf"}
+
+
 @click.command("export")
 @click.argument("source", type=click.Path(exists=True, path_type=Path), metavar="CHECKPOINT")
 @click.option("--out", "out_dir", type=click.Path(), default=None,  # a str: an empty --out must not become "."
@@ -56,8 +62,10 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
     """Export CHECKPOINT to a verified bundle at --out.
 
     With --format tensorrt, CHECKPOINT may also be an existing bundle
-    directory: engines are then built from its ONNX files and added to it
-    (the usual flow on a Jetson, which needs no PyTorch).
+    directory: engines are then built from its ONNX files and added to it in
+    place (the usual flow on a Jetson, which needs no PyTorch); --out,
+    --force, --no-verify, --opset, --exporter and the --no-* options apply
+    only to a checkpoint and are refused.
     """
     from ..bundle import read_manifest, variant_label
     from ..exporters.base import parse_batch, parse_plan, parse_precisions
@@ -79,6 +87,12 @@ def export(source, out_dir, fmt, precision, batch, batch_alias, opset, plan, for
 
         ctx = click.get_current_context()
         typed = {p for p in ctx.params if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE}
+        # engines are added to the bundle in place: these would not do what they say (--out NEW writes no NEW)
+        ignored = [flag for p, flag in _CHECKPOINT_ONLY.items() if p in typed]
+        if ignored:
+            raise click.UsageError(f"{', '.join(ignored)} with a bundle {printable(source)}: engines are added to the "
+                                   "bundle in place, and these apply only to a checkpoint export; expected none of "
+                                   "them (copy the bundle first to add engines to a copy)")  # fmt: skip
         # the runtime accepts the batches the manifest names, so engines get its one batch range, no other
         bundle_batch = tuple(read_manifest(source, verify_files=False).input.batch)
         if typed & {"batch", "batch_alias"} and batch_range != bundle_batch:

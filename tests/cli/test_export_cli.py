@@ -120,6 +120,19 @@ def test_engines_added_to_a_bundle_follow_its_precisions_and_batch_range(tiny_bu
     assert (out / "manifest.json").read_bytes() == before
 
 
+def test_options_of_a_checkpoint_export_are_refused_with_a_bundle_source(tiny_bundle, tmp_path):
+    """`export BUNDLE --format tensorrt` adds engines to BUNDLE in place: --out NEW (and --force, --no-verify, ...)
+    would not write NEW, so they are refused, named, before anything is built; the bundle is left as it was."""
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+    before = (bundle / "manifest.json").read_bytes()
+    proc = run_cli("export", str(bundle), "--format", "tensorrt", "--plan", "segments", "--out", str(tmp_path / "new"),
+                   "--force", "--no-verify", env=_fake_tensorrt_env(tmp_path))  # fmt: skip
+    line = one_line_error(proc, "--out, --force, --no-verify", "bundle")
+    assert "--plan" not in line and "--format" not in line
+    assert not (tmp_path / "new").exists() and (bundle / "manifest.json").read_bytes() == before
+    assert not (bundle / "tensorrt").exists()
+
+
 @pytest.mark.skipif(HAS_TRT and HAS_CUDA, reason="TensorRT and a CUDA device are here: see test_tensorrt_export_on_a_gpu")
 def test_tensorrt_without_tensorrt(tiny_bundle, tmp_path):
     """Without TensorRT (or without a GPU) the command stops before any work: one line, exit 2, nothing written."""
