@@ -363,7 +363,8 @@ def new_folders(path: str | os.PathLike) -> list[Path]:
     """``path`` and its parents that do not exist yet, outermost first: what a writer about to make ``path`` creates
     (for :func:`remove_new_folders` after a failure)."""
     path = Path(path).absolute()
-    return [p for p in (path, *path.parents) if not os.path.lexists(p)][::-1]
+    # "x/../y": x is made, "x/.." is not a folder of its own (and rmdir refuses it, which kept x)
+    return [p for p in (path, *path.parents) if p.name not in ("..", ".") and not os.path.lexists(p)][::-1]
 
 
 def remove_new_folders(created: Sequence[Path]) -> None:

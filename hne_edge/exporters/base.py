@@ -18,7 +18,8 @@ from typing import Iterator, Sequence
 
 from ..bundle import EXPORT_PLANS, PLAN_GROUPS, PLANS, PRECISIONS, batch_range_ok, why_not_replaceable
 from ..errors import ExportError, InputError, short_repr
-from ..fileio import absolute_folder, check_output_dir, remove_stale, scratch_path, swap_dir_into_place
+from ..fileio import (absolute_folder, check_output_dir, new_folders, remove_new_folders, remove_stale, scratch_path,
+                      swap_dir_into_place)
 from ..limits import MAX_BATCH
 
 __all__ = [
@@ -241,6 +242,7 @@ def atomic_output_dir(
     out = absolute_folder(out_dir)
     _check_out(out, force, keep)
     check_output_dir(out_dir, "--out")  # a new folder that could not be made fails here, not as its scratch folder
+    created = new_folders(out.parent)  # removed again on failure, as staged_output does: no new folder left behind
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(out)
     tmp = scratch_path(out, "partial")
@@ -250,11 +252,13 @@ def atomic_output_dir(
         _check_out(out, force, keep)  # again: the export took a while, and the user may have been busy
     except OSError as exc:  # a full disk: name the file as the user knows it, not its scratch folder (removed now)
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_new_folders(created)
         name = exc.filename if isinstance(exc.filename, str) else None
         if name and exc.errno is not None and Path(name).is_relative_to(tmp):
             raise type(exc)(exc.errno, exc.strerror, str(out / Path(name).relative_to(tmp))) from exc
         raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_new_folders(created)
         raise
     swap_dir_into_place(tmp, out)

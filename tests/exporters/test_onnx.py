@@ -203,6 +203,20 @@ def test_failed_verification_or_crash_leaves_nothing(tmp_path, tiny_bundle, monk
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("out", ["runs/b/c/bundle", "x/../y/bundle"])
+@pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt])
+def test_a_failed_or_interrupted_export_leaves_no_folder_it_created(tmp_path, tiny_bundle, monkeypatch, out, failure):
+    """The parent folders made for out_dir go with a failed export too (eval, bench and train leave no new folder)."""
+    monkeypatch.chdir(tmp_path)
+
+    def fail(tmp):
+        raise failure("stop")
+
+    with pytest.raises(failure):
+        export_onnx(tiny_bundle.model, out, plan="segments", torch_weights=False, verify=False, post_export=fail)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_verify_detects_a_different_model(tiny_bundle):
     other = randomize_(create_model("hne_tiny"), seed=1)
     report = verify_bundle(tiny_bundle.bundle_dir, model=other, batch_sizes=[2])
