@@ -249,9 +249,31 @@ def model_from_checkpoint(checkpoint: str | os.PathLike | dict[str, Any]) -> tup
         check_usable(state, "(dict)")
     else:
         state = load_checkpoint(checkpoint)
+    name = "(dict)" if isinstance(checkpoint, dict) else str(checkpoint)
     try:
         model = build_model(state["model_config"])
         model.load_state_dict(state["model"])
     except (ValueError, RuntimeError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint weights do not fit its model config: {exc}") from exc
+        # torch's message lists every key (KBs on one line): count them and name the first
+        why = _misfit(model.state_dict(), state["model"]) if "model" in locals() else None
+        why = why or str(exc).strip().splitlines()[0][:300]
+        raise CheckpointError(f"checkpoint {name}: its weights do not fit its model_config ({why}); expected the "
+                              "weights of the model it describes (another hne-edge version or block layout?)") from exc
     return model.eval(), state
+
+
+def _misfit(want: dict, have: dict) -> str | None:
+    """How ``have`` (a checkpoint's state_dict) misses ``want`` (the model's): counts, and the first one or two keys."""
+
+    def shape(t) -> str:
+        return "x".join(map(str, getattr(t, "shape", ()))) or "?"
+
+    if not isinstance(have, dict):
+        return None
+    missing = [k for k in want if k not in have]
+    unexpected = [k for k in have if k not in want]
+    other = [f"{k} {shape(have[k])} vs {shape(want[k])}" for k in want
+             if k in have and tuple(getattr(have[k], "shape", ())) != tuple(want[k].shape)]  # fmt: skip
+    parts = [f"{len(keys)} {what}, e.g. {', '.join(map(str, keys[:2]))}" for keys, what in
+             ((missing, "missing"), (unexpected, "unexpected"), (other, "of another shape")) if keys]  # fmt: skip
+    return "; ".join(parts) or None

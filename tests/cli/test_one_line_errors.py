@@ -376,3 +376,15 @@ def test_npz_data_of_python_objects_or_without_channels_is_one_line(tiny_bundle,
         one_line_error(run_cli("eval", str(tiny_bundle.checkpoint_path), "--test-data", data,
                                "--out", str(tmp_path / f"eval-{name}"), "--quiet"), name, said)  # fmt: skip
         assert not (tmp_path / f"run-{name}").exists() and not (tmp_path / f"eval-{name}").exists()
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_named_and_summarised(tiny_bundle, tmp_path):
+    """Weights from another block layout: torch's message (KBs, every key) was passed on whole, naming no file."""
+    import torch
+
+    state = torch.load(tiny_bundle.checkpoint_path, weights_only=True)
+    state["model_config"]["blocks"][0][0] *= 2  # the first stage's width: every weight of it has another shape
+    torch.save(state, tmp_path / "wrongcfg.pt")
+    line = one_line_error(run_cli("export", str(tmp_path / "wrongcfg.pt"), "--out", str(tmp_path / "b"),
+                                  *FAST_EXPORT), "wrongcfg.pt", "of another shape", "e.g.")  # fmt: skip
+    assert len(line) < 600 and not (tmp_path / "b").exists()
