@@ -250,12 +250,13 @@ def model_from_checkpoint(checkpoint: str | os.PathLike | dict[str, Any]) -> tup
     else:
         state = load_checkpoint(checkpoint)
     name = "(dict)" if isinstance(checkpoint, dict) else str(checkpoint)
+    model = None
     try:
         model = build_model(state["model_config"])
         model.load_state_dict(state["model"])
     except (ValueError, RuntimeError, TypeError) as exc:
         # torch's message lists every key (KBs on one line): count them and name the first
-        why = _misfit(model.state_dict(), state["model"]) if "model" in locals() else None
+        why = _misfit(model.state_dict(), state["model"]) if model is not None else None
         why = why or str(exc).strip().splitlines()[0][:300]
         raise CheckpointError(f"checkpoint {name}: its weights do not fit its model_config ({why}); expected the "
                               "weights of the model it describes (another hne-edge version or block layout?)") from exc
