@@ -71,12 +71,20 @@ class Tolerance:
 
     fp32 files must match PyTorch to ``atol = 1e-4``. fp16 files compute in
     half precision end to end (10-bit mantissa: relative step ~1e-3) through
-    up to ~20 layers, so their bound scales with the output:
-    ``1e-3 + 5e-3 * max |ref|``, compared with the fp32 PyTorch model. Measured
-    on randomized hne_tiny and hne_resnet_small (every file, every anytime
-    prefix, batch 1 and 4): worst error 7.6e-4 of ``max |ref|`` (2.2e-3
-    absolute), about 1/8 of the bound; hne_mobilenetv2 segments (batch 1
-    and 2): worst 1/11 of the bound.
+    up to ~20 layers: ``2e-2 + 2e-2 * max |ref|``, compared with the fp32
+    PyTorch model. The error of a trained model's fp16 logits is about
+    absolute (its features are as large for every image; an uncertain
+    image's logits are small), so the bound has a fixed part. Measured
+    2026-12-01 on the shipped checkpoints (every file and anytime prefix, real
+    CIFAR-10 images one at a time, batches of 16, random images): worst error
+    0.025 absolute, 0.29 of the bound (demo) and 0.22 (reference); the former
+    bound ``1e-3 + 5e-3 * max |ref|``, measured on randomized models only, was
+    exceeded by up to 1.8x (6 of 60 images; the reference's default export
+    failed). A wrong export still fails: the stem's weights x1.03, one leaf's
+    head x1.03, a BatchNorm bias +0.05 or two branches swapped were caught on
+    every image (1.2x to 44x the bound, median); a 1 % weight error is not
+    reliably (the fp16 files' own error is that large); ``verify --atol
+    --rtol`` set another bound, and fp32 files are held to 1e-4.
 
     """
 
@@ -92,7 +100,7 @@ class Tolerance:
         return f"{self.atol:g} + {self.rtol:g} x " + ("|ref| per element" if self.per_element else "max|ref|")
 
 
-TOLERANCES = {"fp32": Tolerance(atol=1e-4), "fp16": Tolerance(atol=1e-3, rtol=5e-3)}
+TOLERANCES = {"fp32": Tolerance(atol=1e-4), "fp16": Tolerance(atol=2e-2, rtol=2e-2)}
 
 
 def parse_precisions(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:

@@ -94,14 +94,14 @@ import numpy as np
 import hne_edge.runtime.backends.onnxruntime as ort_backend
 import hne_edge.runtime.backends.torch as torch_backend
 
-# onnxruntime: fp16 logits of leaf 3 on (and of every fused subtree) are off by 0.05 (a wrong kernel, a bad
-# file); fp32 untouched
+# onnxruntime: fp16 logits of leaf 3 on (and of every fused subtree) are off by 0.2 (a wrong kernel, a bad file;
+# the tiny model's logits are at most 1.3, its fp16 bound 0.02 + 0.02 x max|logit|); fp32 untouched
 run = ort_backend.OnnxRuntimeRunner.run_impl
 def wrong(self, inputs):
     outs = run(self, inputs)
     whole = outs[-1].ndim == 3  # a whole subtree or the fused tree: (batch, its leaves, classes)
     if self.unit.leaf is not None and (self.unit.leaf >= 3 or whole) and self.unit.inputs[0].dtype == "float16":
-        outs = (*outs[:-1], outs[-1] + np.float16(0.05))
+        outs = (*outs[:-1], outs[-1] + np.float16(0.2))
     return outs
 ort_backend.OnnxRuntimeRunner.run_impl = wrong
 ort_backend.OnnxRuntimeRunner.run_logits_impl = lambda self, inputs: self.run_impl(inputs)[-1]
