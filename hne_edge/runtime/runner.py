@@ -425,9 +425,8 @@ class AnytimeRunner:
         self._acquire()
         try:
             checked = check_input(x, self.input_spec)
-            handle = self._upload(checked)
-            if isinstance(handle, np.ndarray) and np.may_share_memory(handle, x):
-                handle = handle.copy()  # the session outlives this call: the caller may reuse x (a camera buffer)
+            # the session outlives this call: the caller may reuse x (a camera buffer)
+            handle = self.backend.owned(self._upload(checked), x)
             return self._session(handle, checked.shape[0])
         finally:
             self._release()

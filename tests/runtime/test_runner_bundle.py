@@ -80,3 +80,19 @@ def test_runtime_imports_and_runs_without_torch(tiny_bundle, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "torch backend: backend 'torch' needs PyTorch" in proc.stdout and proc.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("backend, options", [("onnxruntime", {}), ("torch", {}), ("torch", {"bfloat16": True})])
+def test_start_owns_a_copy_of_the_frame_the_caller_may_reuse_its_buffer(tiny_bundle, reference, backend, options):
+    """A camera writes its next frame into the buffer a session was started on: the session still answers the first."""
+    if backend == "torch":
+        pytest.importorskip("torch")
+    x, _ = reference
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, load_profile=False, warmup=0, **options) as runner:
+        want = runner.run(x, max_leaves=1).logits
+        buffer = x.copy()
+        session = runner.start(buffer)
+        buffer[:] = 0.0
+        session.step()
+        np.testing.assert_allclose(session.result().logits, want, rtol=1e-5, atol=1e-5)
+

@@ -355,6 +355,12 @@ class Backend(ABC):
         """Upload a validated host array (the image); CPU backends pass it through."""
         return array
 
+    def owned(self, handle: Handle, array: np.ndarray) -> Handle:
+        """``handle`` (what :meth:`from_host` made of ``array`` or its cast) made independent of ``array``, the
+        caller's buffer, for a session that outlives the call: a handle sharing its memory is copied, an upload (a
+        GPU's, a cast's) is kept as it is. ``run`` skips it: its frame ends in the call."""
+        return handle.copy() if isinstance(handle, np.ndarray) and np.may_share_memory(handle, array) else handle
+
     def to_host(self, handle: Handle) -> np.ndarray:
         """A host numpy array of ``handle``; must block until the values are ready."""
         return handle

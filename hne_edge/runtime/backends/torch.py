@@ -14,8 +14,8 @@ checked bytes) and builds the model; its :class:`~.base.LoadedPlan` carries the
 units (``kind`` "segment" or "node", ``key`` the leaf or node id), the image
 dtype (fp16 for ``precision="fp16"``: the runner casts the image) and the weights
 file. Handles are torch tensors; ``from_host`` wraps the numpy image without a
-copy and ``to_host`` returns fp32 logits as numpy. The CUDA variant (:mod:`.torch_cuda`) moves the modules
-to the GPU.
+copy (``owned`` copies it for a session, which outlives the call) and ``to_host`` returns fp32 logits as numpy.
+The CUDA variant (:mod:`.torch_cuda`) moves the modules to the GPU.
 """
 
 from __future__ import annotations
@@ -223,6 +223,10 @@ class TorchBackend(Backend):
 
     def from_host(self, array: np.ndarray) -> Handle:
         return self.torch.from_numpy(array)  # already in the units' dtype (the runner casts it)
+
+    def owned(self, handle: Handle, array: np.ndarray) -> Handle:
+        shared = handle.device.type == "cpu" and np.may_share_memory(handle.numpy(), array)  # from_numpy shares
+        return handle.clone() if shared else handle
 
     def to_host(self, handle: Handle) -> np.ndarray:
         return handle.float().numpy()  # fp16 logits as fp32; no copy when already fp32
