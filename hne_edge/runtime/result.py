@@ -67,6 +67,8 @@ class AnytimeResult:
     A forced leaf that fits that but runs long (the process pre-empted, a busy
     machine) is an ordinary miss. ``stopped_by``: "complete", "max_leaves",
     "budget", "stop_when", "cancelled", "step" or "closed" (session closed early).
+    A session's ``leaf_logits`` is a read-only view of its buffer (an in-place edit raises numpy's
+    "read-only" ValueError): ``np.array(result.leaf_logits)`` is a copy of one's own to edit.
     """
 
     leaf_logits: np.ndarray  # (leaves, batch, classes), float32
@@ -154,7 +156,7 @@ class AnytimeResult:
 class StopRule:
     """Decides, between leaves, that the evaluated leaves are good enough.
 
-    Called with ``leaf_logits`` of shape (leaves so far, batch, classes);
+    Called with ``leaf_logits`` of shape (leaves so far, batch, classes), read-only (the session's own);
     return True to stop. Subclasses set ``min_leaves``.
     """
 

@@ -311,6 +311,10 @@ class AnytimeSession:
         self._cache: list[Any] | None = [None] * program.num_slots
         self._cache[0] = handle
         self._leaf_logits = np.empty((self._num_leaves, batch, num_classes), dtype=np.float32)
+        # what results and stop rules see: read-only, so an app's in-place edit raises instead of changing an answer
+        # (steps write only the leaves after those already handed out); no copy per step
+        self._shown = self._leaf_logits.view()
+        self._shown.flags.writeable = False
         self._step_s = [0.0] * self._num_leaves  # by the position a step started at: its wall time
         self._taken = [-1] * self._num_leaves  # ... and which step it was
         self._next = 0
@@ -423,7 +427,7 @@ class AnytimeSession:
             raise SessionCancelled("session.result(): cancelled before its first leaf, so there is no result")
         if n == 0:
             raise NoResultError("session.result(): no leaf evaluated yet; call step() or refine() first")
-        return self._result_of(n, self._leaf_logits[:n], self._elapsed, *self._status)
+        return self._result_of(n, self._shown[:n], self._elapsed, *self._status)
 
     def _result_of(self, n: int, leaf_logits: np.ndarray, elapsed_s: float, met: bool, overran: bool,
                    budget_ms: float | None, reason: str) -> AnytimeResult:  # fmt: skip
@@ -591,7 +595,7 @@ class AnytimeSession:
         unobserved = at[0] if last == 1 and program.first_leaf else -1
         whole = final and stop_when is None and n_stop == num_leaves  # nothing can cancel, refine or stop it early
         to_host, clock, cold_calls = self._to_host, self._clock, self._cold_calls
-        out = self._leaf_logits
+        shown = self._shown
         pred, observe = self._model.pred, self._model.observe
         median, known = getattr(self._model, "base", None), getattr(self._model, "known", None)  # mixed programs
         decide_at = None if stop_at is None else stop_at - getattr(self._model, "exit", 0.0)  # room for the exit
@@ -619,7 +623,7 @@ class AnytimeSession:
                 if self._cancelled:
                     reason = "cancelled"
                     break
-                if stop_when is not None and n and stop_when(out[:n]):
+                if stop_when is not None and n and stop_when(shown[:n]):
                     reason = "stop_when"
                     break
                 if decide_at is not None and now + pred[j] > decide_at:

@@ -96,3 +96,26 @@ def test_start_owns_a_copy_of_the_frame_the_caller_may_reuse_its_buffer(tiny_bun
         session.step()
         np.testing.assert_allclose(session.result().logits, want, rtol=1e-5, atol=1e-5)
 
+
+def test_results_and_stop_rules_get_read_only_leaf_logits_so_an_in_place_edit_cannot_change_an_answer(
+    tiny_bundle, reference
+):
+    """An app that normalises the logits it is shown in place gets numpy's read-only error, not a changed answer."""
+    x, _ = reference
+    with AnytimeRunner(tiny_bundle.bundle_dir, load_profile=False, warmup=0) as runner:
+        want = runner.run(x).logits
+
+        def normalise_in_place(leaf_logits):
+            leaf_logits -= leaf_logits.max(-1, keepdims=True)
+            return False
+
+        with pytest.raises(ValueError, match="read-only"):
+            runner.run(x, stop_when=normalise_in_place)
+        session = runner.start(x)
+        first = session.refine(max_leaves=4)
+        for result in (first, session.result()):
+            with pytest.raises(ValueError, match="read-only"):
+                result.leaf_logits -= result.leaf_logits.max(-1, keepdims=True)
+        np.array(first.leaf_logits)[:] = 0.0  # a copy is the app's own
+        np.testing.assert_allclose(session.refine().logits, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(first.logits, runner.run(x, max_leaves=4).logits, rtol=1e-5, atol=1e-5)
