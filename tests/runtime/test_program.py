@@ -197,10 +197,10 @@ def test_choose_is_the_one_rule_of_a_mixed_program(n, now, stop_at, pred, n_stop
 
 
 def test_choose_compares_speeds_by_medians_and_budgets_by_predictions():
-    """A big step's prediction is capped (at the full tree plus itself) where many small ones are not, and the
+    """A big step's prediction carries one stall allowance where many small ones carry one each, and the
     tail margins differ: speeds are compared by the measured medians, so a slower big step is never taken."""
     median = [0.10, 0.02, 0.03, 0.03, 0.07, 0.20]  # the subtree (0.07) is slower than its leaves (0.06)
-    pred = [0.5, 0.1, 0.15, 0.15, 0.25, 0.4]  # ... though its capped prediction (0.25) is below theirs (0.3)
+    pred = [0.5, 0.1, 0.15, 0.15, 0.25, 0.4]  # ... though its prediction (0.25) is below theirs (0.3)
     assert choose(mixed(), 2, 0.0, None, pred, median, None, 4, 1, False, True) == 2
     assert choose(mixed(), 0, 0.0, None, pred, median, None, 4, 1, True, True) == 0  # the tree: 0.20 > 0.18
     median[4] = 0.05
