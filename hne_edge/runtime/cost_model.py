@@ -108,12 +108,13 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 import time
 import warnings
 from collections import deque
 from typing import Callable, Collection, Sequence
 
-from ..errors import InputError
+from ..errors import InputError, short_repr
 from .stalls import STALL_FLOOR_S, STALL_RATIO, Speed, Stalls, SteadyWindow
 from .profile_file import (  # noqa: F401 - the profile's names, importable from here as before
     Profile,
@@ -482,6 +483,12 @@ class _BatchModel:
             pred[i] = p
 
 
+def check_quantile(quantile: object) -> float:
+    """The prediction quantile, a real number in [0.5, 1): the runner checks it before it opens a session."""
+    if isinstance(quantile, bool) or not isinstance(quantile, numbers.Real) or not 0.5 <= quantile < 1.0:
+        raise InputError(f"quantile: received {short_repr(quantile)}; expected a number in [0.5, 1)")
+    return float(quantile)
+
 class CostModel:
     """Per-step cost predictions (seconds) for each batch size, from a profile and online observations.
 
@@ -519,8 +526,7 @@ class CostModel:
         clock: Callable[[], float] = time.perf_counter,
         measured_here: Collection[int] = (),
     ) -> None:
-        if not 0.5 <= quantile < 1.0:
-            raise InputError(f"quantile must be in [0.5, 1); received {quantile!r}")
+        quantile = check_quantile(quantile)
         if not 1.0 <= cold_margin <= STALL_RATIO:
             raise InputError(f"cold_margin must be in [1, {STALL_RATIO:g}]; received {cold_margin!r}")
         self.step_macs = list(step_macs)

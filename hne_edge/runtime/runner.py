@@ -39,12 +39,12 @@ from ..bundle import (
     RUNNER_PLANS,
     read_manifest_and_digest,
 )
-from ..errors import BundleError, HNEError, InputError
+from ..errors import BundleError, HNEError, InputError, short_repr
 from ..limits import check_memory, cpu_count, load_average
 from ..progress import Progress
 from . import profiler
 from .backends import Backend, create_backend
-from .cost_model import CostModel
+from .cost_model import CostModel, check_quantile
 from .inputs import check_input, preprocess
 from .profile_file import Profile, find_profile, host_info, save_profile
 from .program import Program, compile_program
@@ -55,6 +55,7 @@ from .session import (
     NoResultError,
     RunnerClosedError,
     SessionCancelled,
+    check_batch_sizes,
     check_count,
     check_limits,
     check_stop_at,
@@ -190,6 +191,7 @@ class AnytimeRunner:
         if precision not in PRECISIONS:
             raise InputError(f"precision: received {precision!r}; expected one of {list(PRECISIONS)}")
         warmup = check_count(warmup, "warmup", 0, MAX_WARMUP)
+        quantile = check_quantile(quantile)  # the cost model is built last: refused before any session opens
         self.bundle_dir = Path(bundle_dir)
         # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
         self.manifest, self.manifest_sha256 = read_manifest_and_digest(self.bundle_dir, verify_files=False)
@@ -275,8 +277,7 @@ class AnytimeRunner:
         :attr:`warmup_report`) ``{"batch_sizes", "seconds", "device_bytes"}``: the device memory it added (None where
         the backend does not say)."""
         lo, _, hi = self.input_spec.batch
-        sizes = self._warm_sizes() if batch_sizes is None else batch_sizes
-        sizes = sorted({check_count(b, "batch_sizes", lo, hi) for b in sizes})
+        sizes = sorted(set(self._warm_sizes() if batch_sizes is None else check_batch_sizes(batch_sizes, lo, hi)))
         self._acquire()
         try:
             return self._warm({b: 1 for b in sizes})
@@ -454,7 +455,6 @@ class AnytimeRunner:
         """
         t0 = self._clock()
         stop_at, budget = check_stop_at(t0, budget_ms, deadline)
-        check_count(min_leaves, "min_leaves", 1, self.num_leaves)  # a result needs a leaf: one range, 1..N
         n_stop, n_min = check_limits(self._program, max_leaves, min_leaves, repr(self.plan))
         self._acquire()
         try:
@@ -546,7 +546,7 @@ class AnytimeRunner:
         lo, opt, hi = self.input_spec.batch
         if batch_sizes is None:  # two sizes when the bundle has them: the cost model interpolates (cost_model.profile_at_batch)
             batch_sizes = sorted({lo, opt})
-        sizes = [check_count(b, "batch_sizes[]", lo, hi) for b in batch_sizes]
+        sizes = check_batch_sizes(batch_sizes, lo, hi)
         if not sizes:
             raise InputError("batch_sizes: received an empty list; expected at least one batch size")
         check_count(repeats, "repeats", 1, 10**6)
@@ -592,6 +592,9 @@ class AnytimeRunner:
     def use_profile(self, profile: Profile) -> None:
         """Predict from ``profile`` (e.g. another runner's of the same bundle, backend, device, plan and precision:
         several runners in one process measured once); the cost model starts over from it."""
+        if not isinstance(profile, Profile):
+            raise InputError(f"use_profile: received {short_repr(profile)}; expected a Profile (runner.profile_data "
+                             "of a runner that measured or loaded one)")
         if (profile.manifest_sha256, profile.backend, profile.device, profile.plan, profile.precision) != (
                 self.manifest_sha256, self.backend.name, self.device, self.plan, self.precision):  # fmt: skip
             raise InputError(f"use_profile: received a profile of {profile.backend} {profile.device} plan {profile.plan} "

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -47,6 +47,7 @@ __all__ = [
     "RunnerClosedError",
     "SessionCancelled",
     "UnitHook",
+    "check_batch_sizes",
     "check_count",
     "check_limits",
     "check_stop_at",
@@ -118,6 +119,13 @@ def check_count(value: Any, name: str, lo: int, hi: int) -> int:
     return int(value)
 
 
+def check_batch_sizes(value: Any, lo: int, hi: int) -> list[int]:
+    """A list of batch sizes (``warmup``, ``profile``), each in the bundle's range ``lo..hi``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InputError(f"batch_sizes: received {_received(value)}; expected a list of batch sizes in {lo}..{hi}")
+    return [check_count(b, "batch_sizes[]", lo, hi) for b in value]
+
+
 def check_stop_at(t0: float, budget_ms: float | None, deadline: float | None) -> tuple[float | None, float | None]:
     """(absolute stop time or None, the budget in ms that leaves from ``t0`` or None): the one check of a budget
     and a deadline (``run``, the stream scheduler's ``submit``). A number no float holds (``10**400``) is an
@@ -164,7 +172,7 @@ def check_limits(program: Program, max_leaves: int | None, min_leaves: int, plan
     program's stops: ``max_leaves`` down, ``min_leaves`` up (a step's leaves come together)."""
     n = program.num_leaves
     n_stop = n if max_leaves is None else check_count(max_leaves, "max_leaves", 1, n)
-    n_min = check_count(min_leaves, "min_leaves", 0, n)
+    n_min = check_count(min_leaves, "min_leaves", 1, n)  # a result needs a leaf: run() and refine() alike
     if n_min > n_stop:
         raise InputError(f"min_leaves: received {n_min} with max_leaves={n_stop}; expected min_leaves <= max_leaves")
     if len(program.stops) == n:  # every n is a stop (per-leaf and mixed programs): the common case, fast

@@ -320,7 +320,7 @@ def test_cost_model_options_out_of_range_are_input_errors():
     from hne_edge.errors import InputError
     from hne_edge.runtime.cost_model import CostModel
 
-    with pytest.raises(InputError, match=r"quantile must be in \[0.5, 1\); received 1.5"):
+    with pytest.raises(InputError, match=r"quantile: received 1.5; expected a number in \[0.5, 1\)"):
         CostModel([1, 2], quantile=1.5)
 
 

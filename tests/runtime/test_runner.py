@@ -385,6 +385,30 @@ def test_budget_argument_errors(bundle):
             runner.run(images(), **kwargs)
 
 
+def test_plausible_wrong_arguments_are_one_line_input_errors_before_any_work(bundle):
+    """A string quantile, one int for a list of batch sizes, no profile, min_leaves=0 in refine, options beside a
+    built backend: each an InputError naming what was received, never a TypeError or a silently dropped option."""
+    from hne_edge.bundle import read_manifest
+
+    m = read_manifest(bundle)
+    backend = FakeBackend(m.tree, m.num_classes)
+    with pytest.raises(InputError, match=r"quantile: received '0.9'; expected a number in \[0.5, 1\)"):
+        AnytimeRunner(bundle, backend=backend, load_profile=False, warmup=0, quantile="0.9")
+    assert backend.files == []  # refused before any unit ran
+    with pytest.raises(InputError, match=r"spinning, threads: received with a built backend \(FakeBackend\); expected"):
+        AnytimeRunner(bundle, backend=backend, load_profile=False, warmup=0, threads=1, spinning=True)
+    runner, _ = fake_runner(bundle)
+    for call, match in [
+        (lambda: runner.profile(batch_sizes=4, save=False), r"batch_sizes: received 4; expected a list of batch sizes"),
+        (lambda: runner.warmup(4), r"batch_sizes: received 4; expected a list of batch sizes"),
+        (lambda: runner.use_profile(None), r"use_profile: received None; expected a Profile"),
+        (lambda: runner.start(images()).refine(budget_ms=1e-3, min_leaves=0),
+         r"min_leaves: received 0; expected an int in 1\.\.4"),
+    ]:  # fmt: skip
+        with pytest.raises(InputError, match=match):
+            call()
+
+
 def test_a_budget_or_deadline_too_large_for_a_float_is_an_input_error_and_a_huge_float_is_a_long_one(bundle):
     """`budget_ms=10**400` (an int no float holds) raised OverflowError from run() and from the stream scheduler's
     submit(); both check a budget in one place (session.check_stop_at)."""

@@ -34,13 +34,18 @@ def backend_class(name: str, kind: str) -> type[Backend]:
 
 
 def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu: bool = False, **options: Any) -> Backend:
-    """The backend ``name`` for ``device`` (or an already built :class:`Backend`, returned as is).
+    """The backend ``name`` for ``device`` (or an already built :class:`Backend`, returned as is; ``options`` with
+    it are refused: they are its constructor's).
 
     ``fallback_to_cpu``: when the GPU backend is unusable here (:class:`BackendUnavailable`), log the
     reason (warning) and return the same backend on the CPU, with ``fallback_reason`` set. Off by
     default: asking for CUDA and getting the CPU silently would break every latency budget.
     """
     if isinstance(name, Backend):
+        if options:  # a built backend's options were its constructor's: dropping these silently runs another setup
+            cls, names = type(name).__name__, sorted(options)
+            raise InputError(f"{', '.join(names)}: received with a built backend ({cls}); expected them set on it: "
+                             f"{cls}({', '.join(f'{k}=...' for k in names)})")
         return name
     kinds = [k for n, k in BACKENDS if n == name]
     if not kinds:
