@@ -28,11 +28,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bundle import PROFILE_FORMAT, PROFILES_DIR, not_a_profile, profile_filename  # a bundle's profiles/: its rule
+from ..bundle import (  # a bundle's profiles/: its rule
+    MANIFEST_NAME, PROFILE_FORMAT, PROFILES_DIR, not_a_profile, profile_filename, sha256_bytes,
+)  # fmt: skip
 from ..bundle.schema import parse_json
 from ..errors import BundleError, HNEError, InputError
 from ..fileio import atomic_write_json, foreign_file, refuse_foreign
-from ..limits import read_bounded
+from ..limits import MAX_JSON_BYTES, read_bounded
 
 __all__ = [
     "PROFILE_VERSION",
@@ -285,18 +287,33 @@ def check_profile_target(bundle_dir: str | os.PathLike, filename: str, force: bo
     return target
 
 
+def _not_the_bundle(bundle_dir: str | os.PathLike, profile: Profile) -> str | None:
+    """Why ``bundle_dir`` no longer holds the bundle ``profile`` measured: its manifest gone (the folder is never
+    re-created for a profile) or another bundle's (one put at its path must not get this profile); else None."""
+    manifest = Path(bundle_dir) / MANIFEST_NAME
+    try:
+        raw = read_bounded(manifest, "a bundle manifest", MAX_JSON_BYTES)
+    except (OSError, HNEError):
+        return f"{manifest} is gone (the bundle was removed or moved)"
+    if sha256_bytes(raw) != profile.manifest_sha256:
+        return f"{manifest} is another bundle's (replaced since the runner opened it)"
+    return None
+
+
 def save_profile(profile: Profile, bundle_dir: str | os.PathLike, force: bool = False) -> tuple[Path, bool]:
     """Write next to the bundle, else to the user cache. Returns (path, fell_back_to_cache).
 
     Never writes through a symlink that leads out of the bundle (``profiles/`` or the file itself), and never
     over what is not a profile the runtime wrote (:func:`~hne_edge.bundle.not_a_profile`: a user's file of that
     name, a link; ``force`` replaces those, a link itself, not what it points to) nor over a folder: what is there
-    stays, and the profile goes to the user cache, with a warning.
+    stays, and the profile goes to the user cache, with a warning. So does a profile whose bundle is no longer at
+    ``bundle_dir`` (its manifest gone or another's).
     """
     if not profile.created:
         profile.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     target = Path(bundle_dir) / PROFILES_DIR / profile.filename
-    why = _outside(bundle_dir, target.parent if force else target)  # force replaces a link at the name, not its target
+    # force replaces a link at the name, not its target
+    why = _not_the_bundle(bundle_dir, profile) or _outside(bundle_dir, target.parent if force else target)
     if why is None and (foreign := foreign_file(target, not_a_profile, force=force, under=bundle_dir)) is not None:
         why = f"refusing to replace {target}: {foreign}"
     if why is None:

@@ -540,8 +540,8 @@ class AnytimeRunner:
         ``progress`` (:mod:`hne_edge.progress`) counts the passes over the tree.
 
         Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
-        (or the user cache if the bundle is read-only; ``self.profile_path`` says where). A later runner loads
-        whichever of the two was measured last (:func:`~.profile_file.find_profile`).
+        (or the user cache if the bundle is read-only, gone or replaced since; ``self.profile_path`` says where).
+        A later runner loads whichever of the two was measured last (:func:`~.profile_file.find_profile`).
         """
         lo, opt, hi = self.input_spec.batch
         if batch_sizes is None:  # two sizes when the bundle has them: the cost model interpolates (cost_model.profile_at_batch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 
 import numpy as np
@@ -269,6 +270,26 @@ def test_profiles_symlinked_out_of_the_bundle_are_neither_read_nor_written(profi
     (b / "profiles" / path.name).symlink_to(outside / path.name)
     with pytest.warns(UserWarning, match="outside the bundle"):
         assert open_runner().profile_path != b / "profiles" / path.name
+
+
+def test_a_profile_measured_after_its_bundle_was_removed_or_replaced_goes_to_the_cache_not_to_that_path(
+    profiled, tmp_path, monkeypatch
+):
+    """The runner's bundle removed (its folder is not re-created) or another bundle put at its path (the new one
+    is not given the old one's profile): the profile goes to the user cache, with a warning saying why."""
+    b, path, open_runner = profiled
+    monkeypatch.setenv("HNE_EDGE_CACHE", str(tmp_path / "cache"))
+    runner = open_runner()
+    shutil.rmtree(b)
+    with pytest.warns(UserWarning, match="manifest.json is gone.*saved the profile to"):
+        runner.profile(warmup=0, repeats=2)
+    assert not b.exists() and str(runner.profile_path).startswith(str(tmp_path / "cache"))
+    m = read_manifest(make_fake_bundle(b, branching=(1, 2, 2), classes=4))
+    runner = AnytimeRunner(b, backend=FakeBackend(m.tree, m.num_classes), warmup=0)
+    _edit(b / "manifest.json", lambda d: d.update(model_name="another"))  # another bundle now at the path
+    with pytest.warns(UserWarning, match="manifest.json is another bundle's.*saved the profile to"):
+        runner.profile(warmup=0, repeats=2)
+    assert not (b / "profiles").exists()
 
 
 def test_of_the_bundles_profile_and_the_caches_the_one_measured_last_is_used(profiled, tmp_path, monkeypatch):
