@@ -489,6 +489,7 @@ def check_quantile(quantile: object) -> float:
         raise InputError(f"quantile: received {short_repr(quantile)}; expected a number in [0.5, 1)")
     return float(quantile)
 
+
 class CostModel:
     """Per-step cost predictions (seconds) for each batch size, from a profile and online observations.
 
