@@ -48,7 +48,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness import REPO, command_line, cpu_name, load_average, write_json  # first: it puts this checkout on sys.path
+# harness first: it puts this checkout on sys.path
+from harness import REPO, ArgumentParser, command_line, cpu_name, load_average, write_json
 
 # dense bf16 tensor-core peak (TFLOP/s), from the vendors' data sheets; --peak-tflops overrides
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0,
@@ -295,7 +296,7 @@ def time_budget_runs(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="hne_resnet_small")
     p.add_argument("--batch", type=int, default=None, help="default: the trainer's for the device (512 on CUDA, 128 on a CPU)")
     p.add_argument("--limit", type=int, default=25600, help="training images per epoch of the loop")
@@ -322,6 +323,8 @@ def main() -> None:
                    help="comma list: seconds into each run a busy loop joins its core (-1: none)")
     p.add_argument("--repeats", type=int, default=2, help="pairs (fixed once, shortened) per --neighbour-at")
     args = p.parse_args()
+    if args.batch is not None and args.batch < 1:  # 0 was the device's default batch, silently
+        p.error(f"--batch: received {args.batch}; expected a batch size >= 1 (or no --batch: the trainer's default)")
     if args.time_budget_runs is not None:
         if not args.time_budget_runs > 0 or args.repeats < 1:
             p.error(f"--time-budget-runs {args.time_budget_runs} --repeats {args.repeats}: expected seconds > 0 and "
@@ -339,6 +342,9 @@ def main() -> None:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     batch = args.batch or AUTO_BATCH["cuda" if device.startswith("cuda") else "cpu"]
+    if args.limit < batch:  # the loader drops a last partial batch: no batch, no loop to time (was a ZeroDivisionError)
+        p.error(f"--limit: received {args.limit}, no full batch of {batch}; expected --limit >= the batch "
+                f"(or a smaller --batch)")
     config = {
         "data": {"name": "npz", "data_dir": _data(args), "val_split": 0.0, "limit": args.limit},
         "model": {"name": args.model},

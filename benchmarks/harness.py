@@ -10,6 +10,7 @@ A script imports it by name (``from harness import paired, write_report``: a scr
   :class:`LoadRecord` (the load at each moment a script notes it, as the range a report gives);
 * **scheduling** - :func:`pin` (threads to cores, as a device of that many cores), :func:`realtime` and
   :func:`normal_priority` (SCHED_FIFO on and off), :func:`cpu_load` (busy loops beside the measurement);
+* **options** - :class:`ArgumentParser` (a refused option is one line, ``Error: ...``, exit 2);
 * **reports** - :func:`command_line` (the command a report says made it), :func:`write_report` (markdown and the
   raw figures as JSON beside it) and :func:`write_json`, each file written whole: a run cut off keeps its last
   complete report;
@@ -21,6 +22,7 @@ Standard library only at import: the GPU acceptance run starts scripts with a ba
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import platform
@@ -185,6 +187,17 @@ def cpu_load(processes: int, seconds: float, cores: Sequence[int] | None = None)
         for p in procs:
             p.kill()
             p.wait()
+
+
+# -- options -----------------------------------------------------------------------------------------------------
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's user errors: one line ``Error: what was received; what was expected`` on stderr,
+    exit 2 (argparse's usage block buried the line that said what was wrong)."""
+
+    def error(self, message: str):
+        self.exit(2, f"Error: {message}\n")
 
 
 # -- reports -----------------------------------------------------------------------------------------------------

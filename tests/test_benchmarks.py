@@ -304,6 +304,24 @@ def test_bench_train_smoke_times_the_loop_and_the_step(tmp_path):
     assert "| the loop (train_one_epoch), 1 pairs | conv |" in proc.stdout
 
 
+@pytest.mark.parametrize("args, named", [
+    # below the CPU default batch (128): the loader drops the last partial batch
+    (["--limit", "100"], "--limit: received 100"),
+    (["--batch", "64", "--limit", "32"], "--limit: received 32"),
+    (["--batch", "0", "--limit", "32"], "--batch"),  # was the default batch, silently
+])
+def test_bench_train_refuses_a_limit_without_one_full_batch_before_timing(tmp_path, args, named):
+    """No full batch was a ZeroDivisionError traceback after the step alone had been timed (0 batches an epoch)."""
+    out = tmp_path / "train.json"
+    proc = run_script("bench_train.py", "--device", "cpu", "--model", "hne_tiny", "--epochs", "1", "--pairs", "1",
+                      "--step-seconds", "0.3", "--threads", "1", "--data", "", "--json", str(out), *args)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    error = proc.stderr.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("Error: ") and named in error[0], proc.stderr
+    assert "expected" in error[0]
+    assert "Traceback" not in proc.stderr and not out.exists()  # refused before any figure
+
+
 def test_bench_train_time_budget_runs_pair_the_plan_fixed_once_with_the_shortened_one(tmp_path):
     """--time-budget-runs: for each neighbour time, pairs of runs (the plan fixed once, the product's shortened plan),
     each reporting the seconds it used against the budget, the steps it planned and ran, and its shortenings."""
