@@ -72,8 +72,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import (LoadRecord, command_line, cpu_load, machine, median_ms, normal_priority, paired, randomized_model,
-                     realtime, rotation, timed, write_report)  # fmt: skip  (first: it puts this checkout on sys.path)
+from harness import (ArgumentParser, LoadRecord, command_line, count, counts, cpu_load, machine, median_ms,
+                     normal_priority, paired, parse_args, randomized_model, realtime, rotation, timed,
+                     write_report)  # fmt: skip  (first: it puts this checkout on sys.path)
 
 from hne_edge.bundle import EXPORT_PLANS  # noqa: E402
 
@@ -366,12 +367,13 @@ def export_table(results: list[dict]) -> list[str]:
 
 
 def arguments(argv: list[str] | None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (and torch's, for --export)")
-    ap.add_argument("--repeats", type=int, default=100, help="interleaved calls per measurement (medians)")
-    ap.add_argument("--frames", type=int, default=1000, help="deadline frames per batch size")
-    ap.add_argument("--profile-repeats", type=int, default=30, help="runs of each step in the runner's profile")
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=counts, default="1,16")
+    ap.add_argument("--threads", type=count(), default=1,
+                    help="ONNX Runtime intra-op threads (and torch's, for --export)")
+    ap.add_argument("--repeats", type=count(), default=100, help="interleaved calls per measurement (medians)")
+    ap.add_argument("--frames", type=count(), default=1000, help="deadline frames per batch size")
+    ap.add_argument("--profile-repeats", type=count(), default=30, help="runs of each step in the runner's profile")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "hne_bench_runtime"))
     ap.add_argument("--out", default=None, help="markdown report (its rows as JSON beside it)")
     ap.add_argument("--nice", type=int, default=0, help="os.nice() increment for this process (e.g. -10: priority over background jobs, as a deployed real-time process would have)")
@@ -379,19 +381,18 @@ def arguments(argv: list[str] | None):
     ap.add_argument("--frame-gap", type=float, default=0.2, help="idle time between deadline frames, as a fraction of the full-tree latency (frames arrive periodically)")
     ap.add_argument("--quantile", type=float, default=0.99, help="cost model prediction quantile")
     ap.add_argument("--load-seconds", type=float, default=0, help="also run deadline frames under artificial CPU load: one busy-loop process per core, each ending after this many seconds (0: no loaded rows)")
-    ap.add_argument("--load-frames", type=int, default=300, help="deadline frames under load (budget 2x the full tree measured under that load)")
+    ap.add_argument("--load-frames", type=count(), default=300,
+                    help="deadline frames under load (budget 2x the full tree measured under that load)")
     ap.add_argument("--plans", action="store_true", help="issue 21's rows instead: plans subtrees, fused and mixed per model")
     ap.add_argument("--export", action="store_true", help="issue 4's rows instead: export time and bundle size per plan and precision")
     ap.add_argument("--models", default="hne_resnet_small", help="comma list (e.g. hne_resnet_small,hne_mobilenetv2)")
     ap.add_argument("--export-plans", default=",".join(EXPORT_PLANS), help="--export: comma list of plans, each exported alone")
     ap.add_argument("--export-repeats", default="3", help="--export: exports per model (comma list aligned with --models; the last repeats)")
     ap.add_argument("--verify-batch", default="1,2", help="--export: batch sizes the verification runs")
-    ap.add_argument("--smoke", action="store_true", help="hne_tiny, a few calls and frames: proves the script runs, measures nothing")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        for key, value in SMOKE.items():
-            setattr(args, key, value)
-    args.batches = [int(b) for b in args.batches.split(",")]
+    ap.add_argument("--smoke", action="store_true",
+                    help="hne_tiny, a few calls and frames, for the options not given (the command recorded is the "
+                         "one that ran): proves the script runs, measures nothing")
+    args = parse_args(ap, argv, SMOKE)
     args.models = args.models.split(",")
     repeats = [int(v) for v in args.export_repeats.split(",")]
     args.export_repeats = {m: repeats[min(k, len(repeats) - 1)] for k, m in enumerate(args.models)}

@@ -61,7 +61,6 @@ the load (rejects nothing); its expected accuracy >= both baselines' at every K;
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -77,9 +76,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness import cpu_load, randomized_model  # noqa: E402  (the benchmarks' harness, beside this file)
+from harness import (ArgumentParser, count, counts, cpu_load, parse_args, positive_float,  # noqa: E402
+                     randomized_model)
 from hne_edge.bundle import MIXED, MIXED_PLANS, SEGMENTS  # noqa: E402
 TARGET_MISS_RATE = 0.01
+# --smoke, for the options not given: runs, measures nothing
+SMOKE = {"model": "hne_tiny", "streams": "1,2", "seconds": 1.0, "threads": "1", "repeats": 1}
 
 
 def export(workdir: Path, name: str, plan: str, torch_weights: bool) -> Path:
@@ -186,12 +188,12 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="hne_resnet_small")
     ap.add_argument("--plan", default=SEGMENTS, choices=[SEGMENTS, MIXED])
     ap.add_argument("--device", default="cpu", help="cpu: ONNX Runtime CPU; cuda: the torch CUDA backend")
-    ap.add_argument("--streams", default="1,2,4,8")
-    ap.add_argument("--threads", default="1,2", help="intra-op threads (CPU backends)")
+    ap.add_argument("--streams", type=counts, default="1,2,4,8")
+    ap.add_argument("--threads", type=counts, default="1,2", help="intra-op threads (CPU backends)")
     ap.add_argument("--cores", type=int, default=None,
                     help="the device's cores for every thread count (default: as many as its threads)")
     ap.add_argument("--fps", type=float, default=30.0)
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy", type=int, default=0,
                     help="start this many busy loops (unpinned processes) for the runs, after profiling, and stop "
                          "them after: busy neighbours (issue 39)")
-    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--seconds", type=positive_float, default=10.0)
     ap.add_argument("--deadline-ms", type=float, default=None, help="default: one frame period")
     ap.add_argument("--jitter-ms", type=float, default=2.0)
     ap.add_argument("--overload-fps", type=float, default=None,
@@ -211,14 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default="runners,fifo,scheduler",
                     help="of runners, fifo, scheduler, scheduler-guard=MS (the scheduler with that guard_ms), "
                          "scheduler-nice=streams|none|N (its threads' nice; default streams)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, methods in turn; rows give medians")
+    ap.add_argument("--repeats", type=count(), default=3,
+                    help="runs of each configuration, methods in turn; rows give medians")
     ap.add_argument("--workdir", default=None, help="keep the exported bundle here between runs")
     ap.add_argument("--out", default=None, help="markdown file (and .json beside it)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin the model to --threads cores")
-    ap.add_argument("--smoke", action="store_true", help="hne_tiny, K = 1, 2, 1 s per row, no overload unless asked")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.model, args.streams, args.seconds, args.threads, args.repeats = "hne_tiny", "1,2", 1.0, "1", 1
+    ap.add_argument("--smoke", action="store_true",
+                    help="hne_tiny, K = 1, 2, 1 s per row, one thread, one repeat, no overload: each for the options "
+                         "not given (the command recorded is the one that ran)")
+    args = parse_args(ap, argv, SMOKE)
     if args.overload_fps is None:
         args.overload_fps = 0.0 if args.smoke else 300.0
 
@@ -239,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = export(workdir, args.model, args.plan, torch_weights=cuda)
     accuracy = accuracy_by_n(read_accuracy(ROOT / "hne_edge" / "assets" / "cifar10_demo.json"), 16)
     methods = args.methods.split(",")
-    thread_counts = [None] if cuda else [int(t) for t in args.threads.split(",")]
+    thread_counts = [None] if cuda else args.threads
     rows: list[dict] = []
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}"
     started = time.strftime("%Y-%m-%d %H:%M")
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         # deadlines: one period of each frame's camera (or --deadline-ms); the overload rows keep the rows' deadline
         # (one period at --fps): their cameras deliver more frames than the device can start, not shorter deadlines
         configs = [(k, args.fps, args.seconds, rates, args.burst, args.deadline_ms)
-                   for k in (int(s) for s in args.streams.split(","))]  # fmt: skip
+                   for k in args.streams]  # fmt: skip
         if args.overload_fps:
             overload_deadline_ms = args.deadline_ms if args.deadline_ms is not None else 1e3 / args.fps
             configs.append((8, args.overload_fps, args.overload_seconds, None, 1, overload_deadline_ms))

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 # harness first: it puts this checkout on sys.path
-from harness import REPO, ArgumentParser, command_line, cpu_name, load_average, write_json
+from harness import REPO, ArgumentParser, command_line, count, cpu_name, load_average, positive_float, write_json
 
 # dense bf16 tensor-core peak (TFLOP/s), from the vendors' data sheets; --peak-tflops overrides
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0,
@@ -298,11 +298,12 @@ def time_budget_runs(args) -> None:
 def main() -> None:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="hne_resnet_small")
-    p.add_argument("--batch", type=int, default=None, help="default: the trainer's for the device (512 on CUDA, 128 on a CPU)")
-    p.add_argument("--limit", type=int, default=25600, help="training images per epoch of the loop")
-    p.add_argument("--epochs", type=int, default=2, help="epochs of the loop; the last one is measured")
+    p.add_argument("--batch", type=count(), default=None,
+                   help="default: the trainer's for the device (512 on CUDA, 128 on a CPU)")
+    p.add_argument("--limit", type=count(), default=25600, help="training images per epoch of the loop")
+    p.add_argument("--epochs", type=count(), default=2, help="epochs of the loop; the last one is measured")
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the trainer's default)")
+    p.add_argument("--threads", type=count(0), default=0, help="torch CPU threads (0: the trainer's default)")
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "cifar10_train.npz"),
                    help="an .npz (x, y); synthetic CIFAR-shaped data when absent")
     p.add_argument("--no-amp", action="store_true")
@@ -310,25 +311,23 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the loop and the step alone)")
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--pointwise", default="conv", help="comma list of formulations to time (conv, bmm); the loop runs the first")
-    p.add_argument("--step-seconds", type=float, default=2.0, help="the step alone is timed for at least this long")
-    p.add_argument("--pairs", type=int, default=3, help="(loop epoch, as many steps alone) pairs timed for the ratio")
-    p.add_argument("--budget-s", type=float, default=None, help="the whole script's time; what would not fit is not measured")
+    p.add_argument("--step-seconds", type=positive_float, default=2.0,
+                   help="the step alone is timed for at least this long")
+    p.add_argument("--pairs", type=count(), default=3,
+                   help="(loop epoch, as many steps alone) pairs timed for the ratio")
+    p.add_argument("--budget-s", type=positive_float, default=None,
+                   help="the whole script's time; what would not fit is not measured")
     p.add_argument("--no-loop", action="store_true", help="time only the step alone")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for the utilisation of peak")
     p.add_argument("--out", default=None, help="append the markdown result to this file")
     p.add_argument("--json", default=None, help="write the figures to this JSON file (rewritten after each figure)")
-    p.add_argument("--time-budget-runs", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--time-budget-runs", type=positive_float, default=None, metavar="SECONDS",
                    help="instead: train the digits preset to this budget beside a neighbour (see --neighbour-at)")
     p.add_argument("--neighbour-at", default="10",
                    help="comma list: seconds into each run a busy loop joins its core (-1: none)")
-    p.add_argument("--repeats", type=int, default=2, help="pairs (fixed once, shortened) per --neighbour-at")
+    p.add_argument("--repeats", type=count(), default=2, help="pairs (fixed once, shortened) per --neighbour-at")
     args = p.parse_args()
-    if args.batch is not None and args.batch < 1:  # 0 was the device's default batch, silently
-        p.error(f"--batch: received {args.batch}; expected a batch size >= 1 (or no --batch: the trainer's default)")
     if args.time_budget_runs is not None:
-        if not args.time_budget_runs > 0 or args.repeats < 1:
-            p.error(f"--time-budget-runs {args.time_budget_runs} --repeats {args.repeats}: expected seconds > 0 and "
-                    "repeats >= 1")
         return time_budget_runs(args)
     started = time.monotonic()
     modes = [m.strip() for m in args.pointwise.split(",") if m.strip()]

@@ -10,7 +10,9 @@ A script imports it by name (``from harness import paired, write_report``: a scr
   :class:`LoadRecord` (the load at each moment a script notes it, as the range a report gives);
 * **scheduling** - :func:`pin` (threads to cores, as a device of that many cores), :func:`realtime` and
   :func:`normal_priority` (SCHED_FIFO on and off), :func:`cpu_load` (busy loops beside the measurement);
-* **options** - :class:`ArgumentParser` (a refused option is one line, ``Error: ...``, exit 2);
+* **options** - :class:`ArgumentParser` (a refused option is one line, ``Error: ...``, exit 2), the types of
+  counts and times (:func:`count`, :func:`counts`, :func:`positive_float`: refused when parsed, not as a traceback
+  after minutes of work) and :func:`parse_args` (``--smoke`` fills only the options the user did not type);
 * **reports** - :func:`command_line` (the command a report says made it), :func:`write_report` (markdown and the
   raw figures as JSON beside it) and :func:`write_json`, each file written whole: a run cut off keeps its last
   complete report;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import platform
 import statistics
@@ -198,6 +201,53 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"Error: {message}\n")
+
+
+def count(minimum: int = 1) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"received {text!r}; expected an integer >= {minimum}")
+        return value
+
+    return parse
+
+
+def counts(text: str) -> list[int]:
+    """An argparse ``type``: a comma list of integers >= 1 (``"1,16"`` -> ``[1, 16]``), in the order given."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"received {text!r}; expected comma-separated integers >= 1 like 1,2")
+    return values
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"received {text!r}; expected a number > 0")
+    return value
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None, smoke: dict[str, Any]) -> argparse.Namespace:
+    """``ap``'s arguments; with ``--smoke``, ``smoke``'s values for the options the user did not type (their
+    defaults), so the command a report records is the one that made its figures (it replaced typed ones)."""
+    args = ap.parse_args(argv)
+    if getattr(args, "smoke", False):
+        ap.set_defaults(**smoke)
+        args = ap.parse_args(argv)
+    return args
 
 
 # -- reports -----------------------------------------------------------------------------------------------------

@@ -21,12 +21,13 @@ written per batch size as soon as it is done).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from harness import command_line, load_average, machine, realtime, write_json  # first: it puts this checkout on sys.path
+# harness first: it puts this checkout on sys.path
+from harness import (ArgumentParser, command_line, count, counts, load_average, machine, parse_args, positive_float,
+                     realtime, write_json)
 
 MIN_FRAMES = 20  # recorded whatever --seconds says (a file with fewer frames tells nothing)
 
@@ -66,26 +67,27 @@ def record(runner, batch: int, frames: int, seconds: float, warmup: int = 10) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="hne_resnet_small")
     ap.add_argument("--backend", default="onnxruntime")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batches", default="1", help="comma list; the bundle's batch range is (first, last, last)")
-    ap.add_argument("--frames", type=int, default=300)
-    ap.add_argument("--seconds", type=float, default=600.0, help="at most this long for all batch sizes together")
-    ap.add_argument("--threads", type=int, default=1, help="CPU backends' intra-op threads")
+    ap.add_argument("--batches", type=counts, default="1",
+                    help="comma list; the bundle's batch range is (first, last, last)")
+    ap.add_argument("--frames", type=count(), default=300)
+    ap.add_argument("--seconds", type=positive_float, default=600.0,
+                    help="at most this long for all batch sizes together")
+    ap.add_argument("--threads", type=count(), default=1, help="CPU backends' intra-op threads")
     ap.add_argument("--workdir", type=Path, default=None, help="the bundle's folder (bench_gpu.py's: reused when present)")
     ap.add_argument("--out", type=Path, required=True, help="folder for steps_*.json")
-    ap.add_argument("--smoke", action="store_true", help="hne_tiny-sized check that it runs (few frames): not figures")
+    ap.add_argument("--smoke", action="store_true",
+                    help="hne_tiny, 5 frames, for the options not given: a check that it runs, not figures")
     ap.add_argument("--realtime", action="store_true",
                     help="SCHED_FIFO priority 1 (Linux, root), as a deployed real-time process would run: on a shared "
                          "machine the recording is then of the device, not of the other jobs' time slices")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv, {"model": "hne_tiny", "frames": 5})
     if args.realtime:
         realtime()
-    batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
-    if args.smoke:
-        args.frames, args.model = min(args.frames, 5), "hne_tiny" if args.model == "hne_resnet_small" else args.model
+    batches = sorted(set(args.batches))
     from bench_gpu import bundle_for
 
     from hne_edge.runtime import AnytimeRunner

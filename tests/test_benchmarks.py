@@ -181,6 +181,36 @@ def test_bench_runtime_plans_and_export_smoke(tmp_path, mode, rows):
         assert all(0 <= r["deadlines"]["mixed_misses"] <= 1 for r in data["rows"])
 
 
+@pytest.mark.parametrize("script, args, flag", [
+    ("bench_runtime.py", ["--repeats", "0"], "--repeats"), ("bench_runtime.py", ["--frames", "0"], "--frames"),
+    ("bench_runtime.py", ["--batches", "0"], "--batches"), ("bench_runtime.py", ["--threads", "-1"], "--threads"),
+    ("bench_streams.py", ["--seconds", "0"], "--seconds"), ("bench_streams.py", ["--streams", "0"], "--streams"),
+    ("bench_streams.py", ["--repeats", "0"], "--repeats"), ("bench_streams.py", ["--threads", "-1"], "--threads"),
+    ("record_steps.py", ["--frames", "0", "--out", "o"], "--frames"),
+    ("record_steps.py", ["--seconds", "0", "--out", "o"], "--seconds"),
+    ("bench_train.py", ["--pairs", "0"], "--pairs"), ("bench_train.py", ["--threads", "-1"], "--threads"),
+])
+def test_a_count_or_time_that_cannot_run_is_refused_when_parsed(tmp_path, script, args, flag):
+    """--repeats 0, --frames 0, --threads -1 ... were tracebacks, some after minutes of export and timing."""
+    proc = run_script(script, "--smoke", *args, "--workdir", str(tmp_path / "w"), timeout=60) if script != \
+        "bench_train.py" else run_script(script, *args, "--json", str(tmp_path / "t.json"), timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line, = proc.stderr.strip().splitlines()
+    assert line.startswith("Error: ") and flag in line and f"received {args[1]!r}" in line and "expected" in line
+    assert not (tmp_path / "w").exists()  # refused before any export
+
+
+def test_smoke_fills_only_the_options_the_user_did_not_give(tmp_path):
+    """--smoke replaced --batches and --frames the user typed while the report recorded the command as typed."""
+    out = tmp_path / "r.md"
+    proc = run_script("bench_runtime.py", "--smoke", "--plans", "--batches", "3", "--frames", "2", "--workdir",
+                      str(tmp_path / "w"), "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert [r["batch"] for r in data["rows"]] == [3] and "--batches 3 --frames 2" in data["command"]
+    assert [r["deadlines"]["frames"] for r in data["rows"]] == [2]
+
+
 def test_bench_kernels_smoke_counts_every_plans_ops(tmp_path):
     out = tmp_path / "kernels.md"
     proc = run_script("bench_kernels.py", "--device", "cpu", "--smoke", "--workdir", str(tmp_path / "w"), "--out", str(out))
