@@ -49,12 +49,11 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from harness import machine, paired, write_report  # first: it puts this checkout on sys.path
+from harness import machine, paired, work_folder, write_report  # first: it puts this checkout on sys.path
 
 MODELS = ("hne_resnet_small", "hne_resnet")
 BATCHES = (1, 16)
@@ -258,7 +257,7 @@ def bundle_for(name: str, plans: list[str], backends: list[str], workdir: Path |
     weights), exported once per ``workdir`` with the files every plan asked for needs (mixed runs segments,
     subtrees and fused files; the torch backend needs only the weights) and batch range (min, max, max) of
     ``batches``: the min and opt batch sizes ``runner.profile()`` measures. Not verified here (the doctor and the
-    GPU tests check numerics; this measures time)."""
+    GPU tests check numerics; this measures time). Without ``workdir``, into a temporary folder removed at exit."""
     batches = tuple(batches or BATCHES)
     import torch
 
@@ -271,7 +270,7 @@ def bundle_for(name: str, plans: list[str], backends: list[str], workdir: Path |
         files = ["fused"]
     else:
         files = sorted({q for p in plans for q in (("segments", "subtrees", "fused") if p == "mixed" else (p,))})
-    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"bench_gpu_{name}_"))
+    tmp = work_folder(workdir, f"bench_gpu_{name}_")
     bundle = tmp / f"{name}_{'+'.join(files)}_b{batches[0]}-{batches[-1]}"
     if not (bundle / "manifest.json").is_file():  # an export is published whole (written aside, then renamed)
         export_onnx(model, bundle, precisions=("fp32",), plan=",".join(files), batch=(batches[0], batches[-1], batches[-1]),

@@ -68,7 +68,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -77,7 +76,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from harness import (ArgumentParser, count, counts, cpu_load, parse_args, positive_float,  # noqa: E402
-                     randomized_model)
+                     randomized_model, work_folder)
 from hne_edge.bundle import MIXED, MIXED_PLANS, SEGMENTS  # noqa: E402
 TARGET_MISS_RATE = 0.01
 # --smoke, for the options not given: runs, measures nothing
@@ -237,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("no CUDA device here: nothing measured (run with --device cpu, or on a GPU machine)")
             return 0
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_streams_"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = work_folder(args.workdir, "bench_streams_")
     bundle = export(workdir, args.model, args.plan, torch_weights=cuda)
     accuracy = accuracy_by_n(read_accuracy(ROOT / "hne_edge" / "assets" / "cifar10_demo.json"), 16)
     methods = args.methods.split(",")

@@ -49,7 +49,8 @@ import time
 from pathlib import Path
 
 # harness first: it puts this checkout on sys.path
-from harness import REPO, ArgumentParser, command_line, count, cpu_name, load_average, positive_float, write_json
+from harness import (REPO, ArgumentParser, command_line, count, cpu_name, load_average, positive_float, work_folder,
+                     write_json)
 
 # dense bf16 tensor-core peak (TFLOP/s), from the vendors' data sheets; --peak-tflops overrides
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0,
@@ -96,12 +97,15 @@ class GpuSampler:
         return statistics.median(values) if values else None
 
 
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "cifar10_train.npz"
+
+
 def _data(args) -> str:
-    if args.data and Path(args.data).is_file():
+    if args.data:  # checked when parsed: a file
         return args.data
     import numpy as np  # synthetic CIFAR-shaped data where the real set is absent: throughput only
 
-    path = Path(tempfile.mkdtemp()) / "synthetic.npz"
+    path = work_folder(None, "bench_train_") / "synthetic.npz"
     rng = np.random.default_rng(0)
     np.savez(path, x=rng.integers(0, 256, (args.limit, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, args.limit))
     return str(path)
@@ -304,8 +308,9 @@ def main() -> None:
     p.add_argument("--epochs", type=count(), default=2, help="epochs of the loop; the last one is measured")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=count(0), default=0, help="torch CPU threads (0: the trainer's default)")
-    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "cifar10_train.npz"),
-                   help="an .npz (x, y); synthetic CIFAR-shaped data when absent")
+    p.add_argument("--data", default=None,
+                   help=f"an .npz (x, y); '': synthetic CIFAR-shaped data (throughput only). Default: {DEFAULT_DATA} "
+                        "where it is, else synthetic data")
     p.add_argument("--no-amp", action="store_true")
     p.add_argument("--amp-dtype", default=None, help="bfloat16 | float16 (default: the trainer's)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the loop and the step alone)")
@@ -329,6 +334,14 @@ def main() -> None:
     args = p.parse_args()
     if args.time_budget_runs is not None:
         return time_budget_runs(args)
+    if args.data is None:  # not given: the usual set where it is, else synthetic images (a mistyped path is refused)
+        args.data = str(DEFAULT_DATA) if DEFAULT_DATA.is_file() else ""
+        if not args.data:
+            print(f"warning: {DEFAULT_DATA} is absent: synthetic CIFAR-shaped images (throughput only)",
+                  file=sys.stderr)  # fmt: skip
+    elif args.data and not Path(args.data).is_file():
+        p.error(f"--data: received {args.data}, which is not a file; expected an .npz (x, y), or --data '' for "
+                "synthetic CIFAR-shaped images")
     started = time.monotonic()
     modes = [m.strip() for m in args.pointwise.split(",") if m.strip()]
     if not modes or set(modes) - {"conv", "bmm"}:

@@ -45,9 +45,10 @@ def entry_points() -> list[str]:
     return sorted(p.name for p in BENCH.glob("*.py") if re.search(r'^if __name__ == "__main__":', p.read_text(), re.M))
 
 
-def run_script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python benchmarks/NAME ARGS`` from the checkout, as a user runs it (this checkout's package first)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+def run_script(name: str, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """``python benchmarks/NAME ARGS`` from the checkout, as a user runs it (this checkout's package first), with
+    ``env`` added to the environment."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **env}
     return subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO)  # fmt: skip
 
@@ -350,6 +351,33 @@ def test_bench_train_refuses_a_limit_without_one_full_batch_before_timing(tmp_pa
     assert len(error) == 1 and error[0].startswith("Error: ") and named in error[0], proc.stderr
     assert "expected" in error[0]
     assert "Traceback" not in proc.stderr and not out.exists()  # refused before any figure
+
+
+@pytest.mark.parametrize("script, args", [
+    ("bench_streams.py", ["--smoke", "--streams", "1", "--seconds", "0.3", "--methods", "fifo"]),
+    ("record_steps.py", ["--smoke", "--frames", "2", "--out", "OUT"]),
+    ("bench_train.py", ["--device", "cpu", "--model", "hne_tiny", "--batch", "16", "--limit", "16", "--epochs", "1",
+                        "--threads", "1", "--pairs", "1", "--step-seconds", "0.1", "--no-loop", "--data", ""]),
+])
+def test_a_run_without_workdir_removes_the_temporary_folder_it_made(tmp_path, script, args):
+    """A bundle export (bench_streams, record_steps via bench_gpu.bundle_for) or synthetic data (bench_train, ~79 MB
+    at the default --limit) was left in a fresh folder of the temporary directory by every run."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    proc = run_script(script, *args, TMPDIR=str(tmp))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # torch's kernel cache (torchinductor_USER) and hidden files are other programs', kept on purpose
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith(("torchinductor_", "."))] == []
+
+
+def test_bench_train_refuses_data_that_is_not_there(tmp_path):
+    """A mistyped --data trained on synthetic images, silently: figures of other data than the user named."""
+    missing = tmp_path / "cifar10_trian.npz"
+    proc = run_script("bench_train.py", "--device", "cpu", "--model", "hne_tiny", "--data", str(missing), timeout=60)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line, = proc.stderr.strip().splitlines()
+    assert line.startswith("Error: --data: received ") and str(missing) in line and "expected" in line
 
 
 def test_bench_train_time_budget_runs_pair_the_plan_fixed_once_with_the_shortened_one(tmp_path):
