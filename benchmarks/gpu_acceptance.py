@@ -89,7 +89,8 @@ per copy; ``--ort-gpu-parts`` takes the folders.
 
 What comes back stays small (a GPU machine returns at most 8 files): ``acceptance.md`` and ``acceptance.json``
 (every stage's figures and tables), ``raw.tar.gz`` (the logs and the stages' side files, repacked after every
-stage), the step traces, and the reference run's checkpoint, config and record.
+stage), the step traces, and the reference run's checkpoint, config and record. Only the files a run wrote are
+packed (a user's under OUT/logs/ and OUT/raw/ stay); a report or archive in OUT that no run wrote is refused.
 
 ``--smoke`` runs every stage's code path on the CPU: doctor without the fresh export, the GPU tests (which
 skip), bench_gpu / record_steps / bench_kernels ``--device cpu --smoke`` on hne_tiny (the compiled units with
@@ -145,6 +146,43 @@ from acceptance_stages import (  # noqa: E402  (the stages and the tools they sh
 
 __all__ = ["Run", "main", "parse_args", "stages_for", "STAGES", "RUNTIME_GROUP", "ORT_GPU_TESTS", "join_npz_parts",
            "split_npz_parts", "install_wheel", "staged_wheel", "junit_counts"]
+from harness import ArgumentParser  # noqa: E402  (one-line errors, as every benchmark's)
+
+REPORT_FORMAT = "hne-edge-gpu-acceptance/1"  # acceptance.json's "format": what marks a folder's report as a run's
+
+
+def _acceptance_record(path: Path) -> str | None:
+    """The judge of acceptance.json (:func:`hne_edge.fileio.foreign_file`): ours when it says its format, or when it
+    has a report's fields (a run before the format was written)."""
+    import json
+
+    from hne_edge.fileio import json_record
+
+    if json_record(REPORT_FORMAT)(path) is None:
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("stages"), list) and {"started", "machine"} <= set(record):
+        return None
+    return f'it is not an acceptance report (no "format": "{REPORT_FORMAT}")'
+
+
+def report_refused(out: Path) -> str | None:
+    """Why this run may not write its report into ``out`` (a command replaces only what it wrote): acceptance.json
+    not a run's, or acceptance.md or raw.tar.gz (a run's archive is added to) without a run's acceptance.json."""
+    from hne_edge.fileio import foreign_file
+
+    record = out / "acceptance.json"
+    ours = record.is_file() and foreign_file(record, _acceptance_record) is None
+    beside = lambda path: None if ours else "no acceptance.json of a run beside it"  # noqa: E731
+    for path, judge in ((record, _acceptance_record), (out / "acceptance.md", beside), (out / "raw.tar.gz", beside)):
+        why = foreign_file(path, judge)
+        if why is not None:
+            return f"refusing to replace {path}: {why}; move it away, or choose another --out"
+    return None
+
 
 
 class Run(StageRuns):
@@ -154,6 +192,7 @@ class Run(StageRuns):
         self.args = args
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.others = self._loose()  # files under logs/ and raw/ before the run: the user's, never packed
         # the joined data sets stay out of the report folder (a GPU machine hands that folder back; 150 MB would not fit)
         self.work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu_acceptance_"))
         self.py = sys.executable
@@ -179,11 +218,18 @@ class Run(StageRuns):
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
+    def _loose(self) -> dict[Path, tuple[int, int, int]]:
+        """The files under OUT/logs/ and OUT/raw/, each with its inode, size and modification time."""
+        files = [p for d in ("logs", "raw") for p in sorted((self.out / d).rglob("*"))
+                 if p.is_file() and not p.is_symlink()]
+        return {p: (s.st_ino, s.st_size, s.st_mtime_ns) for p in files for s in (p.stat(),)}
+
     def pack(self) -> None:
-        """Move OUT/logs/ and OUT/raw/ into OUT/raw.tar.gz (rewritten with what it held), so OUT keeps few files."""
+        """Move the files this run wrote under OUT/logs/ and OUT/raw/ (new or changed since it started) into
+        OUT/raw.tar.gz (rewritten with what it held), so OUT keeps few files. The user's files there stay."""
         import tarfile
 
-        loose = [p for d in ("logs", "raw") for p in sorted((self.out / d).rglob("*")) if p.is_file()]
+        loose = [p for p, sig in self._loose().items() if self.others.get(p) != sig]
         if not loose:
             return
         archive, tmp = self.out / "raw.tar.gz", self.out / ".raw.tar.gz.tmp"
@@ -199,12 +245,10 @@ class Run(StageRuns):
         os.replace(tmp, archive)
         for p in loose:
             p.unlink()
-        for d in ("logs", "raw"):
-            for sub in sorted((self.out / d).rglob("*"), reverse=True):
-                if sub.is_dir():
+        for d in ("logs", "raw"):  # the folders left empty (the user's files keep theirs)
+            for sub in [*sorted((self.out / d).rglob("*"), reverse=True), self.out / d]:
+                if sub.is_dir() and not sub.is_symlink() and not any(sub.iterdir()):
                     sub.rmdir()
-            if (self.out / d).is_dir():
-                (self.out / d).rmdir()
 
     def command(self, result: StageResult, cmd: list[str], timeout: float, *, stdout: Path | None = None,
                 env: dict | None = None, log: str | None = None) -> int | None:  # fmt: skip
@@ -253,6 +297,7 @@ class Run(StageRuns):
     # -- report -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
+            "format": REPORT_FORMAT,
             "started": self.started_at,
             "elapsed_s": round(time.monotonic() - self.started, 1),
             "cap_s": self.args.cap_s,
@@ -355,7 +400,7 @@ def stages_for(args: argparse.Namespace) -> tuple[Stage, ...]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(REPO / "runs" / "gpu_acceptance"), help="report folder (acceptance.md, .json, logs/)")
     p.add_argument("--work", default=None, help="scratch folder for joined data sets (default: a new temporary folder)")
     p.add_argument("--cap-s", type=float, default=None,
@@ -413,6 +458,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--cap-s: received {args.cap_s}; expected a positive number of seconds")
     if args.smoke:
         args.loss_epochs = min(args.loss_epochs, 1)
+    refused = report_refused(Path(args.out))
+    if refused:
+        p.error(f"--out: {refused}")
     return args
 
 

@@ -240,6 +240,48 @@ def test_a_run_cut_off_by_its_cap_still_reports(tmp_path, monkeypatch):
     assert "| 3 | bench_gpu.py (hne_resnet_small" in (run.out / "acceptance.md").read_text()
 
 
+def test_a_run_packs_only_the_files_it_wrote_and_a_second_run_adds_to_its_archive(tmp_path, monkeypatch):
+    """Files the user had under OUT/logs/ and OUT/raw/ were packed into raw.tar.gz and deleted from disk after the
+    first stage. A second run into the same --out (the staged-device workflow) keeps the first one's files."""
+    ga = _module()
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "raw").mkdir()
+    (out / "logs" / "notes.txt").write_text("my notes")
+    (out / "raw" / "mydata.csv").write_text("a,b")
+
+    def run_once(name: str) -> None:
+        run = ga.Run(ga.parse_args(["--out", str(out), "--stages", "doctor", "--work", str(tmp_path / "w")]))
+
+        def doctor(result, budget):
+            run.command(result, [sys.executable, "-c", "print('checked')"], 30, log=name)
+            run.raw(f"{name}.json").write_text("{}")
+            result.status = "ok"
+
+        monkeypatch.setattr(run, "stage_doctor", doctor)
+        assert run.run() == 0
+
+    run_once("first")
+    run_once("second")
+    assert (out / "logs" / "notes.txt").read_text() == "my notes" and (out / "raw" / "mydata.csv").read_text() == "a,b"
+    with tarfile.open(out / "raw.tar.gz") as archive:
+        assert sorted(archive.getnames()) == ["logs/first.log", "logs/second.log", "raw/first.json", "raw/second.json"]
+
+
+@pytest.mark.parametrize("name", ["acceptance.md", "acceptance.json", "raw.tar.gz"])
+def test_a_report_file_no_acceptance_run_wrote_is_refused_before_any_stage(tmp_path, name):
+    """acceptance.md/.json were overwritten, and a raw.tar.gz of the user's merged into, without a check."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("mine")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--stages", "doctor", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line, = proc.stderr.strip().splitlines()
+    assert line.startswith("Error: --out: ") and str(out / name) in line and "move it away" in line
+    assert (out / name).read_text() == "mine" and sorted(p.name for p in out.iterdir()) == [name]
+
+
 def _images(n=300, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
