@@ -184,7 +184,6 @@ def report_refused(out: Path) -> str | None:
     return None
 
 
-
 class Run(StageRuns):
     """The acceptance run: its arguments, deadline, results and report."""
 
