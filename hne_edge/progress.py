@@ -103,6 +103,7 @@ class Progress:
         self._last_step: float | None = None  # when the last step ended (None: none yet in this phase)
         self._marks: deque[tuple[float, int]] = deque([(self._start, initial)], maxlen=RATE_MARKS)
         self._last_by_heartbeat = False
+        self._work_after_steps = False  # a note set after the last step (the last validation): news for a heartbeat
         self._lock = threading.Lock()
         self._closed = False
         self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
@@ -121,7 +122,7 @@ class Progress:
             self._start_heartbeat()
             self.n += n
             if n:
-                self._last_step = self._clock()
+                self._last_step, self._work_after_steps = self._clock(), False
             self._mark()
             self._set(note, fields)
             promised, self._promised = self._promised, None
@@ -136,6 +137,7 @@ class Progress:
             return
         with self._lock:
             self._start_heartbeat()
+            self._work_after_steps |= note is not None and note != self.note
             self._set(note, fields)
             if self._bar is not None:
                 self._draw_bar(0)
@@ -170,7 +172,7 @@ class Progress:
             self.n = self.initial = self._last_n = initial
             self.note, self.fields = "", {}
             self._start, self._last_line, self._last_fields = self._clock(), None, None
-            self._last_step = None
+            self._last_step, self._work_after_steps = None, False
             self._marks.clear()
             self._marks.append((self._start, initial))
             self._start_heartbeat()
@@ -259,11 +261,14 @@ class Progress:
 
     def line(self, heartbeat: bool = False) -> str:
         """The plain progress line (what a log shows); ``heartbeat``: the heartbeat's, which says how long ago the
-        last step ended instead of the fields (read at that step or earlier, not now)."""
+        last step ended instead of the fields (read at that step or earlier, not now). A finished count's heartbeat
+        (work after its steps) says the steps are all done, without the percentage, rate or ETA of a count going on."""
         units = _plural(self.unit)
-        parts = [f"{self.n}/{self.total} {units} ({100 * self.n / self.total:.0f}%)" if self.total
+        done = heartbeat and self.finished
+        parts = [f"all {self.n} {units} done" if done and self.n > 1 else f"{self.n} {self.unit} done" if done else
+                 f"{self.n}/{self.total} {units} ({100 * self.n / self.total:.0f}%)" if self.total
                  else f"{self.n} {units}"]  # fmt: skip
-        rate = self.rate
+        rate = None if done else self.rate
         if rate is not None:
             parts.append(f"{rate:.3g} {units}/s" if rate >= 1 else f"{format_duration(1 / rate)}/{self.unit}")
         parts.append(f"elapsed {format_duration(self.elapsed)}")
@@ -314,20 +319,26 @@ class Progress:
             threading.Thread(target=self._heartbeat, name=f"progress:{self.desc}", daemon=True).start()
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._every) and self._beat():
+        wait: float | None = self._every
+        while not self._stop.wait(wait) and (wait := self._beat()) is not None:
             pass
 
-    def _beat(self) -> bool:
-        """One heartbeat: the current line again if none came for a whole period; False once closed."""
+    def _beat(self) -> float | None:
+        """One heartbeat: the current line again if none came for a whole period. Returns the seconds until a period
+        since the last line ends (the next wake-up: on a fixed grid, a line just after one left 19 s of silence);
+        None once closed. A finished count beats only for work named after its last step (the last epoch's
+        validation), and names that work."""
         with self._lock:
             if self._closed:
-                return False
+                return None
+            if self.finished and not self._work_after_steps:  # a finished count again says nothing of what runs now
+                return self._every
+            now = self._clock()
             last = self._start if self._last_line is None else self._last_line
-            if self.finished:  # its last line is written: repeating a finished count says nothing about what runs now
-                return True
-            if self._clock() - last >= self._every * 0.99:  # silent for a whole period: say we are alive
+            if now - last >= self._every * 0.99:  # silent for a whole period: say we are alive
                 self._write_line(heartbeat=True)
-            return True
+                last = now
+            return max(last + self._every - now, self._every * 0.01)
 
 
 class _NullProgress(Progress):

@@ -274,3 +274,66 @@ def test_a_heartbeat_shows_no_figures_read_at_an_earlier_step():
     clock.t += 10
     q._beat()
     assert q._stream.getvalue().splitlines()[-1].endswith(", no file done yet - b0.0.onnx")
+
+
+def test_work_after_the_last_step_still_gets_a_heartbeat_naming_it():
+    """The last epoch's validation printed nothing for its whole length (127 s in a log, 3,000 images): the trainer's
+    count was finished, and the heartbeat stayed silent to keep a finished count from repeating. Work named after
+    the last step (a note) is news: it beats every period, naming that work, and the count is not shown as progress
+    (no percentage, rate or ETA)."""
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(3, "train", stream=out, every_s=10, clock=clock, heartbeat=False)
+    for _ in range(3):
+        clock.t += 1
+        p.update(note="epoch 1/1")
+    clock.t += 10
+    p._beat()  # nothing new after the last step: silent, as before
+    assert out.getvalue().splitlines()[-1].startswith("train: 3/3 steps (100%)") and out.getvalue().count("\n") == 2
+    p.set(note="epoch 1/1: validating 3000 images")
+    beats = []
+    for _ in range(3):
+        clock.t += 10
+        p._beat()
+        beats.append(out.getvalue().splitlines()[-1])
+    assert len(out.getvalue().splitlines()) == 5, out.getvalue()
+    assert beats[0] == "train: all 3 steps done, elapsed 23 s, last step 20 s ago - epoch 1/1: validating 3000 images"
+    assert beats[2].startswith("train: all 3 steps done, elapsed 43 s, last step 40 s ago")
+    assert not any("3/3" in beat or "%" in beat or "/s" in beat or "ETA" in beat for beat in beats), beats
+    p.close()
+    assert len(out.getvalue().splitlines()) == 5  # closing says nothing the count's last line did not
+
+
+def test_a_log_is_never_silent_for_more_than_a_period():
+    """The heartbeat woke on a fixed 10 s grid from its start: a line written just after a wake-up left the next 19 s
+    silent (the last epoch's validation, in a log). It wakes when a period since the last line ends. Simulated: the
+    heartbeat's waits advance a fake clock, and the trainer's steps and notes happen at their times in between."""
+    clock, stamps = FakeClock(), []
+
+    class Stamped(io.StringIO):
+        def write(self, text):
+            stamps.extend([clock.t] * text.count("\n"))
+            return super().write(text)
+
+    p = Progress(2, "train", stream=Stamped(), every_s=10, clock=clock, heartbeat=False)
+    events = [(100.0, lambda: p.set(note="epoch 1/1")), (100.5, p.update), (111.0, p.update),  # lines at 100, 111
+              (111.1, lambda: p.set(note="epoch 1/1: validating 3000 images")), (160.0, p.close)]
+
+    class SimulatedWait:
+        def set(self):
+            pass
+
+        def wait(self, timeout):  # run what happens until the timeout ends (or the close)
+            end = clock.t + timeout
+            while events and events[0][0] <= end:
+                clock.t, action = events.pop(0)
+                action()
+                if p._closed:
+                    return True
+            clock.t = end
+            return False
+
+    p._stop = SimulatedWait()
+    events.pop(0)[1]()  # the first line; the heartbeat starts with it
+    p._heartbeat()
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert stamps[0] == 100.0 and len(stamps) >= 6 and max(gaps) <= 10, (stamps, p._stream.getvalue())
