@@ -106,6 +106,7 @@ class Progress:
         self._work_after_steps = False  # a note set after the last step (the last validation): news for a heartbeat
         self._lock = threading.Lock()
         self._closed = False
+        self.reader_gone = False  # a line met a closed pipe (`2>&1 | head`): silent since; the command decides the rest
         self._tty = bool(enabled and (tty if tty is not None else _isatty(self._stream)))
         self._stop = threading.Event()
         self._beating = not (enabled and heartbeat and every_s > 0)  # True: started, or never to start
@@ -187,7 +188,7 @@ class Progress:
             if self._bar is not None:
                 self._bar.write(message, file=self._stream)
             else:
-                print(message, file=self._stream, flush=True)
+                self._print(message)
 
     def close(self, final: bool = True) -> None:
         """Stop the heartbeat; in line mode write the final line (unless one just said the same, or ``final`` is
@@ -303,8 +304,15 @@ class Progress:
         self.fields.update(fields)
 
     def _write_line(self, heartbeat: bool = False) -> None:
-        print(self.line(heartbeat), file=self._stream, flush=True)
+        self._print(self.line(heartbeat))
         self._last_line, self._last_n, self._last_by_heartbeat = self._clock(), self.n, heartbeat
+
+    def _print(self, text: str) -> None:
+        try:
+            print(text, file=self._stream, flush=True)
+        except BrokenPipeError:  # nobody reads these lines now: the work goes on (train saves, then stops) in silence
+            self.reader_gone, self.enabled = True, False
+            self._stop.set()
 
     def _draw_bar(self, n: int) -> None:
         bar = self._bar

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -35,6 +36,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("hne_edge.cli.demo", "demo", "Train, evaluate, export, verify, profile and run a small HNE end to end."),
     "doctor": ("hne_edge.cli.doctor", "doctor", "Check this install on this machine: environment, every backend present, exit 1 if one fails."),
 }
+
+
+EXIT_READER_GONE = 141  # 128 + SIGPIPE: what a shell reports for a command that a closed pipe ended
 
 
 class LazyGroup(click.Group):
@@ -75,6 +79,11 @@ class LazyGroup(click.Group):
             terminated = isinstance(exc, Terminated)
             click.echo("Terminated" if terminated else "Interrupted", err=True)
             sys.exit(128 + signal.SIGTERM if terminated else 130)
+        except BrokenPipeError:  # the reader went away (`| head`): the shell's quiet exit, as if ended by SIGPIPE
+            for stream in (sys.stdout, sys.stderr):  # what is still buffered, or said at exit, goes nowhere
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+            sys.exit(EXIT_READER_GONE)
         except (HNEError, OSError, ImportError) as exc:  # the user's input, the file system, the install: one line, exit 2
             if ctx.obj and ctx.obj.get("debug"):
                 raise

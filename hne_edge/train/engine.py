@@ -33,6 +33,7 @@ BatchNorm statistics stay per process (as in the paper's recipes).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import random
@@ -570,6 +571,9 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
         )
         log_path = out / LOG_NAME
         interrupt = _Interrupt(enabled=world_size == 1)
+        # its progress stream's reader gone (`2>&1 | head`): stop as on Ctrl-C, the run saved (one process only,
+        # as Ctrl-C: under DDP the other ranks would wait for this one)
+        reader_gone = lambda: interrupt.enabled and progress.reader_gone  # noqa: E731
         estimate = (_RunEstimate(progress, opt.epochs * steps_per_epoch - done_steps, steps_per_epoch - start_step, device,
                                  _shorter_run_advice(config.model.name, fast_ratio), on_ctrl_c=interrupt.enabled,
                                  threads=0 if device.type == "cuda" else torch.get_num_threads(), images=opt.batch_size)
@@ -587,7 +591,8 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
             if budget is not None and (line := budget.after_step(step, epoch_steps(epoch), done_steps + steps_run)):
                 progress.total = schedule.total_steps  # the plan fixed, or shortened
                 progress.write(line)
-            return (interrupt.requested or (stop_after_steps is not None and steps_run >= stop_after_steps)
+            return (interrupt.requested or reader_gone()
+                    or (stop_after_steps is not None and steps_run >= stop_after_steps)
                     or step >= epoch_steps(epoch))  # fmt: skip
 
         def save(epoch_done: int, step: int, stopping: bool = True) -> None:
@@ -655,18 +660,23 @@ def fit(config: TrainConfig, *, resume: bool = False, stop_after: int | None = N
                 epochs_run += 1
                 epoch += 1
                 if main_process:
-                    save(epoch, 0, stopping=interrupt.requested or (stop_after is not None and epochs_run >= stop_after)
+                    save(epoch, 0, stopping=interrupt.requested or reader_gone()
+                         or (stop_after is not None and epochs_run >= stop_after)
                          or (stop_after_steps is not None and steps_run >= stop_after_steps))  # fmt: skip
                     progress.write(format_epoch(record, run_epochs(), tree.num_leaves))
                 if interrupt.requested:  # Ctrl-C during the epoch's last step or its validation: the epoch's checkpoint
                     print(f"stopped after epoch {epoch}/{run_epochs()}: its checkpoint {ckpt_path} is saved; continue "
                           "with --resume (same --out)", file=sys.stderr, flush=True)  # fmt: skip
                     break
+                if reader_gone():
+                    break
     except BaseException:  # nothing more from this run: no heartbeat left printing after its error
         progress.close(final=False)
         remove_new_folders(made)  # only the empty ones: a run that saved a checkpoint keeps it
         raise
     progress.close(final=not interrupt.requested)  # stopped: the last words are where it stopped and how to go on
+    if reader_gone():  # the CLI's quiet exit for a closed pipe; the checkpoint is saved where training stopped
+        raise BrokenPipeError(errno.EPIPE, f"the progress stream's reader went away; {ckpt_path} resumes the run")
     if interrupt.requested:
         raise Terminated() if interrupt.signum == signal.SIGTERM else KeyboardInterrupt
     notes = [note] if main_process and (note := _final_chance_note(history, len(bundle.class_names))) else []

@@ -448,3 +448,43 @@ def test_verify_frames_past_the_batch_range_say_once_which_were_used(work, tmp_p
     proc = run_cli("verify", str(work / "b"), "--frames", str(tmp_path / "f20.npz"), "--quiet", check=True)
     notes = [line for line in proc.stdout.splitlines() if line.startswith("note: inputs")]
     assert notes == ["note: inputs: the first 8 of the 20 given images (one batch: the bundle's largest)"], proc.stdout
+
+
+def _closed_after_one_line(args, stderr) -> tuple[int, str]:
+    """`hne-edge ARGS | head -1`: the reader takes one line of stdout and goes away; (exit status, stderr)."""
+    import os
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "hne_edge", *args], stdout=subprocess.PIPE, stderr=stderr,
+                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    try:
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read() if proc.stderr else ""
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    assert first, err
+    return proc.returncode, err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(work, tmp_path):
+    """`hne-edge run B FRAMES | head -1` printed `Error: Broken pipe` and exited 2 (a user error), and
+    `hne-edge train 2>&1 | head -1` exited 1 (a bug's status) with no run folder. The shell's convention: a quiet
+    exit, 141 (128 + SIGPIPE); and training stops as on Ctrl-C, its resumable checkpoint saved where it stood."""
+    import subprocess
+
+    import torch
+
+    rng = np.random.default_rng(0)  # more lines than a pipe holds: run is still printing when the reader goes
+    np.savez(tmp_path / "many.npz", x=rng.integers(0, 256, (2000, 16, 16, 3), dtype=np.uint8), y=np.zeros(2000, int))
+    status, err = _closed_after_one_line(["run", str(work / "b"), str(tmp_path / "many.npz"), "--max-leaves", "1",
+                                          "--device", "cpu"], subprocess.PIPE)  # fmt: skip
+    assert (status, err) == (141, ""), (status, err)
+
+    out = tmp_path / "run"
+    status, _ = _closed_after_one_line(["train", "--out", str(out), "--epochs", "200", "--threads", "1", "--device",
+                                        "cpu"], subprocess.STDOUT)  # fmt: skip
+    assert status == 141
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == 0 and state["extra"]["step"] >= 1  # resumable, in its first epoch
