@@ -103,14 +103,23 @@ def test_an_onnxruntime_allocation_failure_is_resource_exhausted(bundle_copy, tm
 # -- threads ------------------------------------------------------------------------------------------
 
 
+def _documented_threads_per_cpu() -> int:
+    """The bound docs/guarantees.md promises ("at most 4 per CPU"), read there: not from the code under test."""
+    import re
+
+    found = re.findall(r"at most (\d+) per\s+CPU", (REPO / "docs" / "guarantees.md").read_text())
+    assert found, "docs/guarantees.md no longer states the thread bound"
+    return int(found[0])
+
+
 def test_threads_past_the_bound_are_refused_everywhere(tiny_bundle, tmp_path):
     from hne_edge.errors import InputError
-    from hne_edge.limits import max_threads
+    from hne_edge.limits import cpu_count
     from hne_edge.runtime import AnytimeRunner
     from hne_edge.runtime.backends.onnxruntime import OnnxRuntimeBackend
     from hne_edge.train.config import TrainConfig
 
-    top = max_threads()
+    top = _documented_threads_per_cpu() * cpu_count()
     np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
     # a hang of minutes (100,000 OS threads) before the bound; the timeout makes that a failure here
     one_line_error(run_cli("run", str(tiny_bundle.bundle_dir), str(tmp_path / "x.npy"), "--threads", "100000",
@@ -131,11 +140,12 @@ def test_threads_past_the_bound_are_refused_everywhere(tiny_bundle, tmp_path):
 
 def test_the_torch_backend_takes_the_same_thread_bound(tiny_bundle):
     from hne_edge.errors import InputError
-    from hne_edge.limits import max_threads
+    from hne_edge.limits import cpu_count
     from hne_edge.runtime.backends.torch import TorchBackend
 
-    with pytest.raises(InputError, match=rf"threads: received {max_threads() + 1}"):
-        TorchBackend(threads=max_threads() + 1)
+    top = _documented_threads_per_cpu() * cpu_count()
+    with pytest.raises(InputError, match=rf"threads: received {top + 1}; expected an int in 1\.\.{top}"):
+        TorchBackend(threads=top + 1)
 
 
 # -- model size -------------------------------------------------------------------------------------
@@ -413,7 +423,8 @@ def test_a_cpu_quota_lowers_the_cpus_every_thread_bound_counts(monkeypatch):
     assert limits.cpu_count() == affinity
     monkeypatch.setattr(limits, "cgroup_cpu_limit", lambda *a: 1)
     assert limits.cpu_count() == 1
-    assert limits.max_threads() == limits.THREADS_PER_CPU
+    assert limits.max_threads() == _documented_threads_per_cpu()  # the docs' "at most 4 per CPU", on one CPU
+    assert f"at most {_documented_threads_per_cpu()} per CPU" in run_cli("run", "--help", check=True).stdout
 
 
 @pytest.mark.parametrize(("cpus", "gib", "workers"), [(96, 512, 16), (96, 8, 4), (64, 24, 12), (8, None, 8),
