@@ -57,8 +57,10 @@ def model_config(name: str, **overrides: Any) -> HNEConfig:
     unknown = set(overrides) - known
     if unknown:
         raise InputError(f"{name}: unknown option(s) {sorted(unknown)}; accepted: {sorted(known)}")
-    if "tree" in overrides:
-        overrides["tree"] = resolve_tree(overrides["tree"], config.tree.num_blocks)
+    if "tree" in overrides:  # a preset is built for the model's own blocks, overridden ones included
+        blocks = overrides.get("blocks", config.block_rows())
+        num_blocks = len(blocks) if isinstance(blocks, (tuple, list)) else config.tree.num_blocks
+        overrides["tree"] = resolve_tree(overrides["tree"], num_blocks)
     return replace(config, **overrides)
 
 

@@ -166,6 +166,23 @@ def test_config_round_trip_and_validation():
         config_from_dict({"arch": "vgg"})
 
 
+@pytest.mark.parametrize(
+    "tree, branching", [("hne", (1, 2, 2)), ("independent", (16, 1, 1)), ("multi_branch", (1, 16, 1))]
+)
+def test_tree_presets_follow_overridden_blocks(tree, branching):
+    """A preset is the preset for the model's own blocks: with 3 overridden blocks, "hne" said "hne_tiny has 3
+    blocks, this tree 5" (it was resolved against the zoo default's 5 blocks), in the API and in a TrainConfig."""
+    from hne_edge.train import TrainConfig
+
+    blocks = ((16, 1, 1), (32, 2, 1), (32, 1, 1))
+    model = hne_edge.create_model("hne_tiny", blocks=blocks, tree=tree)
+    assert model.tree.branching == branching
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, model.num_leaves, 10)
+    config = TrainConfig.from_dict({"preset": "digits", "model": {
+        "name": "hne_tiny", "overrides": {"blocks": [list(b) for b in blocks], "tree": tree}}})  # fmt: skip
+    assert config.model.overrides["tree"] == tree
+
+
 def test_custom_input_channels_and_size():
     model = hne_edge.create_model("hne_tiny", in_chans=1, input_size=8, num_classes=10)
     assert model(torch.randn(2, 1, 8, 8)).shape == (2, 16, 10)
