@@ -6,10 +6,11 @@ model can be checked on a machine without torch (``hne_edge.train.config``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import InputError
+from ..errors import InputError, short_repr
 from ..limits import check_model_size
 from ..tree import TREE_PRESETS, TreeSpec, hne_tree
 
@@ -17,6 +18,21 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["HNEConfig", "ResNetHNEConfig", "MobileNetV2HNEConfig", "config_from_dict"]
+
+
+def _expect(ok: bool, field: str, value: Any, expected: str) -> None:
+    """The one form of a config field's error: checked here, before anything is built (nothing crashes later)."""
+    if not ok:
+        raise InputError(f"{field}: received {short_repr(value)}; expected {expected}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(row: Any, length: int) -> bool:
+    """``row`` is a tuple (a list, from YAML/JSON) of ``length`` positive integers."""
+    return isinstance(row, (tuple, list)) and len(row) == length and all(_is_int(v) and v >= 1 for v in row)
 
 
 def _make_divisible(value: float, divisor: int = 8) -> int:
@@ -112,11 +128,15 @@ class ResNetHNEConfig(HNEConfig):
     arch: ClassVar[str] = "resnet"
 
     def __post_init__(self) -> None:
+        _expect(_ints(self.stem_channels, 2), "stem_channels", self.stem_channels,
+                f"2 positive integers (conv3x3 width, conv1x1 width) for {self.name}")  # fmt: skip
+        _expect(_is_int(self.reduction) and self.reduction >= 1, "reduction", self.reduction,
+                f"a positive integer (bottleneck width = channels // reduction) for {self.name}")  # fmt: skip
+        _expect(isinstance(self.blocks, (tuple, list)), "blocks", self.blocks, "a list of (channels, stride, repeats)")
         object.__setattr__(self, "stem_channels", _to_tuples(list(self.stem_channels)))
         object.__setattr__(self, "blocks", _to_tuples(list(self.blocks)))
         for row in self.blocks:
-            if len(row) != 3 or any(not isinstance(v, int) or v < 1 for v in row):
-                raise InputError(f"{self.name}: each block row is (channels, stride, repeats) > 0; received {row!r}")
+            _expect(_ints(row, 3), "blocks", row, f"each row of {self.name} (channels, stride, repeats), integers > 0")
             if row[0] % self.reduction:
                 raise InputError(
                     f"{self.name}: block channels must be divisible by reduction={self.reduction}; received {row[0]}"
@@ -175,13 +195,19 @@ class MobileNetV2HNEConfig(HNEConfig):
     arch: ClassVar[str] = "mobilenetv2"
 
     def __post_init__(self) -> None:
+        width = self.width_mult
+        finite = isinstance(width, (int, float)) and not isinstance(width, bool) and math.isfinite(width)
+        _expect(finite and width > 0, "width_mult", width, f"a finite number > 0 for {self.name}")
+        for field in ("stem_channels", "last_channels", "hidden"):
+            value = getattr(self, field)
+            _expect(_is_int(value) and value >= 1, field, value, f"a positive integer (channels) for {self.name}")
+        _expect(isinstance(self.blocks, (tuple, list)), "blocks", self.blocks, "a list of blocks of (t, c, n, s) rows")
         object.__setattr__(self, "blocks", _to_tuples(list(self.blocks)))
-        for block in self.blocks:
+        for block in self.blocks:  # a block with no rows has no output width (the next block reads its last row)
+            _expect(isinstance(block, tuple) and len(block) > 0, "blocks", block,
+                    f"each block of {self.name} a non-empty list of (t, c, n, s) rows")  # fmt: skip
             for row in block:
-                if len(row) != 4 or any(not isinstance(v, int) or v < 1 for v in row):
-                    raise InputError(f"{self.name}: each row is (t, c, n, s) > 0; received {row!r}")
-        if self.width_mult <= 0:
-            raise InputError(f"{self.name}: width_mult must be > 0; received {self.width_mult}")
+                _expect(_ints(row, 4), "blocks", row, f"each row of {self.name} (t, c, n, s), integers > 0")
         super().__post_init__()
 
     def block_rows(self) -> tuple:

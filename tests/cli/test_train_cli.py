@@ -61,6 +61,17 @@ def test_yaml_config_errors_and_existing_run(tmp_path):
     one_line_error(run_cli("eval", str(tmp_path / "run" / "checkpoint.pt")), "not a PyTorch archive")
 
 
+@pytest.mark.parametrize("override, message", [("stem_channels: [8]", "stem_channels: received [8]; expected 2 "),
+                                               ("reduction: 0", "reduction: received 0; expected a positive integer")])
+def test_yaml_model_override_that_cannot_be_built_is_one_line(tmp_path, override, message):
+    """`stem_channels: [8]` passed the config's checks, then ended in an IndexError traceback (exit 1) building the
+    model; `reduction: 0` in a ZeroDivisionError inside them."""
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(f"preset: digits\nmodel:\n  name: hne_tiny\n  overrides:\n    {override}\n")
+    one_line_error(run_cli("train", "--config", str(cfg), "--out", str(tmp_path / "run"), *CPU), message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     """2 gloo processes x 16 images == 1 process accumulating 2 micro-batches of 16 (global batch 32).

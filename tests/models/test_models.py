@@ -183,6 +183,35 @@ def test_tree_presets_follow_overridden_blocks(tree, branching):
     assert config.model.overrides["tree"] == tree
 
 
+_MOBILE = dict(width_mult=0.25, last_channels=32, hidden=16, input_size=32)
+_MOBILE_BLOCKS = (((1, 16, 1, 1),), ((6, 32, 1, 2),), ((6, 32, 1, 2),), ((6, 32, 1, 1),))
+
+
+@pytest.mark.parametrize("name, overrides, field", [
+    ("hne_tiny", dict(stem_channels=(8,)), "stem_channels"),
+    ("hne_tiny", dict(stem_channels=(8, 16, 4)), "stem_channels"),
+    ("hne_tiny", dict(stem_channels=(0, 16)), "stem_channels"),
+    ("hne_tiny", dict(stem_channels=(8, -1)), "stem_channels"),
+    ("hne_tiny", dict(stem_channels=8), "stem_channels"),
+    ("hne_tiny", dict(reduction=0), "reduction"),
+    ("hne_tiny", dict(reduction=-2), "reduction"),
+    ("hne_tiny", dict(blocks=((16, 1, 1),) * 4 + ((32, 1, True),)), "blocks"),
+    ("hne_mobilenetv2", dict(_MOBILE, hidden=0), "hidden"),
+    ("hne_mobilenetv2", dict(_MOBILE, last_channels=0), "last_channels"),
+    ("hne_mobilenetv2", dict(_MOBILE, stem_channels=0), "stem_channels"),
+    ("hne_mobilenetv2", dict(_MOBILE, width_mult=float("nan")), "width_mult"),
+    ("hne_mobilenetv2", dict(_MOBILE, width_mult=float("inf")), "width_mult"),
+    ("hne_mobilenetv2", dict(_MOBILE, width_mult="1.4"), "width_mult"),
+    ("hne_mobilenetv2", dict(_MOBILE, blocks=((),) + _MOBILE_BLOCKS), "blocks"),
+    ("hne_mobilenetv2", dict(_MOBILE, blocks=_MOBILE_BLOCKS[:1] + ((),) + _MOBILE_BLOCKS[1:]), "blocks"),
+])  # fmt: skip
+def test_model_config_refuses_what_cannot_be_built(name, overrides, field):
+    """A config validates itself on construction: these passed it, then crashed building or running the model
+    (IndexError, ZeroDivisionError, "negative dimension", a zero-width convolution) or silently ignored a value."""
+    with pytest.raises(hne_edge.errors.InputError, match=rf"^{field}: received .*; expected "):
+        hne_edge.create_model(name, **overrides)
+
+
 def test_custom_input_channels_and_size():
     model = hne_edge.create_model("hne_tiny", in_chans=1, input_size=8, num_classes=10)
     assert model(torch.randn(2, 1, 8, 8)).shape == (2, 16, 10)
