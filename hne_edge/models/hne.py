@@ -89,8 +89,13 @@ class HNE(nn.Module):
         node = self.tree.node(node_id)
         block = copy_branch_weights(self.blocks[node.depth], self.config.build_block(node.depth, 1), node.index)
         head = copy_branch_weights(self.head, self.config.build_head(1), node.index) if node.is_leaf else None
-        module = NodeModule(node_id, block, head).to(next(self.parameters()).device)
-        return module.train(self.training)
+        return self._like_self(NodeModule(node_id, block, head))
+
+    def _like_self(self, module: nn.Module) -> nn.Module:
+        """A view built (in float32, on the CPU) as this model is: its device, dtype (a float64 or bfloat16 model's
+        views ran float32 weights on its activations) and train/eval mode."""
+        param = next(self.parameters())
+        return module.to(device=param.device, dtype=param.dtype).train(self.training)
 
     def node_modules(self) -> dict[str, "NodeModule"]:
         return {node.id: self.node_module(node.id) for node in self.tree.nodes}
@@ -118,8 +123,7 @@ class HNE(nn.Module):
             width *= 1 if depth == node.depth else self.tree.branching[depth]
             blocks.append(copy_branch_weights(self.blocks[depth], self.config.build_block(depth, width), node.index))
         head = copy_branch_weights(self.head, self.config.build_head(width), node.index)
-        module = SubtreeModule(self.tree.branching, node.depth, blocks, head).to(next(self.parameters()).device)
-        return module.train(self.training)
+        return self._like_self(SubtreeModule(self.tree.branching, node.depth, blocks, head))
 
     def unit_module(self, unit: SubtreeUnit | int) -> nn.Module:
         """Unit ``unit`` of plan "subtrees" (``tree.subtree_units``): leaf 0's chain with its exports (a

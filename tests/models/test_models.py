@@ -119,6 +119,29 @@ def test_subtree_units_match_the_fused_model(name, tree):
     )
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_per_node_views_take_the_models_dtype(dtype):
+    """The views were built in float32 and moved to the model's device only: a float64 model's node_module said
+    "expected scalar type Double but found Float". Each view now has the model's dtype and, in float64, its output
+    is the fused model's."""
+    model = randomize_(hne_edge.create_model("hne_tiny")).eval().to(dtype)
+    views = [model.node_module("b0.0"), model.path_module(3), model.segment_module(1), model.subtree_module("b1.1"),
+             model.unit_module(0), model.unit_module(len(model.tree.subtree_units) - 1)]  # fmt: skip
+    assert all(p.dtype == dtype for view in views for p in view.parameters())
+    if dtype != torch.float64:
+        return
+    x = torch.randn(2, *model.config.input_shape, dtype=dtype)
+    fused, root = model(x), model.node_module("b0.0")(x)
+    last = model.tree.subtree_units[-1]
+    close = lambda a, b: (a - b).abs().max().item() <= 1e-10  # noqa: E731
+    assert close(model.path_module(3)(x), fused[:, 3])
+    assert close(model.segment_module(0)(x)[-1], fused[:, 0])
+    assert close(model.unit_module(0)(x)[-1], fused[:, 0])
+    assert close(model.subtree_module("b1.1")(root)[0], fused[:, model.tree.node("b1.1").leaves[0]:])
+    assert close(model.unit_module(last)(root if last.input == "b0.0" else x)[0], fused[:, last.first_leaf:])
+
+
 def test_replicate_branches_layout():
     x = torch.arange(2 * 2 * 3).float().view(1, 4, 3, 1)  # 2 branches of 2 channels
     y = replicate_branches(x, branches=2, factor=2)
