@@ -9,15 +9,17 @@ compare a subtree in one call with the leaves it replaces. Below, "leaf
 times every step (and every unit) after warm-up and saves a :class:`Profile`; a new runner loads the one that
 matches its bundle and variant, and the model below starts from it.
 
-**Prediction.** Step ``i`` is predicted to cost ``base[i] * noise + allowance(base[i])``, from the stall model
-shared by every step and batch size (:mod:`.stalls`: how fast the machine runs now, and how often and how long it
-stalls - a stall is an event, never a cost):
+**Prediction.** Step ``i`` is predicted to cost ``steady[i] * slow * noise + allowance(steady[i] * slow)``, from
+the stall model shared by every step and batch size (:mod:`.stalls`: how fast the machine runs now, and how often
+and how long it stalls - a stall is an event, never a cost):
 
-* ``base[i] = steady[i] * slow``: ``steady[i]`` is the step's cost at full speed (from the profile, then an EWMA of
-  its calls that were not stalls, alpha 0.05, each moving it by at most ``alpha`` x itself); ``slow`` is the
-  machine's current slowdown, the lower quartile of the last 16 calls' ratios over their steady costs, pooled
-  over every step: contention or a throttled clock moves it within 12 calls for every step at once (steps the
-  budget has not let run since included), stalls cannot move it unless three calls in four stall.
+* ``steady[i]`` is the step's cost at full speed (from the profile, then the lower quartile of its calls that were
+  not stalls, tracked online: each moves it by at most ``alpha``, 0.05, x itself); ``slow`` is the machine's
+  current slowdown, the lower quartile of the last 64 calls' ratios over their steady costs, pooled over every
+  step: contention or a throttled clock moves it within 49 calls for every step at once (steps the budget has not
+  let run since included), its end within 16; stalls cannot move it unless three calls in four stall.
+  ``base[i] = steady[i] * slow * mid`` is the step's median at the current speed (``mid``: the median of the
+  recent non-stall ratios over ``slow``): what the stream scheduler adds up and :meth:`CostModel.median_step` says.
 * ``noise``: the ``quantile`` (default 0.99) of the recent calls' ratios over their base that were not stalls
   (the last ``window``, 128, pooled): the spread a budget must fit on a quiet machine (1.0-2x on a CPU).
 * ``allowance``: a call more than ``STALL_RATIO`` (3) times its base is a stall, its excess a stall's size. The
@@ -500,7 +502,7 @@ class CostModel:
         quantile: the noise quantile predictions fit, and ``1 - quantile`` the miss rate the stall allowance is
             sized to (see the module docstring).
         window: how many recent non-stall observations the noise is the quantile of.
-        alpha: EWMA weight of one observation in a step's steady cost.
+        alpha: the most one observation moves a step's steady cost, as a share of it.
         min_samples, cold_margin: until ``min_samples`` observations the noise is at least ``cold_margin``.
         tail_window: how many of a step's own recent times are kept (its fastest: the re-probe; its p90: whether
             a miss was forced).
@@ -588,9 +590,9 @@ class CostModel:
 
     def median_step(self, step: int, batch: int) -> float:
         """Step ``step``'s current steady cost at ``batch`` (seconds, at the machine's current speed; 0 while
-        unmeasured): what speeds are compared by."""
+        unmeasured): what speeds are compared by. Its ``base``, which carries the speed already."""
         model = self.for_batch(batch)
-        return model.base[step] * self.speed.slow if model.known[step] else 0.0
+        return model.base[step] if model.known[step] else 0.0
 
     def _new_model(self, batch: int) -> _BatchModel:
         at = profile_at_batch(self.profile, batch)

@@ -412,3 +412,29 @@ def test_a_step_relearned_at_a_batch_its_profile_does_not_hold_is_learned_withou
         model.observe(5, 50e-3)
         model.observe(0, 1e-3)
     assert model.steady[5] > 10e-3 and 5 not in model.unconfirmed
+
+
+def test_a_steps_median_under_a_slowdown_is_what_its_calls_take_now():
+    """``median_step`` is a step's steady cost at the machine's current speed: eight 1 ms steps, then the machine 4x
+    slower (every call 4 ms), then at full speed again. It said 16 ms while the calls took 4 ms (the slowdown
+    counted twice)."""
+    from hne_edge.runtime.cost_model import CostModel
+
+    t = [0.0]
+    steps = range(8)
+    cm = CostModel([100 for _ in steps], clock=lambda: t[0])
+
+    def calls(seconds, frames):
+        for _ in range(frames):
+            model = cm.for_batch(1)
+            for s in steps:
+                model.observe(s, seconds)
+            t[0] += 0.01
+
+    calls(1e-3, 40)
+    assert cm.median_step(0, 1) == pytest.approx(1e-3, rel=0.05)
+    calls(4e-3, 200)
+    assert cm.speed.slow == pytest.approx(4.0, rel=0.05)
+    assert [cm.median_step(s, 1) for s in steps] == pytest.approx([4e-3] * 8, rel=0.05)
+    calls(1e-3, 200)
+    assert [cm.median_step(s, 1) for s in steps] == pytest.approx([1e-3] * 8, rel=0.05)
