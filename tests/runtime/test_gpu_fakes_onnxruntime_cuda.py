@@ -146,6 +146,28 @@ def test_onnxruntime_cuda_graphs_are_the_warming_threads_and_a_scheduler_warms_i
         assert sum(r._graphs.captures for r in runner._runners) == captured
 
 
+def test_a_frame_beside_a_paused_session_captures_no_graph_while_serving(tiny_bundle, reference64):
+    """docs/gpu.md: every graph is captured when the runner opens, and a call while a paused session holds a graph's
+    buffers runs eagerly into another slot's. The runners after it in that frame get that slot's buffers as inputs:
+    no graph's address, so they run eagerly too. They once captured graphs for those buffers mid-serving (each a
+    new ONNX Runtime graph, which it never frees), again each time the cache had dropped them."""
+    x, ref = reference64
+    backend = ort_values_on_cpu_backend(cuda_graph=True)
+    with AnytimeRunner(tiny_bundle.bundle_dir, backend=backend, plan="segments", load_profile=False) as runner:
+        captured = sum(r._graphs.captures for r in runner._runners)
+        for _ in range(2):
+            for rows in (1, 2, 3):
+                s = runner.start(x[:rows])
+                s.step()  # holds the first units' slot 0 (and the staged image)
+                np.testing.assert_allclose(runner.run(x[::-1][:rows].copy()).logits, ref[::-1][:rows].mean(1), **FP32)
+                while s.step():
+                    pass
+                np.testing.assert_allclose(s.result().logits, ref[:rows].mean(1), **FP32)
+        assert sum(r._graphs.captures for r in runner._runners) == captured
+        np.testing.assert_allclose(runner.run(x).logits, ref.mean(1), **FP32)  # slot 0's graphs still replay
+        assert sum(r._graphs.captures for r in runner._runners) == captured
+
+
 def test_a_thread_that_ended_leaves_its_graph_number_to_no_other():
     """Graph keys carry the thread: a new thread (a second scheduler's worker) often gets the ident of one that
     ended, whose graphs ONNX Runtime dropped with it - it must not replay them as its own."""
@@ -241,7 +263,9 @@ def test_onnxruntime_cuda_runs_steps_of_several_leaves_on_cpu_ortvalues(steps_bu
     with AnytimeRunner(steps_bundle, backend=backend, plan=plan, load_profile=False, warmup=0) as runner:
         every_stop_twice_and_an_interleaved_session(runner, x, ref)
         if cuda_graph:
-            assert all(r._graphs.captures >= 1 for r in runner._runners if r.unit.kind != "tree" or plan == "fused")
+            captured = [r._graphs.captures >= 1 for r in runner._runners if r.unit.kind != "tree" or plan == "fused"]
+            # mixed picks steps by the clock: a unit may have run only beside the paused session (which captures none)
+            assert all(captured) if plan != "mixed" else any(captured)
 
 
 # -- fp32 means fp32: TF32 off on the CUDA provider unless asked (issue 40) -----------------------------

@@ -587,6 +587,10 @@ class SlotPool:
         slot.mark_baseline()
         return len(slots) - 1, slot
 
+    def first(self, key: Hashable) -> bool:
+        """Whether the slot ``acquire(key, make)`` makes now is slot 0 (the steady state's, a graph's)."""
+        return not self.slots.get(key)
+
     def clear(self) -> None:
         self.slots.clear()
 
@@ -597,10 +601,13 @@ class SlotPool:
 class CudaIO:
     """The device buffers a GPU backend owns, shared by ONNX Runtime CUDA and TensorRT.
 
-    ``alloc`` makes a buffer that stays put as long as the backend lives
-    (``is_fixed``: a CUDA graph may bind its address); ``stage`` returns the
-    fixed staging buffer for an image of this shape (one per batch size,
-    another only while a paused session still holds the first). The handle
+    ``alloc`` makes a buffer that stays put as long as the backend lives;
+    ``is_fixed``: a CUDA graph may bind its address (a pool's first slot, not
+    one made while a paused session held it: graphs are captured for first
+    slots, so a frame run beside that session runs eagerly from the runner it
+    met a held slot at to its end). ``stage`` returns the staging buffer for
+    an image of this shape (one per batch size, another only while a paused
+    session still holds the first). The handle
     type is the backend's (an ``OrtValue``, a :class:`DeviceArray`): it
     passes how to make one and how to read its address; copying the bytes
     in and out stays with the backend, whose handle knows how.
@@ -611,9 +618,12 @@ class CudaIO:
         self._staging = SlotPool()
         self._fixed: set[int] = set()
 
-    def alloc(self, shape: Sequence[int], dtype: Any) -> Any:
+    def alloc(self, shape: Sequence[int], dtype: Any, *, graph: bool = True) -> Any:
+        """``graph=False``: a later slot's buffer, which no graph binds (captured for it, one would be captured
+        mid-serving, by a frame beside a paused session, and seldom replayed)."""
         handle = self._allocate(tuple(int(s) for s in shape), np.dtype(dtype))
-        self._fixed.add(self._address(handle))
+        if graph:
+            self._fixed.add(self._address(handle))
         return handle
 
     def is_fixed(self, handle: Any) -> bool:
@@ -621,7 +631,8 @@ class CudaIO:
 
     def stage(self, array: np.ndarray) -> Any:
         """The staging buffer for ``array``'s shape and dtype (its contents are the caller's to write)."""
-        _, slot = self._staging.acquire((array.shape, array.dtype.str), lambda: Slot((self.alloc(array.shape, array.dtype),)))
+        key, pool = (array.shape, array.dtype.str), self._staging
+        _, slot = pool.acquire(key, lambda: Slot((self.alloc(array.shape, array.dtype, graph=pool.first(key)),)))
         return slot.handles[0]
 
     def clear(self) -> None:

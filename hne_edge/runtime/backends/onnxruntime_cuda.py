@@ -26,8 +26,9 @@
   and each runner writes into the fixed OrtValues of its pool's first slot
   (:class:`~.cuda.SlotPool`), which are the next runner's inputs - no
   device-to-device copies. When a paused session still holds slot 0, or the
-  input is not a fixed buffer, that run goes without the graph
-  (``gpu_graph_id=-1``), into the fixed buffers of another slot: an output
+  input is not a fixed buffer (another slot's: the rest of a frame that met a
+  held slot), that run goes without the graph (``gpu_graph_id=-1``) - nothing
+  is captured while serving - into the fixed buffers of a slot: an output
   ONNX Runtime allocated would come from the session's arena, whose blocks a
   captured graph may still write as its scratch. Every node must run on the
   CUDA EP for graphs.
@@ -155,7 +156,8 @@ class OnnxRuntimeCudaRunner(Runner):
         # one eager run tells the output shapes; the fixed outputs get those shapes
         self._backend.count_cold_call()  # a batch's first run: its allocations and kernel search
         shapes = [o.shape() for o in self._run_eager(x, self._backend.run_options_no_graph)]
-        outs = tuple(self._backend.io.alloc(s, dt) for s, dt in zip(shapes, self._out_dtypes))
+        graph = self._pool.first(x.shape()[0])  # a later slot's buffers are no graph's (CudaIO)
+        outs = tuple(self._backend.io.alloc(s, dt, graph=graph) for s, dt in zip(shapes, self._out_dtypes))
         return Slot(outs)
 
     def _capture(self, key: tuple[int, int, int]) -> Any:

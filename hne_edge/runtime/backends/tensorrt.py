@@ -24,8 +24,8 @@ Runs the bundle's engines (``format: "tensorrt"``, built on the target by
   batch size.
 * ``cuda_graph=True``: one graph per (input shape, input address) and runner,
   captured after one ordinary enqueue; replayed when the input sits in a fixed
-  buffer (the staged image or another runner's output slot) and the runner's
-  first output slot is free; otherwise the ordinary enqueue is used.
+  buffer (the staged image or another runner's first output slot) and the
+  runner's first output slot is free; otherwise the ordinary enqueue is used.
 * Device memory, the stream, copies, events and graph capture come from torch
   when it is installed with CUDA, else cuda-python (``memory=`` chooses).
 
@@ -202,7 +202,7 @@ class TensorRTRunner(Runner):
             self._in_shape = x.shape
             self._out_shapes = [tuple(self.context.get_tensor_shape(n)) for n in self._out_names]
             self._addresses = None
-        index, slot = self._pool.acquire(x.shape, self._make_slot)
+        index, slot = self._pool.acquire(x.shape, lambda: self._make_slot(graph=self._pool.first(x.shape)))
         addresses = (x.ptr, *(h.ptr for h in slot.handles))
         if addresses != self._addresses:
             for name, ptr in zip((self._in_name, *self._out_names), addresses):
@@ -223,8 +223,9 @@ class TensorRTRunner(Runner):
         self._enqueue()  # TensorRT: one enqueue after a shape change before capturing
         return self._backend.cuda.capture(self._enqueue)
 
-    def _make_slot(self) -> Slot:
-        return Slot(tuple(self._backend.alloc(s, dt) for s, dt in zip(self._out_shapes, self._out_dtypes)))
+    def _make_slot(self, graph: bool) -> Slot:
+        b = self._backend
+        return Slot(tuple(b.alloc(s, dt, graph=graph) for s, dt in zip(self._out_shapes, self._out_dtypes)))
 
     def release_impl(self) -> None:
         if self._graphs is not None:
@@ -304,9 +305,10 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         ptr, owner = self.cuda.malloc(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
         return DeviceArray(ptr, shape, dtype, owner)
 
-    def alloc(self, shape: Sequence[int], dtype: Any) -> DeviceArray:
-        """A buffer that lives as long as the backend (a runner's outputs, the scratch, a staged image)."""
-        return self.io.alloc(shape, dtype)
+    def alloc(self, shape: Sequence[int], dtype: Any, *, graph: bool = True) -> DeviceArray:
+        """A buffer that lives as long as the backend (a runner's outputs, the scratch, a staged image); ``graph``:
+        see :meth:`CudaIO.alloc`."""
+        return self.io.alloc(shape, dtype, graph=graph)
 
     def is_fixed(self, array: DeviceArray) -> bool:
         return self.io.is_fixed(array)
