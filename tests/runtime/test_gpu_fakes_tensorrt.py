@@ -295,6 +295,35 @@ def test_tensorrt_runs_steps_of_several_leaves_on_fakes(fake_trt_bundle, plan, c
         assert len(prof.batches[2]["leaves"]) == len(runner.steps)
 
 
+def test_tensorrt_graphs_are_all_captured_when_the_runner_opens_and_none_while_serving(fake_trt_bundle):
+    """docs/gpu.md: graphs are all captured when the runner opens, and max_graphs bounds only those beyond. TensorRT
+    once warmed the optimal batch size only and pinned nothing: serving more row counts than max_graphs (4) evicted
+    and re-captured graphs in every frame (40-48 captures a round of 6 row counts). A frame beside a paused session
+    runs eagerly (another slot's buffers) and captures nothing either."""
+    fx = fake_trt_bundle
+    rng = np.random.default_rng(0)
+    with AnytimeRunner(fx.root, backend="tensorrt", device="cuda", plan="segments", cuda_graph=True,
+                       load_profile=False) as runner:  # fmt: skip
+        lo, _, hi = runner.input_spec.batch
+        assert runner.warmup_report["batch_sizes"] == list(range(lo, hi + 1))
+        captured = fx.dev.captures
+        for _ in range(2):
+            for rows in range(1, 7):
+                x = rng.standard_normal((rows, 3, 4, 4)).astype(np.float32)
+                np.testing.assert_allclose(runner.run(x).leaf_logits, reference_leaf_logits(fx.tree, x, 4),
+                                           rtol=1e-5, atol=1e-6)  # fmt: skip
+                s = runner.start(x)
+                s.step()
+                x2 = rng.standard_normal((rows, 3, 4, 4)).astype(np.float32)
+                np.testing.assert_allclose(runner.run(x2).leaf_logits, reference_leaf_logits(fx.tree, x2, 4),
+                                           rtol=1e-5, atol=1e-6)  # fmt: skip
+                while s.step():
+                    pass
+                np.testing.assert_allclose(s.result().leaf_logits, reference_leaf_logits(fx.tree, x, 4),
+                                           rtol=1e-5, atol=1e-6)  # fmt: skip
+        assert fx.dev.captures == captured and fx.dev.replays > 0
+
+
 def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, monkeypatch):
     import hne_edge.runtime.backends.tensorrt as trt_backend
 

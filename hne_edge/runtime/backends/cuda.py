@@ -696,8 +696,14 @@ class GraphCache:
         self.graphs[key] = replay  # most recently used last
         return replay
 
-    def clear(self) -> None:
+    def drop(self) -> None:
+        """Drop every graph (they bind addresses that moved: TensorRT's scratch), each re-captured at its key's next
+        call; which keys are pinned, and a warm-up's hold, stay (the first run of each TensorRT runner in its
+        warm-up drops, and once ended the hold: that warm-up then kept only ``max_graphs`` of its graphs)."""
         self.graphs.clear()
+
+    def clear(self) -> None:
+        self.drop()
         self.pinned.clear()
         self._holding = False
 

@@ -23,7 +23,9 @@ Runs the bundle's engines (``format: "tensorrt"``, built on the target by
   session still holds the first). The image is staged into a fixed buffer per
   batch size.
 * ``cuda_graph=True``: one graph per (input shape, input address) and runner,
-  captured after one ordinary enqueue; replayed when the input sits in a fixed
+  captured after one ordinary enqueue; every row count of the bundle's range
+  is captured when the runner opens (nothing pads a call to a captured size)
+  and kept for its life; replayed when the input sits in a fixed
   buffer (the staged image or another runner's first output slot) and the
   runner's first output slot is free; otherwise the ordinary enqueue is used.
 * Device memory, the stream, copies, events and graph capture come from torch
@@ -64,7 +66,9 @@ from ...errors import BackendUnavailable, BundleError, DeviceError
 from ...limits import check_threads
 from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt, version_compatible
 from .base import Backend, Handle, LoadedPlan, Runner, Unit
-from .cuda import CudaIO, CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, open_device, require_cuda
+from .cuda import (
+    CudaIO, CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, WarmGraphsMixin, open_device, require_cuda,
+)
 
 __all__ = [
     "TensorRTBackend",
@@ -195,7 +199,7 @@ class TensorRTRunner(Runner):
             set_context_memory(self.context, b.scratch.ptr, b.scratch.nbytes)
             self._memory_generation = b.scratch_generation
             if self._graphs is not None:
-                self._graphs.clear()  # captured with the old scratch address
+                self._graphs.drop()  # captured with the old scratch address
         if x.shape != self._in_shape:
             if not self.context.set_input_shape(self._in_name, x.shape):
                 raise BundleError(f"{self.name}: TensorRT refused input shape {x.shape} (outside the engine's profile?)")
@@ -238,11 +242,12 @@ class TensorRTRunner(Runner):
 # -- backend --------------------------------------------------------------------------------------
 
 
-class TensorRTBackend(CudaTimingMixin, Backend):
+class TensorRTBackend(WarmGraphsMixin, CudaTimingMixin, Backend):
     """Args:
     device: "cuda" or "cuda:N".
     cuda_graph: capture a CUDA graph per engine and input shape (see the module docstring).
-    max_graphs: graphs kept per engine; the least recently used is dropped.
+    max_graphs: graphs kept per engine beyond those captured when the runner opened; the least recently used is
+        dropped.
     memory: "auto" | "torch" | "cuda-python": who allocates device memory and owns the stream.
     verbose: TensorRT logger at VERBOSE instead of WARNING.
     """
@@ -277,6 +282,7 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         self.scratch_generation = 0
         self._scratch_need = 0
         self.io = CudaIO(self._device_array, lambda array: array.ptr)
+        self._runners: list[TensorRTRunner] = []  # their graph caches: WarmGraphsMixin
 
     # -- bundle -----------------------------------------------------------------------------------
     def load(self, manifest: Manifest, bundle_dir: Path, plan: str, precision: str) -> LoadedPlan:
@@ -289,7 +295,14 @@ class TensorRTBackend(CudaTimingMixin, Backend):
         return super().load(manifest, bundle_dir, plan, precision)
 
     def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
-        return TensorRTRunner(unit, self)
+        runner = TensorRTRunner(unit, self)
+        self._runners.append(runner)
+        return runner
+
+    def warm_batch_sizes(self, lo: int, opt: int, hi: int) -> list[int]:
+        """Every row count of the range with graphs (one per input shape, none padded to another); else the optimal
+        batch size only."""
+        return list(range(lo, hi + 1)) if self.cuda_graph else [opt]
 
     # -- memory -----------------------------------------------------------------------------------
     def register_scratch(self, nbytes: int) -> None:
