@@ -409,3 +409,42 @@ def test_a_cuda_python_device_is_made_current_in_the_thread_that_uses_it(monkeyp
     t.join(10)
     assert seen == [("cudaMalloc", 1), ("cudaMemGetInfo", 1), ("cudaDeviceSynchronize", 1), ("cudaEventCreate", 1),
                     ("cudaEventCreate", 1), ("after", 0)]  # fmt: skip
+
+
+def test_cuda_python_graphs_the_cache_drops_are_destroyed_on_the_device(monkeypatch):
+    """cuda-python's graph handles have no destructor: a graph the cache evicts (max_graphs) or clears (TensorRT's
+    scratch re-bound, a runner released) stayed instantiated on the device (18 of 18 captured, in the review's
+    rotation of six shapes). Modelled on a cudart that counts the graphs and executable graphs alive."""
+    import gc
+    import itertools
+
+    import hne_edge.runtime.backends.cuda as cuda_mod
+
+    ids, live = itertools.count(1), {"graph": set(), "exec": set()}
+
+    def make(kind):
+        def run(*args):
+            live[kind].add(handle := next(ids))
+            return (0, handle)
+        return run
+
+    ok = lambda *a: (0,)  # noqa: E731
+    rt = types.SimpleNamespace(
+        cudaSetDevice=ok, cudaGetDevice=lambda: (0, 0), cudaStreamNonBlocking=1,
+        cudaStreamCreateWithFlags=lambda flags: (0, 5), cudaStreamSynchronize=ok, cudaStreamBeginCapture=ok,
+        cudaStreamCaptureMode=types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1), cudaGraphLaunch=ok,
+        cudaStreamEndCapture=make("graph"), cudaGraphInstantiate=make("exec"),
+        cudaGraphDestroy=lambda g: (live["graph"].discard(g), (0,))[1],
+        cudaGraphExecDestroy=lambda e: (live["exec"].discard(e), (0,))[1],
+    )  # fmt: skip
+    monkeypatch.setattr(cuda_mod, "import_cudart", lambda: rt)
+    device = cuda_mod.CudaPython(0)
+    cache = cuda_mod.GraphCache(lambda key: device.capture(lambda: None), max_graphs=4)
+    for _ in range(3):
+        for rows in range(1, 7):  # six shapes in rotation: each evicts another
+            cache.get(rows)()
+    gc.collect()
+    assert cache.captures == 18 and len(live["exec"]) == len(live["graph"]) == len(cache.graphs) == 4
+    cache.clear()
+    gc.collect()
+    assert live == {"graph": set(), "exec": set()}

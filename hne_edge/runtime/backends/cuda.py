@@ -476,13 +476,32 @@ class CudaPython(CudaDevice):
                 launch()
             finally:
                 graph = _check(rt.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
-            exe = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+            try:
+                exe = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+            except BaseException:
+                rt.cudaGraphDestroy(graph)
+                raise
+        return _CudaGraph(rt, stream, graph, exe)
 
-        def replay() -> None:
-            _check(rt.cudaGraphLaunch(exe, stream), "cudaGraphLaunch")
 
-        replay.graph = (graph, exe)
-        return replay
+class _CudaGraph:
+    """A captured graph's replay. cuda-python's graph handles have no destructor: dropping the last reference (the
+    GraphCache evicting or clearing it) destroys the executable graph and the graph, else each stayed on the
+    device for the process's life."""
+
+    def __init__(self, rt: Any, stream: Any, graph: Any, exe: Any) -> None:
+        self.rt, self.stream, self.graph, self.exe = rt, stream, graph, exe
+
+    def __call__(self) -> None:
+        _check(self.rt.cudaGraphLaunch(self.exe, self.stream), "cudaGraphLaunch")
+
+    def __del__(self) -> None:
+        try:
+            self.rt.cudaStreamSynchronize(self.stream)  # a launch of it may still be queued
+            self.rt.cudaGraphExecDestroy(self.exe)
+            self.rt.cudaGraphDestroy(self.graph)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
 
 
 class _CudaFree:
