@@ -487,7 +487,8 @@ class CudaPython(CudaDevice):
 class _CudaGraph:
     """A captured graph's replay. cuda-python's graph handles have no destructor: dropping the last reference (the
     GraphCache evicting or clearing it) destroys the executable graph and the graph, else each stayed on the
-    device for the process's life."""
+    device for the process's life. No stream sync first: an executable graph destroyed in flight is freed when
+    its launch completes (cuGraphExecDestroy), and an eviction happens on the serving thread."""
 
     def __init__(self, rt: Any, stream: Any, graph: Any, exe: Any) -> None:
         self.rt, self.stream, self.graph, self.exe = rt, stream, graph, exe
@@ -497,7 +498,6 @@ class _CudaGraph:
 
     def __del__(self) -> None:
         try:
-            self.rt.cudaStreamSynchronize(self.stream)  # a launch of it may still be queued
             self.rt.cudaGraphExecDestroy(self.exe)
             self.rt.cudaGraphDestroy(self.graph)
         except Exception:  # pragma: no cover - interpreter shutdown
