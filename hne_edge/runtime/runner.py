@@ -132,7 +132,8 @@ class AnytimeRunner:
     Args:
         bundle_dir: the bundle (see :mod:`hne_edge.bundle`); read and validated once.
         backend: "onnxruntime" (default), "torch", or a :class:`Backend` instance.
-        device: "cpu", "cuda" or "cuda:N" (GPU backends; see docs/gpu.md).
+        device: "cpu" (default), "cuda" or "cuda:N" (GPU backends; see docs/gpu.md). With a built backend: its
+            device, the default; another is refused (InputError).
         plan: "segments" (one model file per leaf chain; fewer calls), "nodes" (one per node),
             "subtrees" (leaf 0's chain, then one call per whole subtree: B + 1 calls, stopping at
             1, 2, 4, ..., N leaves), "fused" (the whole tree in one call: no anytime stop before N) or
@@ -169,7 +170,7 @@ class AnytimeRunner:
         self,
         bundle_dir: str | Path,
         backend: str | Backend = "onnxruntime",
-        device: str = "cpu",
+        device: str | None = None,
         plan: str = DEFAULT_PLAN,
         precision: str = "fp32",
         *,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hne_edge.bundle import read_manifest
-from hne_edge.errors import BackendUnavailable
+from hne_edge.errors import BackendUnavailable, InputError
 from hne_edge.runtime.backends import BACKENDS, Backend, LoadedPlan, Runner, create_backend
 from hne_edge.runtime.backends.base import device_name, parse_device, units_from_tree
 
@@ -45,6 +45,16 @@ def test_registry_is_keyed_by_name_and_device_kind():
         create_backend("tensorrt", "cpu")
     for name in ("onnxruntime", "torch"):  # no CUDA graph is what the CPU does: asked for, it is not refused
         assert create_backend(name, "cpu", cuda_graph=False).device == "cpu"
+
+
+def test_a_built_backend_asked_for_another_device_is_refused_naming_both():
+    with pytest.raises(InputError, match=r"device: received 'cuda:1'; expected the built backend's device 'cpu'"):
+        create_backend(Probe("cpu"), "cuda:1")
+    gpu = Probe("cuda:1")
+    assert create_backend(gpu) is gpu  # no device asked for: the built backend's own
+    assert create_backend(Probe("cuda"), "cuda:0").device == "cuda"  # the same device, spelled another way
+    with pytest.raises(InputError, match=r"received 'cuda'; expected the built backend's device 'cuda:1'"):
+        create_backend(gpu, "cuda")
 
 
 def test_fallback_to_cpu_returns_the_cpu_backend_with_the_reason(monkeypatch, caplog):

@@ -560,6 +560,13 @@ def test_unknown_backend_and_device_and_plan(bundle):
         AnytimeRunner(bundle, plan="weights")
 
 
+def test_a_built_backend_with_another_device_is_refused_and_the_default_device_is_its_own(bundle):
+    with pytest.raises(InputError, match=r"device: received 'cuda'; expected the built backend's device 'cpu'"):
+        fake_runner(bundle, device="cuda")
+    runner, backend = fake_runner(bundle)  # no device given: the backend's, whichever it is
+    assert runner.device == backend.device == "cpu"
+
+
 # -- the input boundary ---------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from ...errors import BackendUnavailable, InputError
-from .base import Backend, Handle, LoadedPlan, Runner, Unit, parse_device
+from .base import Backend, Handle, LoadedPlan, Runner, Unit, device_name, parse_device
 
 __all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "backend_class", "Handle", "LoadedPlan", "Runner", "Unit", "create_backend"]
 
@@ -33,9 +33,16 @@ def backend_class(name: str, kind: str) -> type[Backend]:
     return getattr(importlib.import_module(module), attr)
 
 
-def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu: bool = False, **options: Any) -> Backend:
-    """The backend ``name`` for ``device`` (or an already built :class:`Backend`, returned as is; ``options`` with
-    it are refused: they are its constructor's).
+def _canonical_device(device: str) -> str:
+    """"cuda:0" -> "cuda", as :class:`Backend` names its device; a name it cannot parse is returned as is."""
+    kind, _, index = str(device).partition(":")
+    return device_name(kind, int(index)) if index.isdigit() else str(device)
+
+
+def create_backend(name: str | Backend, device: str | None = None, *, fallback_to_cpu: bool = False,
+                   **options: Any) -> Backend:
+    """The backend ``name`` for ``device`` (None: "cpu"), or an already built :class:`Backend`, returned as is;
+    ``options`` with it are refused (they are its constructor's), and so is a ``device`` other than its own.
 
     ``fallback_to_cpu``: when the GPU backend is unusable here (:class:`BackendUnavailable`), log the
     reason (warning) and return the same backend on the CPU, with ``fallback_reason`` set. Off by
@@ -46,7 +53,11 @@ def create_backend(name: str | Backend, device: str = "cpu", *, fallback_to_cpu:
             cls, names = type(name).__name__, sorted(options)
             raise InputError(f"{', '.join(names)}: received with a built backend ({cls}); expected them set on it: "
                              f"{cls}({', '.join(f'{k}=...' for k in names)})")
+        if device is not None and _canonical_device(device) != name.device:  # nor run it on another device
+            raise InputError(f"device: received {device!r}; expected the built backend's device {name.device!r}",
+                             hint="build the backend for that device, or leave device out")
         return name
+    device = "cpu" if device is None else device
     kinds = [k for n, k in BACKENDS if n == name]
     if not kinds:
         raise BackendUnavailable(f"received backend {name!r}; expected one of {sorted(BACKEND_NAMES)}")
