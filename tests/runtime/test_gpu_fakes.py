@@ -23,7 +23,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from hne_edge.errors import BackendUnavailable
+from hne_edge.errors import BackendUnavailable, InputError
 from hne_edge.runtime import AnytimeRunner
 from hne_edge.runtime.backends import BACKENDS, Backend, Runner, create_backend
 from hne_edge.runtime.backends.cuda import GraphCache, Slot, SlotPool, parse_device
@@ -225,7 +225,7 @@ def test_graph_cache_captures_once_per_shape_recaptures_on_change_and_evicts_lru
     assert captured == [(1, 3), (4, 3), (8, 3)] and set(cache.graphs) == {(1, 3), (8, 3)}
     cache.get((4, 3))  # comes back: re-captured
     assert captured[-1] == (4, 3) and cache.captures == 4
-    with pytest.raises(ValueError, match="max_graphs"):
+    with pytest.raises(InputError, match=r"max_graphs: received 0; expected an int >= 1"):
         GraphCache(capture, max_graphs=0)
 
 

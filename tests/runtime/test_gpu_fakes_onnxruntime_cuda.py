@@ -343,6 +343,19 @@ def test_tf32_has_one_switch_not_a_provider_option_beside_it(monkeypatch):
         create_backend("onnxruntime", device="cuda", provider_options={"use_tf32": "1"})
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(cudnn_conv_algo_search="exhaustive"), r"cudnn_conv_algo_search: received 'exhaustive'; expected one of "
+                                                r"\['EXHAUSTIVE'"),
+    (dict(max_graphs=0), r"max_graphs: received 0; expected an int >= 1"),
+    (dict(cuda_graph="false"), r"cuda_graph: received 'false'; expected True or False"),  # bool("false") is True
+    (dict(allow_tf32="false"), r"allow_tf32: received 'false'; expected True or False"),
+])  # fmt: skip
+def test_bad_options_are_input_errors_naming_them(monkeypatch, options, message):
+    cuda_provider_on_cpu(monkeypatch, version="1.31.1")
+    with pytest.raises(InputError, match=message):
+        create_backend("onnxruntime", device="cuda", **options)
+
+
 # -- budgets on a simulated H200 (issue 40, item 2) -----------------------------------------------------------
 
 # What each model file cost on the H200 with onnxruntime-gpu 1.31.1 (2026-11-28, hne_resnet_small, batch 1, graphs

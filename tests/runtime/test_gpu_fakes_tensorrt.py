@@ -336,6 +336,17 @@ def test_tensorrt_backend_refuses_engines_from_another_version(fake_trt_bundle, 
         AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", precision="fp16", load_profile=False)
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(cuda_graph="false"), r"cuda_graph: received 'false'; expected True or False"),  # bool("false") is True
+    (dict(max_graphs=0), r"max_graphs: received 0; expected an int >= 1"),
+])  # fmt: skip
+def test_tensorrt_backend_refuses_bad_options_as_input_errors_naming_them(fake_trt_bundle, options, message):
+    from hne_edge.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        AnytimeRunner(fake_trt_bundle.root, backend="tensorrt", device="cuda", load_profile=False, **options)
+
+
 def test_version_compatible_engines_are_loaded_with_their_embedded_runtime(tiny_bundle, reference64, tmp_path,
                                                                              monkeypatch):  # fmt: skip
     """`export --format tensorrt --version-compatible` embeds TensorRT's lean runtime (host code) in each engine,

@@ -331,6 +331,17 @@ def test_torch_cuda_captures_one_at_a_time_and_never_stops_other_threads_work():
     assert errors == []
 
 
-def test_torch_cuda_refuses_a_graph_warmup_below_one(fake_torch_cuda):
-    with pytest.raises(ValueError, match="graph_warmup: received 0; expected >= 1"):
-        create_backend("torch", device="cuda", graph_warmup=0)
+@pytest.mark.parametrize("options, message", [
+    (dict(graph_warmup=0), r"graph_warmup: received 0; expected an int >= 1"),
+    (dict(capture_sizes=[0, 2]), r"capture_sizes: received \[0, 2\]; expected batch sizes \(ints >= 1\)"),
+    (dict(max_graphs=0), r"max_graphs: received 0; expected an int >= 1"),
+    (dict(cuda_graph="false"), r"cuda_graph: received 'false'; expected True or False"),  # bool("false") is True
+    (dict(allow_tf32="no"), r"allow_tf32: received 'no'; expected True or False"),
+    (dict(fold_batchnorm=0), r"fold_batchnorm: received 0; expected True or False"),
+    (dict(channels_last="false"), r"channels_last: received 'false'; expected True or False"),
+])  # fmt: skip
+def test_torch_cuda_refuses_bad_options_as_input_errors_naming_them(fake_torch_cuda, options, message):
+    from hne_edge.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        create_backend("torch", device="cuda", **options)

@@ -223,6 +223,7 @@ def test_levers_run_in_the_cuda_graphs_of_the_torch_cuda_backend(steps_bundle, r
     (dict(dense_groups=2.0), r"dense_groups: received 2.0; expected an int >= 1"),
     (dict(pointwise="gemm"), r"pointwise: received 'gemm'; expected one of conv, bmm"),
     (dict(bfloat16="yes"), r"bfloat16: received 'yes'; expected True or False"),
+    (dict(fold_batchnorm="false"), r"fold_batchnorm: received 'false'; expected True or False"),  # bool() read True
     (dict(compile_mode="max-autotune-no-cudagraphs"), r"compile_mode: received 'max-autotune-no-cudagraphs' with "
                                                       r"compile=False; expected None, or one of default, "
                                                       r"max-autotune-no-cudagraphs with compile=True"),

@@ -137,6 +137,20 @@ def parse_device(backend: str, device: str, devices: Sequence[str]) -> int:
     )
 
 
+def check_flag(value: Any, name: str) -> bool:
+    """A backend's on/off option: True or False only (``bool("false")`` is True: a string would turn it on)."""
+    if not isinstance(value, bool):
+        raise InputError(f"{name}: received {value!r}; expected True or False")
+    return value
+
+
+def check_positive(value: Any, name: str, why: str = "") -> int:
+    """A backend's count that must be at least 1 (``why``: appended to the message, e.g. " (...)")."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(f"{name}: received {value!r}; expected an int >= 1{why}")
+    return int(value)
+
+
 def image_dtype(units: Sequence[Unit], manifest: Manifest) -> str:
     """The dtype the root units read (fp16 files read fp16); the manifest's input dtype when no unit reads the image."""
     return next((u.inputs[0].dtype for u in units if u.inputs[0].node is None), manifest.input.dtype)

@@ -48,7 +48,7 @@ import numpy as np
 
 from ...errors import BackendUnavailable, DeviceError, InputError, ResourceExhausted, install_hint
 from ...tensorrt_compat import import_cudart
-from .base import device_name, parse_device  # noqa: F401 - parse_device: the GPU backends' name for it
+from .base import check_positive, device_name, parse_device  # noqa: F401 - parse_device: the GPU backends' name for it
 
 __all__ = [
     "CAPTURE_LOCK",
@@ -676,8 +676,7 @@ class GraphCache:
 
     def __init__(self, capture: Callable[[Hashable], Callable[[], Any]], max_graphs: int = 4,
                  on_capture: Callable[[], None] | None = None) -> None:  # fmt: skip
-        if max_graphs < 1:
-            raise ValueError(f"max_graphs: received {max_graphs}; expected >= 1")
+        max_graphs = check_positive(max_graphs, "max_graphs")
         self._capture = capture
         self._on_capture = on_capture  # the backend's count of cold calls
         self.max_graphs = max_graphs

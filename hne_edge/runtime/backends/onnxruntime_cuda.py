@@ -59,7 +59,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...errors import BackendUnavailable, InputError, install_hint
-from .base import Handle, LoadedPlan, Runner, Unit
+from .base import Handle, LoadedPlan, Runner, Unit, check_flag, check_positive
 from .cuda import (
     CAPTURE_LOCK, CPU_CLI_HINT, CPU_HINT, CudaIO, CudaTimingMixin, GraphCache, Slot, SlotPool, WarmGraphsMixin,
     no_gpu_here, open_device, require_cuda,
@@ -316,12 +316,16 @@ class OnnxRuntimeCudaBackend(WarmGraphsMixin, CudaTimingMixin, OnnxRuntimeBacken
         provider_options: dict[str, str] | None = None,
     ) -> None:
         if cudnn_conv_algo_search not in CONV_SEARCH:
-            raise ValueError(f"cudnn_conv_algo_search: received {cudnn_conv_algo_search!r}; expected one of {list(CONV_SEARCH)}")
+            raise InputError(f"cudnn_conv_algo_search: received {cudnn_conv_algo_search!r}; "
+                             f"expected one of {list(CONV_SEARCH)}")
+        for name, flag in (("cuda_graph", cuda_graph), ("allow_tf32", allow_tf32)):
+            check_flag(flag, name)
+        max_graphs = check_positive(max_graphs, "max_graphs")
         OnnxRuntimeBackend.__init__(self, device, threads=threads, spinning=spinning)  # the device, ort, the CPU options
-        self.cuda_graph = bool(cuda_graph)
-        self.max_graphs = int(max_graphs)
+        self.cuda_graph = cuda_graph
+        self.max_graphs = max_graphs
         self.conv_search = cudnn_conv_algo_search
-        self.allow_tf32 = bool(allow_tf32)
+        self.allow_tf32 = allow_tf32
         if "use_tf32" in (provider_options or {}):
             raise InputError(f"provider_options: received 'use_tf32' ({provider_options['use_tf32']!r}); expected "
                              "allow_tf32=True or False, the backend's one switch for TF32 (it sets use_tf32)")  # fmt: skip

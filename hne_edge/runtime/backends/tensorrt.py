@@ -65,7 +65,7 @@ from ...bundle import Manifest, ModelFile
 from ...errors import BackendUnavailable, BundleError, DeviceError
 from ...limits import check_threads
 from ...tensorrt_compat import device_info, engine_compatibility, load_tensorrt, version_compatible
-from .base import Backend, Handle, LoadedPlan, Runner, Unit
+from .base import Backend, Handle, LoadedPlan, Runner, Unit, check_flag, check_positive
 from .cuda import (
     CudaIO, CudaTimingMixin, DeviceArray, GraphCache, Slot, SlotPool, WarmGraphsMixin, open_device, require_cuda,
 )
@@ -269,6 +269,8 @@ class TensorRTBackend(WarmGraphsMixin, CudaTimingMixin, Backend):
         threads: int | None = None,  # accepted for symmetry with the CPU backends; unused
     ) -> None:
         super().__init__(device)
+        check_flag(cuda_graph, "cuda_graph")
+        max_graphs = check_positive(max_graphs, "max_graphs")
         check_threads(threads)  # unused, but held to the one bound like every other thread count
         self.trt = trt = load_tensorrt()  # BackendUnavailable with the install hint
         require_cuda(self.name, self.device_id, f" (TensorRT {trt.__version__} is installed)")
@@ -276,8 +278,8 @@ class TensorRTBackend(WarmGraphsMixin, CudaTimingMixin, Backend):
         self.cuda = open_device(self.device_id, memory)
         self.logger = trt.Logger(trt.Logger.VERBOSE if verbose else trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
-        self.cuda_graph = bool(cuda_graph)
-        self.max_graphs = int(max_graphs)
+        self.cuda_graph = cuda_graph
+        self.max_graphs = max_graphs
         self.scratch: DeviceArray | None = None
         self.scratch_generation = 0
         self._scratch_need = 0

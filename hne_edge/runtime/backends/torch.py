@@ -30,7 +30,7 @@ import numpy as np
 from ...bundle import ANYTIME_PLANS, WEIGHTS, Manifest, bundle_path
 from ...errors import BackendUnavailable, BundleError, InputError, install_hint
 from ...limits import check_threads
-from .base import Backend, Handle, LoadedPlan, Runner, Unit, image_dtype, units_from_tree
+from .base import Backend, Handle, LoadedPlan, Runner, Unit, check_flag, image_dtype, units_from_tree
 
 __all__ = ["TorchBackend", "TorchRunner", "COMPILE_MODES"]
 
@@ -134,8 +134,8 @@ class TorchBackend(Backend):
         if not (type(dense_groups) is int and dense_groups >= 1):
             raise InputError(f"dense_groups: received {dense_groups!r}; expected an int >= 1 "
                              "(1: no convolution densified)")
-        if not isinstance(bfloat16, bool):
-            raise InputError(f"bfloat16: received {bfloat16!r}; expected True or False")
+        check_flag(bfloat16, "bfloat16")
+        check_flag(fold_batchnorm, "fold_batchnorm")
         self.torch = _import_torch()
         from ...models.layers import POINTWISE_MODES
 
@@ -144,7 +144,7 @@ class TorchBackend(Backend):
         if threads is not None:
             self.torch.set_num_threads(threads)
         self.threads = threads
-        self.fold_batchnorm = bool(fold_batchnorm)
+        self.fold_batchnorm = fold_batchnorm
         self.compile = compile
         self.compile_mode = compile_mode
         self.pointwise = pointwise

@@ -52,7 +52,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .base import Handle, LoadedPlan, Runner, Unit
+from ...errors import InputError
+from .base import Handle, LoadedPlan, Runner, Unit, check_flag, check_positive
 from .cuda import CudaTimingMixin, GraphCache, TorchCuda, WarmGraphsMixin, require_cuda
 from .torch import TorchBackend, TorchRunner
 
@@ -267,22 +268,24 @@ class TorchCudaBackend(WarmGraphsMixin, CudaTimingMixin, TorchBackend):
         dense_groups: int = 1,
         bfloat16: bool = False,
     ) -> None:
-        if int(graph_warmup) < 1:
-            raise ValueError(f"graph_warmup: received {graph_warmup}; expected >= 1 (the first call of a shape is one)")
+        graph_warmup = check_positive(graph_warmup, "graph_warmup", " (the first call of a shape is one)")
+        max_graphs = check_positive(max_graphs, "max_graphs")
+        for name, flag in (("channels_last", channels_last), ("cuda_graph", cuda_graph), ("allow_tf32", allow_tf32)):
+            check_flag(flag, name)
+        if capture_sizes is not None and not (capture_sizes and all(type(b) is int and b >= 1 for b in capture_sizes)):
+            raise InputError(f"capture_sizes: received {capture_sizes!r}; expected batch sizes (ints >= 1)")
         TorchBackend.__init__(self, device, threads=threads, fold_batchnorm=fold_batchnorm, compile=compile,
                               compile_mode=compile_mode, pointwise=pointwise, dense_groups=dense_groups,
                               bfloat16=bfloat16)  # the device, torch and the levers, checked  # fmt: skip
         require_cuda(self.name, self.device_id, torch=True)
         self.cuda = TorchCuda(self.device_id)
-        self.channels_last = bool(channels_last)
-        self.cuda_graph = bool(cuda_graph)
-        if capture_sizes is not None and not (capture_sizes and all(type(b) is int and b >= 1 for b in capture_sizes)):
-            raise ValueError(f"capture_sizes: received {capture_sizes!r}; expected batch sizes (ints >= 1)")
+        self.channels_last = channels_last
+        self.cuda_graph = cuda_graph
         self.capture_sizes = None if capture_sizes is None else sorted(set(capture_sizes))
         self._runners: list[TorchCudaRunner] = []
-        self.max_graphs = int(max_graphs)
-        self.graph_warmup = int(graph_warmup)
-        self.allow_tf32 = bool(allow_tf32)
+        self.max_graphs = max_graphs
+        self.graph_warmup = graph_warmup
+        self.allow_tf32 = allow_tf32
         self.cudnn_benchmark = cudnn_benchmark
         self.policy = Fp32Policy(self.torch, self.allow_tf32, cudnn_benchmark, matmul=self.pointwise == "bmm")
 
