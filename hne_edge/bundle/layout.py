@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -40,13 +42,19 @@ BUNDLE_LAYOUT = {MANIFEST_NAME: "file", **dict.fromkeys(FORMATS, "dir"), PROFILE
 _SUFFIX = {"onnx": ".onnx", "tensorrt": ".plan"}
 
 
-def profile_filename(device: str, backend: str, plan: str, precision: str) -> str:
-    """The name of a cost profile in a bundle's ``profiles/`` (one per device, backend, runner plan and precision)."""
-    return f"{device}-{backend}-{plan}-{precision}.json"
+def profile_filename(device: str, backend: str, plan: str, precision: str, options: Any = None) -> str:
+    """The name of a cost profile in a bundle's ``profiles/`` (one per device, backend, runner plan and precision,
+    and backend options: ``options``, those not at their defaults, add a digest of theirs, so that another
+    setup's profile is never overwritten; the default setup's name has none)."""
+    if not options:
+        return f"{device}-{backend}-{plan}-{precision}.json"
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{device}-{backend}-{plan}-{precision}-{digest}.json"
 
 
 # what profile_filename makes (a device name has no "-"; a backend name may); a profile is at most this big
-_PROFILE_NAME = re.compile(rf"[^-/\x00]+-[^/\x00]+-(?:{'|'.join(RUNNER_PLANS)})-(?:{'|'.join(PRECISIONS)})\.json")
+_PROFILE_NAME = re.compile(
+    rf"[^-/\x00]+-[^/\x00]+-(?:{'|'.join(RUNNER_PLANS)})-(?:{'|'.join(PRECISIONS)})(?:-[0-9a-f]{{8}})?\.json")
 MAX_PROFILE_BYTES = MAX_JSON_BYTES  # the bound the runtime reads a profile within (hne_edge.limits)
 
 

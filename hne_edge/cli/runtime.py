@@ -71,7 +71,8 @@ def _open(bundle, backend, device, plan, precision, threads, cuda_graph=None):
                          "interpolates between profiled sizes).")
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--repeats", default=50, show_default=True, type=click.IntRange(min=1))
-@force_option("a file of the profile's name (profiles/DEVICE-BACKEND-PLAN-PRECISION.json in BUNDLE)")
+@force_option("a file of the profile's name (profiles/DEVICE-BACKEND-PLAN-PRECISION.json in BUNDLE, with "
+              "-DIGEST before .json for non-default backend options such as --threads)")
 @_runner_options
 @quiet_option
 def profile(bundle, batch_sizes, warmup, repeats, force, backend, device, plan, precision, threads, cuda_graph, quiet):
@@ -87,7 +88,8 @@ def profile(bundle, batch_sizes, warmup, repeats, force, backend, device, plan, 
             lo, opt, _ = runner.input_spec.batch
             within_batch_range(runner.input_spec.batch, batch_sizes or (), "--batch-sizes")
             sizes = batch_sizes or tuple(sorted({lo, opt}))
-            name = profile_filename(runner.device, runner.backend.name, plan, precision)
+            name = profile_filename(runner.device, runner.backend.name, plan, precision,
+                                    runner.backend.changed_options())
             check_profile_target(bundle, name, force)  # before it measures; checked again when it saves
         for w in held:
             warnings.warn(w.message, stacklevel=1)

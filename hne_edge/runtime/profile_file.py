@@ -3,11 +3,13 @@
 **Profiles.** ``AnytimeRunner.profile()`` times every step (and every
 unit) after warm-up and saves a :class:`Profile` next to the bundle, as
 ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json`` keyed by
-batch size. If the bundle directory is read-only it goes to the user cache
+batch size (``...-<precision>-<digest>.json`` when backend options that change
+what a step costs, such as threads or bfloat16, are not the defaults). If the
+bundle directory is read-only it goes to the user cache
 (``$HNE_EDGE_CACHE`` or ``$XDG_CACHE_HOME/hne-edge`` or ``~/.cache/hne-edge``,
 under ``profiles/<manifest sha256[:16]>/``) with a warning. A new runner
-loads a profile that matches the manifest's sha256, backend, device, plan and
-precision; where both the bundle and the cache hold one, the one measured last
+loads a profile that matches the manifest's sha256, backend, device, plan,
+precision and those backend options; where both the bundle and the cache hold one, the one measured last
 (its ``created`` time) wins, the bundle's on a tie: profiling a read-only
 bundle again replaces its stale profile as profiling a writable one does.
 
@@ -24,7 +26,7 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -180,7 +182,7 @@ class Profile:
 
     @property
     def filename(self) -> str:
-        return profile_filename(self.device, self.backend, self.plan, self.precision)
+        return profile_filename(self.device, self.backend, self.plan, self.precision, self.backend_info.get("options"))
 
     @property
     def label(self) -> str:
@@ -247,11 +249,15 @@ class Profile:
             created=d.get("created", ""),
         )
 
-    def matches(self, manifest_sha256: str, backend: str, device: str, plan: str, precision: str) -> bool:
-        return self.mismatch(manifest_sha256, backend, device, plan, precision) is None
+    def matches(self, manifest_sha256: str, backend: str, device: str, plan: str, precision: str,
+                timing: Mapping[str, Any] | None = None) -> bool:
+        return self.mismatch(manifest_sha256, backend, device, plan, precision, timing) is None
 
-    def mismatch(self, manifest_sha256: str, backend: str, device: str, plan: str, precision: str) -> str | None:
-        """Why this profile is not the one of that bundle and variant (None: it is)."""
+    def mismatch(self, manifest_sha256: str, backend: str, device: str, plan: str, precision: str,
+                 timing: Mapping[str, Any] | None = None) -> str | None:
+        """Why this profile is not the one of that bundle and variant (None: it is); ``timing``: the backend's
+        options that change what a step costs, as its ``describe()`` says them (each one this profile's
+        ``backend_info`` records must be the same: bfloat16 or other threads time other steps)."""
         if self.manifest_sha256 != manifest_sha256:
             return (f"it was measured for another version of this bundle (manifest sha256 {self.manifest_sha256[:12]}...; "
                     f"this bundle's is {manifest_sha256[:12]}...)")  # fmt: skip
@@ -259,6 +265,9 @@ class Profile:
                                    ("plan", self.plan, plan), ("precision", self.precision, precision)):  # fmt: skip
             if mine != wanted:
                 return f"it was measured for {name} {_short(mine)}, not {_short(wanted)}"
+        for name, wanted in (timing or {}).items():
+            if name in self.backend_info and self.backend_info[name] != wanted:
+                return f"it was measured with {name}={_short(self.backend_info[name])}, not {_short(wanted)}"
         return None
 
 
@@ -355,6 +364,8 @@ def find_profile(
     precision: str,
     num_leaves: int | None = None,
     batch_range: Sequence[int] | None = None,
+    options: Mapping[str, Any] | None = None,
+    timing: Mapping[str, Any] | None = None,
 ) -> tuple[Profile | None, Path | None, str]:
     """The matching saved profile, its path, and why (not) found: of the bundle's and the user cache's, the one
     measured last (the bundle's on a tie, or when neither says when), so that a profile saved to the cache because
@@ -362,9 +373,10 @@ def find_profile(
 
     An invalid profile, or one reached through a symlink out of the bundle, is ignored with a warning; so is one
     made for another version of the bundle or another variant, once a process (each runner on the bundle would
-    say it again: bench-streams opens one per camera).
+    say it again: bench-streams opens one per camera). ``options``: the backend's options not at their defaults
+    (they name the file); ``timing``: see :meth:`Profile.mismatch`.
     """
-    name = profile_filename(device, backend, plan, precision)
+    name = profile_filename(device, backend, plan, precision, options)
     in_bundle = Path(bundle_dir) / PROFILES_DIR / name
     candidates = [in_bundle, user_cache_dir() / "profiles" / manifest_sha256[:16] / name]
     reasons, found = [], []
@@ -380,7 +392,7 @@ def find_profile(
             warnings.warn(f"ignoring saved profile {path}: {exc}", stacklevel=2)
             reasons.append(f"{path}: ignored ({exc})")
             continue
-        why = profile.mismatch(manifest_sha256, backend, device, plan, precision)
+        why = profile.mismatch(manifest_sha256, backend, device, plan, precision, timing)
         if why is not None:
             if (str(path), profile.manifest_sha256, manifest_sha256) not in _SAID:
                 _SAID.add((str(path), profile.manifest_sha256, manifest_sha256))

@@ -259,7 +259,7 @@ class AnytimeRunner:
         if load_profile:
             self.profile_data, self.profile_path, self.profile_status = find_profile(
                 self.bundle_dir, self.manifest_sha256, self.backend.name, self.device, plan, precision,
-                len(self._program.steps), self.input_spec.batch,
+                len(self._program.steps), self.input_spec.batch, self.backend.changed_options(), self._timing(),
             )
         self.quantile = quantile
         self.cost = self._cost_model(self.profile_data)
@@ -540,7 +540,8 @@ class AnytimeRunner:
 
         ``progress`` (:mod:`hne_edge.progress`) counts the passes over the tree.
 
-        Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json``
+        Saves to ``<bundle>/profiles/<device>-<backend>-<plan>-<precision>.json`` (``-<digest>`` before
+        ``.json`` when the backend's options that change what a step costs are not its defaults)
         (or the user cache if the bundle is read-only, gone or replaced since; ``self.profile_path`` says where).
         A later runner loads whichever of the two was measured last (:func:`~.profile_file.find_profile`).
         """
@@ -576,7 +577,7 @@ class AnytimeRunner:
             plan=self.plan,
             precision=self.precision,
             batches=batches,
-            backend_info=self.backend.describe(),
+            backend_info={**self.backend.describe(), "options": self.backend.changed_options()},  # options: its name
             host=host_info(),
         )
         measured = frozenset(profile.batches)  # measured here, now: what a profile's audit would ask (not the rest)
@@ -589,6 +590,11 @@ class AnytimeRunner:
             self.profile_path, fell_back = save_profile(profile, self.bundle_dir)
             self.profile_status = f"saved {self.profile_path}" + (" (bundle dir not writable)" if fell_back else "")
         return profile
+
+    def _timing(self) -> dict[str, Any]:
+        """The backend's options that change what a step costs, as its describe() says them (and a profile records)."""
+        info = self.backend.describe()
+        return {k: info[k] for k in self.backend.timing_options() if k in info}
 
     def use_profile(self, profile: Profile) -> None:
         """Predict from ``profile`` (e.g. another runner's of the same bundle, backend, device, plan and precision:

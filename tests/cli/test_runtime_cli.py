@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -84,8 +85,15 @@ def test_cuda_graph_on_the_cpu_is_refused_naming_the_flag_and_off_is_what_the_cp
 def test_profile_and_bench(cli_bundle, tmp_path):
     proc = run_cli("profile", str(cli_bundle / "b"), "--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1",
                    "--threads", "1", "--device", "cpu", check=True)  # auto: ONNX Runtime CUDA with onnxruntime-gpu
-    assert "batch=2" in proc.stdout and "saved" in proc.stdout
-    assert (cli_bundle / "b" / "profiles" / "cpu-onnxruntime-segments-fp32.json").is_file()
+    assert "batch=2" in proc.stdout
+    # --threads 1 is not the default setup: its profile is named apart (a runner of the default threads, which
+    # would take it for its own, never loads it; and neither overwrites the other's)
+    assert re.search(r"^saved \S+/profiles/cpu-onnxruntime-segments-fp32-[0-9a-f]{8}\.json$", proc.stdout, re.M)
+    proc = run_cli("profile", str(cli_bundle / "b"), "--batch-sizes", "1", "--repeats", "2", "--device", "cpu",
+                   check=True)  # fmt: skip
+    default = cli_bundle / "b" / "profiles" / "cpu-onnxruntime-segments-fp32.json"
+    assert proc.stdout.splitlines()[-1] == f"saved {default}"
+    assert len(list((cli_bundle / "b" / "profiles").iterdir())) == 2
     out = tmp_path / "bench"
     proc = run_cli("bench", str(cli_bundle / "b"), "--repeats", "2", "--warmup", "1", "--data", str(cli_bundle / "data.npz"), "--out", str(out), "--threads", "1", check=True)
     data = json.loads((out / "bench.json").read_text())

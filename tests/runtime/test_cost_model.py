@@ -241,6 +241,45 @@ def test_a_profile_of_another_version_of_the_bundle_is_dropped_with_one_warning(
         assert open_runner().profile_data is None
 
 
+class Tuned(FakeBackend):
+    """The fake backend with an option that changes what a step costs (as bfloat16 or threads do on real ones)."""
+
+    def __init__(self, tree, classes, fast: bool = False):
+        super().__init__(tree, classes)
+        self.fast = fast
+
+    def timing_options(self):
+        return {"fast": self.fast}
+
+    def describe(self):
+        return {**super().describe(), "fast": self.fast}
+
+
+def test_a_profile_measured_with_other_backend_options_is_neither_loaded_nor_overwritten(tmp_path):
+    """A profile measured with torch's bfloat16=True was loaded without a word by a runner computing fp32 (the
+    name and the match ignored the backend's options), and either setup's profile overwrote the other's."""
+    b = make_fake_bundle(tmp_path / "b", branching=(1, 2, 2), classes=4)
+    m = read_manifest(b)
+
+    def open_runner(**options):
+        return AnytimeRunner(b, backend=Tuned(m.tree, m.num_classes, **options), warmup=0)
+
+    open_runner().profile(warmup=0, repeats=3)
+    open_runner(fast=True).profile(warmup=0, repeats=3)
+    default = b / "profiles" / "cpu-fake-segments-fp32.json"  # the default setup's name, as the docs give it
+    (other,) = [p for p in (b / "profiles").iterdir() if p != default]
+    assert default.is_file() and other.name.startswith("cpu-fake-segments-fp32-")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert open_runner(fast=True).profile_data.backend_info["fast"] is True
+        assert open_runner().profile_data.backend_info["fast"] is False
+    shutil.copyfile(other, default)  # as an older version named it: the same name for both
+    with pytest.warns(UserWarning, match=rf"ignoring saved profile {default}: it was measured with fast=True, not False"
+                      ):  # fmt: skip
+        runner = open_runner()
+    assert runner.profile_data is None and "fast=True" in runner.profile_status
+
+
 def test_a_valid_profile_loads_without_warning(profiled):
     b, path, open_runner = profiled
     with warnings.catch_warnings():

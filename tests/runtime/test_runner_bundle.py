@@ -49,7 +49,7 @@ def test_budgeted_run_and_profile_on_onnxruntime(tiny_bundle, tmp_path):
     shutil.copytree(tiny_bundle.bundle_dir, bundle)
     with AnytimeRunner(bundle, threads=1) as runner:
         prof = runner.profile(batch_sizes=(1, 2), warmup=1, repeats=3)
-        assert (bundle / "profiles" / "cpu-onnxruntime-segments-fp32.json").is_file()
+        assert runner.profile_path.parent == bundle / "profiles" and runner.profile_path.is_file()
         assert len(prof.batches[1]["leaves"]) == 16
         x = runner.preprocess(np.zeros((16, 16, 3), np.uint8))
         r = runner.run(x, budget_ms=10_000)

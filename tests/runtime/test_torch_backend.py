@@ -125,6 +125,18 @@ def test_every_compiled_unit_stays_compiled_at_every_capture_size(tiny_bundle, r
     assert config.recompile_limit == limits["recompile_limit"] and not config.fail_on_recompile_limit_hit
 
 
+def test_a_bfloat16_profile_is_not_loaded_by_a_runner_computing_fp32(tiny_bundle, tmp_path):
+    import shutil
+
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "b")
+    with AnytimeRunner(bundle, backend="torch", plan="segments", bfloat16=True, warmup=0) as runner:
+        runner.profile(batch_sizes=[1], warmup=0, repeats=2)
+    with AnytimeRunner(bundle, backend="torch", plan="segments", warmup=0) as runner:
+        assert runner.profile_data is None, runner.profile_status
+    with AnytimeRunner(bundle, backend="torch", plan="segments", bfloat16=True, warmup=0) as runner:
+        assert runner.profile_data.backend_info["bfloat16"] is True
+
+
 def test_compile_option_is_checked(tiny_bundle):
     from hne_edge.errors import InputError
 

@@ -36,6 +36,7 @@ scheduler needs no change.
 
 from __future__ import annotations
 
+import inspect
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -422,6 +423,16 @@ class Backend(ABC):
     def describe(self) -> dict[str, Any]:
         """Versions and settings, recorded in saved profiles."""
         return {"backend": self.name, "device": self.device}
+
+    def timing_options(self) -> dict[str, Any]:
+        """The constructor's options, as given, that change what a step costs (threads, bfloat16, CUDA graphs...):
+        a profile whose :meth:`describe` says other values for them was measured on another setup."""
+        return {}
+
+    def changed_options(self) -> dict[str, Any]:
+        """:meth:`timing_options` not at the constructor's defaults (they name a profile's file)."""
+        params = inspect.signature(type(self)).parameters
+        return {k: v for k, v in self.timing_options().items() if k not in params or v != params[k].default}
 
     def close(self) -> None:
         """Free backend-wide resources (after every runner was released)."""

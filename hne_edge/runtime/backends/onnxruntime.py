@@ -190,6 +190,9 @@ class OnnxRuntimeBackend(Backend):
     def create_runner(self, unit: Unit, loaded: LoadedPlan) -> Runner:
         return OnnxRuntimeRunner(unit, self)
 
+    def timing_options(self) -> dict[str, Any]:
+        return {"threads": self.threads, "spinning": self.spinning}
+
     def describe(self) -> dict[str, Any]:
         info = {
             "backend": self.name,

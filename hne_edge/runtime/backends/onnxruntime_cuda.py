@@ -330,6 +330,7 @@ class OnnxRuntimeCudaBackend(WarmGraphsMixin, CudaTimingMixin, OnnxRuntimeBacken
             raise InputError(f"provider_options: received 'use_tf32' ({provider_options['use_tf32']!r}); expected "
                              "allow_tf32=True or False, the backend's one switch for TF32 (it sets use_tf32)")  # fmt: skip
         self.provider_options: dict[str, str] = {}  # the CUDA provider's, as asked (set by _open_cuda)
+        self.extra_provider_options = dict(provider_options) if provider_options else None  # the caller's
         self.cuda, self.providers = self._open_cuda(memory, provider_options or {})
         self.run_config = {"disable_synchronize_execution_providers": "1"}
         self.run_options = self.run_options_for(self.run_config)
@@ -440,6 +441,10 @@ class OnnxRuntimeCudaBackend(WarmGraphsMixin, CudaTimingMixin, OnnxRuntimeBacken
         a staged image, or a runner's slot-0 output."""
         return self.io.is_fixed(value)
 
+    def timing_options(self) -> dict[str, Any]:
+        return {**super().timing_options(), "cuda_graph": self.cuda_graph, "cudnn_conv_algo_search": self.conv_search,
+                "allow_tf32": self.allow_tf32, "provider_options": self.extra_provider_options}  # fmt: skip
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(
@@ -448,6 +453,7 @@ class OnnxRuntimeCudaBackend(WarmGraphsMixin, CudaTimingMixin, OnnxRuntimeBacken
                 "cuda_graph": self.cuda_graph,
                 "cudnn_conv_algo_search": self.conv_search,
                 "allow_tf32": self.allow_tf32,
+                "provider_options": self.extra_provider_options,
                 "stream_from": self.cuda.kind,
             }
         )

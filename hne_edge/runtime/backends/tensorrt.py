@@ -341,6 +341,9 @@ class TensorRTBackend(WarmGraphsMixin, CudaTimingMixin, Backend):
         self.cuda.download(handle.ptr, out)  # synchronizes the stream first
         return out
 
+    def timing_options(self) -> dict[str, Any]:
+        return {"cuda_graph": self.cuda_graph}
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": self.name,

@@ -247,6 +247,9 @@ class TorchBackend(Backend):
             **self.levers(),
         }
 
+    def timing_options(self) -> dict[str, Any]:
+        return {"threads": self.threads, "fold_batchnorm": self.fold_batchnorm, **self.levers()}
+
     def levers(self) -> dict[str, Any]:
         """The options that compute the same units another way, as :meth:`describe` reports them."""
         return {"compile": self.compile, "compile_mode": self.compile_mode, "pointwise": self.pointwise,

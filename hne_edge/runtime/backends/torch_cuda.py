@@ -348,6 +348,10 @@ class TorchCudaBackend(WarmGraphsMixin, CudaTimingMixin, TorchBackend):
         with self.cuda.stream_context():
             return [part.clone() for part in self.torch.split(handle, list(rows), dim=0)]
 
+    def timing_options(self) -> dict[str, Any]:
+        return {**super().timing_options(), "channels_last": self.channels_last, "cuda_graph": self.cuda_graph,
+                "allow_tf32": self.allow_tf32, "cudnn_benchmark": self.cudnn_benchmark}  # fmt: skip
+
     def describe(self) -> dict[str, Any]:
         torch = self.torch
         return {
@@ -356,6 +360,7 @@ class TorchCudaBackend(WarmGraphsMixin, CudaTimingMixin, TorchBackend):
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "gpu": self.cuda.gpu_name(),
+            "threads": self.threads,
             "channels_last": self.channels_last,
             "fold_batchnorm": self.fold_batchnorm,
             "cuda_graph": self.cuda_graph,
