@@ -137,6 +137,39 @@ def test_a_bfloat16_profile_is_not_loaded_by_a_runner_computing_fp32(tiny_bundle
         assert runner.profile_data.backend_info["bfloat16"] is True
 
 
+READ_ONLY_INPUT = """
+import sys, numpy as np
+from hne_edge.runtime import AnytimeRunner
+
+x = np.load(sys.argv[2], mmap_mode="r")  # read-only, as np.frombuffer's
+with AnytimeRunner(sys.argv[1], backend="torch", plan="segments", load_profile=False, warmup=0) as runner:
+    ran = runner.run(x).logits
+    session = runner.start(x)
+    session.refine()
+    np.save(sys.argv[3], np.stack([ran, session.result().logits, runner.run(np.array(x)).logits]))
+"""
+
+
+def test_a_read_only_input_runs_on_torch_without_a_warning_and_is_never_written(tiny_bundle, tmp_path):
+    """torch's "The given NumPy array is not writable ..." UserWarning reached the caller (once a process: hence a
+    fresh one) for an input np.load(mmap_mode="r") or np.frombuffer had made."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([sys.executable, "-W", "default", "-c", READ_ONLY_INPUT, str(tiny_bundle.bundle_dir),
+                           str(tmp_path / "x.npy"), str(tmp_path / "out.npy")], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    ran, started, writable = np.load(tmp_path / "out.npy")
+    np.testing.assert_allclose(ran, writable, rtol=1e-5, atol=1e-6)  # the same answer as from a writable copy
+    np.testing.assert_allclose(started, writable, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(np.load(tmp_path / "x.npy"), x)  # the caller's file was never written
+
+
 def test_compile_option_is_checked(tiny_bundle):
     from hne_edge.errors import InputError
 

@@ -222,7 +222,9 @@ class TorchBackend(Backend):
         return TorchRunner(unit, self, loaded)
 
     def from_host(self, array: np.ndarray) -> Handle:
-        return self.torch.from_numpy(array)  # already in the units' dtype (the runner casts it)
+        # already in the units' dtype (the runner casts it). A read-only array (np.load(mmap_mode="r"), np.frombuffer)
+        # is copied: a tensor over it could be written, so torch warns; start() keeps that copy (owned: no second)
+        return self.torch.from_numpy(array) if array.flags.writeable else self.torch.tensor(array)
 
     def owned(self, handle: Handle, array: np.ndarray) -> Handle:
         shared = handle.device.type == "cpu" and np.may_share_memory(handle.numpy(), array)  # from_numpy shares

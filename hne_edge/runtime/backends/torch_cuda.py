@@ -325,7 +325,9 @@ class TorchCudaBackend(WarmGraphsMixin, CudaTimingMixin, TorchBackend):
     def from_host(self, array: np.ndarray) -> Handle:
         torch = self.torch
         with self.cuda.stream_context():
-            x = torch.from_numpy(np.ascontiguousarray(array)).to(self.cuda.device)  # in the units' dtype already
+            host, device = np.ascontiguousarray(array), self.cuda.device  # in the units' dtype already
+            # a read-only array (np.load(mmap_mode="r")) goes straight to the device: torch warns at a tensor over it
+            x = torch.from_numpy(host).to(device) if host.flags.writeable else torch.tensor(host, device=device)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
         return x
