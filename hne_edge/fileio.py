@@ -58,6 +58,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "swap_dir_into_place",
+    "replace_files_then",
     "absolute_folder",
     "check_output_dir",
     "check_outputs",
@@ -316,6 +317,33 @@ def swap_dir_into_place(tmp: Path, out: Path) -> None:
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def replace_files_then(moves: Mapping[Path, Path], commit: Callable[[], Any]) -> Any:
+    """Move each written scratch file of ``moves`` (scratch -> target) over its target, then return ``commit()`` (the
+    write of what lists the files: a manifest). All or nothing: when a move or ``commit`` fails, every target gets its
+    old file back (or none, where it had none), so the listing on disk still matches the files it lists."""
+    olds: dict[Path, Path | None] = {}
+    try:
+        for scratch, target in moves.items():
+            old = None
+            if os.path.lexists(target):
+                old = scratch_path(target, "old")
+                os.replace(target, old)
+            olds[target] = old
+            os.replace(scratch, target)
+        result = commit()
+    except BaseException:
+        for target, old in reversed(olds.items()):
+            if old is None:
+                target.unlink(missing_ok=True)
+            else:
+                os.replace(old, target)
+        raise
+    for old in olds.values():
+        if old is not None:
+            old.unlink(missing_ok=True)
+    return result
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ from ..bundle import (
     update_manifest,
 )
 from ..errors import ExportError, InputError
-from ..fileio import atomic_write_bytes, new_folders, remove_new_folders, scratch_path
+from ..fileio import atomic_write_bytes, new_folders, remove_new_folders, replace_files_then, scratch_path
 from ..progress import NULL_PROGRESS, Progress
 from ..tensorrt_compat import (  # noqa: F401 - the exporter's public names; the rules live in tensorrt_compat
     INSTALL_HINT,
@@ -175,8 +175,9 @@ def build_engines(
         "builder_optimization_level": optimization_level,
         "workspace_mb": workspace_mb,
     }
-    # each engine is staged beside its place and moved there only once all are built: a build failing or
-    # interrupted part-way leaves the bundle as it was (no unlisted engine, no new folder, listed ones untouched)
+    # each engine (and the timing cache) is staged beside its place and moved there only once all are built, the
+    # listed ones put back if the manifest then cannot be written: a build failing or interrupted part-way, up to
+    # the manifest's write, leaves the bundle as it was (no unlisted engine, no new folder, listed ones untouched)
     staged: dict[Path, Path] = {}
     created = new_folders(out_dir)
     try:
@@ -184,14 +185,12 @@ def build_engines(
                              staged, created, workspace_mb=workspace_mb, optimization_level=optimization_level,
                              version_compatible=version_compatible, hardware_compatibility=hardware_compatibility,
                              progress=progress or NULL_PROGRESS)  # fmt: skip
-        for scratch, target in staged.items():
-            os.replace(scratch, target)
+        replace_files_then(staged, lambda: update_manifest(bundle_dir, entries))
     except BaseException:
         for scratch in staged:
             scratch.unlink(missing_ok=True)
         remove_new_folders(created)
         raise
-    update_manifest(bundle_dir, entries)
     return entries
 
 
@@ -199,7 +198,7 @@ def _build_all(trt, builder, logger, manifest, wanted, bundle_dir: Path, out_rel
                base_info: dict, flags: list, staged: dict, created: list, *, workspace_mb, optimization_level,
                version_compatible, hardware_compatibility, progress: Progress) -> list[ModelFile]:  # fmt: skip
     """:func:`build_engines`' loop: each engine written to a scratch sibling of its place (``staged``: scratch ->
-    place; ``created``: the folders made for them), the timing cache written last; returns the manifest entries."""
+    place; ``created``: the folders made for them), the timing cache staged last; returns the manifest entries."""
     version = trt.__version__
     major = version_tuple(version)[0]
     batch = base_info["batch_profile"]
@@ -255,5 +254,7 @@ def _build_all(trt, builder, logger, manifest, wanted, bundle_dir: Path, out_rel
             entries.append(engine_entry(source, rel, build_info, data))
             progress.update(note=rel)
     if timing_cache is not None:
-        atomic_write_bytes(cache_file, bytes(timing_cache.serialize()))
+        scratch = scratch_path(cache_file, "partial")
+        staged[scratch] = cache_file
+        atomic_write_bytes(scratch, bytes(timing_cache.serialize()))
     return entries

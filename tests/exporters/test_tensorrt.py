@@ -294,3 +294,41 @@ def test_an_engine_build_failing_part_way_leaves_the_bundle_as_it_was(tiny_bundl
     assert after == before
     read_manifest(bundle, verify_files=True)
     assert why_not_replaceable(bundle) is None
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_an_engine_build_whose_manifest_cannot_be_written_leaves_the_bundle_as_it_was(tiny_bundle, tmp_path,
+                                                                                       monkeypatch, rebuild):  # fmt: skip
+    """The last step fails (a full disk when the manifest is written): the engines written over the listed ones
+    (a rebuild) or beside them (a first build) are taken back, so the bundle verifies and export --force accepts it.
+    Before: "files[49].bytes is 35257 bytes on disk; the manifest says 35244", or 17 unlisted engines."""
+    import errno
+    import os
+
+    from hne_edge.bundle import why_not_replaceable
+    from hne_edge.exporters import tensorrt as trt_mod
+
+    fake = _FakeTRT("10.3.0")
+    monkeypatch.setattr(trt_mod, "load_tensorrt", lambda exporting=False: fake)
+    monkeypatch.setattr(trt_mod, "device_info", lambda: ("Orin (fake)", "8.7"))
+    bundle = shutil.copytree(tiny_bundle.bundle_dir, tmp_path / "bundle")
+    if rebuild:
+        build_engines(bundle, plans=("segments",), precisions=("fp32",), batch=(1, 2, 8))
+        real_build = fake.Builder.build_serialized_network
+        monkeypatch.setattr(fake.Builder, "build_serialized_network", lambda self, n, c: real_build(self, n, c) + b"!")
+    before = sorted((p.relative_to(bundle), p.read_bytes() if p.is_file() else None) for p in bundle.rglob("*"))
+    real_fsync = os.fsync
+
+    def fsync(fd):  # the disk fills up as the manifest is written
+        if ".manifest.json." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="No space left on device"):
+        build_engines(bundle, plans=("segments",), precisions=("fp32",), batch=(1, 2, 8))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    after = sorted((p.relative_to(bundle), p.read_bytes() if p.is_file() else None) for p in bundle.rglob("*"))
+    assert after == before
+    read_manifest(bundle, verify_files=True)
+    assert why_not_replaceable(bundle) is None
