@@ -605,6 +605,10 @@ class Manifest:
                 if any(len(f.nodes) != 1 for f in group) or got != sorted(n.id for n in self.tree.nodes):
                     raise BundleError(f"manifest: {label} must have exactly one file per tree node")
             else:
+                leafless = next((f for f in group if f.leaf is None), None)  # an inner node file's; sorted() below
+                if leafless is not None:
+                    raise BundleError(f"manifest: files[{self.files.index(leafless)}] ({leafless.path}) has leaf None; "
+                                      f"expected the leaf its chain ends at, 0..{self.tree.num_leaves - 1}")
                 by_leaf = {f.leaf: f for f in group}
                 if sorted(by_leaf) != list(range(self.tree.num_leaves)) or len(group) != self.tree.num_leaves:
                     raise BundleError(f"manifest: {label} must have exactly one file per leaf 0..{self.tree.num_leaves - 1}")
@@ -621,6 +625,7 @@ class Manifest:
             for f in group:
                 if plan in (SEGMENTS, NODES, FIRST) or (plan == SUBTREES and f.leaf == 0):  # leaf 0's chain
                     self._check_outputs_name_their_nodes(f)  # the runtime stores each output in its node's slot
+                    self._check_one_leafs_logits(f)
                 expected_in = self.tree.node(f.nodes[0]).parent
                 if len(f.inputs) != 1 or f.inputs[0].node != expected_in:
                     raise BundleError(
@@ -643,6 +648,13 @@ class Manifest:
         if f.plan == NODES and [t.node for t in f.outputs] != [last.id]:
             raise BundleError(f"manifest: {f.path} outputs {[t.name for t in f.outputs]}; expected its node's one "
                               f"output, {'logits' if last.is_leaf else activation_name(last.id)}")  # fmt: skip
+
+    def _check_one_leafs_logits(self, f: ModelFile) -> None:
+        """A one-leaf file's logits fill its leaf's ``(batch, classes)`` slot (subtrees/fused units: _check_units)."""
+        for t in f.outputs:
+            if t.name == "logits" and (len(t.shape) != 2 or t.shape[1] != self.num_classes):
+                raise BundleError(f"manifest: {f.path} outputs logits of shape {list(t.shape)}; expected one leaf's "
+                                  f"{['batch', self.num_classes]}")
 
     def _check_units(self, plan: str, label: str, group: list[ModelFile]) -> None:
         """Plan "subtrees": one file per :attr:`TreeSpec.subtree_units` unit; "fused": one file, every node.

@@ -357,6 +357,36 @@ def test_a_file_whose_size_is_not_the_manifests_is_refused(bundle_copy, tmp_path
     one_line_error(run_cli(*args), rel, f"{size} bytes", f"manifest says {size + 1}")
 
 
+def _files(plan: str, edit):
+    """Apply ``edit`` to every file of ``plan`` (fp32 ONNX) in the manifest."""
+    return lambda d: [edit(f) for f in d["files"] if (f["plan"], f["format"]) == (plan, "onnx")]
+
+
+def _logits_shape(shape):
+    return lambda f: [t.__setitem__("shape", shape) for t in f["outputs"] if t["name"] == "logits"]
+
+
+@pytest.mark.parametrize("spoil, fragments", [
+    # was: TypeError "'<' not supported between instances of 'NoneType' and 'int'" (a segments file's leaf null)
+    (lambda d: [f for f in d["files"] if f["plan"] == "segments"][3].__setitem__("leaf", None),
+     ("segments/leaf03.onnx", "leaf None", "0..15")),
+    # one leaf's logits were checked on their last dim only: inspect's TypeError "int + str", or wrong leaf ranges
+    (_files("segments", _logits_shape(["batch", "k", 10])), ("segments/leaf00.onnx", "['batch', 'k', 10]")),
+    (_files("segments", _logits_shape(["batch", 5, 10])), ("segments/leaf00.onnx", "['batch', 5, 10]")),
+    (_files("nodes", _logits_shape(["batch", 2, 10])), ("nodes/b4.0.onnx", "['batch', 2, 10]", "['batch', 10]")),
+    (_files("first", _logits_shape([10])), ("first/leaf00.onnx", "[10]", "['batch', 10]")),
+])  # fmt: skip
+@pytest.mark.parametrize("command", ["inspect", "verify", "run"])
+def test_a_files_leaf_or_one_leafs_logits_the_runtime_cannot_place_is_one_line(bundle_copy, tmp_path, spoil,
+                                                                               fragments, command):  # fmt: skip
+    """A one-leaf file (nodes, segments, first) fills the runtime's (batch, classes) slot of its leaf."""
+    edit_manifest(bundle_copy, spoil)
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
+    args = {"inspect": ["inspect", str(bundle_copy)], "verify": ["verify", str(bundle_copy), "--quiet"],
+            "run": ["run", str(bundle_copy), str(tmp_path / "x.npy")]}[command]  # fmt: skip
+    one_line_error(run_cli(*args), *fragments)
+
+
 def test_npz_data_of_python_objects_or_without_channels_is_one_line(tiny_bundle, tmp_path):
     """An npz whose x, y or classes is an array of Python objects (np.array(names, dtype=object), pandas' .values)
     was a 44-line ValueError traceback (numpy loads those only by unpickling: running code from the file, never
