@@ -109,6 +109,9 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Pa
 
     path = Path(path)
     expected = "expected a folder (new or existing) that this user can write into"
+    if path.is_symlink() and not path.exists():  # first: the checks below follow links, and nothing is there
+        raise InputError(f"{what} {path}: received a symbolic link to {os.readlink(path)}, which does not exist; "
+                         f"{expected}")
     if path.exists() and not path.is_dir():
         raise InputError(f"{what} {path}: received an existing file; {expected}")
     if path.is_dir():
@@ -305,7 +308,8 @@ def swap_dir_into_place(tmp: Path, out: Path) -> None:
     """Make the complete directory ``tmp`` appear at ``out``, replacing what is there.
 
     One atomic exchange where the OS has one (Linux), so a crash leaves the
-    old directory or the new one at ``out``; elsewhere two renames.
+    old directory or the new one at ``out``; elsewhere two renames, the old
+    directory put back when the second fails.
     """
     if out.exists() and _exchange(tmp, out):  # out now holds the new tree, tmp the old one
         shutil.rmtree(tmp, ignore_errors=True)
@@ -314,7 +318,12 @@ def swap_dir_into_place(tmp: Path, out: Path) -> None:
     if out.exists():
         old = scratch_path(out, "old")
         os.replace(out, old)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -351,19 +360,24 @@ def staged_output(out_dir: str | os.PathLike, what: str = "output folder", *, ou
                   force: bool = False) -> Iterator[Path]:
     """Yield an empty scratch folder for a command's output files; they reach ``out_dir`` only if the block succeeds.
 
-    On success each file replaces its namesake in ``out_dir`` (``os.replace``: atomic per file), or,
-    when ``out_dir`` is new, the whole folder appears in one rename. A namesake is replaced only when it
-    is ours (``ours`` maps each name to its :data:`Judge`; :func:`refuse_foreign`, checked just before the
-    move; ``force``: any file or link), so a user's file that appeared while the command ran stays. On an
+    On success each file replaces its namesake in ``out_dir`` (``os.replace``: atomic per file, from a scratch
+    folder inside it, on its file system), or, when ``out_dir`` is new, the whole folder appears in one rename. A
+    namesake is replaced only when it is ours (``ours`` maps each name to its :data:`Judge`; :func:`refuse_foreign`,
+    checked just before the move; ``force``: any file or link), so a user's file that appeared while the command
+    ran stays. On an
     error the scratch folder, and any parent folder this call created, are removed: a failed ``eval`` or
     ``bench`` leaves ``out_dir`` as it was and no new empty folder behind.
     """
     out = absolute_folder(check_output_dir(out_dir, what))
     created = new_folders(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # staged on the file system the files end up on: inside an existing folder (a link to a folder elsewhere, a
+    # mount point), as a scratch of a name of ours (a layout takes a killed run's leftover for ours); beside a new one
+    anchor = out / min(ours or {"output": _no_rule}) if out.is_dir() else out
     try:
         remove_stale(out)
-        stage = scratch_path(out, "partial")
+        remove_stale(anchor)
+        stage = scratch_path(anchor, "partial")
         stage.mkdir()
         try:
             yield stage

@@ -219,6 +219,10 @@ def _check_out(out: Path, force: bool, keep: Sequence[str | os.PathLike]) -> Non
         return
     if not out.is_dir():  # --force would not help, so do not suggest it
         raise ExportError(f"output path {out} exists and is not a directory; expected a new or bundle folder")
+    if os.path.ismount(out):  # the bundle is swapped in whole beside it, which a mount point (a volume) cannot be
+        raise ExportError(f"output path {out} is a mount point, which cannot be replaced as a folder; "
+                          "expected a new or bundle folder", hint=f"pass a new folder inside it, e.g. {out / 'bundle'}",
+                          cli_hint=f"pass a new folder inside it, e.g. --out {out / 'bundle'}")  # fmt: skip
     if not force:
         raise ExportError(f"output directory {out} already exists", hint="pass force=True to replace it",
                           cli_hint="pass --force to replace it")
@@ -258,6 +262,7 @@ def atomic_output_dir(
     try:
         yield tmp
         _check_out(out, force, keep)  # again: the export took a while, and the user may have been busy
+        swap_dir_into_place(tmp, out)  # inside: a swap that fails leaves no scratch folder either
     except OSError as exc:  # a full disk: name the file as the user knows it, not its scratch folder (removed now)
         shutil.rmtree(tmp, ignore_errors=True)
         remove_new_folders(created)
@@ -269,4 +274,3 @@ def atomic_output_dir(
         shutil.rmtree(tmp, ignore_errors=True)
         remove_new_folders(created)
         raise
-    swap_dir_into_place(tmp, out)
