@@ -49,6 +49,23 @@ def test_a_manifest_declaring_a_huge_batch_range_is_refused_at_read(bundle_copy)
     one_line_error(run_cli("run", str(bundle_copy), str(bundle_copy / "manifest.json")), "input.batch")
 
 
+def test_activations_the_graphs_do_not_have_are_named_not_taken_for_a_warm_up_too_big(bundle_copy, tmp_path):
+    """The warm-up's estimate trusted the manifest's shapes before the graphs were checked against them: "the
+    warm-up at batch 1 ... would need about 62914560.0 TB" (advice to re-export with a smaller OPT)."""
+
+    def spoil(d):
+        for f in d["files"]:
+            if f["plan"] == "segments":
+                for t in f["outputs"]:
+                    if t["name"] != "logits":
+                        t["shape"] = ["batch", 2**40, 1024, 1024]
+
+    edit_manifest(bundle_copy, spoil)
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 16, 16), np.float32))
+    one_line_error(run_cli("run", str(bundle_copy), str(tmp_path / "x.npy")), "segments/leaf00.onnx",
+                   "in the ONNX graph", "the manifest says")  # fmt: skip
+
+
 def test_the_warm_up_is_checked_against_the_memory_this_machine_has(bundle_copy, monkeypatch):
     """The runner warms up at the bundle's opt batch: it estimates what that holds and refuses what cannot fit."""
     from hne_edge import limits

@@ -196,13 +196,6 @@ class AnytimeRunner:
         self.bundle_dir = Path(bundle_dir)
         # the files this runner loads are hashed as they are loaded (Backend.read_file), on the bytes that run
         self.manifest, self.manifest_sha256 = read_manifest_and_digest(self.bundle_dir, verify_files=False)
-        if warmup:  # before anything is allocated: a warm-up the machine cannot hold fails here, in one line
-            opt = self.manifest.input.batch[1]
-            check_memory(
-                opt * self.manifest.sample_bytes(plan, precision), f"the warm-up at batch {opt} (the bundle's opt batch)",
-                hint="pass warmup=0, or re-export the bundle with a smaller opt batch (batch=(min, opt, max))",
-                cli_hint="re-export the bundle with a smaller OPT (--batch-range MIN:OPT:MAX)",
-            )  # fmt: skip
         self.plan, self.precision = plan, precision
         if threads is not None:
             backend_options["threads"] = threads
@@ -235,6 +228,16 @@ class AnytimeRunner:
                 self._program: Program = compile_program(tree, base, self._first_runner, alternatives)
             except BundleError as exc:
                 raise BundleError(f"{plan}: {exc}") from None
+            # a warm-up the machine cannot hold fails before it runs, in one line; after the files are loaded, as
+            # their check that the manifest's shapes are the graphs' comes first (the estimate trusts those shapes)
+            if warmup:
+                opt = self.manifest.input.batch[1]
+                check_memory(
+                    opt * self.manifest.sample_bytes(plan, precision),
+                    f"the warm-up at batch {opt} (the bundle's opt batch)",
+                    hint="pass warmup=0, or re-export the bundle with a smaller opt batch (batch=(min, opt, max))",
+                    cli_hint="re-export the bundle with a smaller OPT (--batch-range MIN:OPT:MAX)",
+                )  # fmt: skip
         except BaseException:
             self._release_all()
             raise
