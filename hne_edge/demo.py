@@ -372,6 +372,10 @@ def run_demo(
         config = TrainConfig.from_dict({**stored, "data": {**stored["data"], "data_dir": data_dir}, "quiet": quiet})
     else:
         config = _train_config(out, data, data_dir, model, epochs, limit, seed, quiet)  # validate before touching the disk
+    if data == "imagefolder" and not config.data.val_split and not (Path(data_dir) / "val").is_dir():
+        raise InputError(f"--data-dir {data_dir}: has no val/ folder, and the imagenet preset holds none of the "
+                         "training images out, so the demo would have no validation images; expected train/ and val/ "
+                         "class folders")  # fmt: skip
     _refuse_inputs_inside(out, [data_dir, shipped if use_shipped else None])
     with _demo_folder(out, force):  # a demo that fails or is stopped leaves the previous one as it was
         return _pipeline(out, config, note, use_shipped, shipped, record if use_shipped else None, data, frames, quiet,
@@ -430,9 +434,8 @@ def _pipeline(out: Path, config, note: str | None, use_shipped: bool, shipped: P
         report.raise_for_failures()
         worst = max((c.max_abs_diff for c in report.checks), default=0.0)
         echo(f"        {len(report.checks)} checks passed; largest |ONNX - PyTorch| = {worst:.2e}")
-        val = load_data(config.data, seed=config.seed).val  # the split `hne-edge eval` evaluates
-        all_images = val.images.permute(0, 2, 3, 1).numpy()  # uint8 NHWC, as a camera would give
-        all_labels = val.labels.numpy()
+        data_bundle = load_data(config.data, seed=config.seed)  # its val: the split `hne-edge eval` evaluates
+        all_images, all_labels = data_bundle.frames(data_bundle.val)  # uint8 NHWC, as a camera would give
         runner = stack.enter_context(AnytimeRunner(bundle))
         step(4, f"evaluating every ensemble size n = 1..N on the {len(all_labels)} validation images through the "
                 f"verified bundle ({EVALUATED_WITH})")

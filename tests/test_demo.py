@@ -360,3 +360,59 @@ def test_the_examples_are_named_so_that_they_run_from_where_the_demo_ran(tmp_pat
     assert examples_folder(REPO) == Path("examples")
     elsewhere = examples_folder(tmp_path)
     assert elsewhere.is_absolute() and (elsewhere / "embedded_app.py").is_file()
+
+
+def _class_folders(root, splits: dict[str, int], size: int = 16) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in splits.items():
+        for cls in ("ant", "bee"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(n):
+                image = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
+                Image.fromarray(image).save(root / split / cls / f"{i}.png")
+
+
+def _small_batches(monkeypatch) -> None:
+    """The imagenet preset's batch (256) needs 256 images: 8 here, in this process."""
+    import hne_edge.demo as demo
+
+    preset = demo._train_config
+
+    def small(*args, **kwargs):
+        config = preset(*args, **kwargs)
+        config.optim.batch_size, config.data.num_workers = 8, 0
+        return config
+
+    monkeypatch.setattr(demo, "_train_config", small)
+
+
+@pytest.mark.timeout(900)
+def test_the_demo_on_image_folders_evaluates_val_through_the_bundle(tmp_path, monkeypatch):
+    """`hne-edge demo --data imagefolder` trained, exported and verified, then died at step 4: `'ImageFolder' object
+    has no attribute 'images'` (it read the validation images as an in-memory dataset's). Its frames are val/'s
+    images as the evaluation sees them: resized and centre-cropped to the model's input, uint8 NHWC."""
+    from hne_edge.demo import run_demo
+
+    _class_folders(tmp_path / "data", {"train": 8, "val": 2})
+    _small_batches(monkeypatch)
+    result = run_demo(tmp_path / "demo", data="imagefolder", data_dir=str(tmp_path / "data"), epochs=1, quiet=True,
+                      echo=lambda line: None)
+    assert result.metrics["num_images"] == 4
+    with np.load(tmp_path / "demo" / "frames.npz") as frames:
+        assert frames["x"].shape == (4, 224, 224, 3) and frames["x"].dtype == np.uint8
+        assert sorted(frames["y"].tolist()) == [0, 0, 1, 1]
+
+
+def test_the_demo_on_one_image_folder_without_val_is_refused_before_training(tmp_path, monkeypatch):
+    """A folder of class folders without val/: the imagenet preset holds nothing out, so the demo had nothing to
+    evaluate; said before training, and nothing written."""
+    from hne_edge.demo import run_demo
+    from hne_edge.errors import InputError
+
+    _class_folders(tmp_path / "data", {".": 4})
+    _small_batches(monkeypatch)
+    with pytest.raises(InputError, match=r"data: has no val/ folder.*expected train/ and val/"):
+        run_demo(tmp_path / "demo", data="imagefolder", data_dir=str(tmp_path / "data"), epochs=1, quiet=True)
+    assert not (tmp_path / "demo").exists()

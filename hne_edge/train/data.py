@@ -274,6 +274,19 @@ class DataBundle:
             drop_last=True, seed=seed, rank=rank, world_size=world_size, device=device, channels_last=channels_last,
         )
 
+    def frames(self, dataset) -> tuple[np.ndarray, np.ndarray]:
+        """``dataset``'s images as the runtime takes them (uint8 N,H,W,C at the model's input size) and labels:
+        an in-memory dataset's own, a folder's resized and centre-cropped as its evaluation sees them."""
+        if not self.folder:
+            return dataset.images.permute(0, 2, 3, 1).cpu().numpy(), dataset.labels.cpu().numpy()
+        from torch.utils.data import Subset  # noqa: PLC0415
+
+        subset = isinstance(dataset, Subset)
+        folder, index = (dataset.dataset, dataset.indices) if subset else (dataset, range(len(dataset)))
+        crop, samples = _frame_transform(), [folder.samples[i] for i in index]
+        images = [np.asarray(crop(folder.loader(path))) for path, _ in samples]
+        return np.stack(images), np.array([label for _, label in samples], dtype=np.int64)
+
     def eval_loader(self, dataset, batch_size: int = 256, num_workers: int = 0, device: torch.device | None = None,
                     channels_last: bool = False):
         if self.folder:
@@ -470,7 +483,7 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
         raise FileNotFoundError(f"image folder not found: {root}")
     norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     train_tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
-    eval_tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
+    eval_tf = T.Compose([_frame_transform(), T.ToTensor(), norm])
     if (root / "train").is_dir():
         train = datasets.ImageFolder(root / "train", transform=train_tf)
         classes = train.classes
@@ -495,6 +508,13 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
         train=train, val=val, class_names=list(classes), mean=IMAGENET_MEAN, std=IMAGENET_STD,
         in_chans=3, input_size=224, folder=True,
     )
+
+
+def _frame_transform():
+    """A folder image (PIL) -> what evaluation and the demo's frames see: resized to 256, centre 224x224 crop."""
+    from torchvision import transforms as T  # noqa: PLC0415
+
+    return T.Compose([T.Resize(256), T.CenterCrop(224)])
 
 
 def _seeded_subset(n: int, limit: int, seed: int) -> list[int]:
