@@ -8,7 +8,8 @@ Sources (``DataConfig.name``):
   optionally ``classes`` (like ``../shared/data/cifar10_train.npz``).
 * ``imagefolder``: ImageNet-style class folders (``data_dir/train`` + ``data_dir/val``, or one folder
   split by ``val_split``). The classes are train/'s: val/'s images take train/'s labels (val/ may lack a
-  class; a class train/ has not is refused), and ``limit`` draws a seeded subset of every class.
+  class; a class train/ has not is refused), and ``limit`` draws a seeded subset of every class. Files are
+  read as the runtime reads them (``runtime.images.read_image``); hidden files (``._x.png``) are not images.
 
 In-memory sources (all but imagefolder) are held as one uint8 tensor and
 augmented **in batch on tensors** (pad + random crop by gather, flip by
@@ -484,13 +485,16 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
     norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     train_tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
     eval_tf = T.Compose([_frame_transform(), T.ToTensor(), norm])
+    def folder(path: Path, transform) -> datasets.ImageFolder:
+        return datasets.ImageFolder(path, transform=transform, loader=_read_rgb, is_valid_file=_is_listed_image)
+
     if (root / "train").is_dir():
-        train = datasets.ImageFolder(root / "train", transform=train_tf)
+        train = folder(root / "train", train_tf)
         classes = train.classes
         if cfg.limit is not None:  # a seeded subset: train/ is sorted by class (its first images: its first classes)
             train = Subset(train, _seeded_subset(len(train), cfg.limit, seed))
         has_val = (root / "val").is_dir()
-        val = datasets.ImageFolder(root / "val", transform=eval_tf) if has_val else None
+        val = folder(root / "val", eval_tf) if has_val else None
         if val is not None:
             _label_as(val, classes, root)
         if val is not None and cfg.val_limit is not None:
@@ -498,8 +502,7 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
     else:
         if split == "test":
             raise InputError(f"split='test' needs {root}/val; the folder has no train/ and val/ subfolders")
-        train_full = datasets.ImageFolder(root, transform=train_tf)
-        eval_full = datasets.ImageFolder(root, transform=eval_tf)
+        train_full, eval_full = folder(root, train_tf), folder(root, eval_tf)
         train_idx, val_idx = split_indices(len(train_full), cfg.val_split, seed, cfg.limit, cfg.val_limit, cfg.holdout)
         train = Subset(train_full, train_idx.tolist())
         val = Subset(eval_full, val_idx.tolist()) if len(val_idx) else None
@@ -508,6 +511,24 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
         train=train, val=val, class_names=list(classes), mean=IMAGENET_MEAN, std=IMAGENET_STD,
         in_chans=3, input_size=224, folder=True,
     )
+
+
+def _read_rgb(path: str):
+    """A folder image as the runtime reads a file (:func:`~hne_edge.runtime.images.read_image`: 16-bit keeps its
+    high byte, where PIL's convert clips it to white), so a model trains on what it is deployed on."""
+    from PIL import Image  # noqa: PLC0415
+
+    from ..runtime.images import read_image  # noqa: PLC0415
+
+    return Image.fromarray(read_image(path, 3))
+
+
+def _is_listed_image(path: str) -> bool:
+    """An image file of a class folder: a format the runtime reads, not hidden (macOS's ``._name.png`` companions
+    of an unzipped archive are not images)."""
+    from ..runtime.images import is_image_path  # noqa: PLC0415
+
+    return is_image_path(path) and not Path(path).name.startswith(".")
 
 
 def _frame_transform():
@@ -573,4 +594,16 @@ class _FolderLoader:
             num_workers=self.num_workers, generator=epoch_generator(self.seed + 1, self.epoch),
             persistent_workers=False, pin_memory=torch.cuda.is_available(),
         )
-        return iter(loader)
+        return _worker_errors_in_one_line(iter(loader))
+
+
+def _worker_errors_in_one_line(batches):
+    """Re-raise a worker's InputError (a file that does not decode) as its own one line: torch re-raises it here
+    with the worker's whole traceback in its message, whose last line is the original error's."""
+    try:
+        yield from batches
+    except InputError as exc:
+        text = str(exc)
+        if "Original Traceback" not in text:
+            raise
+        raise InputError(text.rstrip().splitlines()[-1].split(": ", 1)[-1]) from None

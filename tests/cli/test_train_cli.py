@@ -412,3 +412,24 @@ def test_resume_from_another_folder_takes_the_same_images_by_another_path(tmp_pa
                    "other.npz", "are not those this run started on")  # fmt: skip
     run_cli(*resume, "--data-dir", "../data.npz", cwd=tmp_path / "sub", check=True)
     assert load_checkpoint(tmp_path / "r" / "checkpoint.pt")["epoch"] == 2
+
+
+def test_a_folder_image_that_does_not_decode_stops_training_in_one_line(tmp_path):
+    """An image folder with a file that does not decode: training died with a DataLoader worker's flattened
+    traceback (the imagenet preset loads with 8 worker processes); now one line naming the file."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / "data" / "train" / cls).mkdir(parents=True)
+        for i in range(6):
+            image = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+            Image.fromarray(image).save(tmp_path / "data" / "train" / cls / f"{i}.png")
+    (tmp_path / "data" / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n cut off here")
+    proc = run_cli("train", "--data", "imagefolder", "--data-dir", str(tmp_path / "data"), "--model", "hne_tiny",
+                   "--epochs", "1", "--batch-size", "13", "--quiet", "--threads", "1", *CPU,
+                   "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    *before, error = proc.stderr.strip().splitlines()
+    assert all(line.startswith("warning: ") for line in before), before  # torch's, on a machine of few cores
+    assert error.startswith("Error: ") and "broken.png: cannot decode the image" in error, error

@@ -256,3 +256,46 @@ def test_npz_fingerprint_of_an_array_of_python_objects_is_an_input_error(tmp_pat
     np.savez(tmp_path / "obj.npz", x=np.zeros((4, 8, 8, 3), np.uint8), y=np.arange(4).astype(object))
     with pytest.raises(InputError, match="'y' received an array of Python objects"):
         npz_fingerprint(tmp_path / "obj.npz")
+
+
+def test_a_16_bit_grayscale_image_trains_as_the_runtime_reads_it(tmp_path):
+    """A 16-bit grayscale PNG (mode I;16: medical, scientific cameras) was decoded by torchvision's PIL loader, which
+    clips at 255: every pixel above 255 of 65535 white (mean level 0.998), while `hne-edge run` reads the high byte
+    (0.499). A model trained on blank images was deployed on real ones; folder images are now read as the runtime
+    reads them."""
+    from PIL import Image
+
+    from hne_edge.runtime.images import read_image
+
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            Image.fromarray(np.full((256, 256), 32768, np.uint16)).save(tmp_path / split / cls / "0.png")
+    bundle = load_data(DataConfig(name="imagefolder", data_dir=str(tmp_path), val_split=0.0), seed=0)
+    x, _ = next(iter(bundle.eval_loader(bundle.val, 2)))
+    levels = x * torch.tensor(bundle.std).view(1, 3, 1, 1) + torch.tensor(bundle.mean).view(1, 3, 1, 1)
+    assert levels.mean().item() == pytest.approx(128 / 255, abs=0.01)
+    frames, _ = bundle.frames(bundle.val)
+    assert np.array_equal(frames[0], read_image(tmp_path / "val" / "a" / "0.png", 3)[16:240, 16:240])
+
+
+def test_hidden_files_in_a_class_folder_are_not_images(tmp_path):
+    """A macOS AppleDouble file `._0.png` (what unzipping a Mac-made archive leaves) was counted as an image."""
+    _image_folders(tmp_path, {"train": ["ant", "bee"]})
+    (tmp_path / "train" / "ant" / "._0.png").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        ")
+    bundle = load_data(DataConfig(name="imagefolder", data_dir=str(tmp_path), val_split=0.0), seed=0)
+    assert len(bundle.train) == 8
+    assert not [path for path, _ in bundle.train.samples if Path(path).name.startswith(".")]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_folder_image_that_does_not_decode_is_one_line_naming_it(tmp_path, workers):
+    """A file that does not decode died in a DataLoader worker: an error holding the worker's whole traceback."""
+    _image_folders(tmp_path, {"train": ["ant", "bee"]})
+    (tmp_path / "train" / "bee" / "bad.png").write_bytes(b"not a png")
+    bundle = load_data(DataConfig(name="imagefolder", data_dir=str(tmp_path), val_split=0.0), seed=0)
+    with pytest.raises(InputError) as caught:
+        list(bundle.train_loader(9, seed=0, num_workers=workers))
+    message = str(caught.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message.startswith(f"{tmp_path / 'train' / 'bee' / 'bad.png'}: cannot decode the image"), message
