@@ -83,7 +83,7 @@ class DataConfig:
         val_split: fraction of the training images held out for validation; 0 = none.
         holdout: which images ``val_split`` holds out: ``random`` (a permutation seeded by ``seed``) or
             ``last`` (the last ones of the file, in its order: the last 5,000 of CIFAR-10's 50,000 at 0.1,
-            whatever the seed).
+            whatever the seed; refused for an image folder, whose last images are whole classes).
         limit: use only this many training images (after the split), for quick runs.
         val_limit: validate on at most this many of the held-out images (default: all of them; the cap
             keeps a subset of the same seeded hold-out).

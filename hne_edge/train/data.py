@@ -502,6 +502,10 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
     else:
         if split == "test":
             raise InputError(f"split='test' needs {root}/val; the folder has no train/ and val/ subfolders")
+        if cfg.holdout == "last":  # ImageFolder lists class by class: its last images are the last classes
+            raise InputError(f"{root}: holdout 'last' holds out a folder's last images, which are whole classes (its "
+                             "images are listed class by class), never trained on; expected random for an image folder",
+                             hint="pass data.holdout='random'", cli_hint="drop --holdout last (random is the default)")
         train_full, eval_full = folder(root, train_tf), folder(root, eval_tf)
         train_idx, val_idx = split_indices(len(train_full), cfg.val_split, seed, cfg.limit, cfg.val_limit, cfg.holdout)
         train = Subset(train_full, train_idx.tolist())

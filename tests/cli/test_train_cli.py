@@ -433,3 +433,19 @@ def test_a_folder_image_that_does_not_decode_stops_training_in_one_line(tmp_path
     *before, error = proc.stderr.strip().splitlines()
     assert all(line.startswith("warning: ") for line in before), before  # torch's, on a machine of few cores
     assert error.startswith("Error: ") and "broken.png: cannot decode the image" in error, error
+
+
+def test_holdout_last_on_one_image_folder_is_refused_naming_the_flag(tmp_path):
+    """A folder of class folders lists its images class by class: `--holdout last` held out whole classes (cat/dog/eel
+    at 0.3: train labels {0, 1}, val {2}), a validation set of classes the model never saw."""
+    from PIL import Image
+
+    for cls in ("cat", "dog", "eel"):
+        (tmp_path / "data" / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(tmp_path / "data" / cls / f"{i}.png")
+    proc = run_cli("train", "--data", "imagefolder", "--data-dir", str(tmp_path / "data"), "--holdout", "last",
+                   "--val-split", "0.3", "--model", "hne_tiny", "--epochs", "1", "--batch-size", "4", "--quiet", *CPU,
+                   "--out", str(tmp_path / "run"))
+    one_line_error(proc, "whole classes", "--holdout")
+    assert not (tmp_path / "run").exists()
