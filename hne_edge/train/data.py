@@ -316,8 +316,12 @@ def _from_arrays(x: np.ndarray, y: np.ndarray, where: str) -> ArrayDataset:
         raise InputError(f"{where}: x received {x.dtype} {x.shape}; expected uint8 (N, H, W, C) or (N, H, W)")
     if y.ndim != 1 or y.shape[0] != x.shape[0] or not np.issubdtype(y.dtype, np.integer):
         raise InputError(f"{where}: y received {y.dtype} {y.shape}; expected integer labels of shape ({x.shape[0]},)")
+    if x.shape[1] in (1, 3, 4) and x.shape[2] == x.shape[3] > 4:  # before "not square", which would ask for a crop
+        raise InputError(f"{where}: x received {x.shape}, which looks like N,C,H,W (channels first); expected N,H,W,C "
+                         "(np.transpose(x, (0, 2, 3, 1)))")  # fmt: skip
     if x.shape[1] != x.shape[2]:
-        raise InputError(f"{where}: images are {x.shape[1]}x{x.shape[2]}; expected square images")
+        raise InputError(f"{where}: images are {x.shape[1]}x{x.shape[2]} (x {x.shape} read as N,H,W,C); expected "
+                         "square images")  # fmt: skip
     if x.shape[0] == 0:
         raise InputError(f"{where}: holds no samples (x {x.shape}); expected at least one image")
     if x.shape[3] == 0:
@@ -402,8 +406,12 @@ def load_npz(path: str | Path) -> tuple[ArrayDataset, list[str]]:
             raise InputError(f"{path}: missing key(s) {missing}; expected 'x' (N,H,W,C uint8) and 'y' (N,) (found {archive.files})")
         dataset = _from_arrays(_npz_array(archive, "x", path), _npz_array(archive, "y", path), str(path))
         num_classes = int(dataset.labels.max()) + 1
-        classes = ([_class_name(c, i, path) for i, c in enumerate(_npz_array(archive, "classes", path))]
-                   if "classes" in archive.files else [str(i) for i in range(num_classes)])
+        names = _npz_array(archive, "classes", path) if "classes" in archive.files else None
+        if names is not None and names.ndim != 1:  # one string of names (a 0-d array) has no names to iterate
+            raise InputError(f"{path}: 'classes' received a {names.ndim}-d array {short_repr(names.tolist())}; "
+                             f"expected {_NPZ_EXPECTED['classes']}, a 1-d array of one name per class")
+        classes = ([_class_name(c, i, path) for i, c in enumerate(names)]
+                   if names is not None else [str(i) for i in range(num_classes)])
     if len(classes) < num_classes:
         raise InputError(f"{path}: 'classes' has {len(classes)} names but labels go up to {num_classes - 1}")
     return dataset, classes

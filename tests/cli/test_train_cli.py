@@ -449,3 +449,19 @@ def test_holdout_last_on_one_image_folder_is_refused_naming_the_flag(tmp_path):
                    "--out", str(tmp_path / "run"))
     one_line_error(proc, "whole classes", "--holdout")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("arrays, fragments", [
+    # one string of names (a 0-d array): a TypeError traceback ("iteration over a 0-d array")
+    ({"x": np.zeros((16, 8, 8, 3), np.uint8), "y": np.arange(16) % 2, "classes": np.array("cat,dog")},
+     ["'classes' received a 0-d array", "expected names as text"]),
+    # what torch code saves (N, C, H, W): refused as "images are 3x32; expected square images", which asks to crop
+    ({"x": np.zeros((16, 3, 32, 32), np.uint8), "y": np.arange(16) % 2},
+     ["x received (16, 3, 32, 32)", "N,C,H,W", "expected N,H,W,C"]),
+])
+def test_an_npz_of_another_layout_is_one_line_naming_it(tmp_path, arrays, fragments):
+    np.savez(tmp_path / "d.npz", **arrays)
+    proc = run_cli("train", "--data", "npz", "--data-dir", str(tmp_path / "d.npz"), "--model", "hne_tiny",
+                   "--epochs", "1", "--batch-size", "8", "--quiet", *CPU, "--out", str(tmp_path / "run"))
+    one_line_error(proc, *fragments)
+    assert not (tmp_path / "run").exists()
