@@ -251,11 +251,12 @@ class DataBundle:
     input_size: int
     augment: Augment | None = None  # in-memory sources
     folder: bool = False
-    fingerprint: str | None = None  # the whole training file's (ArrayDataset.fingerprint); None for folders
+    # the whole training file's (ArrayDataset.fingerprint); a one-folder split's listing; None for train/ + val/
+    fingerprint: str | None = None
 
     def not_the_images_of(self, state: dict) -> tuple[str, str] | None:
         """(these images' sha256, the run's), shortened, when a checkpoint ``state`` records other images than
-        these; None when they agree or either side has no record (folders; runs saved before the record)."""
+        these; None when they agree or either side has no record (train/ + val/ folders; runs saved before it)."""
         recorded = (state.get("extra") or {}).get("data")
         if recorded and self.fingerprint and recorded != self.fingerprint:
             return self.fingerprint[:12], recorded[:12]
@@ -493,6 +494,7 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
     norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     train_tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
     eval_tf = T.Compose([_frame_transform(), T.ToTensor(), norm])
+
     def folder(path: Path, transform) -> datasets.ImageFolder:
         return datasets.ImageFolder(path, transform=transform, loader=_read_rgb, is_valid_file=_is_listed_image)
 
@@ -501,6 +503,7 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
         classes = train.classes
         if cfg.limit is not None:  # a seeded subset: train/ is sorted by class (its first images: its first classes)
             train = Subset(train, _seeded_subset(len(train), cfg.limit, seed))
+        listed = None  # val/ is its own images, not drawn from train/'s listing
         has_val = (root / "val").is_dir()
         val = folder(root / "val", eval_tf) if has_val else None
         if val is not None:
@@ -519,10 +522,22 @@ def _load_folder(cfg: DataConfig, *, seed: int, split: str) -> DataBundle:
         train = Subset(train_full, train_idx.tolist())
         val = Subset(eval_full, val_idx.tolist()) if len(val_idx) else None
         classes = train_full.classes
+        listed = _listing_fingerprint(root, train_full.samples)  # the hold-out is drawn from this listing
     return DataBundle(
         train=train, val=val, class_names=list(classes), mean=IMAGENET_MEAN, std=IMAGENET_STD,
-        in_chans=3, input_size=224, folder=True,
+        in_chans=3, input_size=224, folder=True, fingerprint=listed,
     )
+
+
+def _listing_fingerprint(root: Path, samples: list[tuple[str, int]]) -> str:
+    """sha256 of a folder's listing (relative paths, sizes, labels), what a one-folder run records in place of an
+    npz's image bytes: an image added or removed draws another hold-out. Cheap: one stat per file, no decoding."""
+    import hashlib  # noqa: PLC0415
+
+    h = hashlib.sha256()
+    for path, label in sorted(samples):
+        h.update(f"{Path(path).relative_to(root).as_posix()}\t{Path(path).stat().st_size}\t{label}\n".encode())
+    return h.hexdigest()
 
 
 def _read_rgb(path: str):

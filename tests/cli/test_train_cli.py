@@ -465,3 +465,28 @@ def test_an_npz_of_another_layout_is_one_line_naming_it(tmp_path, arrays, fragme
                    "--epochs", "1", "--batch-size", "8", "--quiet", *CPU, "--out", str(tmp_path / "run"))
     one_line_error(proc, *fragments)
     assert not (tmp_path / "run").exists()
+
+
+def test_eval_of_one_image_folder_that_changed_since_training_is_refused(tmp_path):
+    """Folder data recorded nothing of its images: one image added to a flat folder after training and `eval`
+    (--split val) rebuilt another hold-out, most of it images the run trained on, without a word. A run now records
+    a sha256 of the folder's listing (relative paths, sizes), as it does an npz's images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def add(cls, i):
+        Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "data" / cls / f"{i}.png")
+
+    for cls in ("cat", "dog"):
+        (tmp_path / "data" / cls).mkdir(parents=True)
+        for i in range(6):
+            add(cls, i)
+    run_cli("train", "--data", "imagefolder", "--data-dir", str(tmp_path / "data"), "--val-split", "0.3",
+            "--model", "hne_tiny", "--epochs", "1", "--batch-size", "4", "--quiet", "--threads", "1", *CPU,
+            "--out", str(tmp_path / "run"), check=True)
+    checkpoint = str(tmp_path / "run" / "checkpoint.pt")
+    run_cli("eval", checkpoint, "--out", str(tmp_path / "ev"), *CPU, check=True)
+    add("dog", 99)
+    proc = run_cli("eval", checkpoint, "--out", str(tmp_path / "ev2"), *CPU)
+    one_line_error(proc, "the images are not those this checkpoint was trained on")
