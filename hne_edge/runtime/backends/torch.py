@@ -30,7 +30,7 @@ import numpy as np
 from ...bundle import ANYTIME_PLANS, WEIGHTS, Manifest, bundle_path
 from ...errors import BackendUnavailable, BundleError, InputError, install_hint
 from ...limits import check_threads
-from .base import Backend, Handle, LoadedPlan, Runner, Unit, check_flag, image_dtype, units_from_tree
+from .base import Backend, Handle, LoadedPlan, Runner, Unit, check_flag, check_positive, image_dtype, units_from_tree
 
 __all__ = ["TorchBackend", "TorchRunner", "COMPILE_MODES"]
 
@@ -131,9 +131,7 @@ class TorchBackend(Backend):
             raise InputError(f"compile_mode: received {compile_mode!r} with compile={compile!r}; expected None, or "
                              f"one of {', '.join(COMPILE_MODES)} with compile=True (modes that capture CUDA graphs "
                              "of their own are refused: the CUDA backend captures each unit itself)")
-        if not (type(dense_groups) is int and dense_groups >= 1):
-            raise InputError(f"dense_groups: received {dense_groups!r}; expected an int >= 1 "
-                             "(1: no convolution densified)")
+        dense_groups = check_positive(dense_groups, "dense_groups", " (1: no convolution densified)")
         check_flag(bfloat16, "bfloat16")
         check_flag(fold_batchnorm, "fold_batchnorm")
         self.torch = _import_torch()
